@@ -1,0 +1,27 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// Backend switches. CMake's pmt::pmt target defines each PMT_ENABLE_* it found (1) and leaves the
+// rest undefined; this header turns every undefined switch into 0 so code can use `#if`.
+//   PMT_ENABLE_MPI    Open MPI / MPICH through <mpi.h>          (comm::Mpi, ScopeGuard's MPI_Init)
+//   PMT_ENABLE_CBLAS  a CBLAS (OpenBLAS) through <cblas.h>      (vendor matmul on host memory)
+//   PMT_ENABLE_CUDA   CUDA runtime + cuBLAS                     (vendor matmul on Kokkos::Cuda)
+//   PMT_ENABLE_NCCL   NCCL                                      (comm::Nccl)
+
+#ifndef PMT_ENABLE_MPI
+#define PMT_ENABLE_MPI 0
+#endif
+#ifndef PMT_ENABLE_CBLAS
+#define PMT_ENABLE_CBLAS 0
+#endif
+#ifndef PMT_HAVE_OPENBLAS_INFO
+#define PMT_HAVE_OPENBLAS_INFO 0
+#endif
+#ifndef PMT_ENABLE_CUDA
+#define PMT_ENABLE_CUDA 0
+#endif
+#ifndef PMT_ENABLE_NCCL
+#define PMT_ENABLE_NCCL 0
+#endif
+#ifndef PMT_DEBUG
+#define PMT_DEBUG 0
+#endif

@@ -1,0 +1,216 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// The process environment: ScopeGuard (MPI_Init if enabled -> Kokkos::initialize, reversed on
+// exit) and environment_report(), which says what this build and this machine provide: Kokkos
+// version and execution spaces, MPI ranks, the BLAS and the core it runs, CUDA devices, NCCL.
+//
+// This header and comm/mpi.hpp are the only ones that include <mpi.h>; the backend headers
+// (<cblas.h>, <cuda_runtime.h>, <nccl.h>) are included only when the build enabled them.
+
+#include "pmt/config.hpp"
+#include "pmt/core/error.hpp"
+#include "pmt/version.hpp"
+
+#include <Kokkos_Core.hpp>
+
+#if PMT_ENABLE_MPI
+#include <mpi.h>
+#endif
+#if PMT_ENABLE_CBLAS
+#include <cblas.h>
+#endif
+#if PMT_ENABLE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+#if PMT_ENABLE_NCCL
+#include <nccl.h>
+#endif
+
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <string>
+
+namespace pmt::detail {
+
+/// OpenBLAS' name for the kernels it runs ("SkylakeX", "Haswell", "Prescott"), or "" when the
+/// BLAS is not OpenBLAS or pmt was built without one.
+inline std::string blas_core_name() {
+#if PMT_ENABLE_CBLAS && PMT_HAVE_OPENBLAS_INFO
+  const char* core = openblas_get_corename();
+  return core ? std::string(core) : std::string();
+#else
+  return {};
+#endif
+}
+
+/// True when OpenBLAS fell back to generic kernels on a CPU that has AVX2/AVX-512 (Debian's
+/// OpenBLAS 0.3.21 does this on Sapphire Rapids: about 8x slower matmul).
+inline bool blas_core_is_generic_on_vector_cpu() {
+  const std::string core = blas_core_name();
+  if (core.empty()) return false;
+  const bool generic = core == "Prescott" || core == "Core2" || core == "Nehalem" ||
+                       core == "Atom" || core == "Barcelona" || core == "generic";
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+  return generic && (__builtin_cpu_supports("avx2") || __builtin_cpu_supports("avx512f"));
+#else
+  return false;
+#endif
+}
+
+inline void warn_about_blas_core(int rank) {
+  if (rank != 0 || !blas_core_is_generic_on_vector_cpu()) return;
+  std::fprintf(stderr,
+               "pmt: warning: OpenBLAS runs its generic '%s' kernels on this CPU, which has "
+               "AVX2/AVX-512; matmul will be several times slower than it should. Set "
+               "OPENBLAS_CORETYPE (e.g. SkylakeX or Haswell) before starting the program.\n",
+               blas_core_name().c_str());
+}
+
+}  // namespace pmt::detail
+
+namespace pmt {
+
+// ---------------------------------------------------------------------------------------------
+
+/// \brief RAII environment: MPI_Init_thread (if pmt was built with MPI and MPI is not yet
+/// initialized) then Kokkos::initialize (if not yet initialized); the destructor undoes only
+/// what the constructor did, in reverse order.
+///
+/// It records this process' world rank for error messages and warns once (rank 0) when OpenBLAS
+/// runs generic kernels on a vector CPU. When the guard is destroyed while an exception is in
+/// flight in a multi-rank job, it calls MPI_Abort so the other ranks end instead of hanging.
+///
+/// \code
+/// int main(int argc, char* argv[]) {
+///   pmt::ScopeGuard guard(argc, argv);
+///   ...
+/// }
+/// \endcode
+/// \throws pmt::CommError when MPI_Init_thread fails.
+class ScopeGuard {
+ public:
+  ScopeGuard(int& argc, char**& argv) {
+#if PMT_ENABLE_MPI
+    int mpi_ready = 0;
+    MPI_Initialized(&mpi_ready);
+    if (!mpi_ready) {
+      int provided = 0;
+      // Only the thread that called Kokkos talks to MPI (Kokkos' OpenMP workers never do).
+      if (MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+        throw CommError("pmt::ScopeGuard", "MPI_Init_thread failed");
+      m_owns_mpi = true;
+    }
+    MPI_Comm_rank(MPI_COMM_WORLD, &detail::process_context().rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &detail::process_context().size);
+#endif
+    if (!Kokkos::is_initialized()) {
+      Kokkos::initialize(argc, argv);
+      m_owns_kokkos = true;
+    }
+    m_uncaught = std::uncaught_exceptions();
+    detail::warn_about_blas_core(detail::process_context().rank);
+  }
+
+  ~ScopeGuard() {
+#if PMT_ENABLE_MPI
+    if (std::uncaught_exceptions() > m_uncaught && detail::process_context().size > 1) {
+      std::fprintf(stderr, "pmt: rank %d is unwinding with an exception; aborting the job\n",
+                   detail::process_context().rank);
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+#endif
+    if (m_owns_kokkos && Kokkos::is_initialized()) Kokkos::finalize();
+#if PMT_ENABLE_MPI
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (m_owns_mpi && !finalized) MPI_Finalize();
+#endif
+  }
+
+  ScopeGuard(const ScopeGuard&)            = delete;
+  ScopeGuard& operator=(const ScopeGuard&) = delete;
+
+ private:
+  bool m_owns_mpi    = false;
+  bool m_owns_kokkos = false;
+  int m_uncaught     = 0;
+};
+
+/// \brief This process' rank in the world (0 without MPI) and the world size (1 without MPI).
+inline int world_rank() noexcept { return detail::process_context().rank; }
+inline int world_size() noexcept { return detail::process_context().size; }
+
+/// \brief A multi-line, human-readable description of the build and the machine: pmt and
+/// Kokkos versions, enabled execution spaces and their concurrency, MPI, BLAS (and the OpenBLAS
+/// core it runs), CUDA devices, NCCL. Call after ScopeGuard.
+inline std::string environment_report() {
+  std::string out;
+  auto line = [&out](const std::string& key, const std::string& value) {
+    out += "  " + key + std::string(key.size() < 16 ? 16 - key.size() : 1, ' ') + value + "\n";
+  };
+  line("pmt", version());
+  line("Kokkos", std::to_string(KOKKOS_VERSION / 10000) + "." +
+                     std::to_string(KOKKOS_VERSION / 100 % 100) + "." +
+                     std::to_string(KOKKOS_VERSION % 100));
+  std::string spaces;
+#ifdef KOKKOS_ENABLE_SERIAL
+  spaces += "Serial ";
+#endif
+#ifdef KOKKOS_ENABLE_OPENMP
+  spaces += "OpenMP(" + std::to_string(Kokkos::OpenMP().concurrency()) + " threads) ";
+#endif
+#ifdef KOKKOS_ENABLE_THREADS
+  spaces += "Threads ";
+#endif
+#ifdef KOKKOS_ENABLE_CUDA
+  spaces += "Cuda ";
+#endif
+  line("exec spaces", spaces + "(default: " + Kokkos::DefaultExecutionSpace::name() + ")");
+#if PMT_ENABLE_MPI
+  char lib[MPI_MAX_LIBRARY_VERSION_STRING];
+  int len = 0;
+  MPI_Get_library_version(lib, &len);
+  std::string libstr(lib, static_cast<std::size_t>(len));
+  libstr = libstr.substr(0, libstr.find_first_of(",\n"));
+  line("MPI", std::to_string(world_size()) + " rank(s), this is rank " +
+                  std::to_string(world_rank()) + "; " + libstr);
+#else
+  line("MPI", "not enabled (one process)");
+#endif
+#if PMT_ENABLE_CBLAS
+  std::string blas = "CBLAS enabled";
+  const std::string core = detail::blas_core_name();
+  if (!core.empty()) {
+    blas = "OpenBLAS, core " + core;
+    if (detail::blas_core_is_generic_on_vector_cpu())
+      blas += " (generic kernels on a vector CPU: set OPENBLAS_CORETYPE)";
+  }
+  line("BLAS", blas);
+#else
+  line("BLAS", "not enabled (portable Kokkos matmul only)");
+#endif
+#if PMT_ENABLE_CUDA
+  int devices        = 0;
+  cudaError_t status = cudaGetDeviceCount(&devices);
+  if (status == cudaSuccess) {
+    line("CUDA", std::to_string(devices) + " device(s)");
+  } else {
+    line("CUDA", std::string("runtime linked, no usable device: ") + cudaGetErrorString(status));
+  }
+#else
+  line("CUDA", "not enabled");
+#endif
+#if PMT_ENABLE_NCCL
+  int nccl_version = 0;
+  ncclGetVersion(&nccl_version);
+  line("NCCL", std::to_string(nccl_version / 10000) + "." +
+                   std::to_string(nccl_version / 100 % 100) + "." +
+                   std::to_string(nccl_version % 100) + " linked");
+#else
+  line("NCCL", "not enabled");
+#endif
+  return out;
+}
+
+}  // namespace pmt

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Installs the dependencies (scripts/deps.sh), then configures and builds pmt in build/ (or
+# $PMT_BUILD_DIR) with warnings as errors. Extra arguments go to the CMake configure step.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build=${PMT_BUILD_DIR:-$root/build}
+kokkos_prefix=$("$root/scripts/deps.sh" | sed -n 's/^KOKKOS_PREFIX=//p')
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DPMT_WARNINGS_AS_ERRORS=ON \
+  -DCMAKE_PREFIX_PATH="$kokkos_prefix" "$@" >"$build.configure.log" 2>&1 \
+  || { cat "$build.configure.log"; exit 1; }
+grep -E "^-- pmt " "$build.configure.log" || true
+cmake --build "$build" -j "$(nproc)"

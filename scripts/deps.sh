@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Installs everything pmt's build, tests, examples and benchmarks need on Debian 12 (bookworm):
+#   - apt: g++, cmake, Open MPI, OpenBLAS (CBLAS), Catch2 v3 (from bookworm-backports)
+#   - Kokkos 3.4.01 with OpenMP + Serial, built from Debian's trilinos source package into a cache
+#     prefix (default ~/.cache/pmt/kokkos-3.4.01), unless Kokkos_ROOT points at a Kokkos already.
+# Idempotent and quiet when everything is present. Prints the Kokkos prefix on its last line
+# (`KOKKOS_PREFIX=...`) so callers can pass it to CMake.
+set -euo pipefail
+
+log() { echo "[pmt deps] $*" >&2; }
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+
+# ---------------------------------------------------------------------------------------------
+# apt packages
+APT_PKGS=(g++ make cmake pkg-config openmpi-bin libopenmpi-dev libopenblas-dev dpkg-dev xz-utils)
+need=()
+for p in "${APT_PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
+done
+catch2_ok=0
+if dpkg-query -W -f='${Status} ${Version}' libcatch2-dev 2>/dev/null | grep -q "install ok installed 3\."; then
+  catch2_ok=1
+fi
+
+backports_src=/etc/apt/sources.list.d/pmt-bookworm-backports.sources
+debsrc_src=/etc/apt/sources.list.d/pmt-bookworm-src.sources
+add_sources() {
+  if [ ! -f "$backports_src" ]; then
+    log "adding bookworm-backports (for Catch2 v3)"
+    $SUDO tee "$backports_src" >/dev/null <<'SRC'
+Types: deb
+URIs: http://deb.debian.org/debian
+Suites: bookworm-backports
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+SRC
+    APT_UPDATED=0
+  fi
+  if [ ! -f "$debsrc_src" ]; then
+    log "adding deb-src for bookworm (Kokkos comes from the trilinos source package)"
+    $SUDO tee "$debsrc_src" >/dev/null <<'SRC'
+Types: deb-src
+URIs: http://deb.debian.org/debian
+Suites: bookworm
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+SRC
+    APT_UPDATED=0
+  fi
+}
+APT_UPDATED=${APT_UPDATED:-0}
+apt_update() {
+  if [ "$APT_UPDATED" = 0 ]; then
+    log "apt-get update"
+    $SUDO apt-get update -qq >/dev/null
+    APT_UPDATED=1
+  fi
+}
+
+if [ ${#need[@]} -gt 0 ] || [ $catch2_ok = 0 ]; then
+  add_sources
+  apt_update
+  if [ ${#need[@]} -gt 0 ]; then
+    log "installing: ${need[*]}"
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  fi
+  if [ $catch2_ok = 0 ]; then
+    log "installing Catch2 v3 from bookworm-backports"
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+      -t bookworm-backports libcatch2-dev >/dev/null
+  fi
+fi
+
+# ---------------------------------------------------------------------------------------------
+# Kokkos (OpenMP + Serial)
+if [ -n "${Kokkos_ROOT:-}" ]; then
+  if ls "$Kokkos_ROOT"/lib*/cmake/Kokkos/KokkosConfig.cmake >/dev/null 2>&1; then
+    echo "KOKKOS_PREFIX=$Kokkos_ROOT"
+    exit 0
+  fi
+  log "Kokkos_ROOT=$Kokkos_ROOT holds no lib*/cmake/Kokkos/KokkosConfig.cmake"; exit 1
+fi
+CACHE=${PMT_DEPS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/pmt}
+PREFIX="$CACHE/kokkos-3.4.01"
+if [ -f "$PREFIX/.pmt-complete" ]; then
+  echo "KOKKOS_PREFIX=$PREFIX"
+  exit 0
+fi
+
+log "building Kokkos 3.4.01 (OpenMP + Serial) from Debian's trilinos source into $PREFIX"
+add_sources
+apt_update
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+(
+  cd "$work"
+  apt-get source --download-only -qq trilinos >/dev/null 2>&1
+  tarball=$(ls trilinos_*.orig.tar.*)
+  tar -xf "$tarball" --wildcards '*/packages/kokkos/*'
+  mv ./*/packages/kokkos kokkos-src
+)
+cmake -S "$work/kokkos-src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_INSTALL_PREFIX="$PREFIX" -DCMAKE_CXX_STANDARD=17 -DCMAKE_CXX_EXTENSIONS=OFF \
+  -DKokkos_ENABLE_OPENMP=ON -DKokkos_ENABLE_SERIAL=ON -DBUILD_SHARED_LIBS=ON \
+  -DKokkos_ENABLE_TESTS=OFF -DKokkos_ENABLE_EXAMPLES=OFF >"$work/configure.log" 2>&1 \
+  || { cat "$work/configure.log" >&2; exit 1; }
+cmake --build "$work/build" -j "$(nproc)" >"$work/build.log" 2>&1 || { tail -n 50 "$work/build.log" >&2; exit 1; }
+cmake --install "$work/build" >/dev/null
+touch "$PREFIX/.pmt-complete"
+log "Kokkos installed in $PREFIX"
+echo "KOKKOS_PREFIX=$PREFIX"

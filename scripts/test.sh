@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# The whole test suite: dependencies, build (warnings as errors), then every test under ctest,
+# multi-rank tests at np = 1, 2, 4 (oversubscribed), the header self-containment build, the
+# compile-fail tests and the find_package(pmt) consumer against the installed tree.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+"$root/scripts/build.sh" "$@"
+build=${PMT_BUILD_DIR:-$root/build}
+cd "$build"
+ctest --output-on-failure -j "$(nproc)" --timeout 900

@@ -1,0 +1,45 @@
+// SPDX-License-Identifier: Apache-2.0
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
+
+#include "pmt/pmt.hpp"
+#include "pmt_test.hpp"
+
+#include <string>
+
+using Catch::Matchers::ContainsSubstring;
+
+TEST_CASE("ScopeGuard initialised Kokkos and recorded the world", "[core][environment][mpi]") {
+  CHECK(Kokkos::is_initialized());
+#if PMT_ENABLE_MPI
+  int rank = -1, size = -1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  CHECK(pmt::world_rank() == rank);
+  CHECK(pmt::world_size() == size);
+#else
+  CHECK(pmt::world_rank() == 0);
+  CHECK(pmt::world_size() == 1);
+#endif
+}
+
+TEST_CASE("environment_report names Kokkos, the spaces and every backend", "[core][environment]") {
+  const std::string report = pmt::environment_report();
+  CHECK_THAT(report, ContainsSubstring("Kokkos"));
+  CHECK_THAT(report, ContainsSubstring(std::string("default: ") + Kokkos::DefaultExecutionSpace::name()));
+  CHECK_THAT(report, ContainsSubstring("MPI"));
+  CHECK_THAT(report, ContainsSubstring("BLAS"));
+  CHECK_THAT(report, ContainsSubstring("CUDA"));
+  CHECK_THAT(report, ContainsSubstring("NCCL"));
+#if PMT_ENABLE_MPI
+  CHECK_THAT(report, ContainsSubstring(std::to_string(pmt::world_size()) + " rank(s)"));
+#endif
+}
+
+TEST_CASE("a parallel_reduce runs on every enabled space on every rank", "[core][environment][mpi]") {
+  long total = 0;
+  Kokkos::parallel_reduce(
+      "pmt::test::sum", Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(0, 1000),
+      KOKKOS_LAMBDA(int i, long& acc) { acc += i; }, total);
+  REQUIRE(pmt::test::all_ranks(total == 499500));
+}
