@@ -8,3 +8,15 @@
 
 #include "pmt/core/environment.hpp"
 #include "pmt/core/error.hpp"
+#include "pmt/core/random.hpp"
+#include "pmt/core/tensor.hpp"
+
+#include "pmt/ops/attention.hpp"
+#include "pmt/ops/cross_entropy.hpp"
+#include "pmt/ops/elementwise.hpp"
+#include "pmt/ops/embedding.hpp"
+#include "pmt/ops/layernorm.hpp"
+#include "pmt/ops/matmul.hpp"
+#include "pmt/ops/optimizer.hpp"
+#include "pmt/ops/reduction.hpp"
+#include "pmt/ops/softmax.hpp"

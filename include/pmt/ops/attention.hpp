@@ -1,0 +1,168 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// Causal multi-head self-attention on (B, T, C) with H heads, forward and backward, built from
+// pmt's batched matmul and masked softmax (llm.c's layout). Legend: B batch, T sequence, C width,
+// H heads, hs = C / H head size, BH = B * H.
+//   forward:  qkv (B, T, 3C) -> q, k, v (B, H, T, hs) -> att = softmax_causal(q k^T / sqrt(hs))
+//             (B, H, T, T) -> y = att v (B, H, T, hs) -> out (B, T, C)
+//   backward: dout (B, T, C) -> dqkv (B, T, 3C), from q, k, v, att kept in AttentionCache.
+// Under tensor parallelism the caller passes the local heads: qkv (B, T, 3 C/tp), H / tp heads.
+
+#include "pmt/core/error.hpp"
+#include "pmt/core/tensor.hpp"
+#include "pmt/ops/matmul.hpp"
+#include "pmt/ops/softmax.hpp"
+
+#include <Kokkos_Core.hpp>
+
+#include <cmath>
+#include <cstdint>
+
+namespace pmt::ops {
+
+/// \brief What attention's backward needs, plus its work buffers; make_attention_cache sizes it.
+template <class T, class Exec>
+struct AttentionCache {
+  std::int64_t B = 0, T_ = 0, C = 0, H = 0;
+  Tensor<T, 4, Exec> q, k, v;     // (B, H, T, hs)
+  Tensor<T, 4, Exec> att;         // (B, H, T, T) softmax output
+  Tensor<T, 4, Exec> y;           // (B, H, T, hs) att v, before the head merge
+  Tensor<T, 4, Exec> dq, dk, dv;  // backward work buffers (B, H, T, hs)
+  Tensor<T, 4, Exec> datt;        // (B, H, T, T)
+};
+
+/// \brief Allocates an AttentionCache for (B, T, C) inputs with H heads.
+/// \throws pmt::ShapeError when C is not divisible by H.
+template <class T, class Exec>
+AttentionCache<T, Exec> make_attention_cache(std::int64_t B, std::int64_t T_, std::int64_t C,
+                                             std::int64_t H) {
+  detail::require(H > 0 && C % H == 0, "pmt::ops::make_attention_cache", [&] {
+    return detail::str("width C = ", C, " is not divisible by heads H = ", H);
+  });
+  const std::int64_t hs = C / H;
+  AttentionCache<T, Exec> c;
+  c.B = B, c.T_ = T_, c.C = C, c.H = H;
+  c.q    = make_tensor<T, Exec>("pmt::ops::attention::q", B, H, T_, hs);
+  c.k    = make_tensor<T, Exec>("pmt::ops::attention::k", B, H, T_, hs);
+  c.v    = make_tensor<T, Exec>("pmt::ops::attention::v", B, H, T_, hs);
+  c.att  = make_tensor<T, Exec>("pmt::ops::attention::att", B, H, T_, T_);
+  c.y    = make_tensor<T, Exec>("pmt::ops::attention::y", B, H, T_, hs);
+  c.dq   = make_tensor<T, Exec>("pmt::ops::attention::dq", B, H, T_, hs);
+  c.dk   = make_tensor<T, Exec>("pmt::ops::attention::dk", B, H, T_, hs);
+  c.dv   = make_tensor<T, Exec>("pmt::ops::attention::dv", B, H, T_, hs);
+  c.datt = make_tensor<T, Exec>("pmt::ops::attention::datt", B, H, T_, T_);
+  return c;
+}
+
+}  // namespace pmt::ops
+
+namespace pmt::detail {
+
+/// A rank-4 (B, H, X, Y) tensor seen as rank-3 (B*H, X, Y), unmanaged.
+template <class V>
+auto as_batched(const V& v) {
+  using T = typename V::value_type;
+  return Kokkos::View<T***, Kokkos::LayoutRight, typename V::memory_space,
+                      Kokkos::MemoryTraits<Kokkos::Unmanaged>>(v.data(), v.extent(0) * v.extent(1),
+                                                               v.extent(2), v.extent(3));
+}
+
+template <class T, class Exec, class QV, class OV>
+void check_attention(const char* op, const QV& qkv_like, std::int64_t width_factor, const OV& out,
+                     const ops::AttentionCache<T, Exec>& c) {
+  require(static_cast<std::int64_t>(qkv_like.extent(0)) == c.B &&
+              static_cast<std::int64_t>(qkv_like.extent(1)) == c.T_ &&
+              static_cast<std::int64_t>(qkv_like.extent(2)) == width_factor * c.C &&
+              static_cast<std::int64_t>(out.extent(0)) == c.B &&
+              static_cast<std::int64_t>(out.extent(1)) == c.T_ &&
+              static_cast<std::int64_t>(out.extent(2)) == c.C,
+          op, [&] {
+            return str("qkv is ", (width_factor == 3 ? shape_str(qkv_like) : shape_str(out)),
+                       " and out is ", (width_factor == 3 ? shape_str(out) : shape_str(qkv_like)),
+                       " but the cache was made for B = ", c.B, ", T = ", c.T_, ", C = ", c.C,
+                       ", H = ", c.H, "; expected qkv (", c.B, ", ", c.T_, ", ", 3 * c.C, ") and out (",
+                       c.B, ", ", c.T_, ", ", c.C, ")");
+          });
+}
+
+}  // namespace pmt::detail
+
+namespace pmt::ops {
+
+// ---------------------------------------------------------------------------------------------
+
+/// \brief Causal self-attention forward: out (B, T, C) from qkv (B, T, 3C) = [q | k | v], H heads.
+/// Keeps q, k, v and the attention matrix in `cache` for backward.
+/// \throws pmt::ShapeError when qkv, out and the cache disagree.
+template <class Exec, class QKV, class OV, class T>
+void attention_forward(const Exec& exec, const QKV& qkv, const OV& out, AttentionCache<T, Exec>& c) {
+  static_check_view<Exec, QKV>();
+  static_check_view<Exec, OV>();
+  static_assert(QKV::rank == 3 && OV::rank == 3, "pmt::ops::attention_forward: qkv (B, T, 3C), out (B, T, C)");
+  constexpr const char* op = "pmt::ops::attention_forward";
+  detail::check_attention(op, qkv, 3, out, c);
+  const std::int64_t B = c.B, Tn = c.T_, C = c.C, H = c.H, hs = C / H;
+  auto q = c.q, k = c.k, v = c.v;
+  // (B, T, 3, H, hs) -> 3 x (B, H, T, hs)
+  Kokkos::parallel_for("pmt::ops::attention_forward::split_heads",
+                       Kokkos::RangePolicy<Exec>(exec, 0, B * H * Tn), KOKKOS_LAMBDA(std::int64_t i) {
+                         const std::int64_t t = i % Tn, h = i / Tn % H, b = i / (Tn * H);
+                         const auto* src = &qkv(b, t, h * hs);
+                         for (std::int64_t d = 0; d < hs; ++d) {
+                           q(b, h, t, d) = src[d];
+                           k(b, h, t, d) = src[C + d];
+                           v(b, h, t, d) = src[2 * C + d];
+                         }
+                       });
+  const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(hs)));
+  auto att = detail::as_batched(c.att);
+  matmul_batched(exec, Trans::N, Trans::T, scale, detail::as_batched(q), detail::as_batched(k), T(0), att);
+  softmax(exec, att, att, Mask::Causal);  // (BH, T, T)
+  matmul_batched(exec, Trans::N, Trans::N, T(1), att, detail::as_batched(v), T(0), detail::as_batched(c.y));
+  auto y = c.y;
+  Kokkos::parallel_for("pmt::ops::attention_forward::merge_heads",
+                       Kokkos::RangePolicy<Exec>(exec, 0, B * H * Tn), KOKKOS_LAMBDA(std::int64_t i) {
+                         const std::int64_t t = i % Tn, h = i / Tn % H, b = i / (Tn * H);
+                         auto* dst = &out(b, t, h * hs);
+                         for (std::int64_t d = 0; d < hs; ++d) dst[d] = y(b, h, t, d);
+                       });
+}
+
+/// \brief Causal self-attention backward: dqkv (B, T, 3C) (overwritten) from dout (B, T, C) and the
+/// cache filled by attention_forward.
+/// \throws pmt::ShapeError when dout, dqkv and the cache disagree.
+template <class Exec, class DOV, class DQKV, class T>
+void attention_backward(const Exec& exec, const DOV& dout, const DQKV& dqkv, AttentionCache<T, Exec>& c) {
+  static_check_view<Exec, DOV>();
+  static_check_view<Exec, DQKV>();
+  constexpr const char* op = "pmt::ops::attention_backward";
+  detail::check_attention(op, dqkv, 3, dout, c);
+  const std::int64_t B = c.B, Tn = c.T_, C = c.C, H = c.H, hs = C / H;
+  auto dy = c.y;  // reuse: the head-split gradient of y, (B, H, T, hs)
+  Kokkos::parallel_for("pmt::ops::attention_backward::split_heads",
+                       Kokkos::RangePolicy<Exec>(exec, 0, B * H * Tn), KOKKOS_LAMBDA(std::int64_t i) {
+                         const std::int64_t t = i % Tn, h = i / Tn % H, b = i / (Tn * H);
+                         const auto* src = &dout(b, t, h * hs);
+                         for (std::int64_t d = 0; d < hs; ++d) dy(b, h, t, d) = src[d];
+                       });
+  auto att = detail::as_batched(c.att), datt = detail::as_batched(c.datt);
+  matmul_batched(exec, Trans::N, Trans::T, T(1), detail::as_batched(dy), detail::as_batched(c.v), T(0), datt);
+  matmul_batched(exec, Trans::T, Trans::N, T(1), att, detail::as_batched(dy), T(0), detail::as_batched(c.dv));
+  softmax_backward(exec, att, datt, datt, Mask::Causal);  // d(scores)
+  const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(hs)));
+  matmul_batched(exec, Trans::N, Trans::N, scale, datt, detail::as_batched(c.k), T(0), detail::as_batched(c.dq));
+  matmul_batched(exec, Trans::T, Trans::N, scale, datt, detail::as_batched(c.q), T(0), detail::as_batched(c.dk));
+  auto dq = c.dq, dk = c.dk, dv = c.dv;
+  Kokkos::parallel_for("pmt::ops::attention_backward::merge_heads",
+                       Kokkos::RangePolicy<Exec>(exec, 0, B * H * Tn), KOKKOS_LAMBDA(std::int64_t i) {
+                         const std::int64_t t = i % Tn, h = i / Tn % H, b = i / (Tn * H);
+                         auto* dst = &dqkv(b, t, h * hs);
+                         for (std::int64_t d = 0; d < hs; ++d) {
+                           dst[d]         = dq(b, h, t, d);
+                           dst[C + d]     = dk(b, h, t, d);
+                           dst[2 * C + d] = dv(b, h, t, d);
+                         }
+                       });
+}
+
+}  // namespace pmt::ops

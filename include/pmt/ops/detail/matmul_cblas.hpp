@@ -1,0 +1,45 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// The vendor matmul on host memory: CBLAS (OpenBLAS) sgemm/dgemm, row-major. CBLAS runs on the
+// calling thread and Kokkos' host spaces execute synchronously, so no fence is needed.
+
+#include "pmt/config.hpp"
+
+#if PMT_ENABLE_CBLAS
+#include <cblas.h>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace pmt::detail {
+
+template <class T>
+inline constexpr bool cblas_supports_v = std::is_same_v<T, float> || std::is_same_v<T, double>;
+
+/// C[b] = alpha op(A[b]) op(B[b]) + beta C[b]; row-major, leading dims and batch strides given.
+template <class T>
+void matmul_cblas(std::int64_t batch, bool ta, bool tb, std::int64_t M, std::int64_t N,
+                  std::int64_t K, T alpha, const T* A, std::int64_t lda, std::int64_t sa,
+                  const T* B, std::int64_t ldb, std::int64_t sb, T beta, T* C, std::int64_t ldc,
+                  std::int64_t sc) {
+  const CBLAS_TRANSPOSE opa = ta ? CblasTrans : CblasNoTrans;
+  const CBLAS_TRANSPOSE opb = tb ? CblasTrans : CblasNoTrans;
+  // BLAS rejects a leading dimension of 0 even when the operand is empty (K == 0).
+  lda = lda > 0 ? lda : 1;
+  ldb = ldb > 0 ? ldb : 1;
+  ldc = ldc > 0 ? ldc : 1;
+  for (std::int64_t b = 0; b < batch; ++b) {
+    if constexpr (std::is_same_v<T, float>) {
+      cblas_sgemm(CblasRowMajor, opa, opb, static_cast<int>(M), static_cast<int>(N),
+                  static_cast<int>(K), alpha, A + b * sa, static_cast<int>(lda), B + b * sb,
+                  static_cast<int>(ldb), beta, C + b * sc, static_cast<int>(ldc));
+    } else {
+      cblas_dgemm(CblasRowMajor, opa, opb, static_cast<int>(M), static_cast<int>(N),
+                  static_cast<int>(K), alpha, A + b * sa, static_cast<int>(lda), B + b * sb,
+                  static_cast<int>(ldb), beta, C + b * sc, static_cast<int>(ldc));
+    }
+  }
+}
+
+}  // namespace pmt::detail
+#endif  // PMT_ENABLE_CBLAS

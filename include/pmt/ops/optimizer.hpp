@@ -1,0 +1,83 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// Optimizer update kernels on one parameter tensor (any rank) and its state: SGD with momentum
+// and AdamW (bias correction, decoupled weight decay). Elementwise: bitwise independent of the
+// thread count. Gradient scaling for clipping by global norm is ops::scale (elementwise.hpp) with
+// the factor from ops::squared_norm (reduction.hpp). The optim/ layer drives these over a model.
+
+#include "pmt/core/error.hpp"
+#include "pmt/detail/kokkos_compat.hpp"
+#include "pmt/core/tensor.hpp"
+
+#include <Kokkos_Core.hpp>
+
+#include <cmath>
+#include <cstdint>
+
+namespace pmt::ops {
+
+/// \brief Hyper-parameters of SGD with momentum.
+struct SgdParams {
+  double lr = 1e-2, momentum = 0.9, weight_decay = 0.0;
+};
+
+/// \brief velocity = momentum velocity + (grad + weight_decay param); param -= lr velocity.
+/// \throws pmt::ShapeError when param, grad and velocity differ in shape.
+template <class Exec, class PV, class GV, class SV>
+void sgd_update(const Exec& exec, const PV& param, const GV& grad, const SV& velocity, const SgdParams& h) {
+  static_check_view<Exec, PV>();
+  static_check_view<Exec, GV>();
+  static_check_view<Exec, SV>();
+  detail::require_same_shape("pmt::ops::sgd_update", "grad", grad, "param", param);
+  detail::require_same_shape("pmt::ops::sgd_update", "velocity", velocity, "param", param);
+  using T = typename PV::non_const_value_type;
+  auto p = detail::flat(param), g = detail::flat(grad), v = detail::flat(velocity);
+  const T lr = static_cast<T>(h.lr), mu = static_cast<T>(h.momentum), wd = static_cast<T>(h.weight_decay);
+  Kokkos::parallel_for("pmt::ops::sgd_update", Kokkos::RangePolicy<Exec>(exec, 0, p.extent(0)),
+                       KOKKOS_LAMBDA(std::size_t i) {
+                         v(i) = mu * v(i) + g(i) + wd * p(i);
+                         p(i) -= lr * v(i);
+                       });
+}
+
+/// \brief Hyper-parameters of AdamW (Loshchilov & Hutter); `step` counts from 1.
+struct AdamWParams {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
+  std::int64_t step = 1;
+};
+
+/// \brief m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; param -= lr (m^/(sqrt(v^) + eps) + wd param)
+/// with m^ = m / (1 - b1^step), v^ = v / (1 - b2^step).
+/// \throws pmt::ShapeError when param, grad, m and v differ in shape; pmt::ConfigError for step < 1.
+template <class Exec, class PV, class GV, class SV>
+void adamw_update(const Exec& exec, const PV& param, const GV& grad, const SV& m, const SV& v,
+                  const AdamWParams& h) {
+  static_check_view<Exec, PV>();
+  static_check_view<Exec, GV>();
+  static_check_view<Exec, SV>();
+  constexpr const char* op = "pmt::ops::adamw_update";
+  detail::require_same_shape(op, "grad", grad, "param", param);
+  detail::require_same_shape(op, "m", m, "param", param);
+  detail::require_same_shape(op, "v", v, "param", param);
+  detail::require<ConfigError>(h.step >= 1, op, [&] {
+    return detail::str("step is ", h.step, "; expected step >= 1 (bias correction divides by 1 - beta^step)");
+  });
+  using T = typename PV::non_const_value_type;
+  using S = typename SV::non_const_value_type;
+  auto p = detail::flat(param), g = detail::flat(grad), fm = detail::flat(m), fv = detail::flat(v);
+  const S b1 = static_cast<S>(h.beta1), b2 = static_cast<S>(h.beta2), eps = static_cast<S>(h.eps);
+  const S lr = static_cast<S>(h.lr), wd = static_cast<S>(h.weight_decay);
+  const S c1 = static_cast<S>(1.0 - std::pow(h.beta1, static_cast<double>(h.step)));
+  const S c2 = static_cast<S>(1.0 - std::pow(h.beta2, static_cast<double>(h.step)));
+  Kokkos::parallel_for(op, Kokkos::RangePolicy<Exec>(exec, 0, p.extent(0)), KOKKOS_LAMBDA(std::size_t i) {
+    const S gi = static_cast<S>(g(i));
+    const S mi = b1 * fm(i) + (S(1) - b1) * gi;
+    const S vi = b2 * fv(i) + (S(1) - b2) * gi * gi;
+    fm(i) = mi;
+    fv(i) = vi;
+    const S pi = static_cast<S>(p(i));
+    p(i) = static_cast<T>(pi - lr * ((mi / c1) / (detail::math::sqrt(vi / c2) + eps) + wd * pi));
+  });
+}
+
+}  // namespace pmt::ops

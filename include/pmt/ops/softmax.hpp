@@ -1,0 +1,142 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// Row-wise softmax and log-softmax with an optional causal mask, and their backward.
+// Shapes: x, y are (rows, cols) or (batch, rows, cols); the softmax runs over the last dim.
+// Causal: in each (rows, cols) matrix, row i sees columns j <= i + (cols - rows); masked entries
+// of softmax are 0 and of log-softmax -inf; their gradients are 0.
+// One thread per row, each row in index order: bitwise independent of the thread count.
+
+#include "pmt/core/error.hpp"
+#include "pmt/detail/kokkos_compat.hpp"
+#include "pmt/core/tensor.hpp"
+
+#include <Kokkos_Core.hpp>
+
+#include <cstdint>
+
+namespace pmt::ops {
+
+/// \brief Whether row i of a score matrix may see columns past i (None) or not (Causal).
+enum class Mask { None, Causal };
+
+}  // namespace pmt::ops
+
+namespace pmt::detail {
+
+/// (batch * rows, cols) geometry of a rank-2 or rank-3 View; `visible(r)` is the number of
+/// columns row r sees.
+struct RowGeometry {
+  std::int64_t nrows, rows, cols;
+  bool causal;
+  KOKKOS_INLINE_FUNCTION std::int64_t visible(std::int64_t r) const {
+    if (!causal) return cols;
+    const std::int64_t v = r % rows + 1 + (cols - rows);
+    return v < 0 ? 0 : (v > cols ? cols : v);
+  }
+};
+
+template <class V>
+RowGeometry row_geometry(const V& v, ops::Mask mask, const char* op) {
+  static_assert(V::rank == 2 || V::rank == 3, "pmt::ops: softmax takes (rows, cols) or (batch, rows, cols)");
+  const std::int64_t cols = static_cast<std::int64_t>(v.extent(V::rank - 1));
+  const std::int64_t rows = static_cast<std::int64_t>(v.extent(V::rank - 2));
+  const std::int64_t nrows = static_cast<std::int64_t>(v.size()) / (cols > 0 ? cols : 1);
+  require(mask == ops::Mask::None || rows <= cols, op, [&] {
+    return str("x is ", shape_str(v), "; a causal mask needs rows <= cols");
+  });
+  return RowGeometry{cols > 0 ? nrows : 0, rows, cols, mask == ops::Mask::Causal};
+}
+
+template <bool log_form, class Exec, class XV, class YV>
+void softmax_impl(const Exec& exec, const XV& x, const YV& y, ops::Mask mask, const char* op) {
+  static_check_view<Exec, XV>();
+  static_check_view<Exec, YV>();
+  require_same_shape(op, "x", x, "y", y);
+  using T        = typename YV::non_const_value_type;
+  const auto g   = row_geometry(x, mask, op);
+  const T* xp    = x.data();
+  T* yp          = y.data();
+  Kokkos::parallel_for(op, Kokkos::RangePolicy<Exec>(exec, 0, g.nrows), KOKKOS_LAMBDA(std::int64_t r) {
+    const T* xr = xp + r * g.cols;
+    T* yr = yp + r * g.cols;
+    const std::int64_t n = g.visible(r);
+    T mx = -infinity<T>();
+    for (std::int64_t j = 0; j < n; ++j) mx = xr[j] > mx ? xr[j] : mx;
+    T s = T(0);
+    for (std::int64_t j = 0; j < n; ++j) s += detail::math::exp(xr[j] - mx);
+    if (log_form) {
+      const T lse = mx + detail::math::log(s);
+      for (std::int64_t j = 0; j < n; ++j) yr[j] = xr[j] - lse;
+      for (std::int64_t j = n; j < g.cols; ++j) yr[j] = -infinity<T>();
+    } else {
+      const T inv = T(1) / s;
+      for (std::int64_t j = 0; j < n; ++j) yr[j] = detail::math::exp(xr[j] - mx) * inv;
+      for (std::int64_t j = n; j < g.cols; ++j) yr[j] = T(0);
+    }
+  });
+}
+
+template <bool log_form, class Exec, class YV, class DYV, class DXV>
+void softmax_backward_impl(const Exec& exec, const YV& y, const DYV& dy, const DXV& dx,
+                           ops::Mask mask, const char* op) {
+  static_check_view<Exec, YV>();
+  static_check_view<Exec, DYV>();
+  static_check_view<Exec, DXV>();
+  require_same_shape(op, "y", y, "dy", dy);
+  require_same_shape(op, "dx", dx, "y", y);
+  using T      = typename DXV::non_const_value_type;
+  const auto g = row_geometry(y, mask, op);
+  const T* yp  = y.data();
+  const T* dyp = dy.data();
+  T* dxp       = dx.data();
+  Kokkos::parallel_for(op, Kokkos::RangePolicy<Exec>(exec, 0, g.nrows), KOKKOS_LAMBDA(std::int64_t r) {
+    const T* yr = yp + r * g.cols;
+    const T* dyr = dyp + r * g.cols;
+    T* dxr = dxp + r * g.cols;
+    const std::int64_t n = g.visible(r);
+    T s = T(0);
+    if (log_form) {  // dx = dy - softmax * sum(dy)
+      for (std::int64_t j = 0; j < n; ++j) s += dyr[j];
+      for (std::int64_t j = 0; j < n; ++j) dxr[j] = dyr[j] - detail::math::exp(yr[j]) * s;
+    } else {         // dx = y * (dy - sum(dy * y))
+      for (std::int64_t j = 0; j < n; ++j) s += dyr[j] * yr[j];
+      for (std::int64_t j = 0; j < n; ++j) dxr[j] = yr[j] * (dyr[j] - s);
+    }
+    for (std::int64_t j = n; j < g.cols; ++j) dxr[j] = T(0);
+  });
+}
+
+}  // namespace pmt::detail
+
+namespace pmt::ops {
+
+// ---------------------------------------------------------------------------------------------
+
+/// \brief y = softmax(x) over the last dim; x, y: (R, C) or (B, R, C); y may alias x.
+/// \throws pmt::ShapeError when shapes differ, or for a causal mask with R > C.
+template <class Exec, class XV, class YV>
+void softmax(const Exec& exec, const XV& x, const YV& y, Mask mask = Mask::None) {
+  detail::softmax_impl<false>(exec, x, y, mask, "pmt::ops::softmax");
+}
+
+/// \brief dx = y (dy - sum(dy y)) row-wise, from the softmax output y; dx overwritten.
+template <class Exec, class YV, class DYV, class DXV>
+void softmax_backward(const Exec& exec, const YV& y, const DYV& dy, const DXV& dx,
+                      Mask mask = Mask::None) {
+  detail::softmax_backward_impl<false>(exec, y, dy, dx, mask, "pmt::ops::softmax_backward");
+}
+
+/// \brief y = log_softmax(x) over the last dim (masked entries -inf); y may alias x.
+template <class Exec, class XV, class YV>
+void log_softmax(const Exec& exec, const XV& x, const YV& y, Mask mask = Mask::None) {
+  detail::softmax_impl<true>(exec, x, y, mask, "pmt::ops::log_softmax");
+}
+
+/// \brief dx = dy - exp(y) sum(dy) row-wise, from the log-softmax output y; dx overwritten.
+template <class Exec, class YV, class DYV, class DXV>
+void log_softmax_backward(const Exec& exec, const YV& y, const DYV& dy, const DXV& dx,
+                          Mask mask = Mask::None) {
+  detail::softmax_backward_impl<true>(exec, y, dy, dx, mask, "pmt::ops::log_softmax_backward");
+}
+
+}  // namespace pmt::ops

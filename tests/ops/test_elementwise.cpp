@@ -1,0 +1,162 @@
+// SPDX-License-Identifier: Apache-2.0
+#include <catch2/catch_template_test_macros.hpp>
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
+
+#include "ops_test.hpp"
+#include "pmt/ops/elementwise.hpp"
+#include "pmt/ops/optimizer.hpp"
+#include "pmt/ops/reduction.hpp"
+
+#include <cmath>
+
+using pmt::test::Host;
+
+TEMPLATE_TEST_CASE("add, scale, axpy and bias_add equal the reference", "[ops][elementwise]", float, double) {
+  using T = TestType;
+  Host exec;
+  auto a = pmt::make_tensor<T, Host>("a", 7, 5, 3), b = pmt::make_tensor<T, Host>("b", 7, 5, 3);
+  auto out = pmt::make_tensor<T, Host>("out", 7, 5, 3);
+  auto bias = pmt::make_tensor<T, Host>("bias", 3);
+  pmt::test::fill_random(a, 1);
+  pmt::test::fill_random(b, 2);
+  pmt::test::fill_random(bias, 3);
+  pmt::ops::add(exec, a, b, out);
+  exec.fence();
+  CHECK(out(6, 4, 2) == a(6, 4, 2) + b(6, 4, 2));
+  pmt::ops::scale(exec, out, T(2));
+  pmt::ops::axpy(exec, T(-1), a, out);  // out = 2(a + b) - a = a + 2b
+  pmt::ops::bias_add(exec, out, bias);
+  exec.fence();
+  for (int i = 0; i < 7; ++i)
+    for (int j = 0; j < 5; ++j)
+      for (int k = 0; k < 3; ++k)
+        CHECK(std::abs(out(i, j, k) - (a(i, j, k) + 2 * b(i, j, k) + bias(k))) <= 4 * pmt::test::tol<T>());
+  auto bad = pmt::make_tensor<T, Host>("bad", 4);
+  CHECK_THROWS_WITH(pmt::ops::bias_add(exec, out, bad),
+                    Catch::Matchers::StartsWith("pmt::ops::bias_add: y is (7, 5, 3) but bias is (4)"));
+  CHECK_THROWS_AS(pmt::ops::add(exec, a, bad, out), pmt::ShapeError);
+}
+
+TEMPLATE_TEST_CASE("gelu and relu equal their formulas", "[ops][elementwise]", float, double) {
+  using T = TestType;
+  Host exec;
+  auto x = pmt::make_tensor<T, Host>("x", 1000), y = pmt::make_tensor<T, Host>("y", 1000);
+  pmt::test::fill_random(x, 4, -5, 5);
+  pmt::ops::gelu(exec, x, y);
+  exec.fence();
+  for (int i = 0; i < 1000; ++i) {
+    const double v = x(i);
+    const double ref = 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
+    CHECK(std::abs(y(i) - ref) <= 8 * pmt::test::tol<T>() * std::max(1.0, std::abs(ref)));
+  }
+  pmt::ops::relu(exec, x, y);
+  exec.fence();
+  for (int i = 0; i < 1000; ++i) CHECK(y(i) == (x(i) > 0 ? x(i) : T(0)));
+}
+
+TEST_CASE("gelu_backward and relu_backward match finite differences", "[ops][elementwise][gradient]") {
+  Host exec;
+  auto x = pmt::make_tensor<double, Host>("x", 200), y = pmt::make_tensor<double, Host>("y", 200);
+  auto w = pmt::make_tensor<double, Host>("w", 200), dx = pmt::make_tensor<double, Host>("dx", 200);
+  pmt::test::fill_random(x, 5, -4, 4);
+  pmt::test::fill_random(w, 6);
+  pmt::ops::gelu_backward(exec, x, w, dx);
+  exec.fence();
+  auto gelu_loss = [&] { pmt::ops::gelu(exec, x, y); exec.fence(); return pmt::test::weighted_sum(w, y); };
+  CHECK(pmt::test::finite_difference_error(x, dx, gelu_loss) <= 1e-6);
+  for (int i = 0; i < 200; ++i) if (std::abs(x(i)) < 1e-3) x(i) = 0.5;  // keep away from the kink
+  pmt::ops::relu_backward(exec, x, w, dx);
+  exec.fence();
+  auto relu_loss = [&] { pmt::ops::relu(exec, x, y); exec.fence(); return pmt::test::weighted_sum(w, y); };
+  CHECK(pmt::test::finite_difference_error(x, dx, relu_loss) <= 1e-6);
+}
+
+TEMPLATE_TEST_CASE("reductions equal the reference and are independent of the thread count",
+                   "[ops][reduction][determinism]", float, double) {
+  using T = TestType;
+  Host exec;
+  for (std::size_t n : {std::size_t(1), std::size_t(4097), std::size_t(100003)}) {
+    auto x = pmt::make_tensor<T, Host>("x", n);
+    pmt::test::fill_random(x, 7, -2, 3);
+    long double s = 0, s2 = 0, mx = -1e300;
+    for (std::size_t i = 0; i < n; ++i) {
+      s += x(i);
+      s2 += static_cast<long double>(x(i)) * x(i);
+      mx = std::max<long double>(mx, x(i));
+    }
+    Kokkos::View<double, Kokkos::HostSpace> out("out");
+    pmt::ops::sum(exec, x, out);
+    exec.fence();
+    CHECK(std::abs(out() - static_cast<double>(s)) <= 1e-12 * std::max(1.0, std::abs(static_cast<double>(s))) * std::sqrt(n));
+    pmt::ops::mean(exec, x, out);
+    exec.fence();
+    CHECK(std::abs(out() - static_cast<double>(s / n)) <= 1e-12);
+    pmt::ops::max(exec, x, out);
+    exec.fence();
+    CHECK(out() == static_cast<double>(mx));
+    CHECK(std::abs(pmt::ops::squared_norm_value(exec, x) - static_cast<double>(s2)) <= 1e-12 * static_cast<double>(s2) + 1e-300);
+#if defined(KOKKOS_ENABLE_SERIAL) && defined(KOKKOS_ENABLE_OPENMP)
+    CHECK(pmt::ops::sum_value(Kokkos::Serial(), x) == pmt::ops::sum_value(Kokkos::OpenMP(), x));
+#endif
+  }
+  auto m = pmt::make_tensor<T, Host>("m", 97, 13);
+  auto cs = pmt::make_tensor<T, Host>("cs", 13), cs2 = pmt::make_tensor<T, Host>("cs2", 13);
+  pmt::test::fill_random(m, 8);
+  Kokkos::deep_copy(cs, T(1));
+  pmt::ops::column_sum(exec, m, cs, T(1));
+  exec.fence();
+  for (int c = 0; c < 13; ++c) {
+    double r = 1;
+    for (int i = 0; i < 97; ++i) r += m(i, c);
+    CHECK(std::abs(cs(c) - r) <= 8 * pmt::test::tol<T>(97));
+  }
+#if defined(KOKKOS_ENABLE_SERIAL) && defined(KOKKOS_ENABLE_OPENMP)
+  pmt::ops::column_sum(Kokkos::Serial(), m, cs2, T(0));
+  pmt::ops::column_sum(Kokkos::OpenMP(), m, cs, T(0));
+  Kokkos::fence();
+  CHECK(pmt::test::bitwise_equal(cs, cs2));
+#endif
+  auto empty = pmt::make_tensor<T, Host>("empty", 0);
+  Kokkos::View<double, Kokkos::HostSpace> out("out");
+  CHECK_THROWS_WITH(pmt::ops::mean(exec, empty, out),
+                    Catch::Matchers::StartsWith("pmt::ops::mean: x is (0); expected at least one element"));
+}
+
+TEMPLATE_TEST_CASE("SGD with momentum and AdamW follow their update rules", "[ops][optimizer]", float, double) {
+  using T = TestType;
+  Host exec;
+  const int n = 50;
+  auto p = pmt::make_tensor<T, Host>("p", n), g = pmt::make_tensor<T, Host>("g", n);
+  auto m = pmt::make_tensor<T, Host>("m", n), v = pmt::make_tensor<T, Host>("v", n);
+  pmt::test::fill_random(p, 9);
+  pmt::test::fill_random(g, 10);
+  std::vector<double> rp(n), rm(n, 0), rv(n, 0);
+  for (int i = 0; i < n; ++i) rp[i] = p(i);
+  pmt::ops::AdamWParams h{1e-2, 0.9, 0.95, 1e-8, 0.1, 1};
+  for (int step = 1; step <= 3; ++step) {
+    h.step = step;
+    pmt::ops::adamw_update(exec, p, g, m, v, h);
+    exec.fence();
+    for (int i = 0; i < n; ++i) {
+      rm[i] = 0.9 * rm[i] + 0.1 * g(i);
+      rv[i] = 0.95 * rv[i] + 0.05 * g(i) * g(i);
+      const double mh = rm[i] / (1 - std::pow(0.9, step)), vh = rv[i] / (1 - std::pow(0.95, step));
+      rp[i] -= 1e-2 * (mh / (std::sqrt(vh) + 1e-8) + 0.1 * rp[i]);
+    }
+  }
+  for (int i = 0; i < n; ++i) CHECK(std::abs(p(i) - rp[i]) <= 64 * pmt::test::tol<T>());
+  Kokkos::deep_copy(m, T(0));
+  for (int i = 0; i < n; ++i) rp[i] = p(i), rm[i] = 0;
+  for (int step = 0; step < 3; ++step) {
+    pmt::ops::sgd_update(exec, p, g, m, pmt::ops::SgdParams{0.1, 0.9, 0.01});
+    exec.fence();
+    for (int i = 0; i < n; ++i) {
+      rm[i] = 0.9 * rm[i] + g(i) + 0.01 * rp[i];
+      rp[i] -= 0.1 * rm[i];
+    }
+  }
+  for (int i = 0; i < n; ++i) CHECK(std::abs(p(i) - rp[i]) <= 64 * pmt::test::tol<T>());
+  h.step = 0;
+  CHECK_THROWS_AS(pmt::ops::adamw_update(exec, p, g, m, v, h), pmt::ConfigError);
+}

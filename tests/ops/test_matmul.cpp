@@ -1,0 +1,134 @@
+// SPDX-License-Identifier: Apache-2.0
+#include <catch2/catch_template_test_macros.hpp>
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/generators/catch_generators.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
+
+#include "ops_test.hpp"
+#include "pmt/ops/matmul.hpp"
+
+#include <string>
+#include <vector>
+
+using pmt::ops::Trans;
+using pmt::test::Host;
+
+namespace {
+
+// C(b) = alpha op(A(b)) op(B(b)) + beta C(b), in long double.
+template <class A, class B, class C>
+void reference(Trans ta, Trans tb, double alpha, const A& a, const B& b, double beta, const C& c) {
+  const std::size_t batch = c.extent(0), M = c.extent(1), N = c.extent(2);
+  const std::size_t K = ta == Trans::N ? a.extent(2) : a.extent(1);
+  for (std::size_t q = 0; q < batch; ++q)
+    for (std::size_t i = 0; i < M; ++i)
+      for (std::size_t j = 0; j < N; ++j) {
+        long double s = 0;
+        for (std::size_t k = 0; k < K; ++k)
+          s += static_cast<long double>(ta == Trans::N ? a(q, i, k) : a(q, k, i)) *
+               static_cast<long double>(tb == Trans::N ? b(q, k, j) : b(q, j, k));
+        c(q, i, j) = static_cast<typename C::value_type>(alpha * static_cast<double>(s) +
+                                                         (beta == 0 ? 0.0 : beta * c(q, i, j)));
+      }
+}
+
+template <class T, class Backend>
+void check_case(Backend backend, Trans ta, Trans tb, std::size_t batch, std::size_t M,
+                std::size_t N, std::size_t K, double alpha, double beta, bool batched) {
+  Host exec;
+  auto A  = ta == Trans::N ? pmt::make_tensor<T, Host>("A", batch, M, K) : pmt::make_tensor<T, Host>("A", batch, K, M);
+  auto B  = tb == Trans::N ? pmt::make_tensor<T, Host>("B", batch, K, N) : pmt::make_tensor<T, Host>("B", batch, N, K);
+  auto C  = pmt::make_tensor<T, Host>("C", batch, M, N);
+  auto Cr = pmt::make_tensor<T, Host>("Cref", batch, M, N);
+  pmt::test::fill_random(A, 1);
+  pmt::test::fill_random(B, 2);
+  pmt::test::fill_random(C, 3);
+  Kokkos::deep_copy(Cr, C);
+  if (batched) {
+    pmt::ops::matmul_batched(exec, ta, tb, static_cast<T>(alpha), A, B, static_cast<T>(beta), C, backend);
+  } else {
+    auto s2 = [](auto v) { return Kokkos::subview(v, 0, Kokkos::ALL, Kokkos::ALL); };
+    pmt::ops::matmul(exec, ta, tb, static_cast<T>(alpha), s2(A), s2(B), static_cast<T>(beta), s2(C), backend);
+  }
+  exec.fence();
+  reference(ta, tb, alpha, A, B, beta, Cr);
+  INFO("M=" << M << " N=" << N << " K=" << K << " ta=" << (ta == Trans::T) << " tb=" << (tb == Trans::T)
+            << " batch=" << batch << " alpha=" << alpha << " beta=" << beta);
+  CHECK(pmt::test::max_rel_diff(C, Cr) <= 4 * pmt::test::tol<T>(static_cast<double>(K)));
+}
+
+template <class T, class Backend>
+void check_backend(Backend backend) {
+  struct Size { std::size_t M, N, K; };
+  const std::vector<Size> sizes = {{1, 1, 1}, {37, 53, 29}, {130, 257, 300}, {7, 3, 0}, {0, 5, 4}, {96, 32, 256}};
+  for (Trans ta : {Trans::N, Trans::T})
+    for (Trans tb : {Trans::N, Trans::T})
+      for (const Size& s : sizes) {
+        check_case<T>(backend, ta, tb, 1, s.M, s.N, s.K, 1.0, 0.0, false);
+        check_case<T>(backend, ta, tb, 1, s.M, s.N, s.K, -0.5, 2.0, false);
+      }
+  check_case<T>(backend, Trans::N, Trans::T, 6, 33, 17, 8, 0.25, 0.0, true);
+  check_case<T>(backend, Trans::T, Trans::N, 3, 20, 40, 65, 1.0, 1.0, true);
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("matmul equals the reference for every backend, transpose and edge size",
+                   "[ops][matmul]", float, double) {
+  SECTION("portable") { check_backend<TestType>(pmt::ops::MatmulPortable{}); }
+  SECTION("auto") { check_backend<TestType>(pmt::ops::MatmulAuto{}); }
+#if PMT_ENABLE_CBLAS
+  SECTION("vendor") { check_backend<TestType>(pmt::ops::MatmulVendor{}); }
+#endif
+}
+
+TEST_CASE("matmul with beta = 0 does not read C", "[ops][matmul]") {
+  Host exec;
+  auto A = pmt::make_tensor<float, Host>("A", 5, 4);
+  auto B = pmt::make_tensor<float, Host>("B", 4, 3);
+  auto C = pmt::make_tensor<float, Host>("C", 5, 3);
+  Kokkos::deep_copy(A, 1.0f);
+  Kokkos::deep_copy(B, 1.0f);
+  Kokkos::deep_copy(C, std::numeric_limits<float>::quiet_NaN());
+  pmt::ops::matmul(exec, Trans::N, Trans::N, 1.0f, A, B, 0.0f, C, pmt::ops::MatmulPortable{});
+  exec.fence();
+  CHECK(C(4, 2) == 4.0f);
+}
+
+TEST_CASE("the portable matmul gives bitwise the same C on 1 thread (Serial) and on OpenMP",
+          "[ops][matmul][determinism]") {
+#if defined(KOKKOS_ENABLE_SERIAL) && defined(KOKKOS_ENABLE_OPENMP)
+  auto A  = pmt::make_tensor<float, Kokkos::OpenMP>("A", 300, 270);
+  auto B  = pmt::make_tensor<float, Kokkos::OpenMP>("B", 270, 410);
+  auto C1 = pmt::make_tensor<float, Kokkos::OpenMP>("C1", 300, 410);
+  auto C2 = pmt::make_tensor<float, Kokkos::OpenMP>("C2", 300, 410);
+  pmt::test::fill_random(A, 4);
+  pmt::test::fill_random(B, 5);
+  pmt::ops::matmul(Kokkos::Serial(), Trans::N, Trans::N, 1.0f, A, B, 0.0f, C1, pmt::ops::MatmulPortable{});
+  pmt::ops::matmul(Kokkos::OpenMP(), Trans::N, Trans::N, 1.0f, A, B, 0.0f, C2, pmt::ops::MatmulPortable{});
+  Kokkos::fence();
+  INFO("OpenMP threads: " << Kokkos::OpenMP().concurrency());
+  CHECK(pmt::test::bitwise_equal(C1, C2));
+#else
+  SKIP("needs both Kokkos::Serial and Kokkos::OpenMP");
+#endif
+}
+
+TEST_CASE("matmul names the op and every shape when shapes do not fit", "[ops][matmul][errors]") {
+  Host exec;
+  auto A = pmt::make_tensor<float, Host>("A", 64, 128);
+  auto B = pmt::make_tensor<float, Host>("B", 256, 32);
+  auto C = pmt::make_tensor<float, Host>("C", 64, 32);
+  using Catch::Matchers::StartsWith;
+  CHECK_THROWS_WITH(pmt::ops::matmul(exec, Trans::N, Trans::N, 1.0f, A, B, 0.0f, C),
+                    StartsWith("pmt::ops::matmul: A is (64, 128) but B is (256, 32); A.cols must equal B.rows"));
+  auto B2 = pmt::make_tensor<float, Host>("B2", 128, 32);
+  auto C2 = pmt::make_tensor<float, Host>("C2", 64, 31);
+  CHECK_THROWS_WITH(pmt::ops::matmul(exec, Trans::N, Trans::N, 1.0f, A, B2, 0.0f, C2),
+                    StartsWith("pmt::ops::matmul: C is (64, 31) but A is (64, 128) and B is (128, 32); "
+                               "C must be (A.rows, B.cols) = (64, 32)"));
+  auto A3 = pmt::make_tensor<float, Host>("A3", 2, 4, 5);
+  auto B3 = pmt::make_tensor<float, Host>("B3", 3, 5, 6);
+  auto C3 = pmt::make_tensor<float, Host>("C3", 2, 4, 6);
+  CHECK_THROWS_AS(pmt::ops::matmul_batched(exec, Trans::N, Trans::N, 1.0f, A3, B3, 0.0f, C3), pmt::ShapeError);
+}

@@ -1,0 +1,184 @@
+// SPDX-License-Identifier: Apache-2.0
+#include <catch2/catch_template_test_macros.hpp>
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
+
+#include "ops_test.hpp"
+#include "pmt/ops/cross_entropy.hpp"
+#include "pmt/ops/layernorm.hpp"
+#include "pmt/ops/softmax.hpp"
+
+#include <cmath>
+
+using pmt::ops::Mask;
+using pmt::test::Host;
+using Catch::Matchers::StartsWith;
+
+TEMPLATE_TEST_CASE("softmax and log_softmax equal the reference, with and without a causal mask",
+                   "[ops][softmax]", float, double) {
+  using T = TestType;
+  Host exec;
+  auto x = pmt::make_tensor<T, Host>("x", 3, 6, 6), y = pmt::make_tensor<T, Host>("y", 3, 6, 6);
+  auto ly = pmt::make_tensor<T, Host>("ly", 3, 6, 6);
+  pmt::test::fill_random(x, 1, -3, 3);
+  for (Mask mask : {Mask::None, Mask::Causal}) {
+    pmt::ops::softmax(exec, x, y, mask);
+    pmt::ops::log_softmax(exec, x, ly, mask);
+    exec.fence();
+    for (int b = 0; b < 3; ++b)
+      for (int i = 0; i < 6; ++i) {
+        const int n = mask == Mask::Causal ? i + 1 : 6;
+        double mx = -1e300, s = 0;
+        for (int j = 0; j < n; ++j) mx = std::max(mx, double(x(b, i, j)));
+        for (int j = 0; j < n; ++j) s += std::exp(x(b, i, j) - mx);
+        for (int j = 0; j < 6; ++j) {
+          const double ref = j < n ? std::exp(x(b, i, j) - mx) / s : 0.0;
+          CHECK(std::abs(y(b, i, j) - ref) <= 8 * pmt::test::tol<T>(6));
+          if (j < n) CHECK(std::abs(ly(b, i, j) - std::log(ref)) <= 8 * pmt::test::tol<T>(6) * std::max(1.0, std::abs(std::log(ref))));
+          else CHECK(std::isinf(ly(b, i, j)));
+        }
+      }
+  }
+  auto bad = pmt::make_tensor<T, Host>("bad", 3, 6, 5);
+  CHECK_THROWS_WITH(pmt::ops::softmax(exec, x, bad),
+                    StartsWith("pmt::ops::softmax: x is (3, 6, 6) but y is (3, 6, 5); expected equal shapes"));
+  auto tall = pmt::make_tensor<T, Host>("tall", 7, 5);
+  CHECK_THROWS_WITH(pmt::ops::softmax(exec, tall, tall, Mask::Causal),
+                    StartsWith("pmt::ops::softmax: x is (7, 5); a causal mask needs rows <= cols"));
+}
+
+TEST_CASE("softmax_backward and log_softmax_backward match finite differences", "[ops][softmax][gradient]") {
+  Host exec;
+  auto x = pmt::make_tensor<double, Host>("x", 2, 5, 5), y = pmt::make_tensor<double, Host>("y", 2, 5, 5);
+  auto w = pmt::make_tensor<double, Host>("w", 2, 5, 5), dx = pmt::make_tensor<double, Host>("dx", 2, 5, 5);
+  pmt::test::fill_random(x, 2, -2, 2);
+  pmt::test::fill_random(w, 3);
+  for (Mask mask : {Mask::None, Mask::Causal}) {
+    auto sm_loss = [&] { pmt::ops::softmax(exec, x, y, mask); exec.fence(); return pmt::test::weighted_sum(w, y); };
+    sm_loss();
+    pmt::ops::softmax_backward(exec, y, w, dx, mask);
+    exec.fence();
+    CHECK(pmt::test::finite_difference_error(x, dx, sm_loss) <= 1e-6);
+    // log-softmax: masked outputs are -inf, so weight only the visible ones
+    auto wl = pmt::make_tensor<double, Host>("wl", 2, 5, 5);
+    Kokkos::deep_copy(wl, w);
+    if (mask == Mask::Causal)
+      for (int b = 0; b < 2; ++b) for (int i = 0; i < 5; ++i) for (int j = i + 1; j < 5; ++j) wl(b, i, j) = 0;
+    auto lsm_loss = [&] {
+      pmt::ops::log_softmax(exec, x, y, mask);
+      exec.fence();
+      double s = 0;
+      for (std::size_t i = 0; i < y.size(); ++i) if (wl.data()[i] != 0) s += wl.data()[i] * y.data()[i];
+      return s;
+    };
+    lsm_loss();
+    pmt::ops::log_softmax_backward(exec, y, wl, dx, mask);
+    exec.fence();
+    CHECK(pmt::test::finite_difference_error(x, dx, lsm_loss) <= 1e-6);
+  }
+}
+
+TEMPLATE_TEST_CASE("layernorm forward equals the reference and saves mean and rstd", "[ops][layernorm]", float, double) {
+  using T = TestType;
+  Host exec;
+  const int N = 9, C = 33;
+  auto x = pmt::make_tensor<T, Host>("x", N, C), y = pmt::make_tensor<T, Host>("y", N, C);
+  auto w = pmt::make_tensor<T, Host>("w", C), b = pmt::make_tensor<T, Host>("b", C);
+  auto mean = pmt::make_tensor<double, Host>("mean", N), rstd = pmt::make_tensor<double, Host>("rstd", N);
+  pmt::test::fill_random(x, 4, -2, 5);
+  pmt::test::fill_random(w, 5);
+  pmt::test::fill_random(b, 6);
+  pmt::ops::layernorm_forward(exec, x, w, b, y, mean, rstd, 1e-5);
+  exec.fence();
+  for (int n = 0; n < N; ++n) {
+    double m = 0, v = 0;
+    for (int c = 0; c < C; ++c) m += x(n, c);
+    m /= C;
+    for (int c = 0; c < C; ++c) v += (x(n, c) - m) * (x(n, c) - m);
+    const double rs = 1 / std::sqrt(v / C + 1e-5);
+    CHECK(std::abs(mean(n) - m) <= 1e-12 * std::max(1.0, std::abs(m)) + 4 * pmt::test::tol<T>(C));
+    CHECK(std::abs(rstd(n) - rs) <= 1e-6 * rs);
+    for (int c = 0; c < C; ++c) CHECK(std::abs(y(n, c) - ((x(n, c) - m) * rs * w(c) + b(c))) <= 32 * pmt::test::tol<T>(C));
+  }
+  auto wrong = pmt::make_tensor<T, Host>("wrong", C + 1);
+  CHECK_THROWS_WITH(pmt::ops::layernorm_forward(exec, x, wrong, wrong, y, mean, rstd),
+                    StartsWith("pmt::ops::layernorm_forward: x is (9, 33) but weight is (34) and bias is (34)"));
+}
+
+TEST_CASE("layernorm_backward matches finite differences for x, weight and bias", "[ops][layernorm][gradient]") {
+  Host exec;
+  const int N = 6, C = 10;
+  auto x = pmt::make_tensor<double, Host>("x", N, C), y = pmt::make_tensor<double, Host>("y", N, C);
+  auto w = pmt::make_tensor<double, Host>("w", C), b = pmt::make_tensor<double, Host>("b", C);
+  auto dy = pmt::make_tensor<double, Host>("dy", N, C), dx = pmt::make_tensor<double, Host>("dx", N, C);
+  auto dw = pmt::make_tensor<double, Host>("dw", C), db = pmt::make_tensor<double, Host>("db", C);
+  auto mean = pmt::make_tensor<double, Host>("mean", N), rstd = pmt::make_tensor<double, Host>("rstd", N);
+  pmt::test::fill_random(x, 7, -2, 2);
+  pmt::test::fill_random(w, 8);
+  pmt::test::fill_random(b, 9);
+  pmt::test::fill_random(dy, 10);
+  auto loss = [&] {
+    pmt::ops::layernorm_forward(exec, x, w, b, y, mean, rstd, 1e-5);
+    exec.fence();
+    return pmt::test::weighted_sum(dy, y);
+  };
+  loss();
+  pmt::ops::layernorm_backward(exec, dy, x, w, mean, rstd, dx, dw, db);
+  exec.fence();
+  CHECK(pmt::test::finite_difference_error(x, dx, loss) <= 1e-6);
+  CHECK(pmt::test::finite_difference_error(w, dw, loss) <= 1e-6);
+  CHECK(pmt::test::finite_difference_error(b, db, loss) <= 1e-6);
+}
+
+TEMPLATE_TEST_CASE("softmax_cross_entropy equals the reference, honours ignore_index and the normaliser",
+                   "[ops][cross_entropy]", float, double) {
+  using T = TestType;
+  Host exec;
+  const int N = 12, V = 17;
+  auto logits = pmt::make_tensor<T, Host>("logits", N, V), dl = pmt::make_tensor<T, Host>("dl", N, V);
+  Kokkos::View<int*, Kokkos::LayoutRight, Kokkos::HostSpace> t("t", N);
+  pmt::test::fill_random(logits, 11, -4, 4);
+  for (int n = 0; n < N; ++n) t(n) = n % 4 == 3 ? -100 : (n * 7) % V;
+  Kokkos::View<double, Kokkos::HostSpace> loss("loss");
+  const double normaliser = 40;  // e.g. the global token count
+  pmt::ops::softmax_cross_entropy(exec, logits, t, normaliser, loss, dl);
+  exec.fence();
+  double ref = 0;
+  for (int n = 0; n < N; ++n) {
+    if (t(n) == -100) {
+      for (int v = 0; v < V; ++v) CHECK(dl(n, v) == T(0));
+      continue;
+    }
+    double mx = -1e300, s = 0;
+    for (int v = 0; v < V; ++v) mx = std::max(mx, double(logits(n, v)));
+    for (int v = 0; v < V; ++v) s += std::exp(logits(n, v) - mx);
+    ref += mx + std::log(s) - logits(n, t(n));
+    for (int v = 0; v < V; ++v)
+      CHECK(std::abs(dl(n, v) - (std::exp(logits(n, v) - mx) / s - (v == t(n))) / normaliser) <= 8 * pmt::test::tol<T>(V));
+  }
+  CHECK(std::abs(loss() - ref / normaliser) <= 8 * pmt::test::tol<T>(N * V) * std::max(1.0, ref / normaliser));
+  t(0) = V;
+  CHECK_THROWS_WITH(pmt::ops::softmax_cross_entropy(exec, logits, t, normaliser, loss, dl),
+                    StartsWith("pmt::ops::softmax_cross_entropy: 1 of 12 targets lie outside [0, 17)"));
+  t(0) = 0;
+  CHECK_THROWS_AS(pmt::ops::cross_entropy(exec, logits, t, 0.0, loss), pmt::ConfigError);
+}
+
+TEST_CASE("softmax_cross_entropy's gradient matches finite differences, also in place", "[ops][cross_entropy][gradient]") {
+  Host exec;
+  const int N = 5, V = 7;
+  auto logits = pmt::make_tensor<double, Host>("logits", N, V), dl = pmt::make_tensor<double, Host>("dl", N, V);
+  Kokkos::View<long*, Kokkos::LayoutRight, Kokkos::HostSpace> t("t", N);
+  pmt::test::fill_random(logits, 12, -3, 3);
+  for (int n = 0; n < N; ++n) t(n) = n == 2 ? -1 : (3 * n + 1) % V;
+  Kokkos::View<double, Kokkos::HostSpace> loss("loss");
+  pmt::ops::softmax_cross_entropy(exec, logits, t, 3.0, loss, dl, -1);
+  exec.fence();
+  auto f = [&] { pmt::ops::cross_entropy(exec, logits, t, 3.0, loss, -1); exec.fence(); return loss(); };
+  CHECK(pmt::test::finite_difference_error(logits, dl, f) <= 1e-6);
+  const double l0 = f();
+  pmt::ops::softmax_cross_entropy(exec, logits, t, 3.0, loss, logits, -1);  // in place
+  exec.fence();
+  CHECK(loss() == l0);
+  CHECK(pmt::test::bitwise_equal(logits, dl));
+}
