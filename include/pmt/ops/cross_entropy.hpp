@@ -13,6 +13,7 @@
 #include "pmt/core/error.hpp"
 #include "pmt/detail/kokkos_compat.hpp"
 #include "pmt/core/tensor.hpp"
+#include "pmt/ops/detail/rowwise.hpp"
 #include "pmt/ops/reduction.hpp"
 
 #include <Kokkos_Core.hpp>
@@ -74,16 +75,14 @@ void softmax_cross_entropy(const Exec& exec, const LV& logits, const TV& targets
         for (std::int64_t v = 0; v < V; ++v) dlogits(n, v) = T(0);
       return;
     }
-    T mx = -detail::infinity<T>();
-    for (std::int64_t v = 0; v < V; ++v) mx = lr[v] > mx ? lr[v] : mx;
-    T s = T(0);
-    for (std::int64_t v = 0; v < V; ++v) s += detail::math::exp(lr[v] - mx);
+    const T mx = detail::lane_max(lr, V);
+    const T s  = detail::lane_sum<T>(lr, V, [mx](T e) { return detail::exp_fast(e - mx); });
     const T lse = mx + detail::math::log(s);
     row_loss(n) = static_cast<double>(lse - lr[t]);
     if (with_grad) {
       T* dr = &dlogits(n, 0);  // may alias lr: each element is read before it is written
       for (std::int64_t v = 0; v < V; ++v) {
-        const T p = detail::math::exp(lr[v] - lse);
+        const T p = detail::exp_fast(lr[v] - lse);
         dr[v] = (p - (v == t ? T(1) : T(0))) * gscale;
       }
     }

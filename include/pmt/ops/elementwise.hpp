@@ -7,6 +7,7 @@
 #include "pmt/core/error.hpp"
 #include "pmt/detail/kokkos_compat.hpp"
 #include "pmt/core/tensor.hpp"
+#include "pmt/ops/detail/rowwise.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -72,13 +73,13 @@ namespace pmt::detail {
 template <class T>
 KOKKOS_INLINE_FUNCTION T gelu_tanh(T x) {
   const T k = T(0.7978845608028654);  // sqrt(2 / pi)
-  return T(0.5) * x * (T(1) + math::tanh(k * (x + T(0.044715) * x * x * x)));
+  return T(0.5) * x * (T(1) + tanh_fast(k * (x + T(0.044715) * x * x * x)));
 }
 template <class T>
 KOKKOS_INLINE_FUNCTION T gelu_tanh_grad(T x) {
   const T k     = T(0.7978845608028654);
   const T u     = k * (x + T(0.044715) * x * x * x);
-  const T t     = math::tanh(u);
+  const T t     = tanh_fast(u);
   const T du_dx = k * (T(1) + T(3) * T(0.044715) * x * x);
   return T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * du_dx;
 }

@@ -9,11 +9,13 @@
 #include "pmt/core/error.hpp"
 #include "pmt/detail/kokkos_compat.hpp"
 #include "pmt/core/tensor.hpp"
+#include "pmt/ops/detail/rowwise.hpp"
 #include "pmt/ops/reduction.hpp"
 
 #include <Kokkos_Core.hpp>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace pmt::detail {
 
@@ -54,15 +56,12 @@ void layernorm_forward(const Exec& exec, const XV& x, const WV& weight, const WV
   const auto C = static_cast<std::int64_t>(x.extent(1));
   Kokkos::parallel_for(op, Kokkos::RangePolicy<Exec>(exec, 0, x.extent(0)), KOKKOS_LAMBDA(std::int64_t n) {
     const auto* xr = &x(n, 0);
-    S m = S(0);
-    for (std::int64_t c = 0; c < C; ++c) m += static_cast<S>(xr[c]);
-    m /= static_cast<S>(C);
-    S v = S(0);  // two-pass variance: no cancellation
-    for (std::int64_t c = 0; c < C; ++c) {
-      const S d = static_cast<S>(xr[c]) - m;
-      v += d * d;
-    }
-    v /= static_cast<S>(C);
+    using X = std::remove_const_t<std::remove_reference_t<decltype(xr[0])>>;
+    const S m = detail::lane_sum<S>(xr, C, [](X e) { return static_cast<S>(e); }) / static_cast<S>(C);
+    const S v = detail::lane_sum<S>(xr, C, [m](X e) {  // two-pass variance: no cancellation
+                  const S d = static_cast<S>(e) - m;
+                  return d * d;
+                }) / static_cast<S>(C);
     const S rs = S(1) / detail::math::sqrt(v + static_cast<S>(eps));
     T* yr = &y(n, 0);
     for (std::int64_t c = 0; c < C; ++c)

@@ -9,6 +9,7 @@
 #include "pmt/core/error.hpp"
 #include "pmt/detail/kokkos_compat.hpp"
 #include "pmt/core/tensor.hpp"
+#include "pmt/ops/detail/rowwise.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -60,17 +61,17 @@ void softmax_impl(const Exec& exec, const XV& x, const YV& y, ops::Mask mask, co
     const T* xr = xp + r * g.cols;
     T* yr = yp + r * g.cols;
     const std::int64_t n = g.visible(r);
-    T mx = -infinity<T>();
-    for (std::int64_t j = 0; j < n; ++j) mx = xr[j] > mx ? xr[j] : mx;
-    T s = T(0);
-    for (std::int64_t j = 0; j < n; ++j) s += detail::math::exp(xr[j] - mx);
+    const T mx = lane_max(xr, n);
+    // Simple loops over the row (it stays in L1): each vectorizes; exp is computed once.
     if (log_form) {
-      const T lse = mx + detail::math::log(s);
-      for (std::int64_t j = 0; j < n; ++j) yr[j] = xr[j] - lse;
+      for (std::int64_t j = 0; j < n; ++j) yr[j] = xr[j] - mx;
+      const T lse = math::log(lane_sum<T>(yr, n, [](T v) { return exp_fast(v); }));
+      for (std::int64_t j = 0; j < n; ++j) yr[j] -= lse;
       for (std::int64_t j = n; j < g.cols; ++j) yr[j] = -infinity<T>();
     } else {
-      const T inv = T(1) / s;
-      for (std::int64_t j = 0; j < n; ++j) yr[j] = detail::math::exp(xr[j] - mx) * inv;
+      for (std::int64_t j = 0; j < n; ++j) yr[j] = exp_fast(xr[j] - mx);
+      const T inv = T(1) / lane_sum<T>(yr, n, [](T v) { return v; });
+      for (std::int64_t j = 0; j < n; ++j) yr[j] *= inv;
       for (std::int64_t j = n; j < g.cols; ++j) yr[j] = T(0);
     }
   });
@@ -94,13 +95,18 @@ void softmax_backward_impl(const Exec& exec, const YV& y, const DYV& dy, const D
     const T* dyr = dyp + r * g.cols;
     T* dxr = dxp + r * g.cols;
     const std::int64_t n = g.visible(r);
-    T s = T(0);
     if (log_form) {  // dx = dy - softmax * sum(dy)
-      for (std::int64_t j = 0; j < n; ++j) s += dyr[j];
-      for (std::int64_t j = 0; j < n; ++j) dxr[j] = dyr[j] - detail::math::exp(yr[j]) * s;
-    } else {         // dx = y * (dy - sum(dy * y))
-      for (std::int64_t j = 0; j < n; ++j) s += dyr[j] * yr[j];
-      for (std::int64_t j = 0; j < n; ++j) dxr[j] = yr[j] * (dyr[j] - s);
+      const T s = lane_sum<T>(dyr, n, [](T v) { return v; });
+      for (std::int64_t j = 0; j < n; ++j) dxr[j] = dyr[j] - exp_fast(yr[j]) * s;
+    } else {         // dx = y * (dy - sum(dy * y)), the product summed in lane order
+      T acc[row_lanes];
+      for (int l = 0; l < row_lanes; ++l) acc[l] = T(0);
+      std::int64_t j = 0;
+      for (; j + row_lanes <= n; j += row_lanes)
+        for (int l = 0; l < row_lanes; ++l) acc[l] += dyr[j + l] * yr[j + l];
+      for (int l = 0; j < n; ++j, ++l) acc[l] += dyr[j] * yr[j];
+      const T s = combine_lanes<T, T>(acc);
+      for (j = 0; j < n; ++j) dxr[j] = yr[j] * (dyr[j] - s);
     }
     for (std::int64_t j = n; j < g.cols; ++j) dxr[j] = T(0);
   });

@@ -1,0 +1,134 @@
+// SPDX-License-Identifier: Apache-2.0
+// GFLOP/s of C = A B (fp32) for square n = 256..2048 and the GPT-2 small MLP shapes (forward and
+// the two backward products), side by side in one run: pmt's vendor path (CBLAS), pmt's portable
+// Kokkos kernel, OpenBLAS called directly, and MKL called directly (loaded with dlopen from
+// $PMT_MKL_LIB; bench/fetch_mkl.sh fetches the PyPI wheel). Every result is checked against
+// OpenBLAS' (ok / WRONG). Peak = the measured fp32 FMA throughput of this machine (see
+// bench_common.hpp); the 345 GFLOP/s figure assumed an AVX-512 Xeon.
+#include "bench_common.hpp"
+
+#include <cblas.h>
+#include <dlfcn.h>
+
+#include <cstdlib>
+#include <map>
+
+using pmt::ops::Trans;
+using Exec = Kokkos::DefaultHostExecutionSpace;
+
+namespace {
+
+using sgemm_fn = void (*)(int, int, int, int, int, int, float, const float*, int, const float*, int,
+                          float, float*, int);
+
+sgemm_fn load_mkl(std::string& where) {
+  const char* env = std::getenv("PMT_MKL_LIB");
+  if (!env) {
+    where = "not loaded (set PMT_MKL_LIB, see bench/fetch_mkl.sh)";
+    return nullptr;
+  }
+  setenv("MKL_THREADING_LAYER", "GNU", 0);  // use libgomp, as Kokkos does
+  void* h = dlopen(env, RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    where = std::string("dlopen failed: ") + dlerror();
+    return nullptr;
+  }
+  auto fn = reinterpret_cast<sgemm_fn>(dlsym(h, "cblas_sgemm"));
+  where   = fn ? std::string(env) : std::string("no cblas_sgemm in ") + env;
+  return fn;
+}
+
+struct Shape {
+  std::string name;
+  int M, N, K;
+  Trans ta, tb;
+};
+
+}  // namespace
+
+int main(int argc, char* argv[]) {
+  pmt::ScopeGuard guard(argc, argv);
+  const int reps = argc > 1 ? std::atoi(argv[1]) : 5;
+  Exec exec;
+  std::string mkl_where;
+  sgemm_fn mkl = load_mkl(mkl_where);
+  const char* par[] = {"sequential", "pthreads", "OpenMP"};
+  // OpenBLAS sizes its pool from the calling thread's affinity mask, which OMP_PROC_BIND pins to
+  // one core: give it as many threads as Kokkos has, so both sides use the same cores.
+  openblas_set_num_threads(exec.concurrency());
+  std::printf("pmt bench_matmul (fp32)\n");
+  std::printf("  Kokkos exec space  %s, %d threads\n", Exec::name(), exec.concurrency());
+  std::printf("  OpenBLAS           core %s, %d threads (%s); OPENBLAS_CORETYPE=%s\n", openblas_get_corename(),
+              openblas_get_num_threads(), par[openblas_get_parallel() % 3],
+              std::getenv("OPENBLAS_CORETYPE") ? std::getenv("OPENBLAS_CORETYPE") : "(unset)");
+  std::printf("  MKL                %s\n", mkl_where.c_str());
+  const double peak = pmt::bench::measured_fp32_peak_gflops();
+  std::printf("  fp32 peak          %.1f GFLOP/s measured (FMA chains on every thread)\n\n", peak);
+
+  const std::vector<Shape> shapes = {
+      {"n=256", 256, 256, 256, Trans::N, Trans::N},      {"n=512", 512, 512, 512, Trans::N, Trans::N},
+      {"n=1024", 1024, 1024, 1024, Trans::N, Trans::N},  {"n=2048", 2048, 2048, 2048, Trans::N, Trans::N},
+      {"gpt fwd x.W", 2048, 3072, 768, Trans::N, Trans::N},
+      {"gpt bwd dY.W^T", 2048, 768, 3072, Trans::N, Trans::T},
+      {"gpt bwd X^T.dY", 768, 3072, 2048, Trans::T, Trans::N}};
+  std::printf("%-16s %5s %5s %5s %2s%2s | %9s %9s %9s %9s | %7s %7s %7s | %6s %s\n", "shape", "M", "N", "K",
+              "tA", "tB", "vendor", "portable", "OpenBLAS", "MKL", "vend/OB", "port/OB", "MKL/OB", "%peak",
+              "check");
+  double worst_vendor = 1e9, worst_portable = 1e9;
+  for (const Shape& s : shapes) {
+    auto A  = s.ta == Trans::N ? pmt::make_tensor<float, Exec>("A", s.M, s.K) : pmt::make_tensor<float, Exec>("A", s.K, s.M);
+    auto B  = s.tb == Trans::N ? pmt::make_tensor<float, Exec>("B", s.K, s.N) : pmt::make_tensor<float, Exec>("B", s.N, s.K);
+    auto C  = pmt::make_tensor<float, Exec>("C", s.M, s.N);
+    auto Cr = pmt::make_tensor<float, Exec>("Cref", s.M, s.N);
+    pmt::fill_uniform(exec, A, {1, 0}, -1, 1);
+    pmt::fill_uniform(exec, B, {1, 1}, -1, 1);
+    const double flops = 2.0 * s.M * s.N * s.K;
+    const int lda = static_cast<int>(A.extent(1)), ldb = static_cast<int>(B.extent(1));
+    const auto cta = s.ta == Trans::N ? CblasNoTrans : CblasTrans, ctb = s.tb == Trans::N ? CblasNoTrans : CblasTrans;
+    auto openblas = [&] {
+      cblas_sgemm(CblasRowMajor, cta, ctb, s.M, s.N, s.K, 1.0f, A.data(), lda, B.data(), ldb, 0.0f, Cr.data(), s.N);
+    };
+    const double t_ob = pmt::bench::median_seconds(reps, openblas);
+    auto max_diff = [&] {
+      double worst = 0;
+      for (std::size_t i = 0; i < C.size(); ++i)
+        worst = std::max(worst, double(std::abs(C.data()[i] - Cr.data()[i])) / std::max(1.0, double(std::abs(Cr.data()[i]))));
+      return worst;
+    };
+    bool ok = true;
+    const double t_v = pmt::bench::median_seconds(reps, [&] {
+      pmt::ops::matmul(exec, s.ta, s.tb, 1.0f, A, B, 0.0f, C, pmt::ops::MatmulVendor{});
+      exec.fence();
+    });
+    ok = ok && max_diff() < 1e-4;
+    const double t_p = pmt::bench::median_seconds(reps, [&] {
+      pmt::ops::matmul(exec, s.ta, s.tb, 1.0f, A, B, 0.0f, C, pmt::ops::MatmulPortable{});
+      exec.fence();
+    });
+    ok = ok && max_diff() < 1e-4;
+    double t_mkl = 0;
+    if (mkl) {
+      t_mkl = pmt::bench::median_seconds(reps, [&] {
+        mkl(101, s.ta == Trans::N ? 111 : 112, s.tb == Trans::N ? 111 : 112, s.M, s.N, s.K, 1.0f, A.data(), lda,
+            B.data(), ldb, 0.0f, C.data(), s.N);
+      });
+      ok = ok && max_diff() < 1e-4;
+    }
+    const double g_v = flops / t_v / 1e9, g_p = flops / t_p / 1e9, g_ob = flops / t_ob / 1e9;
+    const double g_mkl = mkl ? flops / t_mkl / 1e9 : 0;
+    std::printf("%-16s %5d %5d %5d %2s%2s | %9.1f %9.1f %9.1f %9s | %7.2f %7.2f %7s | %5.0f%% %s\n", s.name.c_str(),
+                s.M, s.N, s.K, s.ta == Trans::N ? "N" : "T", s.tb == Trans::N ? "N" : "T", g_v, g_p, g_ob,
+                mkl ? std::to_string(g_mkl).substr(0, std::to_string(g_mkl).find('.') + 2).c_str() : "n/a",
+                g_v / g_ob, g_p / g_ob, mkl ? std::to_string(g_mkl / g_ob).substr(0, 4).c_str() : "n/a",
+                100 * std::max(g_v, g_p) / peak, ok ? "ok" : "WRONG");
+    if (s.name == "n=1024" || s.name.rfind("gpt", 0) == 0) {
+      worst_vendor   = std::min(worst_vendor, g_v / g_ob);
+      worst_portable = std::min(worst_portable, g_p / g_ob);
+    }
+  }
+  std::printf("\n(GFLOP/s = 2 M N K / median time of %d runs; ratios against OpenBLAS in this run;\n"
+              " targets take the worst ratio over n=1024 and the three GPT shapes)\n", reps);
+  pmt::bench::target_line("matmul_vendor_vs_openblas", worst_vendor, 0.95);
+  pmt::bench::target_line("matmul_portable_vs_openblas", worst_portable, 0.6);
+  return 0;
+}

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Builds pmt (scripts/build.sh), fetches MKL's libraries for the side-by-side column, and runs the
+# benchmarks with 2 OpenMP threads bound to cores. Output: the tables and the `target` lines.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+"$root/scripts/build.sh" >/dev/null
+build=${PMT_BUILD_DIR:-$root/build}
+export PMT_MKL_LIB=${PMT_MKL_LIB:-$("$root/bench/fetch_mkl.sh" 2>/dev/null || echo "")}
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)} OMP_PROC_BIND=spread OMP_PLACES=threads
+"$build/bench/bench_matmul" "${PMT_BENCH_REPS:-5}"
+echo
+"$build/bench/bench_ops" "${PMT_BENCH_REPS:-10}"
