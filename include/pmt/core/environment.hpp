@@ -58,8 +58,27 @@ inline bool blas_core_is_generic_on_vector_cpu() {
 #endif
 }
 
+/// OpenBLAS' thread count (0 when unknown). OpenBLAS sizes its pool from the calling thread's
+/// affinity mask: with OMP_PROC_BIND that is one core, and vendor matmuls then run on one thread.
+inline int blas_threads() {
+#if PMT_ENABLE_CBLAS && PMT_HAVE_OPENBLAS_INFO
+  return openblas_get_num_threads();
+#else
+  return 0;
+#endif
+}
+
 inline void warn_about_blas_core(int rank) {
-  if (rank != 0 || !blas_core_is_generic_on_vector_cpu()) return;
+  if (rank != 0) return;
+  const int host_threads = Kokkos::DefaultHostExecutionSpace().concurrency();
+  if (blas_threads() > 0 && blas_threads() < host_threads)
+    std::fprintf(stderr,
+                 "pmt: warning: OpenBLAS uses %d thread(s) but Kokkos' host space has %d; vendor "
+                 "matmuls will use fewer cores (OpenBLAS counts the cores in the main thread's "
+                 "affinity mask, which OMP_PROC_BIND pins). Set OPENBLAS_NUM_THREADS=%d or call "
+                 "openblas_set_num_threads().\n",
+                 blas_threads(), host_threads, host_threads);
+  if (!blas_core_is_generic_on_vector_cpu()) return;
   std::fprintf(stderr,
                "pmt: warning: OpenBLAS runs its generic '%s' kernels on this CPU, which has "
                "AVX2/AVX-512; matmul will be several times slower than it should. Set "
@@ -182,7 +201,7 @@ inline std::string environment_report() {
   std::string blas = "CBLAS enabled";
   const std::string core = detail::blas_core_name();
   if (!core.empty()) {
-    blas = "OpenBLAS, core " + core;
+    blas = "OpenBLAS, core " + core + ", " + std::to_string(detail::blas_threads()) + " thread(s)";
     if (detail::blas_core_is_generic_on_vector_cpu())
       blas += " (generic kernels on a vector CPU: set OPENBLAS_CORETYPE)";
   }
