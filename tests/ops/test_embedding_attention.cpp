@@ -115,6 +115,10 @@ TEST_CASE("causal attention backward matches finite differences", "[ops][attenti
   pmt::ops::attention_backward(exec, w, dqkv, cache);
   exec.fence();
   CHECK(pmt::test::finite_difference_error(qkv, dqkv, loss) <= 1e-6);
+  auto short_dout = pmt::make_tensor<double, Host>("short_dout", B, Tn, C / 2);
+  CHECK_THROWS_WITH(pmt::ops::attention_backward(exec, short_dout, dqkv, cache),
+                    Catch::Matchers::StartsWith("pmt::ops::attention_backward: dqkv is (2, 5, 24) and dout is (2, 5, 4) "
+                                                "but the cache was made for B = 2, T = 5, C = 8, H = 2"));
 }
 
 TEST_CASE("the RNG gives an element the same value from any slice of the tensor", "[core][random]") {

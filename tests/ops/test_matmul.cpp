@@ -1,7 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #include <catch2/catch_template_test_macros.hpp>
 #include <catch2/catch_test_macros.hpp>
-#include <catch2/generators/catch_generators.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
 #include "ops_test.hpp"
@@ -130,5 +129,11 @@ TEST_CASE("matmul names the op and every shape when shapes do not fit", "[ops][m
   auto A3 = pmt::make_tensor<float, Host>("A3", 2, 4, 5);
   auto B3 = pmt::make_tensor<float, Host>("B3", 3, 5, 6);
   auto C3 = pmt::make_tensor<float, Host>("C3", 2, 4, 6);
-  CHECK_THROWS_AS(pmt::ops::matmul_batched(exec, Trans::N, Trans::N, 1.0f, A3, B3, 0.0f, C3), pmt::ShapeError);
+  CHECK_THROWS_WITH(pmt::ops::matmul_batched(exec, Trans::N, Trans::N, 1.0f, A3, B3, 0.0f, C3),
+                    StartsWith("pmt::ops::matmul_batched: A is (2, 4, 5), B is (3, 5, 6), C is (2, 4, 6); "
+                               "the batch extents (dim 0) must be equal"));
+  auto B4 = pmt::make_tensor<float, Host>("B4", 2, 6, 5);
+  CHECK_THROWS_WITH(pmt::ops::matmul_batched(exec, Trans::N, Trans::T, 1.0f, A3, B4, 0.0f, A3),
+                    StartsWith("pmt::ops::matmul_batched: C is (2, 4, 5) but A is (2, 4, 5) and B is (2, 6, 5); "
+                               "C must be (batch, A.rows, B^T.cols) = (2, 4, 6)"));
 }

@@ -45,6 +45,8 @@ TEMPLATE_TEST_CASE("softmax and log_softmax equal the reference, with and withou
   auto tall = pmt::make_tensor<T, Host>("tall", 7, 5);
   CHECK_THROWS_WITH(pmt::ops::softmax(exec, tall, tall, Mask::Causal),
                     StartsWith("pmt::ops::softmax: x is (7, 5); a causal mask needs rows <= cols"));
+  CHECK_THROWS_WITH(pmt::ops::softmax_backward(exec, tall, tall, tall, Mask::Causal),
+                    StartsWith("pmt::ops::softmax_backward: y is (7, 5); a causal mask needs rows <= cols"));
 }
 
 TEST_CASE("softmax_backward and log_softmax_backward match finite differences", "[ops][softmax][gradient]") {

@@ -67,21 +67,19 @@ auto as_batched(const V& v) {
                                                                v.extent(2), v.extent(3));
 }
 
+/// Throws unless qkv-like is (B, T, 3C) and out-like is (B, T, C) for the cache's B, T, C; the
+/// names say which tensors they are ("qkv"/"out" forward, "dqkv"/"dout" backward).
 template <class T, class Exec, class QV, class OV>
-void check_attention(const char* op, const QV& qkv_like, std::int64_t width_factor, const OV& out,
-                     const ops::AttentionCache<T, Exec>& c) {
-  require(static_cast<std::int64_t>(qkv_like.extent(0)) == c.B &&
-              static_cast<std::int64_t>(qkv_like.extent(1)) == c.T_ &&
-              static_cast<std::int64_t>(qkv_like.extent(2)) == width_factor * c.C &&
-              static_cast<std::int64_t>(out.extent(0)) == c.B &&
-              static_cast<std::int64_t>(out.extent(1)) == c.T_ &&
-              static_cast<std::int64_t>(out.extent(2)) == c.C,
+void check_attention(const char* op, const char* qkv_name, const QV& qkv, const char* out_name,
+                     const OV& out, const ops::AttentionCache<T, Exec>& c) {
+  const auto e = [](const auto& v, int d) { return static_cast<std::int64_t>(v.extent(d)); };
+  require(e(qkv, 0) == c.B && e(qkv, 1) == c.T_ && e(qkv, 2) == 3 * c.C && e(out, 0) == c.B &&
+              e(out, 1) == c.T_ && e(out, 2) == c.C,
           op, [&] {
-            return str("qkv is ", (width_factor == 3 ? shape_str(qkv_like) : shape_str(out)),
-                       " and out is ", (width_factor == 3 ? shape_str(out) : shape_str(qkv_like)),
+            return str(qkv_name, " is ", shape_str(qkv), " and ", out_name, " is ", shape_str(out),
                        " but the cache was made for B = ", c.B, ", T = ", c.T_, ", C = ", c.C,
-                       ", H = ", c.H, "; expected qkv (", c.B, ", ", c.T_, ", ", 3 * c.C, ") and out (",
-                       c.B, ", ", c.T_, ", ", c.C, ")");
+                       ", H = ", c.H, "; expected ", qkv_name, " (", c.B, ", ", c.T_, ", ", 3 * c.C,
+                       ") and ", out_name, " (", c.B, ", ", c.T_, ", ", c.C, ")");
           });
 }
 
@@ -100,7 +98,7 @@ void attention_forward(const Exec& exec, const QKV& qkv, const OV& out, Attentio
   static_check_view<Exec, OV>();
   static_assert(QKV::rank == 3 && OV::rank == 3, "pmt::ops::attention_forward: qkv (B, T, 3C), out (B, T, C)");
   constexpr const char* op = "pmt::ops::attention_forward";
-  detail::check_attention(op, qkv, 3, out, c);
+  detail::check_attention(op, "qkv", qkv, "out", out, c);
   const std::int64_t B = c.B, Tn = c.T_, C = c.C, H = c.H, hs = C / H;
   auto q = c.q, k = c.k, v = c.v;
   // (B, T, 3, H, hs) -> 3 x (B, H, T, hs)
@@ -136,7 +134,7 @@ void attention_backward(const Exec& exec, const DOV& dout, const DQKV& dqkv, Att
   static_check_view<Exec, DOV>();
   static_check_view<Exec, DQKV>();
   constexpr const char* op = "pmt::ops::attention_backward";
-  detail::check_attention(op, dqkv, 3, dout, c);
+  detail::check_attention(op, "dqkv", dqkv, "dout", dout, c);
   const std::int64_t B = c.B, Tn = c.T_, C = c.C, H = c.H, hs = C / H;
   auto dy = c.y;  // reuse: the head-split gradient of y, (B, H, T, hs)
   Kokkos::parallel_for("pmt::ops::attention_backward::split_heads",

@@ -47,6 +47,41 @@ inline std::string op_name(const char* x, ops::Trans t) {
   return t == ops::Trans::T ? std::string(x) + "^T" : std::string(x);
 }
 
+struct MatmulDims {
+  std::int64_t batch, M, N, K;
+};
+
+/// Checks the shapes of C = op(A) op(B) for rank-2 Views or rank-3 (batch, rows, cols) Views and
+/// returns the sizes; throws ShapeError naming every shape.
+template <class AV, class BV, class CV>
+MatmulDims matmul_dims(const char* op, ops::Trans ta, ops::Trans tb, const AV& A, const BV& B,
+                       const CV& C) {
+  constexpr std::size_t o = CV::rank == 3 ? 1 : 0;  // first matrix dim
+  const auto ext = [](const auto& v, std::size_t d) { return static_cast<std::int64_t>(v.extent(d)); };
+  const std::int64_t batch = o == 1 ? ext(C, 0) : 1;
+  const std::int64_t M  = ta == ops::Trans::N ? ext(A, o) : ext(A, o + 1);
+  const std::int64_t K  = ta == ops::Trans::N ? ext(A, o + 1) : ext(A, o);
+  const std::int64_t Kb = tb == ops::Trans::N ? ext(B, o) : ext(B, o + 1);
+  const std::int64_t N  = tb == ops::Trans::N ? ext(B, o + 1) : ext(B, o);
+  const std::string a = op_name("A", ta), b = op_name("B", tb);
+  if constexpr (o == 1) {
+    require(ext(A, 0) == batch && ext(B, 0) == batch, op, [&] {
+      return str("A is ", shape_str(A), ", B is ", shape_str(B), ", C is ", shape_str(C),
+                 "; the batch extents (dim 0) must be equal");
+    });
+  }
+  require(K == Kb, op, [&] {
+    return str("A is ", shape_str(A), " but B is ", shape_str(B), "; ", a, ".cols must equal ", b,
+               ".rows");
+  });
+  require(ext(C, o) == M && ext(C, o + 1) == N, op, [&] {
+    return str("C is ", shape_str(C), " but A is ", shape_str(A), " and B is ", shape_str(B),
+               "; C must be (", o == 1 ? "batch, " : "", a, ".rows, ", b, ".cols) = (",
+               o == 1 ? std::to_string(batch) + ", " : std::string(), M, ", ", N, ")");
+  });
+  return MatmulDims{batch, M, N, K};
+}
+
 template <class Backend, class Exec, class T>
 void matmul_dispatch(const Exec& exec, std::int64_t batch, ops::Trans ta, ops::Trans tb,
                      std::int64_t M, std::int64_t N, std::int64_t K, T alpha, const T* A,
@@ -109,23 +144,9 @@ void matmul(const Exec& exec, Trans ta, Trans tb, typename CV::non_const_value_t
                     std::is_same_v<typename BV::non_const_value_type, T>,
                 "pmt::ops::matmul: A, B and C must have the same scalar type");
   constexpr const char* op = "pmt::ops::matmul";
-  const auto M = static_cast<std::int64_t>(ta == Trans::N ? A.extent(0) : A.extent(1));
-  const auto K = static_cast<std::int64_t>(ta == Trans::N ? A.extent(1) : A.extent(0));
-  const auto Kb = static_cast<std::int64_t>(tb == Trans::N ? B.extent(0) : B.extent(1));
-  const auto N = static_cast<std::int64_t>(tb == Trans::N ? B.extent(1) : B.extent(0));
-  const std::string a = detail::op_name("A", ta), b = detail::op_name("B", tb);
-  detail::require(K == Kb, op, [&] {
-    return detail::str("A is ", shape_str(A), " but B is ", shape_str(B), "; ", a, ".cols must equal ",
-                       b, ".rows");
-  });
-  detail::require(C.extent(0) == static_cast<std::size_t>(M) && C.extent(1) == static_cast<std::size_t>(N),
-                  op, [&] {
-                    return detail::str("C is ", shape_str(C), " but A is ", shape_str(A), " and B is ",
-                                       shape_str(B), "; C must be (", a, ".rows, ", b, ".cols) = (",
-                                       M, ", ", N, ")");
-                  });
-  if (M == 0 || N == 0) return;
-  detail::matmul_dispatch<Backend>(exec, 1, ta, tb, M, N, K, alpha, A.data(),
+  const detail::MatmulDims d = detail::matmul_dims(op, ta, tb, A, B, C);
+  if (d.M == 0 || d.N == 0) return;
+  detail::matmul_dispatch<Backend>(exec, 1, ta, tb, d.M, d.N, d.K, alpha, A.data(),
                                    static_cast<std::int64_t>(A.extent(1)), 0, B.data(),
                                    static_cast<std::int64_t>(B.extent(1)), 0, beta, C.data(), 0, op);
 }
@@ -143,32 +164,13 @@ void matmul_batched(const Exec& exec, Trans ta, Trans tb, typename CV::non_const
   static_assert(AV::rank == 3 && BV::rank == 3 && CV::rank == 3,
                 "pmt::ops::matmul_batched: A, B and C must be rank-3 Views (batch, rows, cols)");
   constexpr const char* op = "pmt::ops::matmul_batched";
-  const auto batch = static_cast<std::int64_t>(C.extent(0));
-  const auto M     = static_cast<std::int64_t>(ta == Trans::N ? A.extent(1) : A.extent(2));
-  const auto K     = static_cast<std::int64_t>(ta == Trans::N ? A.extent(2) : A.extent(1));
-  const auto Kb    = static_cast<std::int64_t>(tb == Trans::N ? B.extent(1) : B.extent(2));
-  const auto N     = static_cast<std::int64_t>(tb == Trans::N ? B.extent(2) : B.extent(1));
-  const std::string a = detail::op_name("A", ta), b = detail::op_name("B", tb);
-  detail::require(A.extent(0) == C.extent(0) && B.extent(0) == C.extent(0), op, [&] {
-    return detail::str("A is ", shape_str(A), ", B is ", shape_str(B), ", C is ", shape_str(C),
-                       "; the batch extents (dim 0) must be equal");
-  });
-  detail::require(K == Kb, op, [&] {
-    return detail::str("A is ", shape_str(A), " but B is ", shape_str(B), "; ", a, ".cols must equal ",
-                       b, ".rows");
-  });
-  detail::require(C.extent(1) == static_cast<std::size_t>(M) && C.extent(2) == static_cast<std::size_t>(N),
-                  op, [&] {
-                    return detail::str("C is ", shape_str(C), " but A is ", shape_str(A), " and B is ",
-                                       shape_str(B), "; C must be (batch, ", a, ".rows, ", b,
-                                       ".cols) = (", batch, ", ", M, ", ", N, ")");
-                  });
-  if (M == 0 || N == 0 || batch == 0) return;
+  const detail::MatmulDims d = detail::matmul_dims(op, ta, tb, A, B, C);
+  if (d.M == 0 || d.N == 0 || d.batch == 0) return;
   detail::matmul_dispatch<Backend>(
-      exec, batch, ta, tb, M, N, K, alpha, A.data(), static_cast<std::int64_t>(A.extent(2)),
+      exec, d.batch, ta, tb, d.M, d.N, d.K, alpha, A.data(), static_cast<std::int64_t>(A.extent(2)),
       static_cast<std::int64_t>(A.extent(1) * A.extent(2)), B.data(),
       static_cast<std::int64_t>(B.extent(2)), static_cast<std::int64_t>(B.extent(1) * B.extent(2)),
-      beta, C.data(), M * N, op);
+      beta, C.data(), d.M * d.N, op);
 }
 
 }  // namespace pmt::ops

@@ -37,13 +37,13 @@ struct RowGeometry {
 };
 
 template <class V>
-RowGeometry row_geometry(const V& v, ops::Mask mask, const char* op) {
+RowGeometry row_geometry(const V& v, const char* name, ops::Mask mask, const char* op) {
   static_assert(V::rank == 2 || V::rank == 3, "pmt::ops: softmax takes (rows, cols) or (batch, rows, cols)");
   const std::int64_t cols = static_cast<std::int64_t>(v.extent(V::rank - 1));
   const std::int64_t rows = static_cast<std::int64_t>(v.extent(V::rank - 2));
   const std::int64_t nrows = static_cast<std::int64_t>(v.size()) / (cols > 0 ? cols : 1);
   require(mask == ops::Mask::None || rows <= cols, op, [&] {
-    return str("x is ", shape_str(v), "; a causal mask needs rows <= cols");
+    return str(name, " is ", shape_str(v), "; a causal mask needs rows <= cols");
   });
   return RowGeometry{cols > 0 ? nrows : 0, rows, cols, mask == ops::Mask::Causal};
 }
@@ -54,7 +54,7 @@ void softmax_impl(const Exec& exec, const XV& x, const YV& y, ops::Mask mask, co
   static_check_view<Exec, YV>();
   require_same_shape(op, "x", x, "y", y);
   using T        = typename YV::non_const_value_type;
-  const auto g   = row_geometry(x, mask, op);
+  const auto g   = row_geometry(x, "x", mask, op);
   const T* xp    = x.data();
   T* yp          = y.data();
   Kokkos::parallel_for(op, Kokkos::RangePolicy<Exec>(exec, 0, g.nrows), KOKKOS_LAMBDA(std::int64_t r) {
@@ -86,7 +86,7 @@ void softmax_backward_impl(const Exec& exec, const YV& y, const DYV& dy, const D
   require_same_shape(op, "y", y, "dy", dy);
   require_same_shape(op, "dx", dx, "y", y);
   using T      = typename DXV::non_const_value_type;
-  const auto g = row_geometry(y, mask, op);
+  const auto g = row_geometry(y, "y", mask, op);
   const T* yp  = y.data();
   const T* dyp = dy.data();
   T* dxp       = dx.data();

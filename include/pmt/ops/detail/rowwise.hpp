@@ -15,7 +15,6 @@
 #include <Kokkos_Core.hpp>
 
 #include <cstdint>
-#include <cstring>
 #include <type_traits>
 
 namespace pmt::detail {
