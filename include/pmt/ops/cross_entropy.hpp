@@ -76,13 +76,13 @@ void softmax_cross_entropy(const Exec& exec, const LV& logits, const TV& targets
       return;
     }
     const T mx = detail::lane_max(lr, V);
-    const T s  = detail::lane_sum<T>(lr, V, [mx](T e) { return detail::exp_fast(e - mx); });
+    const T s  = detail::lane_sum<T>(lr, V, [mx](T e) { return detail::exp_nonpositive(e - mx); });
     const T lse = mx + detail::math::log(s);
     row_loss(n) = static_cast<double>(lse - lr[t]);
     if (with_grad) {
       T* dr = &dlogits(n, 0);  // may alias lr: each element is read before it is written
       for (std::int64_t v = 0; v < V; ++v) {
-        const T p = detail::exp_fast(lr[v] - lse);
+        const T p = detail::exp_nonpositive(lr[v] - lse);
         dr[v] = (p - (v == t ? T(1) : T(0))) * gscale;
       }
     }

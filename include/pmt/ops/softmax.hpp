@@ -65,11 +65,11 @@ void softmax_impl(const Exec& exec, const XV& x, const YV& y, ops::Mask mask, co
     // Simple loops over the row (it stays in L1): each vectorizes; exp is computed once.
     if (log_form) {
       for (std::int64_t j = 0; j < n; ++j) yr[j] = xr[j] - mx;
-      const T lse = math::log(lane_sum<T>(yr, n, [](T v) { return exp_fast(v); }));
+      const T lse = math::log(lane_sum<T>(yr, n, [](T v) { return exp_nonpositive(v); }));
       for (std::int64_t j = 0; j < n; ++j) yr[j] -= lse;
       for (std::int64_t j = n; j < g.cols; ++j) yr[j] = -infinity<T>();
     } else {
-      for (std::int64_t j = 0; j < n; ++j) yr[j] = exp_fast(xr[j] - mx);
+      for (std::int64_t j = 0; j < n; ++j) yr[j] = exp_nonpositive(xr[j] - mx);
       const T inv = T(1) / lane_sum<T>(yr, n, [](T v) { return v; });
       for (std::int64_t j = 0; j < n; ++j) yr[j] *= inv;
       for (std::int64_t j = n; j < g.cols; ++j) yr[j] = T(0);
@@ -97,14 +97,15 @@ void softmax_backward_impl(const Exec& exec, const YV& y, const DYV& dy, const D
     const std::int64_t n = g.visible(r);
     if (log_form) {  // dx = dy - softmax * sum(dy)
       const T s = lane_sum<T>(dyr, n, [](T v) { return v; });
-      for (std::int64_t j = 0; j < n; ++j) dxr[j] = dyr[j] - exp_fast(yr[j]) * s;
+      for (std::int64_t j = 0; j < n; ++j) dxr[j] = dyr[j] - exp_nonpositive(yr[j]) * s;
     } else {         // dx = y * (dy - sum(dy * y)), the product summed in lane order
       T acc[row_lanes];
       for (int l = 0; l < row_lanes; ++l) acc[l] = T(0);
       std::int64_t j = 0;
       for (; j + row_lanes <= n; j += row_lanes)
         for (int l = 0; l < row_lanes; ++l) acc[l] += dyr[j + l] * yr[j + l];
-      for (int l = 0; j < n; ++j, ++l) acc[l] += dyr[j] * yr[j];
+      for (int l = 0; l < row_lanes; ++l)
+        if (j + l < n) acc[l] += dyr[j + l] * yr[j + l];
       const T s = combine_lanes<T, T>(acc);
       for (j = 0; j < n; ++j) dxr[j] = yr[j] * (dyr[j] - s);
     }

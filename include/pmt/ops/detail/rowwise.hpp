@@ -36,7 +36,8 @@ KOKKOS_INLINE_FUNCTION S lane_sum(const T* x, std::int64_t n, F f) {
   std::int64_t j = 0;
   for (; j + row_lanes <= n; j += row_lanes)
     for (int l = 0; l < row_lanes; ++l) acc[l] += f(x[j + l]);
-  for (int l = 0; j < n; ++j, ++l) acc[l] += f(x[j]);
+  for (int l = 0; l < row_lanes; ++l)  // tail: fewer than row_lanes elements
+    if (j + l < n) acc[l] += f(x[j + l]);
   return combine_lanes<S, T>(acc);
 }
 
@@ -48,7 +49,8 @@ KOKKOS_INLINE_FUNCTION T lane_max(const T* x, std::int64_t n) {
   std::int64_t j = 0;
   for (; j + row_lanes <= n; j += row_lanes)
     for (int l = 0; l < row_lanes; ++l) acc[l] = x[j + l] > acc[l] ? x[j + l] : acc[l];
-  for (int l = 0; j < n; ++j, ++l) acc[l] = x[j] > acc[l] ? x[j] : acc[l];
+  for (int l = 0; l < row_lanes; ++l)
+    if (j + l < n) acc[l] = x[j + l] > acc[l] ? x[j + l] : acc[l];
   for (int w = row_lanes / 2; w > 0; w /= 2)
     for (int l = 0; l < w; ++l) acc[l] = acc[l + w] > acc[l] ? acc[l + w] : acc[l];
   return acc[0];
@@ -58,9 +60,12 @@ KOKKOS_INLINE_FUNCTION T lane_max(const T* x, std::int64_t n) {
 template <class T>
 KOKKOS_INLINE_FUNCTION T exp_fast(T x) {
   if constexpr (std::is_same_v<T, float>) {
-    const float xc = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-    const float t  = xc * 1.44269504088896341f;  // x / ln 2
-    const float kf = static_cast<float>(static_cast<int>(t + (t >= 0.0f ? 0.5f : -0.5f)));
+    float xc = x > 88.0f ? 88.0f : x;
+    xc       = xc < -87.0f ? -87.0f : xc;
+    // k = round(x / ln 2): truncation of a positive number (t + 128.5 lies in [3, 256]) is a
+    // floor, one vector convert; no sign-dependent select.
+    const float t  = xc * 1.44269504088896341f;
+    const float kf = static_cast<float>(static_cast<std::int32_t>(t + 128.5f)) - 128.0f;
     const float r  = (xc - kf * 0.693359375f) + kf * 2.12194440e-4f;  // x - k ln 2, two parts
     float p = 1.9875691500e-4f;
     p = p * r + 1.3981999507e-3f;
@@ -76,6 +81,33 @@ KOKKOS_INLINE_FUNCTION T exp_fast(T x) {
     const float scale = __builtin_bit_cast(float, bits);  // GCC >= 11, Clang >= 9: vectorizes
 #endif
     return p * scale * static_cast<float>(x >= -87.0f);  // 0 below the range; a mask, not a branch
+  } else {
+    return math::exp(x);
+  }
+}
+
+/// exp(x) for x <= 0 (softmax and cross-entropy arguments x - max): no upper clamp and a degree-5
+/// polynomial, 2.3e-7 relative error on [-87, 0], about 30 % cheaper than exp_fast. Double: exp.
+template <class T>
+KOKKOS_INLINE_FUNCTION T exp_nonpositive(T x) {
+  if constexpr (std::is_same_v<T, float>) {
+    const float xc = x < -87.0f ? -87.0f : x;
+    const float t  = xc * 1.44269504088896341f;
+    const float kf = static_cast<float>(static_cast<std::int32_t>(t + 128.5f)) - 128.0f;
+    const float r  = (xc - kf * 0.693359375f) + kf * 2.12194440e-4f;
+    float p = 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    const std::int32_t bits = (static_cast<std::int32_t>(kf) + 127) * (1 << 23);
+#if defined(__CUDA_ARCH__)
+    const float scale = __int_as_float(bits);
+#else
+    const float scale = __builtin_bit_cast(float, bits);
+#endif
+    return p * scale * static_cast<float>(x >= -87.0f);
   } else {
     return math::exp(x);
   }
