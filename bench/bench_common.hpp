@@ -27,6 +27,28 @@ inline double median_seconds(int reps, const std::function<void()>& fn) {
   return t[t.size() / 2];
 }
 
+/// Median seconds of each of `fns` over `reps` rounds, timed interleaved (one run of each per
+/// round, the order rotating each round) after one warm-up run of each: slow phases of a shared
+/// machine then hit every contestant alike, which keeps their ratios honest.
+inline std::vector<double> interleaved_medians(int reps, const std::vector<std::function<void()>>& fns) {
+  const std::size_t k = fns.size();
+  std::vector<std::vector<double>> t(k);
+  for (const auto& fn : fns) fn();
+  for (int r = 0; r < reps; ++r)
+    for (std::size_t i = 0; i < k; ++i) {
+      const std::size_t f = (i + static_cast<std::size_t>(r)) % k;
+      const auto t0 = std::chrono::steady_clock::now();
+      fns[f]();
+      t[f].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+  std::vector<double> med(k);
+  for (std::size_t f = 0; f < k; ++f) {
+    std::sort(t[f].begin(), t[f].end());
+    med[f] = t[f][t[f].size() / 2];
+  }
+  return med;
+}
+
 /// fp32 FMA throughput of all OpenMP threads together, in GFLOP/s: each thread runs 12
 /// independent vector accumulator chains (enough to hide FMA latency on current x86 cores).
 inline double measured_fp32_peak_gflops() {

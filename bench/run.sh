@@ -8,6 +8,6 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${PMT_BUILD_DIR:-$root/build}
 export PMT_MKL_LIB=${PMT_MKL_LIB:-$("$root/bench/fetch_mkl.sh" 2>/dev/null || echo "")}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)} OMP_PROC_BIND=spread OMP_PLACES=threads
-"$build/bench/bench_matmul" "${PMT_BENCH_REPS:-5}"
+"$build/bench/bench_matmul" "${PMT_BENCH_REPS_MATMUL:-15}"
 echo
 "$build/bench/bench_ops" "${PMT_BENCH_REPS:-10}"

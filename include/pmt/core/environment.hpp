@@ -73,10 +73,11 @@ inline void warn_about_blas_core(int rank) {
   const int host_threads = Kokkos::DefaultHostExecutionSpace().concurrency();
   if (blas_threads() > 0 && blas_threads() < host_threads)
     std::fprintf(stderr,
-                 "pmt: warning: OpenBLAS uses %d thread(s) but Kokkos' host space has %d; vendor "
-                 "matmuls will use fewer cores (OpenBLAS counts the cores in the main thread's "
-                 "affinity mask, which OMP_PROC_BIND pins). Set OPENBLAS_NUM_THREADS=%d or call "
-                 "openblas_set_num_threads().\n",
+                 "pmt: warning: OpenBLAS uses %d thread(s) but Kokkos' host space has %d, so "
+                 "vendor matmuls use fewer cores. OpenBLAS counted the cores the main thread may "
+                 "run on, which OMP_PROC_BIND pins (OPENBLAS_NUM_THREADS cannot raise it then). "
+                 "Call openblas_set_num_threads(%d) after pmt::ScopeGuard, or run with "
+                 "OMP_PROC_BIND=false.\n",
                  blas_threads(), host_threads, host_threads);
   if (!blas_core_is_generic_on_vector_cpu()) return;
   std::fprintf(stderr,
