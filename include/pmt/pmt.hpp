@@ -8,6 +8,18 @@
 
 #include "pmt/core/environment.hpp"
 #include "pmt/core/error.hpp"
+#include "pmt/comm/backend.hpp"
+#include "pmt/comm/collectives.hpp"
+#include "pmt/comm/communicator.hpp"
+#include "pmt/comm/mesh.hpp"
+#include "pmt/comm/request.hpp"
+#if PMT_ENABLE_MPI
+#include "pmt/comm/mpi.hpp"
+#endif
+#if PMT_ENABLE_NCCL && PMT_ENABLE_MPI
+#include "pmt/comm/nccl.hpp"
+#endif
+
 #include "pmt/core/random.hpp"
 #include "pmt/core/tensor.hpp"
 

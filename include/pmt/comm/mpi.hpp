@@ -1,0 +1,269 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// Communicator<Mpi>: the MPI backend (the only comm header that includes <mpi.h>).
+// It duplicates the MPI_Comm it is given, so its traffic never matches the user's, and sets
+// MPI_ERRORS_RETURN on the duplicate: every failing MPI call becomes a pmt::CommError naming the
+// pmt op, the MPI call, MPI's error string and the rank. The execution-space instance is fenced
+// before MPI touches the data. Buffers are host memory, or device memory with a CUDA-aware MPI
+// (build with PMT_CUDA_AWARE_MPI=1; pmt does not check the MPI library for it).
+
+#include "pmt/config.hpp"
+
+#if PMT_ENABLE_MPI
+#include "pmt/comm/backend.hpp"
+#include "pmt/comm/communicator.hpp"
+#include "pmt/comm/request.hpp"
+#include "pmt/core/error.hpp"
+
+#include <Kokkos_Core.hpp>
+
+#include <mpi.h>
+
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace pmt::detail {
+
+inline MPI_Datatype mpi_type(comm::DataType t) {
+  switch (t) {
+    case comm::DataType::Int8: return MPI_INT8_T;
+    case comm::DataType::UInt8: return MPI_UINT8_T;
+    case comm::DataType::Int32: return MPI_INT32_T;
+    case comm::DataType::UInt32: return MPI_UINT32_T;
+    case comm::DataType::Int64: return MPI_INT64_T;
+    case comm::DataType::UInt64: return MPI_UINT64_T;
+    case comm::DataType::Float32: return MPI_FLOAT;
+    case comm::DataType::Float64: return MPI_DOUBLE;
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+inline MPI_Op mpi_op(comm::ReduceOp op) {
+  switch (op) {
+    case comm::ReduceOp::Sum:
+    case comm::ReduceOp::Avg: return MPI_SUM;  // Avg divides afterwards
+    case comm::ReduceOp::Max: return MPI_MAX;
+    case comm::ReduceOp::Min: return MPI_MIN;
+  }
+  return MPI_OP_NULL;
+}
+
+/// The text of an MPI error code: "MPI_ERR_COUNT: invalid count argument".
+inline std::string mpi_error_string(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) return "MPI error " + std::to_string(code);
+  return std::string(text, static_cast<std::size_t>(len));
+}
+
+/// Throws CommError("pmt::comm::Mpi::<op>", "<call> failed: <MPI text> (communicator rank r of n)").
+inline void check_mpi(int code, const char* op, const char* call, int rank, int size) {
+  if (code == MPI_SUCCESS) return;
+  throw CommError(str("pmt::comm::Mpi::", op),
+                  str(call, " failed: ", mpi_error_string(code), " (communicator rank ", rank, " of ", size, ")"));
+}
+
+}  // namespace pmt::detail
+
+namespace pmt::comm {
+
+// ---------------------------------------------------------------------------------------------
+
+/// \brief MPI communicator over a duplicate of an MPI_Comm (see the file comment).
+/// \code
+/// pmt::comm::Communicator<pmt::comm::Mpi> world(MPI_COMM_WORLD);
+/// pmt::comm::all_reduce(world, exec, grads, pmt::comm::ReduceOp::Avg);
+/// \endcode
+/// \throws pmt::CommError when MPI fails.
+template <>
+class Communicator<Mpi> {
+ public:
+  using backend = Mpi;
+
+  /// \brief Duplicates `comm` (collective over its ranks) and sets MPI_ERRORS_RETURN on the copy.
+  explicit Communicator(MPI_Comm comm) {
+    MPI_Comm dup = MPI_COMM_NULL;
+    int r = 0, n = 1;
+    MPI_Comm_rank(comm, &r);
+    MPI_Comm_size(comm, &n);
+    detail::check_mpi(MPI_Comm_dup(comm, &dup), "Communicator", "MPI_Comm_dup", r, n);
+    adopt(dup);
+  }
+
+  int rank() const noexcept { return m_state->rank; }
+  int size() const noexcept { return m_state->size; }
+  MPI_Comm native() const noexcept { return m_state->comm; }
+  bool debug() const noexcept { return m_state->debug.enabled; }
+  void set_debug(bool on) const noexcept { m_state->debug.enabled = on; }
+  std::uint64_t next_sequence() const noexcept { return m_state->debug.next++; }
+  std::string name() const { return "pmt::comm::Communicator<Mpi>"; }
+
+  /// \brief Ranks with the same color form a new communicator, ordered by key (MPI_Comm_split).
+  Communicator split(int color, int key) const {
+    MPI_Comm out = MPI_COMM_NULL;
+    check(MPI_Comm_split(native(), color, key, &out), "split", "MPI_Comm_split");
+    Communicator c;
+    c.adopt(out);
+    c.set_debug(debug());
+    return c;
+  }
+
+  void barrier() const { check(MPI_Barrier(native()), "barrier", "MPI_Barrier"); }
+
+  template <class Exec>
+  void all_reduce_raw(const Exec& exec, const void* send, void* recv, std::size_t count, DataType t,
+                      ReduceOp op) const {
+    exec.fence();
+    check(MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, icount(count), detail::mpi_type(t),
+                        detail::mpi_op(op), native()),
+          "all_reduce", "MPI_Allreduce");
+  }
+
+  /// In place (recv == send + rank * recv_count): MPI's in-place form leaves the result at the
+  /// start of the buffer, so it is moved to this rank's block afterwards.
+  template <class Exec>
+  void reduce_scatter_raw(const Exec& exec, const void* send, void* recv, std::size_t recv_count,
+                          DataType t, ReduceOp op) const {
+    exec.fence();
+    const std::size_t bytes = recv_count * size_of(t);
+    const bool in_place     = static_cast<const char*>(send) + static_cast<std::size_t>(rank()) * bytes ==
+                          static_cast<const char*>(recv);
+    if (in_place) {
+      void* whole = const_cast<void*>(send);
+      check(MPI_Reduce_scatter_block(MPI_IN_PLACE, whole, icount(recv_count), detail::mpi_type(t),
+                                     detail::mpi_op(op), native()),
+            "reduce_scatter", "MPI_Reduce_scatter_block");
+      if (rank() != 0 && bytes > 0) std::memcpy(recv, whole, bytes);  // host memory (MPI path)
+    } else {
+      check(MPI_Reduce_scatter_block(send, recv, icount(recv_count), detail::mpi_type(t),
+                                     detail::mpi_op(op), native()),
+            "reduce_scatter", "MPI_Reduce_scatter_block");
+    }
+  }
+
+  template <class Exec>
+  void all_gather_raw(const Exec& exec, const void* send, void* recv, std::size_t send_count, DataType t) const {
+    exec.fence();
+    const bool in_place = static_cast<const char*>(recv) + static_cast<std::size_t>(rank()) * send_count * size_of(t) ==
+                          static_cast<const char*>(send);
+    check(MPI_Allgather(in_place ? MPI_IN_PLACE : send, icount(send_count), detail::mpi_type(t), recv,
+                        icount(send_count), detail::mpi_type(t), native()),
+          "all_gather", "MPI_Allgather");
+  }
+
+  template <class Exec>
+  void broadcast_raw(const Exec& exec, void* buf, std::size_t count, DataType t, int root) const {
+    exec.fence();
+    check(MPI_Bcast(buf, icount(count), detail::mpi_type(t), root, native()), "broadcast", "MPI_Bcast");
+  }
+
+  template <class Exec>
+  void send_raw(const Exec& exec, const void* buf, std::size_t count, DataType t, int peer, int tag) const {
+    exec.fence();
+    check(MPI_Send(buf, icount(count), detail::mpi_type(t), peer, tag, native()), "send", "MPI_Send");
+  }
+
+  template <class Exec>
+  void recv_raw(const Exec& exec, void* buf, std::size_t count, DataType t, int peer, int tag) const {
+    exec.fence();
+    check(MPI_Recv(buf, icount(count), detail::mpi_type(t), peer, tag, native(), MPI_STATUS_IGNORE),
+          "recv", "MPI_Recv");
+  }
+
+  template <class Exec>
+  Request iall_reduce_raw(const Exec& exec, const void* send, void* recv, std::size_t count, DataType t,
+                          ReduceOp op, std::shared_ptr<void> keep, std::function<void()> on_complete) const {
+    exec.fence();
+    auto req = std::make_shared<MPI_Request>(MPI_REQUEST_NULL);
+    check(MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, icount(count), detail::mpi_type(t),
+                         detail::mpi_op(op), native(), req.get()),
+          "iall_reduce", "MPI_Iallreduce");
+    return make_request(req, "iall_reduce", std::move(keep), std::move(on_complete));
+  }
+
+  template <class Exec>
+  Request isend_raw(const Exec& exec, const void* buf, std::size_t count, DataType t, int peer, int tag,
+                    std::shared_ptr<void> keep) const {
+    exec.fence();
+    auto req = std::make_shared<MPI_Request>(MPI_REQUEST_NULL);
+    check(MPI_Isend(buf, icount(count), detail::mpi_type(t), peer, tag, native(), req.get()), "isend", "MPI_Isend");
+    return make_request(req, "isend", std::move(keep), {});
+  }
+
+  template <class Exec>
+  Request irecv_raw(const Exec& exec, void* buf, std::size_t count, DataType t, int peer, int tag,
+                    std::shared_ptr<void> keep) const {
+    exec.fence();
+    auto req = std::make_shared<MPI_Request>(MPI_REQUEST_NULL);
+    check(MPI_Irecv(buf, icount(count), detail::mpi_type(t), peer, tag, native(), req.get()), "irecv", "MPI_Irecv");
+    return make_request(req, "irecv", std::move(keep), {});
+  }
+
+  std::vector<detail::Fingerprint> gather_fingerprints(const detail::Fingerprint& f) const {
+    std::vector<detail::Fingerprint> all(static_cast<std::size_t>(size()));
+    check(MPI_Allgather(&f, sizeof f, MPI_BYTE, all.data(), sizeof f, MPI_BYTE, native()),
+          "debug_fingerprint", "MPI_Allgather");
+    return all;
+  }
+
+ private:
+  struct State {
+    MPI_Comm comm = MPI_COMM_NULL;
+    int rank = 0, size = 1;
+    detail::CommDebugState debug;
+    ~State() {
+      int finalized = 0;
+      MPI_Finalized(&finalized);
+      if (!finalized && comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
+    }
+  };
+
+  Communicator() = default;
+
+  void adopt(MPI_Comm c) {
+    m_state       = std::make_shared<State>();
+    m_state->comm = c;
+    MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(c, &m_state->rank);
+    MPI_Comm_size(c, &m_state->size);
+  }
+
+  void check(int code, const char* op, const char* call) const {
+    detail::check_mpi(code, op, call, rank(), size());
+  }
+
+  int icount(std::size_t count) const {
+    detail::require<CommError>(count <= static_cast<std::size_t>(std::numeric_limits<int>::max()),
+                               "pmt::comm::Mpi", [&] {
+                                 return detail::str("a message of ", count,
+                                                    " elements exceeds MPI's int count; split it");
+                               });
+    return static_cast<int>(count);
+  }
+
+  Request make_request(std::shared_ptr<MPI_Request> req, const char* op, std::shared_ptr<void> keep,
+                       std::function<void()> on_complete) const {
+    const int r = rank(), n = size();
+    return Request(
+        [req, op, r, n](bool block) {
+          int done = 0;
+          if (block) {
+            detail::check_mpi(MPI_Wait(req.get(), MPI_STATUS_IGNORE), op, "MPI_Wait", r, n);
+            return true;
+          }
+          detail::check_mpi(MPI_Test(req.get(), &done, MPI_STATUS_IGNORE), op, "MPI_Test", r, n);
+          return done != 0;
+        },
+        std::move(keep), std::move(on_complete));
+  }
+
+  std::shared_ptr<State> m_state;
+};
+
+}  // namespace pmt::comm
+#endif  // PMT_ENABLE_MPI

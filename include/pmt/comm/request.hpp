@@ -1,0 +1,88 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// Request: the handle of a non-blocking operation (iall_reduce, isend, irecv). It owns copies of
+// the Views the operation reads or writes, so they stay alive until the operation completes,
+// whatever the caller does with its own handles. wait() blocks; test() polls. A request destroyed
+// while pending waits first (MPI and NCCL forbid freeing buffers under a pending operation).
+
+#include "pmt/core/error.hpp"
+
+#include <cstdio>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <utility>
+
+namespace pmt::comm {
+
+class Request {
+ public:
+  /// `progress(block)` completes the operation when `block`, or polls it once; it returns true
+  /// once complete. `on_complete` runs once after completion (e.g. Avg's scaling). `keep` holds
+  /// the Views.
+  Request(std::function<bool(bool)> progress, std::shared_ptr<void> keep,
+          std::function<void()> on_complete = {})
+      : m_progress(std::move(progress)), m_on_complete(std::move(on_complete)), m_keep(std::move(keep)) {}
+
+  /// \brief An already completed request.
+  Request() = default;
+
+  Request(Request&& o) noexcept { swap(o); }
+  Request& operator=(Request&& o) noexcept {
+    if (this != &o) {
+      finish_quietly();
+      Request tmp;
+      swap(tmp);
+      swap(o);
+    }
+    return *this;
+  }
+  Request(const Request&)            = delete;
+  Request& operator=(const Request&) = delete;
+  ~Request() { finish_quietly(); }
+
+  /// \brief Blocks until the operation is complete. \throws pmt::CommError from the backend.
+  void wait() {
+    if (done()) return;
+    m_progress(true);
+    complete();
+  }
+
+  /// \brief Polls once; true when the operation is complete (then wait() returns at once).
+  /// \throws pmt::CommError from the backend.
+  bool test() {
+    if (done()) return true;
+    if (!m_progress(false)) return false;
+    complete();
+    return true;
+  }
+
+  /// \brief True when complete (or default-constructed).
+  bool done() const noexcept { return !m_progress; }
+
+ private:
+  void complete() {
+    m_progress = nullptr;
+    if (m_on_complete) std::exchange(m_on_complete, nullptr)();
+    m_keep.reset();
+  }
+  void finish_quietly() noexcept {
+    try {
+      wait();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "pmt::comm::Request: a pending request failed while being destroyed: %s\n", e.what());
+      std::terminate();  // the buffers may still be in use: do not carry on
+    }
+  }
+  void swap(Request& o) noexcept {
+    std::swap(m_progress, o.m_progress);
+    std::swap(m_on_complete, o.m_on_complete);
+    std::swap(m_keep, o.m_keep);
+  }
+
+  std::function<bool(bool)> m_progress;
+  std::function<void()> m_on_complete;
+  std::shared_ptr<void> m_keep;
+};
+
+}  // namespace pmt::comm

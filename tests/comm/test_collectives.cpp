@@ -1,0 +1,166 @@
+// SPDX-License-Identifier: Apache-2.0
+// Every collective, in place and out of place, float and double, sizes 0, 1, 13 (prime) and 2^20,
+// on values whose sums are exact, so results compare bitwise (the nccl-tests method). Runs on
+// the MPI world (np = 1, 2, 4) and on Communicator<Self>.
+#include <catch2/catch_template_test_macros.hpp>
+#include <catch2/catch_test_macros.hpp>
+
+#include "comm_test.hpp"
+
+#include <cstdint>
+#include <vector>
+
+using pmt::comm::ReduceOp;
+using Host = Kokkos::DefaultHostExecutionSpace;
+
+namespace {
+
+template <class T>
+using Vec = Kokkos::View<T*, Kokkos::LayoutRight, Host::memory_space>;
+
+template <class T, class C>
+bool check_all_reduce(const C& c, std::size_t n) {
+  Host exec;
+  const int r = c.rank(), p = c.size();
+  bool ok = true;
+  for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min})
+    for (bool in_place : {false, true}) {
+      Vec<T> send("send", n), recv("recv", n);
+      for (std::size_t i = 0; i < n; ++i) send(i) = T(r + 1) + T(i % 5);
+      if (in_place) {
+        pmt::comm::all_reduce(c, exec, send, op);
+        recv = send;
+      } else {
+        pmt::comm::all_reduce(c, exec, send, recv, op);
+      }
+      exec.fence();
+      for (std::size_t i = 0; i < n; ++i) {
+        const T sum = T(p * (p + 1) / 2) + T(p) * T(i % 5);
+        T expect    = sum;
+        if (op == ReduceOp::Avg) expect = p > 1 ? sum * (T(1) / T(p)) : sum;
+        if (op == ReduceOp::Max) expect = T(p) + T(i % 5);
+        if (op == ReduceOp::Min) expect = T(1) + T(i % 5);
+        ok = ok && recv(i) == expect;
+      }
+    }
+  return ok;
+}
+
+template <class T, class C>
+bool check_reduce_scatter_all_gather_broadcast(const C& c, std::size_t m) {
+  Host exec;
+  const int r = c.rank(), p = c.size();
+  const std::size_t n = m * static_cast<std::size_t>(p);
+  bool ok = true;
+  for (bool in_place : {false, true}) {
+    // reduce_scatter: rank r gets the sum over ranks of block r
+    Vec<T> send("send", n), out("out", m);
+    for (std::size_t i = 0; i < n; ++i) send(i) = T(r + 1) + T(i % 5);
+    auto recv = in_place ? Kokkos::subview(send, std::make_pair(static_cast<std::size_t>(r) * m, (r + 1) * m))
+                         : Kokkos::subview(out, std::make_pair(std::size_t(0), m));
+    pmt::comm::reduce_scatter(c, exec, send, recv, ReduceOp::Sum);
+    exec.fence();
+    for (std::size_t j = 0; j < m; ++j)
+      ok = ok && recv(j) == T(p * (p + 1) / 2) + T(p) * T((static_cast<std::size_t>(r) * m + j) % 5);
+    // all_gather: block b holds rank b's values
+    Vec<T> mine("mine", m), all("all", n);
+    auto src = in_place ? Kokkos::subview(all, std::make_pair(static_cast<std::size_t>(r) * m, (r + 1) * m))
+                        : Kokkos::subview(mine, std::make_pair(std::size_t(0), m));
+    for (std::size_t j = 0; j < m; ++j) src(j) = T(100 * (r + 1)) + T(j % 7);
+    pmt::comm::all_gather(c, exec, src, all);
+    exec.fence();
+    for (std::size_t i = 0; i < n; ++i) ok = ok && all(i) == T(100 * (i / (m > 0 ? m : 1) + 1)) + T(i % (m > 0 ? m : 1) % 7);
+  }
+  // broadcast from the last rank
+  Vec<T> buf("buf", m);
+  for (std::size_t j = 0; j < m; ++j) buf(j) = T(r) + T(j % 3);
+  pmt::comm::broadcast(c, exec, buf, p - 1);
+  exec.fence();
+  for (std::size_t j = 0; j < m; ++j) ok = ok && buf(j) == T(p - 1) + T(j % 3);
+  return ok;
+}
+
+template <class T, class C>
+bool check_send_recv(const C& c, std::size_t m) {
+  Host exec;
+  const int r = c.rank(), p = c.size();
+  const int next = (r + 1) % p, prev = (r + p - 1) % p;
+  Vec<T> out("out", m), in("in", m);
+  for (std::size_t j = 0; j < m; ++j) out(j) = T(r * 1000) + T(j % 11);
+  // blocking ring without deadlock: even ranks send first. On one rank a blocking send to itself
+  // waits for a receive (MPI's rendezvous for large messages), so the receive is posted first.
+  if (p == 1) {
+    auto pending = pmt::comm::irecv(c, exec, in, prev, 7);
+    pmt::comm::send(c, exec, out, next, 7);
+    pending.wait();
+  } else if (r % 2 == 0) {
+    pmt::comm::send(c, exec, out, next, 7);
+    pmt::comm::recv(c, exec, in, prev, 7);
+  } else {
+    pmt::comm::recv(c, exec, in, prev, 7);
+    pmt::comm::send(c, exec, out, next, 7);
+  }
+  bool ok = true;
+  for (std::size_t j = 0; j < m; ++j) ok = ok && in(j) == T(prev * 1000) + T(j % 11);
+  // non-blocking ring, polled with test()
+  Vec<T> in2("in2", m);
+  auto rr = pmt::comm::irecv(c, exec, in2, prev, 8);
+  auto rs = pmt::comm::isend(c, exec, out, next, 8);
+  while (!rr.test()) {
+  }
+  rs.wait();
+  for (std::size_t j = 0; j < m; ++j) ok = ok && in2(j) == T(prev * 1000) + T(j % 11);
+  return ok;
+}
+
+const std::vector<std::size_t> sizes = {0, 1, 13, std::size_t(1) << 20};
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("all_reduce gives exact sum, avg, max and min in place and out of place",
+                   "[comm][collectives][mpi]", float, double) {
+  for (std::size_t n : sizes) {
+    INFO("n = " << n);
+    CHECK(pmt::test::all_ranks(check_all_reduce<TestType>(pmt::test::world(), n)));
+    CHECK(check_all_reduce<TestType>(pmt::comm::Communicator<pmt::comm::Self>(), n));
+  }
+}
+
+TEMPLATE_TEST_CASE("reduce_scatter, all_gather and broadcast are exact in place and out of place",
+                   "[comm][collectives][mpi]", float, double) {
+  for (std::size_t m : sizes) {
+    INFO("block = " << m);
+    CHECK(pmt::test::all_ranks(check_reduce_scatter_all_gather_broadcast<TestType>(pmt::test::world(), m)));
+    CHECK(check_reduce_scatter_all_gather_broadcast<TestType>(pmt::comm::Communicator<pmt::comm::Self>(), m));
+  }
+}
+
+TEMPLATE_TEST_CASE("send and recv, blocking and non-blocking, pass messages around a ring",
+                   "[comm][p2p][mpi]", float, double) {
+  for (std::size_t m : sizes) {
+    INFO("message = " << m);
+    CHECK(pmt::test::all_ranks(check_send_recv<TestType>(pmt::test::world(), m)));
+    CHECK(check_send_recv<TestType>(pmt::comm::Communicator<pmt::comm::Self>(), m));
+  }
+}
+
+TEST_CASE("iall_reduce overlapping a Kokkos kernel gives the same result and keeps its Views alive",
+          "[comm][nonblocking][mpi]") {
+  const auto& c = pmt::test::world();
+  Host exec;
+  const std::size_t n = std::size_t(1) << 20;
+  Vec<double> buf("buf", n), other("other", n), ref("ref", n);
+  for (std::size_t i = 0; i < n; ++i) ref(i) = buf(i) = double(c.rank() + 1) * 0.5 + double(i % 9);
+  pmt::comm::all_reduce(c, exec, ref, ReduceOp::Avg);
+  auto req = pmt::comm::iall_reduce(c, exec, buf, ReduceOp::Avg);
+  const long held = buf.use_count();
+  Kokkos::parallel_for("overlap", Kokkos::RangePolicy<Host>(exec, 0, n),
+                       KOKKOS_LAMBDA(std::size_t i) { other(i) = 2.0 * double(i); });
+  exec.fence();
+  req.wait();
+  exec.fence();
+  // the MPI request held a copy of the View until completion (Self completes at once)
+  bool ok = (!PMT_ENABLE_MPI || held >= 2) && buf.use_count() == 1;
+  for (std::size_t i = 0; i < n; ++i) ok = ok && buf(i) == ref(i) && other(i) == 2.0 * double(i);
+  CHECK(pmt::test::all_ranks(ok));
+}
