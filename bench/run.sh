@@ -11,3 +11,9 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)} OMP_PROC_BIND=spread OMP_PLA
 "$build/bench/bench_matmul" "${PMT_BENCH_REPS_MATMUL:-15}"
 echo
 "$build/bench/bench_ops" "${PMT_BENCH_REPS:-10}"
+echo
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
+for np in 2 4; do
+  OMP_NUM_THREADS=1 mpiexec -n "$np" --oversubscribe --bind-to none "$build/bench/bench_allreduce"
+  echo
+done
