@@ -25,3 +25,8 @@
 #ifndef PMT_DEBUG
 #define PMT_DEBUG 0
 #endif
+// PMT_CUDA_AWARE_MPI  the MPI library accepts device pointers (set by CMake's
+//                     PMT_CUDA_AWARE_MPI option; pmt cannot detect it reliably)
+#ifndef PMT_CUDA_AWARE_MPI
+#define PMT_CUDA_AWARE_MPI 0
+#endif

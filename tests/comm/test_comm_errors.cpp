@@ -78,6 +78,18 @@ TEST_CASE("debug mode raises on every rank when ranks call different collectives
 }
 
 #if PMT_ENABLE_MPI
+TEST_CASE("PMT_DEBUG_COLLECTIVES=1 in the environment turns debug mode on for new communicators",
+          "[comm][debug][mpi]") {
+  setenv("PMT_DEBUG_COLLECTIVES", "1", 1);
+  pmt::comm::Communicator<pmt::comm::Mpi> on(MPI_COMM_WORLD);
+  setenv("PMT_DEBUG_COLLECTIVES", "0", 1);
+  pmt::comm::Communicator<pmt::comm::Mpi> off(MPI_COMM_WORLD);
+  unsetenv("PMT_DEBUG_COLLECTIVES");
+  CHECK(on.debug());
+  CHECK(off.debug() == (PMT_DEBUG != 0));  // PMT_DEBUG builds have it on regardless
+  CHECK(on.split(0, 0).debug());  // a split inherits the flag
+}
+
 TEST_CASE("MPI failures become CommErrors naming the op, the call, MPI's text and the rank",
           "[comm][errors][mpi]") {
   const auto& c = pmt::test::world();

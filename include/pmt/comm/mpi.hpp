@@ -14,6 +14,7 @@
 #include "pmt/comm/communicator.hpp"
 #include "pmt/comm/request.hpp"
 #include "pmt/core/error.hpp"
+#include "pmt/core/tensor.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -28,6 +29,14 @@
 #include <vector>
 
 namespace pmt::detail {
+
+/// Compile-time check that MPI may touch memory of Exec's space.
+template <class Exec>
+constexpr void static_check_mpi_space() {
+  static_assert(is_host_space_v<Exec> || PMT_CUDA_AWARE_MPI,
+                "pmt::comm::Mpi: this execution space's memory is not host memory; build with "
+                "-DPMT_CUDA_AWARE_MPI=ON if your MPI is CUDA-aware, or use Communicator<Nccl>");
+}
 
 inline MPI_Datatype mpi_type(comm::DataType t) {
   switch (t) {
@@ -118,6 +127,7 @@ class Communicator<Mpi> {
   template <class Exec>
   void all_reduce_raw(const Exec& exec, const void* send, void* recv, std::size_t count, DataType t,
                       ReduceOp op) const {
+    detail::static_check_mpi_space<Exec>();
     exec.fence();
     check(MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, icount(count), detail::mpi_type(t),
                         detail::mpi_op(op), native()),
@@ -129,6 +139,7 @@ class Communicator<Mpi> {
   template <class Exec>
   void reduce_scatter_raw(const Exec& exec, const void* send, void* recv, std::size_t recv_count,
                           DataType t, ReduceOp op) const {
+    detail::static_check_mpi_space<Exec>();
     exec.fence();
     const std::size_t bytes = recv_count * size_of(t);
     const bool in_place     = static_cast<const char*>(send) + static_cast<std::size_t>(rank()) * bytes ==
@@ -148,6 +159,7 @@ class Communicator<Mpi> {
 
   template <class Exec>
   void all_gather_raw(const Exec& exec, const void* send, void* recv, std::size_t send_count, DataType t) const {
+    detail::static_check_mpi_space<Exec>();
     exec.fence();
     const bool in_place = static_cast<const char*>(recv) + static_cast<std::size_t>(rank()) * send_count * size_of(t) ==
                           static_cast<const char*>(send);
@@ -158,18 +170,21 @@ class Communicator<Mpi> {
 
   template <class Exec>
   void broadcast_raw(const Exec& exec, void* buf, std::size_t count, DataType t, int root) const {
+    detail::static_check_mpi_space<Exec>();
     exec.fence();
     check(MPI_Bcast(buf, icount(count), detail::mpi_type(t), root, native()), "broadcast", "MPI_Bcast");
   }
 
   template <class Exec>
   void send_raw(const Exec& exec, const void* buf, std::size_t count, DataType t, int peer, int tag) const {
+    detail::static_check_mpi_space<Exec>();
     exec.fence();
     check(MPI_Send(buf, icount(count), detail::mpi_type(t), peer, tag, native()), "send", "MPI_Send");
   }
 
   template <class Exec>
   void recv_raw(const Exec& exec, void* buf, std::size_t count, DataType t, int peer, int tag) const {
+    detail::static_check_mpi_space<Exec>();
     exec.fence();
     check(MPI_Recv(buf, icount(count), detail::mpi_type(t), peer, tag, native(), MPI_STATUS_IGNORE),
           "recv", "MPI_Recv");
@@ -178,6 +193,7 @@ class Communicator<Mpi> {
   template <class Exec>
   Request iall_reduce_raw(const Exec& exec, const void* send, void* recv, std::size_t count, DataType t,
                           ReduceOp op, std::shared_ptr<void> keep, std::function<void()> on_complete) const {
+    detail::static_check_mpi_space<Exec>();
     exec.fence();
     auto req = std::make_shared<MPI_Request>(MPI_REQUEST_NULL);
     check(MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, icount(count), detail::mpi_type(t),
@@ -189,6 +205,7 @@ class Communicator<Mpi> {
   template <class Exec>
   Request isend_raw(const Exec& exec, const void* buf, std::size_t count, DataType t, int peer, int tag,
                     std::shared_ptr<void> keep) const {
+    detail::static_check_mpi_space<Exec>();
     exec.fence();
     auto req = std::make_shared<MPI_Request>(MPI_REQUEST_NULL);
     check(MPI_Isend(buf, icount(count), detail::mpi_type(t), peer, tag, native(), req.get()), "isend", "MPI_Isend");
@@ -198,6 +215,7 @@ class Communicator<Mpi> {
   template <class Exec>
   Request irecv_raw(const Exec& exec, void* buf, std::size_t count, DataType t, int peer, int tag,
                     std::shared_ptr<void> keep) const {
+    detail::static_check_mpi_space<Exec>();
     exec.fence();
     auto req = std::make_shared<MPI_Request>(MPI_REQUEST_NULL);
     check(MPI_Irecv(buf, icount(count), detail::mpi_type(t), peer, tag, native(), req.get()), "irecv", "MPI_Irecv");
