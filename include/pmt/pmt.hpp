@@ -8,6 +8,12 @@
 
 #include "pmt/core/environment.hpp"
 #include "pmt/core/error.hpp"
+#include "pmt/policy/axis.hpp"
+#include "pmt/policy/hybrid.hpp"
+#include "pmt/policy/placement.hpp"
+#include "pmt/policy/policies.hpp"
+#include "pmt/policy/policy_traits.hpp"
+
 #include "pmt/comm/backend.hpp"
 #include "pmt/comm/collectives.hpp"
 #include "pmt/comm/communicator.hpp"
@@ -32,3 +38,9 @@
 #include "pmt/ops/optimizer.hpp"
 #include "pmt/ops/reduction.hpp"
 #include "pmt/ops/softmax.hpp"
+
+#include "pmt/nn/activation.hpp"
+#include "pmt/nn/chain.hpp"
+#include "pmt/nn/linear.hpp"
+#include "pmt/nn/mlp.hpp"
+#include "pmt/nn/module.hpp"

@@ -4,6 +4,9 @@
 // the element types they move. A backend is a Communicator<Backend> specialization; policy and
 // layer headers include only this header, never <mpi.h> or <nccl.h>.
 
+#include "pmt/config.hpp"
+#include "pmt/core/tensor.hpp"
+
 #include <cstdint>
 #include <type_traits>
 
@@ -15,6 +18,12 @@ struct Self {};
 struct Mpi {};
 /// \brief NCCL: one rank per GPU, collectives enqueued on the Kokkos::Cuda instance's stream.
 struct Nccl {};
+
+/// \brief The backend layers use by default on Exec: MPI (or Self without MPI) on host spaces,
+/// NCCL (or Self) on device spaces.
+template <class Exec>
+using default_backend_t = std::conditional_t<is_host_space_v<Exec>, std::conditional_t<PMT_ENABLE_MPI != 0, Mpi, Self>,
+                                             std::conditional_t<PMT_ENABLE_NCCL != 0, Nccl, Self>>;
 
 template <class B>
 inline constexpr bool is_comm_backend_v =

@@ -7,17 +7,13 @@
 #include "pmt/comm/backend.hpp"
 #include "pmt/comm/communicator.hpp"
 #include "pmt/core/error.hpp"
+#include "pmt/policy/axis.hpp"
 
 #include <array>
 #include <string>
 #include <vector>
 
 namespace pmt {
-
-/// \brief The three mesh axes: data, tensor and pipeline parallel.
-enum class Axis { dp, tp, pp };
-
-inline const char* to_string(Axis a) { return a == Axis::dp ? "dp" : (a == Axis::tp ? "tp" : "pp"); }
 
 /// \brief The degrees of a mesh; their product must equal the world size.
 struct MeshShape {

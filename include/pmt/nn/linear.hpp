@@ -1,0 +1,151 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// Linear<T, Policy, Exec>: y = x W + b with W (in, out) of the global model, spread over the tp
+// axis by the layer policy. Legend: N rows (tokens), in/out features, tp the tp degree.
+//   Replicate         W (in, out), b (out)        x (N, in)    -> y (N, out)      no communication
+//   TensorSplit<Col>  W (in, out/tp), b (out/tp)  x (N, in)    -> y (N, out/tp)   forward: none;
+//                                                                                 backward: all_reduce(tp) of dx
+//   TensorSplit<Row>  W (in/tp, out), b (out)     x (N, in/tp) -> y (N, out)      forward: all_reduce(tp) of
+//                                                                                 x W, then + b; backward: none
+// W is initialised from N(0, std^2) keyed by (seed, stream, global index): any tp holds exactly
+// the slice of the one-rank W. b starts at zero. Gradients accumulate (+=) over backward calls.
+
+#include "pmt/comm/backend.hpp"
+#include "pmt/comm/collectives.hpp"
+#include "pmt/comm/communicator.hpp"
+#include "pmt/comm/mesh.hpp"
+#include "pmt/comm/mpi.hpp"
+#include "pmt/comm/nccl.hpp"
+#include "pmt/core/error.hpp"
+#include "pmt/core/random.hpp"
+#include "pmt/core/tensor.hpp"
+#include "pmt/nn/module.hpp"
+#include "pmt/ops/elementwise.hpp"
+#include "pmt/ops/matmul.hpp"
+#include "pmt/ops/reduction.hpp"
+#include "pmt/policy/placement.hpp"
+#include "pmt/policy/policy_traits.hpp"
+
+#include <Kokkos_Core.hpp>
+
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace pmt::detail {
+
+template <class P>
+std::string policy_name() {
+  if constexpr (std::is_same_v<P, Replicate>) return "Replicate";
+  else if constexpr (std::is_same_v<P, TensorSplit<Col>>) return "TensorSplit<Col>";
+  else if constexpr (std::is_same_v<P, TensorSplit<Row>>) return "TensorSplit<Row>";
+  else return "user policy";
+}
+
+}  // namespace pmt::detail
+
+namespace pmt::nn {
+
+// ---------------------------------------------------------------------------------------------
+
+/// \brief Linear layer spread over tp by its policy (see the file comment for shapes and
+/// communication).
+/// \tparam Policy Replicate, TensorSplit<Col>, TensorSplit<Row> (or a user layer policy).
+/// \tparam Exec the Kokkos execution space; \tparam Backend the communicator backend of the mesh.
+/// \throws pmt::ShapeError when a split extent is not divisible by tp or an input has the wrong width.
+template <class T, class Policy, class Exec = Kokkos::DefaultExecutionSpace,
+          class Backend = comm::default_backend_t<Exec>>
+class Linear {
+  static_assert(detail::check_layer_policy<void, Policy>());
+  static_assert(std::is_floating_point_v<T>, "pmt::nn::Linear: T must be float or double");
+
+ public:
+  using value_type       = T;
+  using execution_space  = Exec;
+  using traits           = policy_traits<Policy>;
+  using split            = typename traits::split;
+  using input_placement  = typename traits::input_placement;
+  using output_placement = typename traits::output_placement;
+  static constexpr bool nonlinear = false;
+
+  /// \param key RNG seed and stream (the parameter id) of W.
+  Linear(const Mesh<Backend>& mesh, std::size_t in_features, std::size_t out_features, RngKey key,
+         bool bias = true, double init_std = 0.02)
+      : m_tp(mesh.comm(Axis::tp)), m_in(in_features), m_out(out_features), m_bias(bias) {
+    const auto tp = static_cast<std::size_t>(m_tp.size()), tp_i = static_cast<std::size_t>(m_tp.rank());
+    const std::string op = name();
+    if constexpr (std::is_same_v<split, Col>)
+      detail::require(m_out % tp == 0, op, [&] {
+        return detail::str("out_features ", m_out, " is not divisible by tp = ", tp);
+      });
+    if constexpr (std::is_same_v<split, Row>)
+      detail::require(m_in % tp == 0, op, [&] {
+        return detail::str("in_features ", m_in, " is not divisible by tp = ", tp);
+      });
+    const std::size_t in_l  = std::is_same_v<split, Row> ? m_in / tp : m_in;
+    const std::size_t out_l = std::is_same_v<split, Col> ? m_out / tp : m_out;
+    GlobalSlice ws;
+    ws.extent[0] = m_in, ws.extent[1] = m_out;
+    ws.offset[0] = std::is_same_v<split, Row> ? tp_i * in_l : 0;
+    ws.offset[1] = std::is_same_v<split, Col> ? tp_i * out_l : 0;
+    m_w = Parameter<T, Exec>(op + "::weight", {in_l, out_l}, ws, std::is_void_v<split>);
+    fill_normal(Exec(), m_w.value2d(), key, 0.0, init_std, ws);
+    if (m_bias) {
+      GlobalSlice bs;
+      bs.extent[0] = m_out;
+      bs.offset[0] = std::is_same_v<split, Col> ? tp_i * out_l : 0;
+      m_b = Parameter<T, Exec>(op + "::bias", {out_l}, bs, !std::is_same_v<split, Col>);
+    }
+  }
+
+  /// \brief y = x W (+ b); keeps x for backward. x: (N, in) or (N, in/tp) for Row.
+  Tensor<T, 2, Exec> forward(const Exec& exec, const Tensor<T, 2, Exec>& x) {
+    detail::require(x.extent(1) == in_local(), name() + "::forward", [&] {
+      return detail::str("x is ", shape_str(x), " but this layer takes (N, ", in_local(), ") (in_features ", m_in,
+                         std::is_same_v<split, Row> ? " / tp " + std::to_string(m_tp.size()) : std::string(), ")");
+    });
+    m_x = x;
+    Tensor<T, 2, Exec> y(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::Linear::y"), x.extent(0), out_local());
+    ops::matmul(exec, ops::Trans::N, ops::Trans::N, T(1), x, m_w.value2d(), T(0), y);  // (N, out_l)
+    if constexpr (std::is_same_v<split, Row>) comm::all_reduce(m_tp, exec, y);         // partial sums -> whole
+    if (m_bias) ops::bias_add(exec, y, m_b.value);
+    return y;
+  }
+
+  /// \brief dW += x^T dy, db += sum_n dy, returns dx = dy W^T (all-reduced over tp for Col).
+  Tensor<T, 2, Exec> backward(const Exec& exec, const Tensor<T, 2, Exec>& dy) {
+    detail::require(m_x.data() != nullptr && dy.extent(0) == m_x.extent(0) && dy.extent(1) == out_local(),
+                    name() + "::backward", [&] {
+                      return detail::str("dy is ", shape_str(dy), " but forward saw x ", shape_str(m_x),
+                                         " and produced (", m_x.extent(0), ", ", out_local(),
+                                         "); call forward first, with the same batch");
+                    });
+    ops::matmul(exec, ops::Trans::T, ops::Trans::N, T(1), m_x, dy, T(1), m_w.grad2d());  // (in_l, out_l)
+    if (m_bias) ops::column_sum(exec, dy, m_b.grad, T(1));
+    Tensor<T, 2, Exec> dx(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::Linear::dx"), dy.extent(0), in_local());
+    ops::matmul(exec, ops::Trans::N, ops::Trans::T, T(1), dy, m_w.value2d(), T(0), dx);  // (N, in_l)
+    if constexpr (std::is_same_v<split, Col>) comm::all_reduce(m_tp, exec, dx);         // conjugate of the identity
+    return dx;
+  }
+
+  std::vector<Parameter<T, Exec>*> parameters() {
+    std::vector<Parameter<T, Exec>*> out{&m_w};
+    if (m_bias) out.push_back(&m_b);
+    return out;
+  }
+  Parameter<T, Exec>& weight() { return m_w; }
+  Parameter<T, Exec>& bias() { return m_b; }
+
+  std::size_t in_local() const noexcept { return std::is_same_v<split, Row> ? m_in / m_tp.size() : m_in; }
+  std::size_t out_local() const noexcept { return std::is_same_v<split, Col> ? m_out / m_tp.size() : m_out; }
+  std::string name() const { return "pmt::nn::Linear<" + detail::policy_name<Policy>() + ">"; }
+
+ private:
+  comm::Communicator<Backend> m_tp;
+  std::size_t m_in, m_out;
+  bool m_bias;
+  Parameter<T, Exec> m_w, m_b;
+  Tensor<T, 2, Exec> m_x;
+};
+
+}  // namespace pmt::nn
