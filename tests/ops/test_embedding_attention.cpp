@@ -36,6 +36,21 @@ TEMPLATE_TEST_CASE("embedding forward and backward equal the reference", "[ops][
       for (int n = 0; n < N; ++n) if (ids(n) == v) ref += dout(n, c);
       CHECK(dtable(v, c) == ref);
     }
+  // an ignored id: zeros forward, no contribution backward
+  ids(3) = -1;
+  pmt::ops::embedding(exec, ids, table, out, pmt::ops::Accumulate::No, -1);
+  auto dt2 = pmt::make_tensor<T, Host>("dt2", V, C);
+  pmt::ops::embedding_backward(exec, ids, dout, dt2, -1);
+  exec.fence();
+  for (int c = 0; c < C; ++c) CHECK(out(3, c) == T(0));
+  for (int v = 0; v < V; ++v)
+    for (int c = 0; c < C; ++c) {
+      T ref = 0;
+      for (int n = 0; n < N; ++n) if (ids(n) == v) ref += dout(n, c);
+      CHECK(dt2(v, c) == ref);
+    }
+  CHECK_THROWS_AS(pmt::ops::embedding(exec, ids, table, out), pmt::ShapeError);  // -1 not ignored
+  ids(3) = (3 * 3 + 3) % V;
   ids(7) = V;
   CHECK_THROWS_WITH(pmt::ops::embedding(exec, ids, table, out),
                     Catch::Matchers::StartsWith("pmt::ops::embedding: 1 of 300 ids lie outside [0, 11); table is (11, 6)"));

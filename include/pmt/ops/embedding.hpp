@@ -14,22 +14,28 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <climits>  // for INT64_MIN
 #include <cstdint>
 
 namespace pmt::detail {
 
+/// "No id is ignored": the default of the ignore_id parameters.
+inline constexpr std::int64_t no_ignore_id = INT64_MIN;
+
 template <class Exec, class IV>
-void check_ids(const Exec& exec, const IV& ids, std::int64_t V, const char* op, const std::string& what) {
+void check_ids(const Exec& exec, const IV& ids, std::int64_t V, std::int64_t ignore, const char* op,
+               const std::string& what) {
   std::int64_t bad = 0;
   Kokkos::parallel_reduce(
       "pmt::ops::embedding::check_ids", Kokkos::RangePolicy<Exec>(exec, 0, ids.extent(0)),
       KOKKOS_LAMBDA(std::int64_t n, std::int64_t& acc) {
         const auto id = static_cast<std::int64_t>(ids(n));
-        if (id < 0 || id >= V) ++acc;
+        if (id != ignore && (id < 0 || id >= V)) ++acc;
       },
       bad);
   require(bad == 0, op, [&] {
-    return str(bad, " of ", ids.extent(0), " ids lie outside [0, ", V, "); ", what);
+    return str(bad, " of ", ids.extent(0), " ids lie outside [0, ", V, ")",
+               ignore != no_ignore_id ? str(" and are not the ignored id ", ignore) : std::string(), "; ", what);
   });
 }
 
@@ -40,11 +46,12 @@ namespace pmt::ops {
 /// \brief Whether a lookup overwrites `out` or adds to it.
 enum class Accumulate { No, Yes };
 
-/// \brief out(n, :) = table(ids(n), :) (or += with Accumulate::Yes).
-/// \throws pmt::ShapeError for mismatched shapes or an id outside [0, V).
+/// \brief out(n, :) = table(ids(n), :) (or += with Accumulate::Yes); rows whose id is
+/// `ignore_id` get zeros (or nothing added): a vocabulary shard passes ids it does not hold so.
+/// \throws pmt::ShapeError for mismatched shapes or an id outside [0, V) that is not ignore_id.
 template <class Exec, class IV, class TV, class OV>
 void embedding(const Exec& exec, const IV& ids, const TV& table, const OV& out,
-               Accumulate acc = Accumulate::No) {
+               Accumulate acc = Accumulate::No, std::int64_t ignore_id = detail::no_ignore_id) {
   static_check_view<Exec, IV>();
   static_check_view<Exec, TV>();
   static_check_view<Exec, OV>();
@@ -56,12 +63,17 @@ void embedding(const Exec& exec, const IV& ids, const TV& table, const OV& out,
                        shape_str(out), "; out must be (", ids.extent(0), ", ", table.extent(1), ")");
   });
   const auto V = static_cast<std::int64_t>(table.extent(0));
-  detail::check_ids(exec, ids, V, op, "table is " + shape_str(table));
+  detail::check_ids(exec, ids, V, ignore_id, op, "table is " + shape_str(table));
   const auto C     = static_cast<std::int64_t>(table.extent(1));
   const bool accum = acc == Accumulate::Yes;
   Kokkos::parallel_for(op, Kokkos::RangePolicy<Exec>(exec, 0, ids.extent(0)), KOKKOS_LAMBDA(std::int64_t n) {
-    const auto* src = &table(static_cast<std::int64_t>(ids(n)), 0);
     auto* dst = &out(n, 0);
+    if (static_cast<std::int64_t>(ids(n)) == ignore_id) {
+      if (!accum)
+        for (std::int64_t c = 0; c < C; ++c) dst[c] = 0;
+      return;
+    }
+    const auto* src = &table(static_cast<std::int64_t>(ids(n)), 0);
     if (accum) {
       for (std::int64_t c = 0; c < C; ++c) dst[c] += src[c];
     } else {
@@ -70,10 +82,12 @@ void embedding(const Exec& exec, const IV& ids, const TV& table, const OV& out,
   });
 }
 
-/// \brief dtable(v, :) += sum of dout(n, :) over the n with ids(n) == v, in increasing n.
-/// \throws pmt::ShapeError for mismatched shapes or an id outside [0, V).
+/// \brief dtable(v, :) += sum of dout(n, :) over the n with ids(n) == v, in increasing n; rows
+/// whose id is ignore_id contribute nothing.
+/// \throws pmt::ShapeError for mismatched shapes or an id outside [0, V) that is not ignore_id.
 template <class Exec, class IV, class DOV, class DTV>
-void embedding_backward(const Exec& exec, const IV& ids, const DOV& dout, const DTV& dtable) {
+void embedding_backward(const Exec& exec, const IV& ids, const DOV& dout, const DTV& dtable,
+                        std::int64_t ignore_id = detail::no_ignore_id) {
   static_check_view<Exec, IV>();
   static_check_view<Exec, DOV>();
   static_check_view<Exec, DTV>();
@@ -87,7 +101,7 @@ void embedding_backward(const Exec& exec, const IV& ids, const DOV& dout, const 
   const auto N = static_cast<std::int64_t>(ids.extent(0));
   const auto V = static_cast<std::int64_t>(dtable.extent(0));
   const auto C = static_cast<std::int64_t>(dtable.extent(1));
-  detail::check_ids(exec, ids, V, op, "dtable is " + shape_str(dtable));
+  detail::check_ids(exec, ids, V, ignore_id, op, "dtable is " + shape_str(dtable));
   using Mem = typename Exec::memory_space;
   // Bucket rows by id: counts (integer atomics are exact), exclusive scan, scatter, sort buckets.
   Kokkos::View<std::int64_t*, Mem> start("pmt::ops::embedding_backward::start", static_cast<std::size_t>(V + 1));
@@ -95,7 +109,8 @@ void embedding_backward(const Exec& exec, const IV& ids, const DOV& dout, const 
   Kokkos::View<std::int64_t*, Mem> rows(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::ops::embedding_backward::rows"),
                                         static_cast<std::size_t>(N));
   Kokkos::parallel_for(op, Kokkos::RangePolicy<Exec>(exec, 0, N), KOKKOS_LAMBDA(std::int64_t n) {
-    Kokkos::atomic_increment(&start(static_cast<std::int64_t>(ids(n)) + 1));
+    if (static_cast<std::int64_t>(ids(n)) != ignore_id)
+      Kokkos::atomic_increment(&start(static_cast<std::int64_t>(ids(n)) + 1));
   });
   Kokkos::parallel_scan(op, Kokkos::RangePolicy<Exec>(exec, 0, V + 1),
                         KOKKOS_LAMBDA(std::int64_t v, std::int64_t& partial, bool final) {
@@ -104,7 +119,7 @@ void embedding_backward(const Exec& exec, const IV& ids, const DOV& dout, const 
                         });
   Kokkos::parallel_for(op, Kokkos::RangePolicy<Exec>(exec, 0, N), KOKKOS_LAMBDA(std::int64_t n) {
     const auto id = static_cast<std::int64_t>(ids(n));
-    rows(start(id) + Kokkos::atomic_fetch_add(&fill(id), std::int64_t(1))) = n;
+    if (id != ignore_id) rows(start(id) + Kokkos::atomic_fetch_add(&fill(id), std::int64_t(1))) = n;
   });
   Kokkos::parallel_for(op, Kokkos::RangePolicy<Exec>(exec, 0, V), KOKKOS_LAMBDA(std::int64_t v) {
     const std::int64_t lo = start(v), hi = start(v + 1);
