@@ -40,6 +40,11 @@
 #include "pmt/ops/softmax.hpp"
 
 #include "pmt/nn/activation.hpp"
+#include "pmt/nn/attention.hpp"
+#include "pmt/nn/embedding.hpp"
+#include "pmt/nn/gpt.hpp"
+#include "pmt/nn/layernorm.hpp"
+#include "pmt/nn/loss.hpp"
 #include "pmt/nn/chain.hpp"
 #include "pmt/nn/linear.hpp"
 #include "pmt/nn/mlp.hpp"

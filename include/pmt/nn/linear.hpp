@@ -112,8 +112,9 @@ class Linear {
     return y;
   }
 
-  /// \brief dW += x^T dy, db += sum_n dy, returns dx = dy W^T (all-reduced over tp for Col).
-  Tensor<T, 2, Exec> backward(const Exec& exec, const Tensor<T, 2, Exec>& dy) {
+  /// \brief dW += x^T dy, db += sum_n dy, returns dx = dy W^T, all-reduced over tp for Col
+  /// unless `reduce_dx` is false (the caller sums several partial dx, then reduces once).
+  Tensor<T, 2, Exec> backward(const Exec& exec, const Tensor<T, 2, Exec>& dy, bool reduce_dx = true) {
     detail::require(m_x.data() != nullptr && dy.extent(0) == m_x.extent(0) && dy.extent(1) == out_local(),
                     name() + "::backward", [&] {
                       return detail::str("dy is ", shape_str(dy), " but forward saw x ", shape_str(m_x),
@@ -124,7 +125,8 @@ class Linear {
     if (m_bias) ops::column_sum(exec, dy, m_b.grad, T(1));
     Tensor<T, 2, Exec> dx(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::Linear::dx"), dy.extent(0), in_local());
     ops::matmul(exec, ops::Trans::N, ops::Trans::T, T(1), dy, m_w.value2d(), T(0), dx);  // (N, in_l)
-    if constexpr (std::is_same_v<split, Col>) comm::all_reduce(m_tp, exec, dx);         // conjugate of the identity
+    if constexpr (std::is_same_v<split, Col>)
+      if (reduce_dx) comm::all_reduce(m_tp, exec, dx);  // conjugate of the identity forward
     return dx;
   }
 

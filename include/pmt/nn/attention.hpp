@@ -1,0 +1,132 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// CausalSelfAttention<T, Exec>: multi-head causal self-attention with the heads split over tp.
+// q, k and v are Linear<Col> (C -> C/tp: this rank's H/tp heads), the output projection is
+// Linear<Row> (C/tp -> C). Legend: B batch, T sequence, N = B T rows, C width, H heads, tp degree.
+//   x (N, C) -> q, k, v (N, C/tp) -> attention (B, T, C/tp) -> proj (N, C)
+// Communication: forward one all_reduce(tp) (proj); backward one (the summed dx of q, k, v).
+
+#include "pmt/comm/backend.hpp"
+#include "pmt/comm/collectives.hpp"
+#include "pmt/comm/mesh.hpp"
+#include "pmt/core/error.hpp"
+#include "pmt/core/random.hpp"
+#include "pmt/core/tensor.hpp"
+#include "pmt/nn/linear.hpp"
+#include "pmt/nn/module.hpp"
+#include "pmt/ops/attention.hpp"
+#include "pmt/ops/elementwise.hpp"
+
+#include <Kokkos_Core.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace pmt::nn {
+
+template <class T, class Exec = Kokkos::DefaultExecutionSpace, class Backend = comm::default_backend_t<Exec>>
+class CausalSelfAttention {
+ public:
+  using value_type       = T;
+  using execution_space  = Exec;
+  using input_placement  = Replicated;
+  using output_placement = Replicated;
+  static constexpr bool nonlinear = true;
+
+  /// Weights use RNG streams first_stream .. first_stream + 3 (q, k, v, proj).
+  /// \throws pmt::ShapeError when C is not divisible by H or H by tp.
+  CausalSelfAttention(const Mesh<Backend>& mesh, std::size_t C, std::size_t H, std::uint64_t seed,
+                      std::uint32_t first_stream)
+      : m_tp(mesh.comm(Axis::tp)), m_C(C), m_H(H),
+        m_q(checked(mesh, C, H), C, C, RngKey{seed, first_stream}),
+        m_k(mesh, C, C, RngKey{seed, first_stream + 1}),
+        m_v(mesh, C, C, RngKey{seed, first_stream + 2}),
+        m_proj(mesh, C, C, RngKey{seed, first_stream + 3}) {}
+
+  /// \brief y (N, C) from x (N, C) holding B sequences of T tokens.
+  Tensor<T, 2, Exec> forward(const Exec& exec, const Tensor<T, 2, Exec>& x, std::size_t B, std::size_t Tn) {
+    detail::require(x.extent(0) == B * Tn && x.extent(1) == m_C, "pmt::nn::CausalSelfAttention::forward", [&] {
+      return detail::str("x is ", shape_str(x), "; expected (B T, C) = (", B * Tn, ", ", m_C, ")");
+    });
+    const std::size_t Cl = m_C / static_cast<std::size_t>(m_tp.size()), Hl = m_H / static_cast<std::size_t>(m_tp.size());
+    if (m_cache.B != static_cast<std::int64_t>(B) || m_cache.T_ != static_cast<std::int64_t>(Tn))
+      m_cache = ops::make_attention_cache<T, Exec>(static_cast<std::int64_t>(B), static_cast<std::int64_t>(Tn),
+                                                   static_cast<std::int64_t>(Cl), static_cast<std::int64_t>(Hl));
+    auto q = m_q.forward(exec, x), k = m_k.forward(exec, x), v = m_v.forward(exec, x);  // (N, C/tp) each
+    m_qkv = Tensor<T, 3, Exec>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::attention::qkv"), B, Tn, 3 * Cl);
+    auto qkv = m_qkv;
+    const std::size_t cl = Cl;
+    Kokkos::parallel_for("pmt::nn::CausalSelfAttention::pack_qkv", Kokkos::RangePolicy<Exec>(exec, 0, B * Tn),
+                         KOKKOS_LAMBDA(std::size_t n) {
+                           auto* dst = &qkv(n / Tn, n % Tn, 0);
+                           for (std::size_t c = 0; c < cl; ++c) {
+                             dst[c]          = q(n, c);
+                             dst[cl + c]     = k(n, c);
+                             dst[2 * cl + c] = v(n, c);
+                           }
+                         });
+    Tensor<T, 2, Exec> att(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::attention::out"), B * Tn, Cl);
+    ops::attention_forward(exec, qkv, as3(att, B, Tn), m_cache);
+    return m_proj.forward(exec, att);  // (N, C), all-reduced over tp
+  }
+
+  /// \brief dx (N, C) from dy (N, C).
+  Tensor<T, 2, Exec> backward(const Exec& exec, const Tensor<T, 2, Exec>& dy) {
+    const auto B = static_cast<std::size_t>(m_cache.B), Tn = static_cast<std::size_t>(m_cache.T_);
+    const std::size_t Cl = m_C / static_cast<std::size_t>(m_tp.size());
+    auto datt = m_proj.backward(exec, dy);  // (N, C/tp)
+    Tensor<T, 3, Exec> dqkv(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::attention::dqkv"), B, Tn, 3 * Cl);
+    ops::attention_backward(exec, as3(datt, B, Tn), dqkv, m_cache);
+    Tensor<T, 2, Exec> dq("pmt::nn::attention::dq", B * Tn, Cl), dk("pmt::nn::attention::dk", B * Tn, Cl),
+        dv("pmt::nn::attention::dv", B * Tn, Cl);
+    const std::size_t cl = Cl;
+    Kokkos::parallel_for("pmt::nn::CausalSelfAttention::unpack_dqkv", Kokkos::RangePolicy<Exec>(exec, 0, B * Tn),
+                         KOKKOS_LAMBDA(std::size_t n) {
+                           const auto* src = &dqkv(n / Tn, n % Tn, 0);
+                           for (std::size_t c = 0; c < cl; ++c) {
+                             dq(n, c) = src[c];
+                             dk(n, c) = src[cl + c];
+                             dv(n, c) = src[2 * cl + c];
+                           }
+                         });
+    auto dx = m_q.backward(exec, dq, /*reduce_dx=*/false);
+    ops::add(exec, dx, m_k.backward(exec, dk, false), dx);
+    ops::add(exec, dx, m_v.backward(exec, dv, false), dx);
+    comm::all_reduce(m_tp, exec, dx);  // one all-reduce for the three Col layers
+    return dx;
+  }
+
+  std::vector<Parameter<T, Exec>*> parameters() {
+    std::vector<Parameter<T, Exec>*> all;
+    for (auto* l : {&m_q, &m_k, &m_v})
+      for (auto* p : l->parameters()) all.push_back(p);
+    for (auto* p : m_proj.parameters()) all.push_back(p);
+    return all;
+  }
+
+ private:
+  static const Mesh<Backend>& checked(const Mesh<Backend>& mesh, std::size_t C, std::size_t H) {
+    const auto tp = static_cast<std::size_t>(mesh.degree(Axis::tp));
+    detail::require(H > 0 && C % H == 0, "pmt::nn::CausalSelfAttention", [&] {
+      return detail::str("width ", C, " is not divisible by heads ", H);
+    });
+    detail::require(H % tp == 0, "pmt::nn::CausalSelfAttention", [&] {
+      return detail::str("heads ", H, " are not divisible by tp = ", tp, " (heads are split over tp)");
+    });
+    return mesh;
+  }
+  static auto as3(const Tensor<T, 2, Exec>& v, std::size_t B, std::size_t Tn) {
+    return Kokkos::View<T***, Kokkos::LayoutRight, typename Exec::memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
+        v.data(), B, Tn, v.extent(1));
+  }
+
+  comm::Communicator<Backend> m_tp;
+  std::size_t m_C, m_H;
+  Linear<T, TensorSplit<Col>, Exec, Backend> m_q, m_k, m_v;
+  Linear<T, TensorSplit<Row>, Exec, Backend> m_proj;
+  ops::AttentionCache<T, Exec> m_cache;
+  Tensor<T, 3, Exec> m_qkv;
+};
+
+}  // namespace pmt::nn

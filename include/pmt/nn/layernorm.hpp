@@ -1,0 +1,60 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// LayerNorm<T, Exec>: y = (x - mean) / sqrt(var + eps) * weight + bias over the last dim, on a
+// replicated tensor (every tp rank computes the same). weight starts at 1, bias at 0; both are
+// replicated over tp. Shapes: x, y (N, C); weight, bias (C). Communication: none.
+
+#include "pmt/core/tensor.hpp"
+#include "pmt/nn/module.hpp"
+#include "pmt/ops/layernorm.hpp"
+#include "pmt/policy/placement.hpp"
+
+#include <Kokkos_Core.hpp>
+
+#include <string>
+#include <vector>
+
+namespace pmt::nn {
+
+template <class T, class Exec = Kokkos::DefaultExecutionSpace>
+class LayerNorm {
+ public:
+  using value_type       = T;
+  using execution_space  = Exec;
+  using input_placement  = Replicated;
+  using output_placement = Replicated;
+  static constexpr bool nonlinear = true;
+
+  LayerNorm(const std::string& name, std::size_t C, double eps = 1e-5) : m_eps(eps) {
+    GlobalSlice s;
+    s.extent[0] = C;
+    m_w = Parameter<T, Exec>(name + "::weight", {C}, s, true);
+    m_b = Parameter<T, Exec>(name + "::bias", {C}, s, true);
+    Kokkos::deep_copy(m_w.value, T(1));
+  }
+
+  Tensor<T, 2, Exec> forward(const Exec& exec, const Tensor<T, 2, Exec>& x) {
+    m_x = x;
+    if (m_mean.extent(0) != x.extent(0)) {
+      m_mean = Tensor<T, 1, Exec>("pmt::nn::LayerNorm::mean", x.extent(0));
+      m_rstd = Tensor<T, 1, Exec>("pmt::nn::LayerNorm::rstd", x.extent(0));
+    }
+    Tensor<T, 2, Exec> y(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::LayerNorm::y"), x.extent(0), x.extent(1));
+    ops::layernorm_forward(exec, x, m_w.value, m_b.value, y, m_mean, m_rstd, m_eps);
+    return y;
+  }
+  Tensor<T, 2, Exec> backward(const Exec& exec, const Tensor<T, 2, Exec>& dy) {
+    Tensor<T, 2, Exec> dx(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::LayerNorm::dx"), dy.extent(0), dy.extent(1));
+    ops::layernorm_backward(exec, dy, m_x, m_w.value, m_mean, m_rstd, dx, m_w.grad, m_b.grad);
+    return dx;
+  }
+  std::vector<Parameter<T, Exec>*> parameters() { return {&m_w, &m_b}; }
+
+ private:
+  double m_eps;
+  Parameter<T, Exec> m_w, m_b;
+  Tensor<T, 2, Exec> m_x;
+  Tensor<T, 1, Exec> m_mean, m_rstd;
+};
+
+}  // namespace pmt::nn

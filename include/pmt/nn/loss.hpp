@@ -1,0 +1,95 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// Vocab-parallel softmax cross-entropy (Megatron): each tp rank holds the logits of its slice of
+// the vocabulary, logits (N, V/tp) for vocabulary ids [v0, v0 + V/tp). Logits are never gathered:
+//   1. row max over the shard, all_reduce(tp, max)
+//   2. sum of exp(logit - max) over the shard and the target's logit (0 where another rank holds
+//      it), one all_reduce(tp, sum) of both
+//   3. loss = sum over rows with target != ignore_index of log(sum) + max - target_logit, divided
+//      by `normaliser` (the global token count), summed in a fixed order
+//   4. dlogits = (exp(logit - max) / sum - onehot) / normaliser on this rank's shard
+// Communication: forward 2 all-reduces of N and 2N values. The loss is returned on the host
+// (one fence); a target outside [0, V) that is not ignore_index raises.
+
+#include "pmt/comm/backend.hpp"
+#include "pmt/comm/collectives.hpp"
+#include "pmt/comm/mpi.hpp"
+#include "pmt/comm/nccl.hpp"
+#include "pmt/core/error.hpp"
+#include "pmt/core/tensor.hpp"
+#include "pmt/ops/detail/rowwise.hpp"
+#include "pmt/ops/reduction.hpp"
+
+#include <Kokkos_Core.hpp>
+
+#include <cstdint>
+
+namespace pmt::nn {
+
+/// \brief Loss and dlogits of vocab-parallel cross-entropy (see the file comment).
+/// \param logits (N, Vl) this rank's shard; \param targets (N) global ids; \param V the whole vocabulary.
+/// \throws pmt::ShapeError for a target outside [0, V) other than ignore_index; pmt::ConfigError for normaliser <= 0.
+template <class Backend, class Exec, class LV, class TV, class DV>
+double vocab_parallel_cross_entropy(const comm::Communicator<Backend>& tp, const Exec& exec, const LV& logits,
+                                    const TV& targets, std::int64_t v0, std::int64_t V, double normaliser,
+                                    const DV& dlogits, std::int64_t ignore_index = -100) {
+  using T = typename LV::non_const_value_type;
+  static_check_view<Exec, LV>();
+  static_check_view<Exec, TV>();
+  static_check_view<Exec, DV>();
+  constexpr const char* op = "pmt::nn::vocab_parallel_cross_entropy";
+  const auto N  = static_cast<std::int64_t>(logits.extent(0));
+  const auto Vl = static_cast<std::int64_t>(logits.extent(1));
+  detail::require(targets.extent(0) == logits.extent(0) && dlogits.extent(0) == logits.extent(0) &&
+                      dlogits.extent(1) == logits.extent(1),
+                  op, [&] {
+                    return detail::str("logits is ", shape_str(logits), ", targets ", shape_str(targets),
+                                       ", dlogits ", shape_str(dlogits), "; expected (N, V/tp), (N), (N, V/tp)");
+                  });
+  detail::require<ConfigError>(normaliser > 0, op, [&] {
+    return detail::str("normaliser is ", normaliser, "; expected a positive token count");
+  });
+  std::int64_t bad = 0;
+  Kokkos::parallel_reduce(
+      "pmt::nn::vocab_parallel_cross_entropy::check", Kokkos::RangePolicy<Exec>(exec, 0, N),
+      KOKKOS_LAMBDA(std::int64_t n, std::int64_t& acc) {
+        const auto t = static_cast<std::int64_t>(targets(n));
+        if (t != ignore_index && (t < 0 || t >= V)) ++acc;
+      },
+      bad);
+  detail::require(bad == 0, op, [&] {
+    return detail::str(bad, " of ", N, " targets lie outside [0, ", V, ") and are not ignore_index (", ignore_index, ")");
+  });
+  using Mem = typename Exec::memory_space;
+  Kokkos::View<T*, Kokkos::LayoutRight, Mem> row_max("pmt::nn::ce::max", N);
+  Kokkos::View<T**, Kokkos::LayoutRight, Mem> stats("pmt::nn::ce::stats", N, 2);  // sum exp, target logit
+  Kokkos::parallel_for(op, Kokkos::RangePolicy<Exec>(exec, 0, N), KOKKOS_LAMBDA(std::int64_t n) {
+    row_max(n) = detail::lane_max(&logits(n, 0), Vl);
+  });
+  comm::all_reduce(tp, exec, row_max, comm::ReduceOp::Max);
+  Kokkos::parallel_for(op, Kokkos::RangePolicy<Exec>(exec, 0, N), KOKKOS_LAMBDA(std::int64_t n) {
+    const T mx = row_max(n);
+    stats(n, 0) = detail::lane_sum<T>(&logits(n, 0), Vl, [mx](T l) { return detail::exp_nonpositive(l - mx); });
+    const auto t = static_cast<std::int64_t>(targets(n));
+    stats(n, 1) = (t >= v0 && t < v0 + Vl) ? logits(n, t - v0) : T(0);
+  });
+  comm::all_reduce(tp, exec, stats);
+  Kokkos::View<double*, Mem> row_loss("pmt::nn::ce::row_loss", N);
+  const T scale = static_cast<T>(1.0 / normaliser);
+  Kokkos::parallel_for(op, Kokkos::RangePolicy<Exec>(exec, 0, N), KOKKOS_LAMBDA(std::int64_t n) {
+    const auto t   = static_cast<std::int64_t>(targets(n));
+    const bool use = t != ignore_index;
+    const T mx = row_max(n), s = stats(n, 0);
+    row_loss(n)    = use ? static_cast<double>(detail::math::log(s) + mx - stats(n, 1)) : 0.0;
+    const T inv    = T(1) / s;
+    for (std::int64_t j = 0; j < Vl; ++j) {
+      const T p      = detail::exp_nonpositive(logits(n, j) - mx) * inv;
+      dlogits(n, j) = use ? (p - (j + v0 == t ? T(1) : T(0))) * scale : T(0);
+    }
+  });
+  Kokkos::View<double, Mem> loss("pmt::nn::ce::loss");
+  detail::chunked_reduce<detail::ReduceKind::Sum>(exec, row_loss, loss, 1.0 / normaliser, op);
+  return detail::read_scalar(loss);
+}
+
+}  // namespace pmt::nn

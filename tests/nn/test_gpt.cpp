@@ -1,0 +1,95 @@
+// SPDX-License-Identifier: Apache-2.0
+// The tensor-parallel Gpt equals the one-rank Gpt (design invariant 4): the same loss and, for
+// every parameter, this rank's gradient shard equals the matching slice of the one-rank gradient
+// (matched through the shard's GlobalSlice). tp = np (1, 2, 4); float and double.
+#include <catch2/catch_template_test_macros.hpp>
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
+
+#include "../comm/comm_test.hpp"
+#include "pmt/nn/gpt.hpp"
+
+#include <cmath>
+
+using Host    = Kokkos::DefaultHostExecutionSpace;
+using Backend = pmt::test::World::backend;
+
+namespace pmt::test {
+
+/// max |shard - slice of whole| / max(max |whole|, floor) over a parameter (a tp shard) and the
+/// same parameter of the one-rank model; the shard's GlobalSlice says where it sits. `floor`
+/// keeps gradients that are analytically zero (the key bias: softmax ignores a shift of all
+/// scores) from dividing rounding noise by rounding noise.
+template <class P>
+double shard_error(const P& shard, const P& whole, bool grads, double floor) {
+  const auto& s = shard.slice;
+  const auto a = grads ? shard.grad : shard.value, b = grads ? whole.grad : whole.value;
+  const std::size_t rows = shard.local_shape[0], cols = shard.local_shape.size() > 1 ? shard.local_shape[1] : 1;
+  const std::size_t gcols = shard.local_shape.size() > 1 ? s.extent[1] : 1;
+  double worst = 0, scale = std::max(floor, 1e-300);
+  for (std::size_t i = 0; i < b.extent(0); ++i) scale = std::max(scale, std::abs(double(b(i))));
+  for (std::size_t i = 0; i < rows; ++i)
+    for (std::size_t j = 0; j < cols; ++j) {
+      const std::size_t g = (s.offset[0] + i) * gcols + (shard.local_shape.size() > 1 ? s.offset[1] + j : 0);
+      worst = std::max(worst, std::abs(double(a(i * cols + j)) - double(b(g))));
+    }
+  return worst / scale;
+}
+
+}  // namespace pmt::test
+
+TEMPLATE_TEST_CASE("the tensor-parallel Gpt gives the one-rank loss and gradients", "[nn][gpt][tp][mpi]", float, double) {
+  using T       = TestType;
+  const auto& w = pmt::test::world();
+  const int tp  = w.size(), r = w.rank();
+  Host exec;
+  pmt::Mesh<Backend> one(w.split(r, 0), pmt::MeshShape{});
+  pmt::Mesh<Backend> mesh(w, pmt::MeshShape{1, tp, 1});
+  const pmt::nn::GptConfig cfg{/*vocab=*/96, /*context=*/16, /*layers=*/2, /*width=*/32, /*heads=*/4, /*seed=*/99};
+  pmt::nn::Gpt<T, Host, Backend> ref(one, cfg), par(mesh, cfg);
+  const std::size_t B = 2, Tn = 12;
+  typename pmt::nn::Gpt<T, Host, Backend>::Ids ids("ids", B * Tn), targets("targets", B * Tn);
+  for (std::size_t n = 0; n < B * Tn; ++n) {
+    ids(n)     = static_cast<std::int32_t>((n * 37 + 5) % cfg.vocab);
+    targets(n) = n % 7 == 3 ? -100 : static_cast<std::int32_t>((n * 11 + 2) % cfg.vocab);
+  }
+  const double l_ref = ref.forward_backward(exec, ids, targets, B, Tn, /*normaliser=*/20.0);
+  const double l_par = par.forward_backward(exec, ids, targets, B, Tn, 20.0);
+  exec.fence();
+  const double tol = std::is_same_v<T, double> ? 1e-10 : 1e-5;
+  bool ok = std::abs(l_par - l_ref) <= tol * std::abs(l_ref) && std::isfinite(l_ref) && l_ref > 0;
+  auto pr = ref.parameters(), pp = par.parameters();
+  ok = ok && pr.size() == pp.size();
+  double largest_grad = 0;  // over the whole one-rank model
+  for (auto* p : pr)
+    for (std::size_t i = 0; i < p->size(); ++i) largest_grad = std::max(largest_grad, std::abs(double(p->grad(i))));
+  std::string worst_name;
+  double worst = 0;
+  for (std::size_t i = 0; ok && i < pr.size(); ++i) {
+    const double e = std::max(pmt::test::shard_error(*pp[i], *pr[i], false, 0.0),
+                              pmt::test::shard_error(*pp[i], *pr[i], true, 1e-3 * largest_grad));
+    if (e > worst) worst = e, worst_name = pp[i]->name;
+  }
+  INFO("loss " << l_ref << " vs " << l_par << "; worst parameter " << worst_name << " relative error " << worst);
+  ok = ok && worst <= tol;
+  CHECK(pmt::test::all_ranks(ok));
+}
+
+TEST_CASE("Gpt refuses sizes that do not divide by tp and names them", "[nn][gpt][errors][mpi]") {
+  const auto& w = pmt::test::world();
+  const int tp  = w.size();
+  pmt::Mesh<Backend> mesh(w, pmt::MeshShape{1, tp, 1});
+  using Catch::Matchers::ContainsSubstring;
+  if (tp > 1) {
+    pmt::nn::GptConfig bad_vocab{/*vocab=*/static_cast<std::size_t>(4 * tp + 1), 8, 1, 16, 4 * static_cast<std::size_t>(tp), 1};
+    CHECK_THROWS_WITH((pmt::nn::Gpt<double, Host, Backend>(mesh, bad_vocab)),
+                      ContainsSubstring("vocabulary size " + std::to_string(4 * tp + 1) + " is not divisible by tp = " +
+                                        std::to_string(tp) + "; pad the vocabulary"));
+    pmt::nn::GptConfig bad_heads{static_cast<std::size_t>(8 * tp), 8, 1, 16 * static_cast<std::size_t>(tp), 1, 1};
+    CHECK_THROWS_WITH((pmt::nn::Gpt<double, Host, Backend>(mesh, bad_heads)),
+                      ContainsSubstring("heads 1 are not divisible by tp = " + std::to_string(tp)));
+  }
+  pmt::nn::GptConfig zero{8, 8, 0, 16, 4, 1};
+  CHECK_THROWS_AS((pmt::nn::Gpt<double, Host, Backend>(mesh, zero)), pmt::ShapeError);
+  CHECK(pmt::test::all_ranks(true));
+}
