@@ -49,3 +49,8 @@
 #include "pmt/nn/linear.hpp"
 #include "pmt/nn/mlp.hpp"
 #include "pmt/nn/module.hpp"
+
+#include "pmt/optim/clip.hpp"
+#include "pmt/optim/optimizers.hpp"
+#include "pmt/parallel/grad_sync.hpp"
+#include "pmt/train/trainer.hpp"

@@ -7,6 +7,7 @@
 #include <catch2/matchers/catch_matchers_string.hpp>
 
 #include "../comm/comm_test.hpp"
+#include "model_test.hpp"
 #include "pmt/nn/gpt.hpp"
 
 #include <cmath>
@@ -14,29 +15,7 @@
 using Host    = Kokkos::DefaultHostExecutionSpace;
 using Backend = pmt::test::World::backend;
 
-namespace pmt::test {
 
-/// max |shard - slice of whole| / max(max |whole|, floor) over a parameter (a tp shard) and the
-/// same parameter of the one-rank model; the shard's GlobalSlice says where it sits. `floor`
-/// keeps gradients that are analytically zero (the key bias: softmax ignores a shift of all
-/// scores) from dividing rounding noise by rounding noise.
-template <class P>
-double shard_error(const P& shard, const P& whole, bool grads, double floor) {
-  const auto& s = shard.slice;
-  const auto a = grads ? shard.grad : shard.value, b = grads ? whole.grad : whole.value;
-  const std::size_t rows = shard.local_shape[0], cols = shard.local_shape.size() > 1 ? shard.local_shape[1] : 1;
-  const std::size_t gcols = shard.local_shape.size() > 1 ? s.extent[1] : 1;
-  double worst = 0, scale = std::max(floor, 1e-300);
-  for (std::size_t i = 0; i < b.extent(0); ++i) scale = std::max(scale, std::abs(double(b(i))));
-  for (std::size_t i = 0; i < rows; ++i)
-    for (std::size_t j = 0; j < cols; ++j) {
-      const std::size_t g = (s.offset[0] + i) * gcols + (shard.local_shape.size() > 1 ? s.offset[1] + j : 0);
-      worst = std::max(worst, std::abs(double(a(i * cols + j)) - double(b(g))));
-    }
-  return worst / scale;
-}
-
-}  // namespace pmt::test
 
 TEMPLATE_TEST_CASE("the tensor-parallel Gpt gives the one-rank loss and gradients", "[nn][gpt][tp][mpi]", float, double) {
   using T       = TestType;

@@ -5,6 +5,10 @@
 // Linear<Row> (C/tp -> C). Legend: B batch, T sequence, N = B T rows, C width, H heads, tp degree.
 //   x (N, C) -> q, k, v (N, C/tp) -> attention (B, T, C/tp) -> proj (N, C)
 // Communication: forward one all_reduce(tp) (proj); backward one (the summed dx of q, k, v).
+// The key projection has no bias: adding a vector to every key shifts all scores of a query by
+// the same amount, which softmax ignores, so its gradient is identically zero and an optimizer
+// like Adam would only turn rounding noise into parameter noise (which also breaks the
+// bitwise-reproducible comparison of layouts).
 
 #include "pmt/comm/backend.hpp"
 #include "pmt/comm/collectives.hpp"
@@ -40,7 +44,7 @@ class CausalSelfAttention {
                       std::uint32_t first_stream)
       : m_tp(mesh.comm(Axis::tp)), m_C(C), m_H(H),
         m_q(checked(mesh, C, H), C, C, RngKey{seed, first_stream}),
-        m_k(mesh, C, C, RngKey{seed, first_stream + 1}),
+        m_k(mesh, C, C, RngKey{seed, first_stream + 1}, /*bias=*/false),
         m_v(mesh, C, C, RngKey{seed, first_stream + 2}),
         m_proj(mesh, C, C, RngKey{seed, first_stream + 3}) {}
 

@@ -1,0 +1,58 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// Gradient clipping by the global norm: sqrt of the sum of squared gradients of the whole model,
+// whatever its layout. Shards that differ across tp ranks are summed over tp; parameters
+// replicated over tp are counted once. After data-parallel sync every dp replica holds the same
+// gradients, so dp adds nothing. Deterministic: per-parameter squared norms in a fixed order.
+
+#include "pmt/comm/collectives.hpp"
+#include "pmt/comm/communicator.hpp"
+#include "pmt/nn/module.hpp"
+#include "pmt/ops/elementwise.hpp"
+#include "pmt/ops/reduction.hpp"
+
+#include <Kokkos_Core.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+namespace pmt::optim {
+
+/// \brief The global L2 norm of the gradients (see the file comment). Communication: one
+/// all_reduce(tp) of one number (none when tp = 1).
+template <class T, class Exec, class Backend>
+double global_grad_norm(const Exec& exec, const std::vector<nn::Parameter<T, Exec>*>& params,
+                        const comm::Communicator<Backend>& tp) {
+  Kokkos::View<double*, Kokkos::HostSpace> sums("pmt::optim::grad_norm::sums", 2);  // sharded, replicated
+  for (auto* p : params) sums(p->tp_replicated ? 1 : 0) += ops::squared_norm_value(exec, p->grad);
+  if (tp.size() > 1) {
+    Kokkos::View<double*, Kokkos::HostSpace> sharded(sums.data(), 1);
+    comm::all_reduce(tp, Kokkos::DefaultHostExecutionSpace(), sharded);
+  }
+  return std::sqrt(sums(0) + sums(1));
+}
+
+/// \brief Scales all gradients by max_norm / norm when the global norm exceeds max_norm (a
+/// max_norm <= 0 disables clipping). Returns the norm before clipping.
+template <class T, class Exec, class Backend>
+double clip_grad_norm(const Exec& exec, const std::vector<nn::Parameter<T, Exec>*>& params,
+                      const comm::Communicator<Backend>& tp, double max_norm) {
+  const double norm = global_grad_norm(exec, params, tp);
+  if (max_norm > 0 && norm > max_norm) {
+    const T factor = static_cast<T>(max_norm / (norm + 1e-6));
+    for (auto* p : params) ops::scale(exec, p->grad, factor);
+  }
+  return norm;
+}
+
+/// \brief Linear warm-up over `warmup` steps to lr_max, then cosine decay to lr_min at `total`.
+inline double warmup_cosine(std::int64_t step, std::int64_t warmup, std::int64_t total, double lr_max, double lr_min) {
+  if (warmup > 0 && step < warmup) return lr_max * static_cast<double>(step + 1) / static_cast<double>(warmup);
+  if (total <= warmup) return lr_max;
+  const double progress = std::min(1.0, static_cast<double>(step - warmup) / static_cast<double>(total - warmup));
+  return lr_min + 0.5 * (lr_max - lr_min) * (1.0 + std::cos(3.141592653589793 * progress));
+}
+
+}  // namespace pmt::optim

@@ -1,0 +1,74 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// Optimizers over a model's parameter list (each rank updates its own shards; state has the
+// shards' shapes): SGD with momentum and AdamW. zero_grad() clears the gradients before a step's
+// first microbatch. The learning rate is passed to step() so that a schedule can drive it.
+
+#include "pmt/core/tensor.hpp"
+#include "pmt/nn/module.hpp"
+#include "pmt/ops/optimizer.hpp"
+
+#include <Kokkos_Core.hpp>
+
+#include <cstdint>
+#include <vector>
+
+namespace pmt::optim {
+
+template <class T, class Exec>
+void zero_grad(const std::vector<nn::Parameter<T, Exec>*>& params) {
+  for (auto* p : params) Kokkos::deep_copy(Exec(), p->grad, T(0));
+}
+
+/// \brief AdamW (Loshchilov & Hutter) over parameter shards; moments in T.
+template <class T, class Exec>
+class AdamW {
+ public:
+  AdamW(std::vector<nn::Parameter<T, Exec>*> params, ops::AdamWParams hyper) : m_params(std::move(params)), m_h(hyper) {
+    for (auto* p : m_params) {
+      m_m.emplace_back("pmt::optim::AdamW::m", p->size());
+      m_v.emplace_back("pmt::optim::AdamW::v", p->size());
+    }
+  }
+  /// \brief One update with learning rate `lr`; counts steps from 1 for bias correction.
+  void step(const Exec& exec, double lr) {
+    ++m_step;
+    ops::AdamWParams h = m_h;
+    h.lr               = lr;
+    h.step             = m_step;
+    for (std::size_t i = 0; i < m_params.size(); ++i)
+      ops::adamw_update(exec, m_params[i]->value, m_params[i]->grad, m_m[i], m_v[i], h);
+  }
+  void zero_grad() { optim::zero_grad(m_params); }
+  std::int64_t steps() const noexcept { return m_step; }
+  const std::vector<nn::Parameter<T, Exec>*>& parameters() const noexcept { return m_params; }
+
+ private:
+  std::vector<nn::Parameter<T, Exec>*> m_params;
+  ops::AdamWParams m_h;
+  std::vector<Tensor<T, 1, Exec>> m_m, m_v;
+  std::int64_t m_step = 0;
+};
+
+/// \brief SGD with momentum and weight decay over parameter shards.
+template <class T, class Exec>
+class Sgd {
+ public:
+  Sgd(std::vector<nn::Parameter<T, Exec>*> params, ops::SgdParams hyper) : m_params(std::move(params)), m_h(hyper) {
+    for (auto* p : m_params) m_vel.emplace_back("pmt::optim::Sgd::velocity", p->size());
+  }
+  void step(const Exec& exec, double lr) {
+    ops::SgdParams h = m_h;
+    h.lr             = lr;
+    for (std::size_t i = 0; i < m_params.size(); ++i) ops::sgd_update(exec, m_params[i]->value, m_params[i]->grad, m_vel[i], h);
+  }
+  void zero_grad() { optim::zero_grad(m_params); }
+  const std::vector<nn::Parameter<T, Exec>*>& parameters() const noexcept { return m_params; }
+
+ private:
+  std::vector<nn::Parameter<T, Exec>*> m_params;
+  ops::SgdParams m_h;
+  std::vector<Tensor<T, 1, Exec>> m_vel;
+};
+
+}  // namespace pmt::optim

@@ -1,0 +1,127 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// GradSync: data-parallel gradient synchronisation in buckets, overlapping backward.
+// Parameters are grouped in backward order (the reverse of parameters()) into buckets of about
+// `bucket_bytes` (25 MiB by default, as PyTorch DDP). When every gradient of a bucket is final
+// (ready(), called from the model's backward hook), the bucket is packed into one buffer and its
+// all-reduce starts without blocking; finish() starts what is left, waits, and unpacks.
+// Gradients are SUMMED over dp: pmt normalises the loss by the global token count, so each
+// replica's gradient is already its share of the global mean (this also makes synchronous DP
+// equal to one rank on the global batch). Gradient accumulation: arm(false) for all but the
+// last microbatch, so nothing is communicated until the last.
+// Communication: one all_reduce(dp, sum) per bucket, non-blocking.
+
+#include "pmt/comm/collectives.hpp"
+#include "pmt/comm/communicator.hpp"
+#include "pmt/comm/request.hpp"
+#include "pmt/core/tensor.hpp"
+#include "pmt/nn/module.hpp"
+
+#include <Kokkos_Core.hpp>
+
+#include <cstddef>
+#include <map>
+#include <vector>
+
+namespace pmt::parallel {
+
+template <class T, class Exec, class Backend>
+class GradSync {
+ public:
+  static constexpr std::size_t default_bucket_bytes = std::size_t(25) << 20;
+
+  GradSync(const comm::Communicator<Backend>& dp, const std::vector<nn::Parameter<T, Exec>*>& params,
+           std::size_t bucket_bytes = default_bucket_bytes)
+      : m_dp(dp) {
+    Bucket current;
+    std::size_t bytes = 0;
+    for (auto it = params.rbegin(); it != params.rend(); ++it) {  // backward order
+      current.params.push_back(*it);
+      bytes += (*it)->bytes();
+      if (bytes >= bucket_bytes) {
+        m_buckets.push_back(std::move(current));
+        current = Bucket();
+        bytes   = 0;
+      }
+    }
+    if (!current.params.empty()) m_buckets.push_back(std::move(current));
+    for (std::size_t b = 0; b < m_buckets.size(); ++b) {
+      std::size_t n = 0;
+      for (auto* p : m_buckets[b].params) {
+        m_bucket_of[p] = b;
+        n += p->size();
+      }
+      m_buckets[b].buffer = Tensor<T, 1, Exec>("pmt::parallel::GradSync::bucket", n);
+    }
+  }
+
+  /// \brief Whether this backward pass is the one whose gradients are synchronised (the last
+  /// microbatch of a step); call before each microbatch's backward.
+  void arm(bool sync_this_pass) {
+    m_armed = sync_this_pass && m_dp.size() > 1;
+    if (m_armed) m_launched_early = 0;
+    for (auto& b : m_buckets) b.ready = 0;
+  }
+
+  /// \brief Marks gradients final; starts the all-reduce of every bucket that became complete.
+  void ready(const Exec& exec, const std::vector<nn::Parameter<T, Exec>*>& params) {
+    if (!m_armed) return;
+    for (auto* p : params) {
+      const auto it = m_bucket_of.find(p);
+      if (it == m_bucket_of.end()) continue;
+      Bucket& b = m_buckets[it->second];
+      if (++b.ready == b.params.size()) {
+        launch(exec, b);
+        ++m_launched_early;
+      }
+    }
+  }
+
+  /// \brief Starts the buckets not yet started, waits for all, and writes the sums back.
+  void finish(const Exec& exec) {
+    if (!m_armed) return;
+    for (auto& b : m_buckets)
+      if (!b.launched) launch(exec, b);
+    for (auto& b : m_buckets) {
+      b.request.wait();
+      std::size_t offset = 0;
+      for (auto* p : b.params) {
+        Kokkos::deep_copy(exec, p->grad, Kokkos::subview(b.buffer, std::make_pair(offset, offset + p->size())));
+        offset += p->size();
+      }
+      b.launched = false;
+    }
+    m_armed = false;
+  }
+
+  std::size_t buckets() const noexcept { return m_buckets.size(); }
+  /// \brief How many buckets started during backward (before finish()) in the last synchronised pass.
+  std::size_t launched_early() const noexcept { return m_launched_early; }
+
+ private:
+  struct Bucket {
+    std::vector<nn::Parameter<T, Exec>*> params;
+    Tensor<T, 1, Exec> buffer;
+    std::size_t ready = 0;
+    bool launched     = false;
+    comm::Request request;
+  };
+
+  void launch(const Exec& exec, Bucket& b) {
+    std::size_t offset = 0;
+    for (auto* p : b.params) {
+      Kokkos::deep_copy(exec, Kokkos::subview(b.buffer, std::make_pair(offset, offset + p->size())), p->grad);
+      offset += p->size();
+    }
+    b.request  = comm::iall_reduce(m_dp, exec, b.buffer, comm::ReduceOp::Sum);
+    b.launched = true;
+  }
+
+  comm::Communicator<Backend> m_dp;
+  std::vector<Bucket> m_buckets;
+  std::map<const nn::Parameter<T, Exec>*, std::size_t> m_bucket_of;
+  bool m_armed                 = false;
+  std::size_t m_launched_early = 0;
+};
+
+}  // namespace pmt::parallel
