@@ -52,5 +52,6 @@
 
 #include "pmt/optim/clip.hpp"
 #include "pmt/optim/optimizers.hpp"
+#include "pmt/optim/zero.hpp"
 #include "pmt/parallel/grad_sync.hpp"
 #include "pmt/train/trainer.hpp"

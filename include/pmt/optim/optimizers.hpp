@@ -24,6 +24,7 @@ void zero_grad(const std::vector<nn::Parameter<T, Exec>*>& params) {
 template <class T, class Exec>
 class AdamW {
  public:
+  static constexpr bool shards_over_dp = false;
   AdamW(std::vector<nn::Parameter<T, Exec>*> params, ops::AdamWParams hyper) : m_params(std::move(params)), m_h(hyper) {
     for (auto* p : m_params) {
       m_m.emplace_back("pmt::optim::AdamW::m", p->size());
@@ -54,6 +55,7 @@ class AdamW {
 template <class T, class Exec>
 class Sgd {
  public:
+  static constexpr bool shards_over_dp = false;
   Sgd(std::vector<nn::Parameter<T, Exec>*> params, ops::SgdParams hyper) : m_params(std::move(params)), m_h(hyper) {
     for (auto* p : m_params) m_vel.emplace_back("pmt::optim::Sgd::velocity", p->size());
   }

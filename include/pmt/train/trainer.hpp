@@ -6,17 +6,24 @@
 //   clip by the global norm -> optimizer step with the scheduled learning rate.
 // step() returns the global loss: the sum over dp ranks and microbatches of the per-batch losses,
 // each already divided by the global token count the caller passes.
+// DpMode: Synchronous (gradients summed over dp every step) or LocalSgd<H> (no gradient
+// communication; each replica normalises by its share of the tokens, normaliser / dp, and the
+// parameters are averaged over dp every H steps; optimizer state stays local, so with plain SGD
+// and H = 1 this is synchronous DP). ZeRO optimizers (shards_over_dp) reduce-scatter themselves.
 
 #include "pmt/comm/collectives.hpp"
 #include "pmt/comm/mesh.hpp"
 #include "pmt/core/error.hpp"
 #include "pmt/nn/module.hpp"
 #include "pmt/optim/clip.hpp"
+#include "pmt/optim/zero.hpp"
 #include "pmt/parallel/grad_sync.hpp"
+#include "pmt/policy/policies.hpp"
 
 #include <Kokkos_Core.hpp>
 
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 namespace pmt::train {
@@ -35,8 +42,20 @@ struct StepOptions {
   double max_norm   = 1.0;  ///< clip the global gradient norm to this (<= 0: no clipping)
 };
 
-template <class Model, class Optimizer, class Exec, class Backend>
+template <class Mode>
+inline constexpr int local_sgd_period_v = 0;
+template <int H>
+inline constexpr int local_sgd_period_v<LocalSgd<H>> = H;
+
+template <class Model, class Optimizer, class Exec, class Backend, class DpMode = Synchronous>
 class Trainer {
+  static constexpr int H = local_sgd_period_v<DpMode>;
+  static_assert(std::is_same_v<DpMode, Synchronous> || H > 0,
+                "pmt::train::Trainer: DpMode must be pmt::Synchronous or pmt::LocalSgd<H>");
+  static_assert(!(H > 0 && Optimizer::shards_over_dp),
+                "pmt::train::Trainer: local SGD keeps replicas apart between averages; a ZeRO optimizer "
+                "needs synchronous gradients. Use one or the other");
+
  public:
   using T   = typename Model::value_type;
   using Ids = typename Model::Ids;
@@ -57,18 +76,29 @@ class Trainer {
                          "; expected at least one microbatch and a positive token count");
     });
     m_opt.zero_grad();
-    double loss = 0;
+    const int dp           = m_mesh.degree(Axis::dp);
+    const double normaliser = H > 0 ? o.normaliser / dp : o.normaliser;
+    double loss            = 0;
     for (std::size_t i = 0; i < microbatches.size(); ++i) {
       const auto& mb = microbatches[i];
-      m_sync.arm(i + 1 == microbatches.size());
-      loss += m_model.forward_backward(m_exec, mb.ids, mb.targets, mb.B, mb.T, o.normaliser);
+      // ZeRO optimizers reduce-scatter the gradients themselves; local SGD does not sync them.
+      m_sync.arm(!Optimizer::shards_over_dp && H == 0 && i + 1 == microbatches.size());
+      loss += m_model.forward_backward(m_exec, mb.ids, mb.targets, mb.B, mb.T, normaliser);
     }
     m_sync.finish(m_exec);
     Kokkos::View<double, Kokkos::HostSpace> total("pmt::train::loss");
-    total() = loss;
+    total() = H > 0 ? loss / dp : loss;
     comm::all_reduce(m_mesh.comm(Axis::dp), Kokkos::DefaultHostExecutionSpace(), total);
-    m_last_norm = optim::clip_grad_norm(m_exec, m_model.parameters(), m_mesh.comm(Axis::tp), o.max_norm);
-    m_opt.step(m_exec, o.lr);
+    if constexpr (Optimizer::shards_over_dp) {
+      m_last_norm = m_opt.step(m_exec, o.lr, o.max_norm);
+    } else {
+      m_last_norm = optim::clip_grad_norm(m_exec, m_model.parameters(), m_mesh.comm(Axis::tp), o.max_norm);
+      m_opt.step(m_exec, o.lr);
+    }
+    if constexpr (H > 0) {
+      if (++m_steps % H == 0 && dp > 1)
+        for (auto* p : m_model.parameters()) comm::all_reduce(m_mesh.comm(Axis::dp), m_exec, p->value, comm::ReduceOp::Avg);
+    }
     return total();
   }
 
@@ -82,6 +112,7 @@ class Trainer {
   Exec m_exec;
   parallel::GradSync<T, Exec, Backend> m_sync;
   double m_last_norm = 0;
+  std::int64_t m_steps = 0;
 };
 
 }  // namespace pmt::train

@@ -1,0 +1,129 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// ZeroAdamW: AdamW with its state sharded over the dp axis (ZeRO stage 1). All parameter shards of
+// this rank are viewed as one flat vector of P elements (padded to a multiple of dp). Each dp rank
+// owns 1/dp of it: the gradients are reduce-scattered (summed, as pmt normalises by the global
+// token count), clipped by the global norm, updated by AdamW on the owned part (Adam's moments
+// exist only for that part: 2 P / dp values instead of 2 P), and the updated values are
+// all-gathered and written back to the parameters.
+// Communication per step: reduce_scatter(dp) of P, all_reduce(dp) + all_reduce(tp) of 2 numbers
+// for the norm, all_gather(dp) of P. The Trainer leaves the gradient reduction to this optimizer.
+
+#include "pmt/comm/collectives.hpp"
+#include "pmt/comm/communicator.hpp"
+#include "pmt/core/tensor.hpp"
+#include "pmt/nn/module.hpp"
+#include "pmt/ops/elementwise.hpp"
+#include "pmt/ops/optimizer.hpp"
+#include "pmt/ops/reduction.hpp"
+
+#include <Kokkos_Core.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+namespace pmt::optim {
+
+template <class T, class Exec, class Backend>
+class ZeroAdamW {
+ public:
+  static constexpr bool shards_over_dp = true;
+
+  ZeroAdamW(std::vector<nn::Parameter<T, Exec>*> params, ops::AdamWParams hyper, const comm::Communicator<Backend>& dp,
+            const comm::Communicator<Backend>& tp)
+      : m_params(std::move(params)), m_h(hyper), m_dp(dp), m_tp(tp) {
+    std::size_t total = 0;
+    for (auto* p : m_params) total += p->size();
+    const auto n = static_cast<std::size_t>(m_dp.size());
+    m_shard      = (total + n - 1) / n;
+    m_flat_g     = Tensor<T, 1, Exec>("pmt::optim::ZeroAdamW::grads", m_shard * n);
+    m_flat_w     = Tensor<T, 1, Exec>("pmt::optim::ZeroAdamW::values", m_shard * n);
+    m_g          = Tensor<T, 1, Exec>("pmt::optim::ZeroAdamW::grad_shard", m_shard);
+    m_m          = Tensor<T, 1, Exec>("pmt::optim::ZeroAdamW::m", m_shard);
+    m_v          = Tensor<T, 1, Exec>("pmt::optim::ZeroAdamW::v", m_shard);
+    // Which elements of my shard belong to tp-replicated parameters (counted once in the norm).
+    m_replicated = Kokkos::View<std::uint8_t*, typename Exec::memory_space>("pmt::optim::ZeroAdamW::replicated", m_shard);
+    auto host    = Kokkos::create_mirror_view(m_replicated);
+    const std::size_t lo = m_shard * static_cast<std::size_t>(m_dp.rank());
+    std::size_t offset = 0;
+    for (auto* p : m_params) {
+      for (std::size_t i = std::max(offset, lo); i < std::min(offset + p->size(), lo + m_shard); ++i)
+        host(i - lo) = p->tp_replicated ? 1 : 0;
+      offset += p->size();
+    }
+    Kokkos::deep_copy(m_replicated, host);
+  }
+
+  void zero_grad() {
+    for (auto* p : m_params) Kokkos::deep_copy(Exec(), p->grad, T(0));
+  }
+
+  /// \brief Reduce-scatter the gradients over dp, clip by the global norm (max_norm <= 0: no
+  /// clipping), AdamW on this rank's part, all-gather the values. Returns the norm before clipping.
+  double step(const Exec& exec, double lr, double max_norm) {
+    ++m_step;
+    pack(exec, &nn::Parameter<T, Exec>::grad, m_flat_g);
+    comm::reduce_scatter(m_dp, exec, m_flat_g, m_g, comm::ReduceOp::Sum);
+    // global norm: my part of sharded and of replicated parameters, summed over dp; sharded over tp
+    auto g = m_g;
+    auto rep = m_replicated;
+    Kokkos::View<double*, Kokkos::HostSpace> sums("pmt::optim::ZeroAdamW::norm", 2);
+    double s_sh = 0, s_rep = 0;
+    Kokkos::parallel_reduce("pmt::optim::ZeroAdamW::norm", Kokkos::RangePolicy<Exec>(exec, 0, m_shard),
+                            KOKKOS_LAMBDA(std::size_t i, double& a) { a += rep(i) ? 0.0 : double(g(i)) * double(g(i)); }, s_sh);
+    Kokkos::parallel_reduce("pmt::optim::ZeroAdamW::norm", Kokkos::RangePolicy<Exec>(exec, 0, m_shard),
+                            KOKKOS_LAMBDA(std::size_t i, double& a) { a += rep(i) ? double(g(i)) * double(g(i)) : 0.0; }, s_rep);
+    sums(0) = s_sh, sums(1) = s_rep;
+    comm::all_reduce(m_dp, Kokkos::DefaultHostExecutionSpace(), sums);
+    Kokkos::View<double*, Kokkos::HostSpace> sharded(sums.data(), 1);
+    if (m_tp.size() > 1) comm::all_reduce(m_tp, Kokkos::DefaultHostExecutionSpace(), sharded);
+    const double norm = std::sqrt(sums(0) + sums(1));
+    if (max_norm > 0 && norm > max_norm) ops::scale(exec, m_g, static_cast<T>(max_norm / (norm + 1e-6)));
+    // AdamW on my part of the flat values
+    pack(exec, &nn::Parameter<T, Exec>::value, m_flat_w);
+    const std::size_t lo = m_shard * static_cast<std::size_t>(m_dp.rank());
+    auto w_mine          = Kokkos::subview(m_flat_w, std::make_pair(lo, lo + m_shard));
+    Tensor<T, 1, Exec> w(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::optim::ZeroAdamW::w"), m_shard);
+    Kokkos::deep_copy(exec, w, w_mine);
+    ops::AdamWParams h = m_h;
+    h.lr               = lr;
+    h.step             = m_step;
+    ops::adamw_update(exec, w, m_g, m_m, m_v, h);
+    comm::all_gather(m_dp, exec, w, m_flat_w);
+    unpack(exec, m_flat_w);
+    return norm;
+  }
+
+  const std::vector<nn::Parameter<T, Exec>*>& parameters() const noexcept { return m_params; }
+  /// \brief Bytes of optimizer state this rank holds (Adam's two moments for its part).
+  std::size_t state_bytes() const noexcept { return 2 * m_shard * sizeof(T); }
+
+ private:
+  template <class Member>
+  void pack(const Exec& exec, Member member, const Tensor<T, 1, Exec>& flat) const {
+    std::size_t offset = 0;
+    for (auto* p : m_params) {
+      Kokkos::deep_copy(exec, Kokkos::subview(flat, std::make_pair(offset, offset + p->size())), (p->*member));
+      offset += p->size();
+    }
+  }
+  void unpack(const Exec& exec, const Tensor<T, 1, Exec>& flat) const {
+    std::size_t offset = 0;
+    for (auto* p : m_params) {
+      Kokkos::deep_copy(exec, p->value, Kokkos::subview(flat, std::make_pair(offset, offset + p->size())));
+      offset += p->size();
+    }
+  }
+
+  std::vector<nn::Parameter<T, Exec>*> m_params;
+  ops::AdamWParams m_h;
+  comm::Communicator<Backend> m_dp, m_tp;
+  std::size_t m_shard = 0;
+  std::int64_t m_step = 0;
+  Tensor<T, 1, Exec> m_flat_g, m_flat_w, m_g, m_m, m_v;
+  Kokkos::View<std::uint8_t*, typename Exec::memory_space> m_replicated;
+};
+
+}  // namespace pmt::optim
