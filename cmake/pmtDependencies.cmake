@@ -4,7 +4,8 @@
 # (PMT_ENABLE_<X> = what the installed build had, then required).
 #
 #   MPI    -> MPI::MPI_CXX                         PMT_ENABLE_MPI=1
-#   CBLAS  -> pmt_deps::cblas (BLAS + cblas.h)     PMT_ENABLE_CBLAS=1 (+ PMT_HAVE_OPENBLAS_INFO)
+#   CBLAS  -> pmt_deps::cblas (BLAS + cblas.h)     PMT_ENABLE_CBLAS=1 (+ PMT_HAVE_OPENBLAS_INFO);
+#             Debian's OpenMP-threaded OpenBLAS preferred (PMT_PREFER_OPENMP_BLAS)
 #   CUDA   -> CUDA::cudart, CUDA::cublas           PMT_ENABLE_CUDA=1
 #   NCCL   -> pmt_deps::nccl (under the CUDA toolkit) PMT_ENABLE_NCCL=1
 include_guard(GLOBAL)
@@ -45,22 +46,46 @@ endif()
 pmt_backend_result_(MPI ${_found})
 
 # --- CBLAS (OpenBLAS) ------------------------------------------------------------------------
+# An OpenBLAS threaded with OpenMP shares Kokkos' OpenMP thread pool. The pthread build (Debian's
+# default alternative) keeps its own threads spinning between calls and fights Kokkos' threads
+# for the cores: a GPT training step ran 2.5x slower with it (docs/benchmarks.md). So where
+# Debian's OpenMP build is installed it is linked by path (PMT_PREFER_OPENMP_BLAS, default ON).
 pmt_backend_wanted_(CBLAS)
 set(_found FALSE)
+if(NOT DEFINED PMT_PREFER_OPENMP_BLAS)
+  set(PMT_PREFER_OPENMP_BLAS ON)
+endif()
 if(_pmt_try)
-  if(NOT DEFINED BLA_VENDOR)
-    set(BLA_VENDOR OpenBLAS)
+  set(_pmt_blas_libs)
+  if(PMT_PREFER_OPENMP_BLAS AND CMAKE_LIBRARY_ARCHITECTURE)
+    find_library(PMT_OPENBLAS_OPENMP_LIBRARY openblas
+                 PATHS /usr/lib/${CMAKE_LIBRARY_ARCHITECTURE}/openblas-openmp NO_DEFAULT_PATH)
+    find_path(PMT_OPENBLAS_OPENMP_INCLUDE_DIR cblas.h
+              PATHS /usr/include/${CMAKE_LIBRARY_ARCHITECTURE}/openblas-openmp NO_DEFAULT_PATH)
+    if(PMT_OPENBLAS_OPENMP_LIBRARY AND PMT_OPENBLAS_OPENMP_INCLUDE_DIR)
+      set(_pmt_blas_libs ${PMT_OPENBLAS_OPENMP_LIBRARY})
+      set(PMT_CBLAS_INCLUDE_DIR ${PMT_OPENBLAS_OPENMP_INCLUDE_DIR})
+    endif()
   endif()
-  find_package(BLAS QUIET)
-  find_path(PMT_CBLAS_INCLUDE_DIR cblas.h PATH_SUFFIXES openblas openblas-pthread)
-  if(BLAS_FOUND AND PMT_CBLAS_INCLUDE_DIR)
+  if(NOT _pmt_blas_libs)
+    if(NOT DEFINED BLA_VENDOR)
+      set(BLA_VENDOR OpenBLAS)
+    endif()
+    find_package(BLAS QUIET)
+    find_path(PMT_CBLAS_INCLUDE_DIR cblas.h PATH_SUFFIXES openblas openblas-pthread)
+    if(BLAS_FOUND)
+      set(_pmt_blas_libs ${BLAS_LIBRARIES})
+    endif()
+  endif()
+  if(_pmt_blas_libs AND PMT_CBLAS_INCLUDE_DIR)
     set(_found TRUE)
+    set(PMT_CBLAS_LIBRARIES ${_pmt_blas_libs})
     if(NOT TARGET pmt_deps::cblas)
       add_library(pmt_deps::cblas INTERFACE IMPORTED GLOBAL)
-      target_link_libraries(pmt_deps::cblas INTERFACE BLAS::BLAS)
+      target_link_libraries(pmt_deps::cblas INTERFACE ${_pmt_blas_libs})
       target_include_directories(pmt_deps::cblas SYSTEM INTERFACE ${PMT_CBLAS_INCLUDE_DIR})
       set(CMAKE_REQUIRED_INCLUDES ${PMT_CBLAS_INCLUDE_DIR})
-      set(CMAKE_REQUIRED_LIBRARIES ${BLAS_LIBRARIES})
+      set(CMAKE_REQUIRED_LIBRARIES ${_pmt_blas_libs})
       check_symbol_exists(openblas_get_corename "cblas.h" PMT_HAVE_OPENBLAS_INFO)
       unset(CMAKE_REQUIRED_INCLUDES)
       unset(CMAKE_REQUIRED_LIBRARIES)

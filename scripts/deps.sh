@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # Installs everything pmt's build, tests, examples and benchmarks need on Debian 12 (bookworm):
-#   - apt: g++, cmake, Open MPI, OpenBLAS (CBLAS), Catch2 v3 (from bookworm-backports)
+#   - apt: g++, cmake, Open MPI, OpenBLAS (CBLAS; the OpenMP-threaded build too), Catch2 v3
+#     (from bookworm-backports)
 #   - Kokkos 3.4.01 with OpenMP + Serial, built from Debian's trilinos source package into a cache
 #     prefix (default ~/.cache/pmt/kokkos-3.4.01), unless Kokkos_ROOT points at a Kokkos already.
 # Idempotent and quiet when everything is present. Prints the Kokkos prefix on its last line
@@ -14,7 +15,7 @@ if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 
 # ---------------------------------------------------------------------------------------------
 # apt packages
-APT_PKGS=(g++ make cmake pkg-config openmpi-bin libopenmpi-dev libopenblas-dev dpkg-dev xz-utils)
+APT_PKGS=(g++ make cmake pkg-config openmpi-bin libopenmpi-dev libopenblas-dev libopenblas-openmp-dev dpkg-dev xz-utils)
 need=()
 for p in "${APT_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")

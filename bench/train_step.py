@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""Training-step benchmark driver (issue 5): pmt's Gpt against the same model in PyTorch, same
+threads, in one run; and data-parallel weak scaling at 2 ranks. Prints a table and the target
+lines. Usage: train_step.py BUILD_DIR [TORCH_PYTHON]"""
+import os
+import re
+import subprocess
+import sys
+
+build, torch_py = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else "")
+here = os.path.dirname(os.path.abspath(__file__))
+exe = os.path.join(build, "bench", "bench_train_step")
+threads = os.cpu_count() or 1
+env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+           OMPI_MCA_btl_vader_single_copy_mechanism="none", OMP_PROC_BIND="false")
+
+
+def run(cmd, extra_env):
+    out = subprocess.run(cmd, env=dict(env, **extra_env), capture_output=True, text=True, check=True).stdout
+    return out
+
+
+def fields(line_tag, text):
+    m = re.search(line_tag + r" (.*)", text)
+    return dict(kv.split("=") for kv in m.group(1).split())
+
+
+
+STEPS = 7
+configs = [("width 256", 4, 256, 4, 128, 8, 256), ("width 768", 4, 768, 12, 128, 8, 256)]
+print(f"pmt bench train_step: fp32, one rank, {threads} threads (PyTorch: the same threads)")
+print(f"{'model':<10} {'pmt ms':>9} {'tok/s':>9} {'GFLOP/s':>9} {'torch ms':>9} {'pmt/torch':>10}")
+results = {}
+for name, L, C, H, T, B, V in configs:
+    args = [str(a) for a in (L, C, H, T, B, V, STEPS)]
+    p = fields("pmt_step", run([exe] + args, {"OMP_NUM_THREADS": str(threads)}))
+    ms, flops = float(p["ms"]), float(p["flops_per_step"])
+    t_ms = None
+    if torch_py:
+        t = fields("torch_step", run([torch_py, os.path.join(here, "torch_gpt.py")] + args + [str(threads)], {}))
+        t_ms = float(t["ms"])
+        torch_version = t["version"]
+    results[name] = (ms, flops, t_ms)
+    ratio = f"{ms / t_ms:10.2f}" if t_ms else "       n/a"
+    print(f"{name:<10} {ms:9.1f} {float(p['tokens_per_s']):9.0f} {flops / ms / 1e6:9.1f} "
+          f"{(f'{t_ms:9.1f}' if t_ms else '      n/a')} {ratio}")
+if torch_py:
+    print(f"(PyTorch {torch_version}; median of {STEPS} steps each)")
+
+# Data-parallel weak scaling: each rank its own batch, one thread per rank.
+one = fields("pmt_step", run([exe, "4", "256", "4", "128", "8", "256", str(STEPS)], {"OMP_NUM_THREADS": "1"}))
+two = fields("pmt_step", run(["mpiexec", "-n", "2", "--bind-to", "none", exe, "4", "256", "4", "128", "8", "256", str(STEPS)],
+                             {"OMP_NUM_THREADS": "1"}))
+eff = float(one["ms"]) / float(two["ms"])
+print(f"DP weak scaling (width 256, batch 8 per rank, 1 thread per rank): 1 rank {float(one['ms']):.1f} ms/step, "
+      f"2 ranks {float(two['ms']):.1f} ms/step -> efficiency {eff:.2f}")
+
+peak_gflops = float(os.environ.get("PMT_PEAK_GFLOPS", "0"))
+ms768, flops768, t768 = results["width 768"]
+if peak_gflops > 0:
+    print(f"MFU at width 768: {flops768 / ms768 / 1e6 / peak_gflops * 100:.1f} % of {peak_gflops:.0f} GFLOP/s")
+if torch_py:
+    print(f"target train_step_width256_vs_torch measured={results['width 256'][0] / results['width 256'][2]:.3f} goal=0.700 "
+          f"{'met' if results['width 256'][0] / results['width 256'][2] <= 0.7 else 'missed'}")
+    print(f"target train_step_width768_vs_torch measured={ms768 / t768:.3f} goal=1.000 {'met' if ms768 / t768 <= 1.0 else 'missed'}")
+if peak_gflops > 0:
+    mfu = flops768 / ms768 / 1e6 / peak_gflops
+    print(f"target train_step_width768_fraction_of_peak measured={mfu:.3f} goal=0.550 {'met' if mfu >= 0.55 else 'missed'}")
+print(f"target dp2_weak_scaling_efficiency measured={eff:.3f} goal=0.900 {'met' if eff >= 0.9 else 'missed'}")
