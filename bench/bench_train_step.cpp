@@ -2,7 +2,7 @@
 // Time of one training step (forward + loss + backward + dp sync + clipping + AdamW) of pmt's Gpt,
 // fp32, on the host execution space, with every rank in data parallelism (dp = world size; run
 // under mpiexec for weak scaling: each rank processes its own batch).
-// Usage: bench_train_step LAYERS WIDTH HEADS CONTEXT BATCH VOCAB STEPS
+// Usage: bench_train_step LAYERS WIDTH HEADS CONTEXT BATCH VOCAB STEPS   (or: bench_train_step peak)
 // Prints one machine-readable line: "pmt_step ms=.. tokens_per_s=.. flops_per_step=.. ranks=..".
 // FLOPs per step (per rank): tokens * (6 P + 6 L T C) with P the weights of every matmul (the
 // blocks' 12 C^2 per layer and the tied head's V C) and 6 L T C the attention's QK^T and AV products
@@ -11,12 +11,17 @@
 #include "bench_common.hpp"
 
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 using Exec = Kokkos::DefaultHostExecutionSpace;
 
 int main(int argc, char* argv[]) {
   pmt::ScopeGuard guard(argc, argv);
+  if (argc == 2 && std::string(argv[1]) == "peak") {
+    std::printf("peak gflops=%.1f threads=%d\n", pmt::bench::measured_fp32_peak_gflops(), Exec().concurrency());
+    return 0;
+  }
   if (argc < 8) {
     std::fprintf(stderr, "usage: %s LAYERS WIDTH HEADS CONTEXT BATCH VOCAB STEPS\n", argv[0]);
     return 2;

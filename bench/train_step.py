@@ -56,7 +56,8 @@ eff = float(one["ms"]) / float(two["ms"])
 print(f"DP weak scaling (width 256, batch 8 per rank, 1 thread per rank): 1 rank {float(one['ms']):.1f} ms/step, "
       f"2 ranks {float(two['ms']):.1f} ms/step -> efficiency {eff:.2f}")
 
-peak_gflops = float(os.environ.get("PMT_PEAK_GFLOPS", "0"))
+peak_gflops = float(fields("peak", run([exe, "peak"], {"OMP_NUM_THREADS": str(threads)}))["gflops"])
+print(f"measured fp32 peak: {peak_gflops:.1f} GFLOP/s ({threads} threads)")
 ms768, flops768, t768 = results["width 768"]
 if peak_gflops > 0:
     print(f"MFU at width 768: {flops768 / ms768 / 1e6 / peak_gflops * 100:.1f} % of {peak_gflops:.0f} GFLOP/s")

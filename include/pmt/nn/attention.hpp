@@ -82,8 +82,9 @@ class CausalSelfAttention {
     auto datt = m_proj.backward(exec, dy);  // (N, C/tp)
     Tensor<T, 3, Exec> dqkv(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::attention::dqkv"), B, Tn, 3 * Cl);
     ops::attention_backward(exec, as3(datt, B, Tn), dqkv, m_cache);
-    Tensor<T, 2, Exec> dq("pmt::nn::attention::dq", B * Tn, Cl), dk("pmt::nn::attention::dk", B * Tn, Cl),
-        dv("pmt::nn::attention::dv", B * Tn, Cl);
+    const auto uninit = [](const char* label) { return Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)); };
+    Tensor<T, 2, Exec> dq(uninit("pmt::nn::attention::dq"), B * Tn, Cl), dk(uninit("pmt::nn::attention::dk"), B * Tn, Cl),
+        dv(uninit("pmt::nn::attention::dv"), B * Tn, Cl);  // every element written below
     const std::size_t cl = Cl;
     Kokkos::parallel_for("pmt::nn::CausalSelfAttention::unpack_dqkv", Kokkos::RangePolicy<Exec>(exec, 0, B * Tn),
                          KOKKOS_LAMBDA(std::size_t n) {

@@ -121,7 +121,7 @@ class Gpt {
       Kokkos::parallel_for("pmt::nn::Gpt::positions", Kokkos::RangePolicy<Exec>(exec, 0, N),
                            KOKKOS_LAMBDA(std::size_t n) { pos(n) = static_cast<std::int32_t>(n % Tn); });
     }
-    Tensor<T, 2, Exec> x("pmt::nn::Gpt::x", N, C);
+    Tensor<T, 2, Exec> x(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::Gpt::x"), N, C);  // overwritten
     m_wte.forward(exec, ids, x);
     m_wpe.forward(exec, m_pos, x, /*accumulate=*/true);
     for (auto& b : m_blocks) x = b->forward(exec, x, B, Tn);
