@@ -32,29 +32,37 @@ configs = [("width 256", 4, 256, 4, 128, 8, 256), ("width 768", 4, 768, 12, 128,
 print(f"pmt bench train_step: fp32, one rank, {threads} threads (PyTorch: the same threads)")
 print(f"{'model':<10} {'pmt ms':>9} {'tok/s':>9} {'GFLOP/s':>9} {'torch ms':>9} {'pmt/torch':>10}")
 results = {}
+ROUNDS = 3  # pmt and PyTorch alternate; each figure is the median of the rounds' medians
 for name, L, C, H, T, B, V in configs:
     args = [str(a) for a in (L, C, H, T, B, V, STEPS)]
-    p = fields("pmt_step", run([exe] + args, {"OMP_NUM_THREADS": str(threads)}))
-    ms, flops = float(p["ms"]), float(p["flops_per_step"])
-    t_ms = None
-    if torch_py:
-        t = fields("torch_step", run([torch_py, os.path.join(here, "torch_gpt.py")] + args + [str(threads)], {}))
-        t_ms = float(t["ms"])
-        torch_version = t["version"]
+    pmt_ms, torch_ms = [], []
+    for _ in range(ROUNDS):
+        p = fields("pmt_step", run([exe] + args, {"OMP_NUM_THREADS": str(threads)}))
+        pmt_ms.append(float(p["ms"]))
+        if torch_py:
+            t = fields("torch_step", run([torch_py, os.path.join(here, "torch_gpt.py")] + args + [str(threads)], {}))
+            torch_ms.append(float(t["ms"]))
+            torch_version = t["version"]
+    ms, flops = sorted(pmt_ms)[ROUNDS // 2], float(p["flops_per_step"])
+    p["tokens_per_s"] = str(B * T / (ms / 1e3))
+    t_ms = sorted(torch_ms)[ROUNDS // 2] if torch_py else None
     results[name] = (ms, flops, t_ms)
     ratio = f"{ms / t_ms:10.2f}" if t_ms else "       n/a"
     print(f"{name:<10} {ms:9.1f} {float(p['tokens_per_s']):9.0f} {flops / ms / 1e6:9.1f} "
           f"{(f'{t_ms:9.1f}' if t_ms else '      n/a')} {ratio}")
 if torch_py:
-    print(f"(PyTorch {torch_version}; median of {STEPS} steps each)")
+    print(f"(PyTorch {torch_version}; each figure: median over {ROUNDS} alternating runs of the median of {STEPS} steps)")
 
 # Data-parallel weak scaling: each rank its own batch, one thread per rank.
-one = fields("pmt_step", run([exe, "4", "256", "4", "128", "8", "256", str(STEPS)], {"OMP_NUM_THREADS": "1"}))
-two = fields("pmt_step", run(["mpiexec", "-n", "2", "--bind-to", "none", exe, "4", "256", "4", "128", "8", "256", str(STEPS)],
-                             {"OMP_NUM_THREADS": "1"}))
-eff = float(one["ms"]) / float(two["ms"])
-print(f"DP weak scaling (width 256, batch 8 per rank, 1 thread per rank): 1 rank {float(one['ms']):.1f} ms/step, "
-      f"2 ranks {float(two['ms']):.1f} ms/step -> efficiency {eff:.2f}")
+one_ms, two_ms = [], []
+for _ in range(ROUNDS):
+    one_ms.append(float(fields("pmt_step", run([exe, "4", "256", "4", "128", "8", "256", str(STEPS)], {"OMP_NUM_THREADS": "1"}))["ms"]))
+    two_ms.append(float(fields("pmt_step", run(["mpiexec", "-n", "2", "--bind-to", "none", exe, "4", "256", "4", "128", "8", "256",
+                                                str(STEPS)], {"OMP_NUM_THREADS": "1"}))["ms"]))
+one, two = sorted(one_ms)[ROUNDS // 2], sorted(two_ms)[ROUNDS // 2]
+eff = one / two
+print(f"DP weak scaling (width 256, batch 8 per rank, 1 thread per rank): 1 rank {one:.1f} ms/step, "
+      f"2 ranks {two:.1f} ms/step -> efficiency {eff:.2f}")
 
 peak_gflops = float(fields("peak", run([exe, "peak"], {"OMP_NUM_THREADS": str(threads)}))["gflops"])
 print(f"measured fp32 peak: {peak_gflops:.1f} GFLOP/s ({threads} threads)")
