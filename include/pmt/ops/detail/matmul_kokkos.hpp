@@ -38,7 +38,7 @@ struct MatmulTiling<Exec, T, std::enable_if_t<is_host_space_v<Exec>>> {
   // accumulators plus 2 for B and 1 broadcast: 8x2 of 32 zmm (AVX-512), 6x2 of 16 ymm (AVX2).
   static constexpr int W  = static_cast<int>(host_vector_bytes / sizeof(T));
   static constexpr int MR = host_vector_bytes == 64 ? 8 : (host_vector_bytes == 32 ? 6 : 4);
-  static constexpr int NR = 2 * W, MC = MR * 16, NC = NR * 16, KC = 256;
+  static constexpr int NR = 2 * W, MC = MR * 48, NC = NR * 16, KC = 256;
   static constexpr int team_size = 1;
 };
 
@@ -97,7 +97,18 @@ void matmul_portable(const Exec& exec, std::int64_t batch, std::int64_t M, std::
   using Member          = typename Policy::member_type;
   using Scratch         = Kokkos::View<T*, typename Exec::scratch_memory_space,
                                        Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
-  const std::int64_t bm = (M + MC - 1) / MC, bn = (N + NC - 1) / NC;
+  // Rows per team block: MC, or fewer (a multiple of MR) when there would be too few blocks to
+  // give every thread of the space two of them (small products).
+  const std::int64_t bn        = (N + NC - 1) / NC;
+  const std::int64_t want      = 2 * static_cast<std::int64_t>(exec.concurrency());
+  std::int64_t rows_per_block  = MC;
+  if (batch * bn * ((M + MC - 1) / MC) < want) {
+    const std::int64_t blocks_m = (want + batch * bn - 1) / (batch * bn);
+    rows_per_block = ((M + blocks_m - 1) / blocks_m + MR - 1) / MR * MR;
+    rows_per_block = rows_per_block < MR ? MR : (rows_per_block > MC ? MC : rows_per_block);
+  }
+  const std::int64_t mcb = rows_per_block;
+  const std::int64_t bm  = (M + mcb - 1) / mcb;
   const std::int64_t league = batch * bm * bn;
   if (league == 0) return;
   const std::size_t scratch_bytes = Scratch::shmem_size(MC * KC + KC * NC);
@@ -107,8 +118,9 @@ void matmul_portable(const Exec& exec, std::int64_t batch, std::int64_t M, std::
   Kokkos::parallel_for(label, policy, KOKKOS_LAMBDA(const Member& team) {
     const std::int64_t id = team.league_rank();
     const std::int64_t b  = id / (bm * bn);
-    const std::int64_t m0 = (id / bn % bm) * MC, n0 = (id % bn) * NC;
-    const int mc = static_cast<int>(M - m0 < MC ? M - m0 : MC);
+    const std::int64_t m0 = (id / bn % bm) * mcb, n0 = (id % bn) * NC;
+    const int mc = static_cast<int>(M - m0 < mcb ? M - m0 : mcb);
+    const int mp = (mc + MR - 1) / MR * MR;  // packed rows: mc rounded up to whole micro-panels
     const int nc = static_cast<int>(N - n0 < NC ? N - n0 : NC);
     Scratch Ap(team.team_scratch(0), MC * KC), Bp(team.team_scratch(0), KC * NC);
     T* c_block = C + b * c_batch_stride + m0 * ldc + n0;
@@ -118,7 +130,7 @@ void matmul_portable(const Exec& exec, std::int64_t batch, std::int64_t M, std::
       // micro-panels of (kc x NR); rows/cols past the edge of C are zeros. The inner loop walks
       // the operand's contiguous dimension.
       if (!A.trans) {
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, MC), [&](int i) {
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, mp), [&](int i) {
           T* dst = Ap.data() + (i / MR) * (MR * kc) + i % MR;
           if (i < mc) {
             const T* src = A.ptr + b * A.batch_stride + (m0 + i) * A.ld + k0;
@@ -130,8 +142,9 @@ void matmul_portable(const Exec& exec, std::int64_t batch, std::int64_t M, std::
       } else {
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, kc), [&](int p) {
           const T* src = A.ptr + b * A.batch_stride + (k0 + p) * A.ld + m0;
-          for (int i = 0; i < MC; ++i)
-            Ap((i / MR) * (MR * kc) + p * MR + i % MR) = i < mc ? src[i] : T(0);
+          T* dst       = Ap.data() + p * MR;
+          for (int ib = 0; ib < mp; ib += MR, dst += MR * kc)  // one micro-panel row per step
+            for (int r = 0; r < MR; ++r) dst[r] = ib + r < mc ? src[ib + r] : T(0);
         });
       }
       if (!B.trans) {
