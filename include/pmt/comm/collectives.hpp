@@ -88,6 +88,23 @@ void divide_by(const Exec& exec, const V& v, int n) {
                        KOKKOS_LAMBDA(std::size_t i) { f(i) *= s; });
 }
 
+/// The checks all_reduce and iall_reduce share: contiguous Views of one size, Avg only on floats,
+/// then (debug mode) the agreement of all ranks.
+template <class Exec, class C, class SV, class RV>
+void check_all_reduce(const char* name, const C& c, const SV& send, const RV& recv, comm::ReduceOp op) {
+  using T = typename RV::non_const_value_type;
+  static_assert(std::is_same_v<typename SV::non_const_value_type, T>,
+                "pmt::comm::all_reduce: send and recv must have the same element type");
+  check_comm_view<Exec>(name, "send", send);
+  check_comm_view<Exec>(name, "recv", recv);
+  require(send.size() == recv.size(), name, [&] {
+    return str("send is ", shape_str(send), " but recv is ", shape_str(recv), "; expected the same number of elements",
+               comm_where(c));
+  });
+  require_avg_type<T>(name, op);
+  agree_on_collective(c, name, CollectiveKind::AllReduce, comm::data_type_of<T>(), recv.size(), static_cast<int>(op));
+}
+
 template <class C>
 void require_rank(const char* op, const char* what, int r, const C& c) {
   require<ConfigError>(r >= 0 && r < c.size(), op, [&] {
@@ -108,18 +125,7 @@ template <class B, class Exec, class SV, class RV, std::enable_if_t<Kokkos::is_v
 void all_reduce(const Communicator<B>& c, const Exec& exec, const SV& send, const RV& recv,
                 ReduceOp op = ReduceOp::Sum) {
   using T = typename RV::non_const_value_type;
-  static_assert(std::is_same_v<typename SV::non_const_value_type, T>,
-                "pmt::comm::all_reduce: send and recv must have the same element type");
-  constexpr const char* name = "pmt::comm::all_reduce";
-  detail::check_comm_view<Exec>(name, "send", send);
-  detail::check_comm_view<Exec>(name, "recv", recv);
-  detail::require(send.size() == recv.size(), name, [&] {
-    return detail::str("send is ", shape_str(send), " but recv is ", shape_str(recv),
-                       "; expected the same number of elements", detail::comm_where(c));
-  });
-  detail::require_avg_type<T>(name, op);
-  detail::agree_on_collective(c, name, detail::CollectiveKind::AllReduce, data_type_of<T>(), recv.size(),
-                              static_cast<int>(op));
+  detail::check_all_reduce<Exec>("pmt::comm::all_reduce", c, send, recv, op);
   c.all_reduce_raw(exec, send.data(), recv.data(), recv.size(), data_type_of<T>(), op);
   if (op == ReduceOp::Avg && c.size() > 1) detail::divide_by(exec, recv, c.size());
 }
@@ -205,18 +211,7 @@ template <class B, class Exec, class SV, class RV, std::enable_if_t<Kokkos::is_v
 [[nodiscard]] Request iall_reduce(const Communicator<B>& c, const Exec& exec, const SV& send, const RV& recv,
                                   ReduceOp op = ReduceOp::Sum) {
   using T = typename RV::non_const_value_type;
-  static_assert(std::is_same_v<typename SV::non_const_value_type, T>,
-                "pmt::comm::iall_reduce: send and recv must have the same element type");
-  constexpr const char* name = "pmt::comm::iall_reduce";
-  detail::check_comm_view<Exec>(name, "send", send);
-  detail::check_comm_view<Exec>(name, "recv", recv);
-  detail::require(send.size() == recv.size(), name, [&] {
-    return detail::str("send is ", shape_str(send), " but recv is ", shape_str(recv),
-                       "; expected the same number of elements", detail::comm_where(c));
-  });
-  detail::require_avg_type<T>(name, op);
-  detail::agree_on_collective(c, name, detail::CollectiveKind::AllReduce, data_type_of<T>(), recv.size(),
-                              static_cast<int>(op));
+  detail::check_all_reduce<Exec>("pmt::comm::iall_reduce", c, send, recv, op);
   std::function<void()> on_complete;
   if (op == ReduceOp::Avg && c.size() > 1) {
     const int n = c.size();

@@ -56,6 +56,16 @@ KOKKOS_INLINE_FUNCTION T lane_max(const T* x, std::int64_t n) {
   return acc[0];
 }
 
+/// 2^k for an integer-valued float k in [-126, 127], built from the exponent bits (vectorises).
+KOKKOS_INLINE_FUNCTION float pow2_float(float k) {
+  const std::int32_t bits = (static_cast<std::int32_t>(k) + 127) * (1 << 23);
+#if defined(__CUDA_ARCH__)
+  return __int_as_float(bits);
+#else
+  return __builtin_bit_cast(float, bits);  // GCC >= 11, Clang >= 9
+#endif
+}
+
 /// exp(x): vectorizable polynomial for float, the library exp for double.
 template <class T>
 KOKKOS_INLINE_FUNCTION T exp_fast(T x) {
@@ -74,13 +84,7 @@ KOKKOS_INLINE_FUNCTION T exp_fast(T x) {
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     p = p * r * r + r + 1.0f;
-    const std::int32_t bits = (static_cast<std::int32_t>(kf) + 127) * (1 << 23);
-#if defined(__CUDA_ARCH__)
-    const float scale = __int_as_float(bits);
-#else
-    const float scale = __builtin_bit_cast(float, bits);  // GCC >= 11, Clang >= 9: vectorizes
-#endif
-    return p * scale * static_cast<float>(x >= -87.0f);  // 0 below the range; a mask, not a branch
+    return p * pow2_float(kf) * static_cast<float>(x >= -87.0f);  // 0 below the range; a mask, not a branch
   } else {
     return math::exp(x);
   }
@@ -101,13 +105,7 @@ KOKKOS_INLINE_FUNCTION T exp_nonpositive(T x) {
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     p = p * r * r + r + 1.0f;
-    const std::int32_t bits = (static_cast<std::int32_t>(kf) + 127) * (1 << 23);
-#if defined(__CUDA_ARCH__)
-    const float scale = __int_as_float(bits);
-#else
-    const float scale = __builtin_bit_cast(float, bits);
-#endif
-    return p * scale * static_cast<float>(x >= -87.0f);
+    return p * pow2_float(kf) * static_cast<float>(x >= -87.0f);
   } else {
     return math::exp(x);
   }
