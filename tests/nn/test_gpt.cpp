@@ -51,6 +51,16 @@ TEMPLATE_TEST_CASE("the tensor-parallel Gpt gives the one-rank loss and gradient
   }
   INFO("loss " << l_ref << " vs " << l_par << "; worst parameter " << worst_name << " relative error " << worst);
   ok = ok && worst <= tol;
+  // Memory: every tp-split parameter holds exactly 1/tp of the one-rank bytes; the rest all of them.
+  std::size_t split_params = 0;
+  for (std::size_t i = 0; ok && i < pr.size(); ++i) {
+    const bool split = !pp[i]->tp_replicated;
+    split_params += split;
+    ok = ok && pp[i]->bytes() * (split ? static_cast<std::size_t>(tp) : 1) == pr[i]->bytes();
+  }
+  // Split per block: q weight+bias, k weight, v weight+bias, proj weight (6); MLP Col weight+bias,
+  // Row weight (3). Plus the token embedding when tp > 1 (its vocabulary split).
+  ok = ok && split_params == cfg.layers * 9 + (tp > 1 ? 1 : 0);
   CHECK(pmt::test::all_ranks(ok));
 }
 
