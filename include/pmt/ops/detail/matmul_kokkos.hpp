@@ -38,7 +38,7 @@ struct MatmulTiling<Exec, T, std::enable_if_t<is_host_space_v<Exec>>> {
   // accumulators plus 2 for B and 1 broadcast: 8x2 of 32 zmm (AVX-512), 6x2 of 16 ymm (AVX2).
   static constexpr int W  = static_cast<int>(host_vector_bytes / sizeof(T));
   static constexpr int MR = host_vector_bytes == 64 ? 8 : (host_vector_bytes == 32 ? 6 : 4);
-  static constexpr int NR = 2 * W, MC = MR * 48, NC = NR * 16, KC = 256;
+  static constexpr int NR = 2 * W, MC = MR * 48, NC = NR * 24, KC = 256;
   static constexpr int team_size = 1;
 };
 
