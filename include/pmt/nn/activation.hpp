@@ -6,6 +6,7 @@
 
 #include "pmt/core/tensor.hpp"
 #include "pmt/nn/module.hpp"
+#include "pmt/nn/saved.hpp"
 #include "pmt/ops/elementwise.hpp"
 #include "pmt/policy/placement.hpp"
 
@@ -25,20 +26,20 @@ class Gelu {
   static constexpr bool nonlinear = true;
 
   Tensor<T, 2, Exec> forward(const Exec& exec, const Tensor<T, 2, Exec>& x) {
-    m_x = x;
+    *m_x = x;
     Tensor<T, 2, Exec> y(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::Gelu::y"), x.extent(0), x.extent(1));
     ops::gelu(exec, x, y);
     return y;
   }
   Tensor<T, 2, Exec> backward(const Exec& exec, const Tensor<T, 2, Exec>& dy) {
     Tensor<T, 2, Exec> dx(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::Gelu::dx"), dy.extent(0), dy.extent(1));
-    ops::gelu_backward(exec, m_x, dy, dx);
+    ops::gelu_backward(exec, *m_x, dy, dx);
     return dx;
   }
   std::vector<Parameter<T, Exec>*> parameters() { return {}; }
 
  private:
-  Tensor<T, 2, Exec> m_x;
+  Saved<Tensor<T, 2, Exec>> m_x;  // the input, per activation slot
 };
 
 }  // namespace pmt::nn

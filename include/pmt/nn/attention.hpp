@@ -18,6 +18,7 @@
 #include "pmt/core/tensor.hpp"
 #include "pmt/nn/linear.hpp"
 #include "pmt/nn/module.hpp"
+#include "pmt/nn/saved.hpp"
 #include "pmt/ops/attention.hpp"
 #include "pmt/ops/elementwise.hpp"
 
@@ -54,12 +55,13 @@ class CausalSelfAttention {
       return detail::str("x is ", shape_str(x), "; expected (B T, C) = (", B * Tn, ", ", m_C, ")");
     });
     const std::size_t Cl = m_C / static_cast<std::size_t>(m_tp.size()), Hl = m_H / static_cast<std::size_t>(m_tp.size());
-    if (m_cache.B != static_cast<std::int64_t>(B) || m_cache.T_ != static_cast<std::int64_t>(Tn))
-      m_cache = ops::make_attention_cache<T, Exec>(static_cast<std::int64_t>(B), static_cast<std::int64_t>(Tn),
+    auto& saved = *m_saved;
+    if (saved.cache.B != static_cast<std::int64_t>(B) || saved.cache.T_ != static_cast<std::int64_t>(Tn))
+      saved.cache = ops::make_attention_cache<T, Exec>(static_cast<std::int64_t>(B), static_cast<std::int64_t>(Tn),
                                                    static_cast<std::int64_t>(Cl), static_cast<std::int64_t>(Hl));
     auto q = m_q.forward(exec, x), k = m_k.forward(exec, x), v = m_v.forward(exec, x);  // (N, C/tp) each
-    m_qkv = Tensor<T, 3, Exec>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::attention::qkv"), B, Tn, 3 * Cl);
-    auto qkv = m_qkv;
+    saved.qkv = Tensor<T, 3, Exec>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::attention::qkv"), B, Tn, 3 * Cl);
+    auto qkv  = saved.qkv;
     const std::size_t cl = Cl;
     Kokkos::parallel_for("pmt::nn::CausalSelfAttention::pack_qkv", Kokkos::RangePolicy<Exec>(exec, 0, B * Tn),
                          KOKKOS_LAMBDA(std::size_t n) {
@@ -71,17 +73,18 @@ class CausalSelfAttention {
                            }
                          });
     Tensor<T, 2, Exec> att(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::attention::out"), B * Tn, Cl);
-    ops::attention_forward(exec, qkv, as3(att, B, Tn), m_cache);
+    ops::attention_forward(exec, qkv, as3(att, B, Tn), saved.cache);
     return m_proj.forward(exec, att);  // (N, C), all-reduced over tp
   }
 
   /// \brief dx (N, C) from dy (N, C).
   Tensor<T, 2, Exec> backward(const Exec& exec, const Tensor<T, 2, Exec>& dy) {
-    const auto B = static_cast<std::size_t>(m_cache.B), Tn = static_cast<std::size_t>(m_cache.T_);
+    auto& saved  = *m_saved;
+    const auto B = static_cast<std::size_t>(saved.cache.B), Tn = static_cast<std::size_t>(saved.cache.T_);
     const std::size_t Cl = m_C / static_cast<std::size_t>(m_tp.size());
     auto datt = m_proj.backward(exec, dy);  // (N, C/tp)
     Tensor<T, 3, Exec> dqkv(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::attention::dqkv"), B, Tn, 3 * Cl);
-    ops::attention_backward(exec, as3(datt, B, Tn), dqkv, m_cache);
+    ops::attention_backward(exec, as3(datt, B, Tn), dqkv, saved.cache);
     const auto uninit = [](const char* label) { return Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)); };
     Tensor<T, 2, Exec> dq(uninit("pmt::nn::attention::dq"), B * Tn, Cl), dk(uninit("pmt::nn::attention::dk"), B * Tn, Cl),
         dv(uninit("pmt::nn::attention::dv"), B * Tn, Cl);  // every element written below
@@ -130,8 +133,11 @@ class CausalSelfAttention {
   std::size_t m_C, m_H;
   Linear<T, TensorSplit<Col>, Exec, Backend> m_q, m_k, m_v;
   Linear<T, TensorSplit<Row>, Exec, Backend> m_proj;
-  ops::AttentionCache<T, Exec> m_cache;
-  Tensor<T, 3, Exec> m_qkv;
+  struct Cache {
+    ops::AttentionCache<T, Exec> cache;
+    Tensor<T, 3, Exec> qkv;
+  };
+  Saved<Cache> m_saved;  // per activation slot
 };
 
 }  // namespace pmt::nn

@@ -17,6 +17,7 @@
 #include "pmt/core/random.hpp"
 #include "pmt/core/tensor.hpp"
 #include "pmt/nn/module.hpp"
+#include "pmt/nn/saved.hpp"
 #include "pmt/ops/elementwise.hpp"
 #include "pmt/ops/embedding.hpp"
 
@@ -59,8 +60,9 @@ class Embedding {
   void forward(const Exec& exec, const Ids& ids, const Tensor<T, 2, Exec>& out, bool accumulate = false) {
     const auto V = static_cast<std::int64_t>(m_V);
     const std::int64_t v0 = m_v0, vl = static_cast<std::int64_t>(m_table.local_shape[0]);
-    if (m_local.extent(0) != ids.extent(0)) m_local = Ids("pmt::nn::Embedding::local_ids", ids.extent(0));
-    auto local = m_local;
+    auto& saved = *m_local;
+    if (saved.extent(0) != ids.extent(0)) saved = Ids("pmt::nn::Embedding::local_ids", ids.extent(0));
+    auto local = saved;
     std::int64_t bad = 0;
     Kokkos::parallel_reduce(
         "pmt::nn::Embedding::local_ids", Kokkos::RangePolicy<Exec>(exec, 0, ids.extent(0)),
@@ -86,7 +88,7 @@ class Embedding {
 
   /// \brief table.grad(ids(n) - v0, :) += dout(n, :) for the ids this rank holds.
   void backward(const Exec& exec, const Tensor<T, 2, Exec>& dout) {
-    ops::embedding_backward(exec, m_local, dout, m_table.grad2d(), -1);
+    ops::embedding_backward(exec, *m_local, dout, m_table.grad2d(), -1);
   }
 
   Parameter<T, Exec>& table() { return m_table; }
@@ -100,7 +102,7 @@ class Embedding {
   bool m_split;
   std::int64_t m_v0 = 0;
   Parameter<T, Exec> m_table;
-  Ids m_local;
+  Saved<Ids> m_local;  // this rank's local ids, per activation slot
 };
 
 }  // namespace pmt::nn

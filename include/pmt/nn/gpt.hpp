@@ -3,10 +3,18 @@
 // Gpt<T, Exec>: a GPT-2 style language model. Token embedding (vocab-parallel over tp) + learned
 // positions -> `layers` pre-LN blocks (x + attn(ln1(x)), then x + mlp(ln2(x))) -> final LayerNorm
 // -> LM head tied to the token embedding (logits stay split over the vocabulary) -> vocab-parallel
-// cross-entropy. Legend: B batch, T context, N = B T, C width, V vocabulary, tp degree.
+// cross-entropy. Legend: B batch, T context, N = B T, C width, V vocabulary, tp/pp degrees.
 //   ids (N) -> x (N, C) -> ... -> h (N, C) -> logits (N, V/tp) -> loss
-// The same source runs on every tp degree and execution space; with tp = 1 no communication
-// happens. Parameters draw from RNG streams fixed per parameter, keyed by global index.
+// The same source runs on every tp and pp degree and execution space; with tp = pp = 1 no
+// communication happens. Parameters draw from RNG streams fixed per parameter, keyed by global
+// index, so every layout holds slices of the one-rank model's values.
+// Pipeline stages (the pp axis of the Mesh): stage s holds the blocks of its StagePlan range; the
+// first stage also the embeddings, the last the final norm and the LM head. With pp > 1 the last
+// stage keeps its own copy of the tied embedding table (marked pp_copy); sync_tied_grads() sums
+// the two copies' gradients between the first and last stage (as Megatron does), so both take
+// the same optimizer step and stay equal. forward_stage / backward_stage run one microbatch of
+// this stage in the current activation slot (nn/saved.hpp); the pipeline runner calls them.
+// Parameter names are global and layout-free: "wte", "wpe", "block3.attn.2", "lnf.weight".
 
 #include "pmt/comm/backend.hpp"
 #include "pmt/comm/collectives.hpp"
@@ -20,8 +28,10 @@
 #include "pmt/nn/loss.hpp"
 #include "pmt/nn/mlp.hpp"
 #include "pmt/nn/module.hpp"
+#include "pmt/nn/saved.hpp"
 #include "pmt/ops/elementwise.hpp"
 #include "pmt/ops/matmul.hpp"
+#include "pmt/parallel/stages.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -69,6 +79,15 @@ class GptBlock {
       all.insert(all.end(), v.begin(), v.end());
     return all;
   }
+  /// \brief Gives the parameters their global names ("block3.ln1.0", "block3.attn.2", ...).
+  void name_parameters(std::size_t index) {
+    const std::string b = "block" + std::to_string(index) + ".";
+    const auto name = [&](const std::vector<Parameter<T, Exec>*>& ps, const char* part) {
+      for (std::size_t j = 0; j < ps.size(); ++j) ps[j]->name = b + part + "." + std::to_string(j);
+    };
+    name(m_ln1.parameters(), "ln1"), name(m_attn.parameters(), "attn"), name(m_ln2.parameters(), "ln2");
+    name(m_mlp.parameters(), "mlp");
+  }
 
  private:
   static std::uint32_t stream(std::size_t index, std::uint32_t k) { return static_cast<std::uint32_t>(100 + 10 * index) + k; }
@@ -80,73 +99,171 @@ class GptBlock {
 
 // ---------------------------------------------------------------------------------------------
 
-/// \brief GPT language model spread over the tp axis of a Mesh (see the file comment).
+/// \brief GPT language model spread over the tp and pp axes of a Mesh (see the file comment).
 /// \code
 /// pmt::nn::Gpt<float, Kokkos::OpenMP> model(mesh, {/*vocab=*/256, /*context=*/128, /*layers=*/4, /*width=*/256, /*heads=*/4});
-/// double loss = model.forward_backward(exec, ids, targets, B, T, /*normaliser=*/global_tokens);
+/// double loss = model.forward_backward(exec, ids, targets, B, T, /*normaliser=*/global_tokens);  // pp = 1
 /// \endcode
-/// \throws pmt::ShapeError when heads, width or vocab do not divide by tp, or inputs do not fit.
+/// \throws pmt::ShapeError for non-positive sizes, heads, width or vocab that do not divide by tp,
+/// or inputs that do not fit; pmt::ConfigError for fewer layers than stages or a plan for another pp.
 template <class T, class Exec = Kokkos::DefaultExecutionSpace, class Backend = comm::default_backend_t<Exec>>
 class Gpt {
  public:
   using value_type = T;
   using Ids        = typename Embedding<T, Exec, Backend>::Ids;
+  using Activation = Tensor<T, 2, Exec>;
 
-  Gpt(const Mesh<Backend>& mesh, const GptConfig& c)
-      : m_cfg(c), m_tp(mesh.comm(Axis::tp)),
-        m_wte(mesh, "wte", c.vocab, c.width, RngKey{c.seed, 0}, VocabSplit::Yes),
-        m_wpe(mesh, "wpe", c.context, c.width, RngKey{c.seed, 1}, VocabSplit::No, 0.01),
-        m_lnf("lnf", c.width) {
-    detail::require(c.vocab > 0 && c.context > 0 && c.layers > 0 && c.width > 0 && c.heads > 0, "pmt::nn::Gpt", [&] {
-      return detail::str("vocab ", c.vocab, ", context ", c.context, ", layers ", c.layers, ", width ", c.width,
-                         ", heads ", c.heads, ": every size must be positive");
+  /// \param plan the blocks of each pipeline stage; empty: balanced_plan(c, pp).
+  Gpt(const Mesh<Backend>& mesh, const GptConfig& c, parallel::StagePlan plan = {})
+      : m_cfg(checked(c)), m_tp(mesh.comm(Axis::tp)), m_pp(mesh.comm(Axis::pp)), m_stage(mesh.coord(Axis::pp)),
+        m_stages(mesh.degree(Axis::pp)), m_plan(plan.empty() ? balanced_plan(c, m_stages) : std::move(plan)) {
+    detail::require<ConfigError>(m_plan.stages() == m_stages && m_plan.layers() == c.layers, "pmt::nn::Gpt", [&] {
+      return detail::str("the stage plan (", m_plan.describe(), ") is for ", m_plan.stages(), " stages and ",
+                         m_plan.layers(), " layers; the mesh has pp = ", m_stages, " and the model ", c.layers, " layers");
     });
-    for (std::size_t i = 0; i < c.layers; ++i) m_blocks.push_back(std::make_unique<GptBlock<T, Exec, Backend>>(mesh, c, i));
+    if (first_stage()) {
+      m_wte = std::make_unique<Embedding<T, Exec, Backend>>(mesh, "wte", c.vocab, c.width, RngKey{c.seed, 0}, VocabSplit::Yes);
+      m_wpe = std::make_unique<Embedding<T, Exec, Backend>>(mesh, "wpe", c.context, c.width, RngKey{c.seed, 1}, VocabSplit::No, 0.01);
+      m_wte->table().name = "wte", m_wpe->table().name = "wpe";
+    }
+    if (last_stage()) {
+      if (!first_stage()) {  // the tied LM head's own copy of wte: same RNG stream, same values
+        m_head = std::make_unique<Embedding<T, Exec, Backend>>(mesh, "wte", c.vocab, c.width, RngKey{c.seed, 0}, VocabSplit::Yes);
+        m_head->table().name    = "wte";
+        m_head->table().pp_copy = true;
+      }
+      m_lnf = std::make_unique<LayerNorm<T, Exec>>("lnf", c.width);
+      m_lnf->parameters()[0]->name = "lnf.weight", m_lnf->parameters()[1]->name = "lnf.bias";
+    }
+    for (std::size_t i = m_plan.begin(m_stage); i < m_plan.end(m_stage); ++i) {
+      m_blocks.push_back(std::make_unique<GptBlock<T, Exec, Backend>>(mesh, c, i));
+      m_blocks.back()->name_parameters(i);
+    }
   }
 
-  /// \brief Forward and backward of one batch: ids and targets (B T) of this rank's data shard.
-  /// Returns this batch's loss divided by `normaliser` (pass the global token count so that
-  /// ranks' and microbatches' losses add up to the global mean); gradients accumulate.
+  /// \brief The per-block costs (parameters, forward FLOPs per token) and the extra cost of the
+  /// first stage (embeddings) and the last (final norm and LM head), for stage balancing.
+  static std::vector<parallel::LayerCost> block_costs(const GptConfig& c) {
+    const double C = static_cast<double>(c.width), Tn = static_cast<double>(c.context);
+    return std::vector<parallel::LayerCost>(c.layers, {12 * C * C + 13 * C, 24 * C * C + 2 * Tn * C});
+  }
+  static parallel::LayerCost head_cost(const GptConfig& c) {
+    return {static_cast<double>((c.vocab + c.context) * c.width), 0.0};
+  }
+  static parallel::LayerCost tail_cost(const GptConfig& c) {
+    return {2.0 * static_cast<double>(c.width), 2.0 * static_cast<double>(c.vocab * c.width)};
+  }
+  /// \brief Blocks on `stages` stages balanced by forward FLOPs (the LM head counts on the last).
+  static parallel::StagePlan balanced_plan(const GptConfig& c, int stages) {
+    return parallel::balanced_stages(block_costs(c), stages, head_cost(c), tail_cost(c));
+  }
+
+  /// \brief Forward and backward of one batch through the whole model (pp = 1): ids and targets
+  /// (B T) of this rank's data shard. Returns this batch's loss divided by `normaliser` (pass the
+  /// global token count so that ranks' and microbatches' losses add up to the global mean);
+  /// gradients accumulate. \throws pmt::ConfigError with pp > 1 (use pmt::train::Trainer).
   double forward_backward(const Exec& exec, const Ids& ids, const Ids& targets, std::size_t B, std::size_t Tn,
                           double normaliser, std::int64_t ignore_index = -100) {
-    detail::require(ids.extent(0) == B * Tn && targets.extent(0) == B * Tn && Tn <= m_cfg.context, "pmt::nn::Gpt",
-                    [&] {
-                      return detail::str("ids is ", shape_str(ids), " and targets ", shape_str(targets), " for B = ", B,
-                                         ", T = ", Tn, "; expected (B T) each and T <= context ", m_cfg.context);
-                    });
+    detail::require<ConfigError>(m_stages == 1, "pmt::nn::Gpt::forward_backward", [&] {
+      return detail::str("this rank holds pipeline stage ", m_stage, " of ", m_stages,
+                         "; run the stages with pmt::train::Trainer (or parallel::PipelineRunner)");
+    });
+    double loss = 0;
+    forward_stage(exec, ids, targets, Activation(), B, Tn, normaliser, &loss, ignore_index);
+    backward_stage(exec, Activation());
+    return loss;
+  }
+
+  /// \brief This stage's forward of one microbatch, saving into the current activation slot.
+  /// The first stage reads `ids`, the others `x_in` (N, C) from the previous stage. Returns the
+  /// activation (N, C) for the next stage; the last stage instead computes the loss against
+  /// `targets` (added to *loss, divided by `normaliser`), runs the LM head's backward at once
+  /// and keeps its gradient for backward_stage, and returns an empty View.
+  Activation forward_stage(const Exec& exec, const Ids& ids, const Ids& targets, const Activation& x_in, std::size_t B,
+                           std::size_t Tn, double normaliser, double* loss, std::int64_t ignore_index = -100) {
     const std::size_t N = B * Tn, C = m_cfg.width;
-    if (m_pos.extent(0) != N) {
-      m_pos = Ids("pmt::nn::Gpt::positions", N);
-      auto pos = m_pos;
-      Kokkos::parallel_for("pmt::nn::Gpt::positions", Kokkos::RangePolicy<Exec>(exec, 0, N),
-                           KOKKOS_LAMBDA(std::size_t n) { pos(n) = static_cast<std::int32_t>(n % Tn); });
+    detail::require(Tn <= m_cfg.context && (!first_stage() || ids.extent(0) == N) && (!last_stage() || targets.extent(0) == N) &&
+                        (first_stage() || (x_in.extent(0) == N && x_in.extent(1) == C)),
+                    "pmt::nn::Gpt", [&] {
+                      return detail::str("stage ", m_stage, "/", m_stages, ": ids is ", shape_str(ids), ", targets ",
+                                         shape_str(targets), " and x ", shape_str(x_in), " for B = ", B, ", T = ", Tn,
+                                         "; expected ids (B T) on the first stage, targets (B T) on the last, x (B T, ",
+                                         C, ") on the others, and T <= context ", m_cfg.context);
+                    });
+    Activation x;
+    if (first_stage()) {
+      if (m_pos.extent(0) != N || m_pos_T != Tn) {
+        m_pos   = Ids("pmt::nn::Gpt::positions", N);
+        m_pos_T = Tn;
+        auto pos = m_pos;
+        Kokkos::parallel_for("pmt::nn::Gpt::positions", Kokkos::RangePolicy<Exec>(exec, 0, N),
+                             KOKKOS_LAMBDA(std::size_t n) { pos(n) = static_cast<std::int32_t>(n % Tn); });
+      }
+      x = Activation(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::Gpt::x"), N, C);  // overwritten
+      m_wte->forward(exec, ids, x);
+      m_wpe->forward(exec, m_pos, x, /*accumulate=*/true);
+    } else {
+      x = x_in;
     }
-    Tensor<T, 2, Exec> x(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::Gpt::x"), N, C);  // overwritten
-    m_wte.forward(exec, ids, x);
-    m_wpe.forward(exec, m_pos, x, /*accumulate=*/true);
     for (auto& b : m_blocks) x = b->forward(exec, x, B, Tn);
-    auto h = m_lnf.forward(exec, x);
+    if (!last_stage()) return x;
+    auto h = m_lnf->forward(exec, x);
     // Tied LM head: logits (N, V/tp) = h wte_shard^T.
-    auto table = m_wte.table().value2d();
-    Tensor<T, 2, Exec> logits(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::Gpt::logits"), N, table.extent(0));
+    auto& head = head_table();
+    auto table = head.table().value2d();
+    Activation logits(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::Gpt::logits"), N, table.extent(0));
     ops::matmul(exec, ops::Trans::N, ops::Trans::T, T(1), h, table, T(0), logits);
-    Tensor<T, 2, Exec> dlogits(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::Gpt::dlogits"), N, table.extent(0));
-    const double loss = vocab_parallel_cross_entropy(m_tp, exec, logits, targets, m_wte.vocab_offset(),
-                                                     static_cast<std::int64_t>(m_cfg.vocab), normaliser, dlogits, ignore_index);
+    Activation dlogits(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::Gpt::dlogits"), N, table.extent(0));
+    const double l = vocab_parallel_cross_entropy(m_tp, exec, logits, targets, head.vocab_offset(),
+                                                  static_cast<std::int64_t>(m_cfg.vocab), normaliser, dlogits, ignore_index);
+    if (loss != nullptr) *loss += l;
     // Backward of the head: dh = dlogits wte_shard (partial over the vocabulary: all-reduce),
     // d wte_shard += dlogits^T h.
-    Tensor<T, 2, Exec> dh(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::Gpt::dh"), N, C);
+    Activation dh(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::Gpt::dh"), N, C);
     ops::matmul(exec, ops::Trans::N, ops::Trans::N, T(1), dlogits, table, T(0), dh);
     comm::all_reduce(m_tp, exec, dh);
-    ops::matmul(exec, ops::Trans::T, ops::Trans::N, T(1), dlogits, h, T(1), m_wte.table().grad2d());
-    auto dx = m_lnf.backward(exec, dh);
+    ops::matmul(exec, ops::Trans::T, ops::Trans::N, T(1), dlogits, h, T(1), head.table().grad2d());
+    *m_dh = dh;
+    return Activation();
+  }
+
+  /// \brief This stage's backward of the microbatch of the current activation slot: `dy` is the
+  /// gradient of this stage's output from the next stage (ignored on the last stage, which uses
+  /// the LM head's). Returns the gradient for the previous stage (empty on the first stage).
+  Activation backward_stage(const Exec& exec, const Activation& dy) {
+    Activation dx;
+    if (last_stage()) {
+      dx = m_lnf->backward(exec, *m_dh);
+      *m_dh = Activation();
+    } else {
+      detail::require(dy.extent(1) == m_cfg.width, "pmt::nn::Gpt::backward_stage", [&] {
+        return detail::str("stage ", m_stage, ": dy is ", shape_str(dy), "; expected (B T, ", m_cfg.width, ")");
+      });
+      dx = dy;
+    }
     for (auto it = m_blocks.rbegin(); it != m_blocks.rend(); ++it) {
       dx = (*it)->backward(exec, dx);
       if (m_on_block_grads) m_on_block_grads((*it)->parameters());
     }
-    m_wpe.backward(exec, dx);
-    m_wte.backward(exec, dx);
-    return loss;
+    if (!first_stage()) return dx;
+    m_wpe->backward(exec, dx);
+    m_wte->backward(exec, dx);
+    return Activation();
+  }
+
+  /// \brief With pp > 1: sums the gradients of the tied embedding / LM-head table between the
+  /// first and the last stage (both end with the same sum); other stages and pp = 1 do nothing.
+  /// Call after the backward of every microbatch (and after the dp sync).
+  void sync_tied_grads(const Exec& exec) {
+    if (m_stages == 1 || (!first_stage() && !last_stage())) return;
+    auto& mine = first_stage() ? m_wte->table() : m_head->table();
+    const int peer = first_stage() ? m_stages - 1 : 0;
+    Tensor<T, 1, Exec> other(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::Gpt::tied_grad"), mine.size());
+    auto rq = comm::irecv(m_pp, exec, other, peer, /*tag=*/7);
+    auto sq = comm::isend(m_pp, exec, mine.grad, peer, 7);
+    rq.wait();
+    sq.wait();
+    ops::add(exec, mine.grad, other, mine.grad);  // g + g' == g' + g: both copies equal bit for bit
   }
 
   /// \brief Called during backward with each block's parameters once their gradients are final
@@ -155,23 +272,47 @@ class Gpt {
     m_on_block_grads = std::move(hook);
   }
 
-  /// \brief Every parameter, in a fixed order (embeddings, blocks, final norm).
+  /// \brief This stage's parameters, in a fixed order (embeddings, blocks, final norm, then the
+  /// LM head's copy of wte on a last stage that is not the first).
   std::vector<Parameter<T, Exec>*> parameters() {
-    std::vector<Parameter<T, Exec>*> all{&m_wte.table(), &m_wpe.table()};
+    std::vector<Parameter<T, Exec>*> all;
+    if (first_stage()) all = {&m_wte->table(), &m_wpe->table()};
     for (auto& b : m_blocks)
       for (auto* p : b->parameters()) all.push_back(p);
-    for (auto* p : m_lnf.parameters()) all.push_back(p);
+    if (last_stage()) {
+      for (auto* p : m_lnf->parameters()) all.push_back(p);
+      if (m_head) all.push_back(&m_head->table());
+    }
     return all;
   }
   const GptConfig& config() const noexcept { return m_cfg; }
+  const parallel::StagePlan& plan() const noexcept { return m_plan; }
+  int stage() const noexcept { return m_stage; }
+  int stages() const noexcept { return m_stages; }
+  bool first_stage() const noexcept { return m_stage == 0; }
+  bool last_stage() const noexcept { return m_stage + 1 == m_stages; }
+  std::size_t width() const noexcept { return m_cfg.width; }
 
  private:
+  static const GptConfig& checked(const GptConfig& c) {
+    detail::require(c.vocab > 0 && c.context > 0 && c.layers > 0 && c.width > 0 && c.heads > 0, "pmt::nn::Gpt", [&] {
+      return detail::str("vocab ", c.vocab, ", context ", c.context, ", layers ", c.layers, ", width ", c.width,
+                         ", heads ", c.heads, ": every size must be positive");
+    });
+    return c;
+  }
+  Embedding<T, Exec, Backend>& head_table() { return m_head ? *m_head : *m_wte; }
+
   GptConfig m_cfg;
-  comm::Communicator<Backend> m_tp;
-  Embedding<T, Exec, Backend> m_wte, m_wpe;
+  comm::Communicator<Backend> m_tp, m_pp;
+  int m_stage, m_stages;
+  parallel::StagePlan m_plan;
+  std::unique_ptr<Embedding<T, Exec, Backend>> m_wte, m_wpe, m_head;
   std::vector<std::unique_ptr<GptBlock<T, Exec, Backend>>> m_blocks;
-  LayerNorm<T, Exec> m_lnf;
+  std::unique_ptr<LayerNorm<T, Exec>> m_lnf;
   Ids m_pos;
+  std::size_t m_pos_T = 0;
+  Saved<Activation> m_dh;  // the LM head's gradient of the final norm's output, per activation slot
   std::function<void(const std::vector<Parameter<T, Exec>*>&)> m_on_block_grads;
 };
 

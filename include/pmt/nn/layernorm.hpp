@@ -6,6 +6,7 @@
 
 #include "pmt/core/tensor.hpp"
 #include "pmt/nn/module.hpp"
+#include "pmt/nn/saved.hpp"
 #include "pmt/ops/layernorm.hpp"
 #include "pmt/policy/placement.hpp"
 
@@ -34,18 +35,20 @@ class LayerNorm {
   }
 
   Tensor<T, 2, Exec> forward(const Exec& exec, const Tensor<T, 2, Exec>& x) {
-    m_x = x;
-    if (m_mean.extent(0) != x.extent(0)) {
-      m_mean = Tensor<T, 1, Exec>("pmt::nn::LayerNorm::mean", x.extent(0));
-      m_rstd = Tensor<T, 1, Exec>("pmt::nn::LayerNorm::rstd", x.extent(0));
+    auto& c = *m_saved;
+    c.x     = x;
+    if (c.mean.extent(0) != x.extent(0)) {
+      c.mean = Tensor<T, 1, Exec>("pmt::nn::LayerNorm::mean", x.extent(0));
+      c.rstd = Tensor<T, 1, Exec>("pmt::nn::LayerNorm::rstd", x.extent(0));
     }
     Tensor<T, 2, Exec> y(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::LayerNorm::y"), x.extent(0), x.extent(1));
-    ops::layernorm_forward(exec, x, m_w.value, m_b.value, y, m_mean, m_rstd, m_eps);
+    ops::layernorm_forward(exec, x, m_w.value, m_b.value, y, c.mean, c.rstd, m_eps);
     return y;
   }
   Tensor<T, 2, Exec> backward(const Exec& exec, const Tensor<T, 2, Exec>& dy) {
     Tensor<T, 2, Exec> dx(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::LayerNorm::dx"), dy.extent(0), dy.extent(1));
-    ops::layernorm_backward(exec, dy, m_x, m_w.value, m_mean, m_rstd, dx, m_w.grad, m_b.grad);
+    const auto& c = *m_saved;
+    ops::layernorm_backward(exec, dy, c.x, m_w.value, c.mean, c.rstd, dx, m_w.grad, m_b.grad);
     return dx;
   }
   std::vector<Parameter<T, Exec>*> parameters() { return {&m_w, &m_b}; }
@@ -53,8 +56,11 @@ class LayerNorm {
  private:
   double m_eps;
   Parameter<T, Exec> m_w, m_b;
-  Tensor<T, 2, Exec> m_x;
-  Tensor<T, 1, Exec> m_mean, m_rstd;
+  struct Cache {
+    Tensor<T, 2, Exec> x;
+    Tensor<T, 1, Exec> mean, rstd;
+  };
+  Saved<Cache> m_saved;  // per activation slot
 };
 
 }  // namespace pmt::nn

@@ -20,6 +20,7 @@
 #include "pmt/core/random.hpp"
 #include "pmt/core/tensor.hpp"
 #include "pmt/nn/module.hpp"
+#include "pmt/nn/saved.hpp"
 #include "pmt/ops/elementwise.hpp"
 #include "pmt/ops/matmul.hpp"
 #include "pmt/ops/reduction.hpp"
@@ -104,7 +105,7 @@ class Linear {
       return detail::str("x is ", shape_str(x), " but this layer takes (N, ", in_local(), ") (in_features ", m_in,
                          std::is_same_v<split, Row> ? " / tp " + std::to_string(m_tp.size()) : std::string(), ")");
     });
-    m_x = x;
+    *m_x = x;
     Tensor<T, 2, Exec> y(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::Linear::y"), x.extent(0), out_local());
     ops::matmul(exec, ops::Trans::N, ops::Trans::N, T(1), x, m_w.value2d(), T(0), y);  // (N, out_l)
     if constexpr (std::is_same_v<split, Row>) comm::all_reduce(m_tp, exec, y);         // partial sums -> whole
@@ -115,13 +116,14 @@ class Linear {
   /// \brief dW += x^T dy, db += sum_n dy, returns dx = dy W^T, all-reduced over tp for Col
   /// unless `reduce_dx` is false (the caller sums several partial dx, then reduces once).
   Tensor<T, 2, Exec> backward(const Exec& exec, const Tensor<T, 2, Exec>& dy, bool reduce_dx = true) {
-    detail::require(m_x.data() != nullptr && dy.extent(0) == m_x.extent(0) && dy.extent(1) == out_local(),
+    const Tensor<T, 2, Exec> x = *m_x;
+    detail::require(x.data() != nullptr && dy.extent(0) == x.extent(0) && dy.extent(1) == out_local(),
                     name() + "::backward", [&] {
-                      return detail::str("dy is ", shape_str(dy), " but forward saw x ", shape_str(m_x),
-                                         " and produced (", m_x.extent(0), ", ", out_local(),
+                      return detail::str("dy is ", shape_str(dy), " but forward saw x ", shape_str(x),
+                                         " and produced (", x.extent(0), ", ", out_local(),
                                          "); call forward first, with the same batch");
                     });
-    ops::matmul(exec, ops::Trans::T, ops::Trans::N, T(1), m_x, dy, T(1), m_w.grad2d());  // (in_l, out_l)
+    ops::matmul(exec, ops::Trans::T, ops::Trans::N, T(1), x, dy, T(1), m_w.grad2d());  // (in_l, out_l)
     if (m_bias) ops::column_sum(exec, dy, m_b.grad, T(1));
     Tensor<T, 2, Exec> dx(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::Linear::dx"), dy.extent(0), in_local());
     ops::matmul(exec, ops::Trans::N, ops::Trans::T, T(1), dy, m_w.value2d(), T(0), dx);  // (N, in_l)
@@ -147,7 +149,7 @@ class Linear {
   std::size_t m_in, m_out;
   bool m_bias;
   Parameter<T, Exec> m_w, m_b;
-  Tensor<T, 2, Exec> m_x;
+  Saved<Tensor<T, 2, Exec>> m_x;  // the input, per activation slot
 };
 
 }  // namespace pmt::nn

@@ -2,7 +2,9 @@
 #pragma once
 // Parameter: a trainable tensor of a layer: its value and gradient (flat, contiguous, this
 // rank's shard only), its global shape and where the shard sits in it, and whether it is
-// replicated over tp (so that clipping by global norm counts it once).
+// replicated over tp (so that clipping by global norm counts it once), and whether it is a
+// pipeline copy of a parameter another stage owns (the tied LM head on the last stage: updated
+// like the original, left out of the global norm).
 
 #include "pmt/core/random.hpp"
 #include "pmt/core/tensor.hpp"
@@ -22,6 +24,7 @@ struct Parameter {
   std::vector<std::size_t> local_shape;  // the shard's shape
   GlobalSlice slice;                      // global shape and the shard's offsets
   bool tp_replicated = true;              // the same on every tp rank (e.g. a Row layer's bias)
+  bool pp_copy       = false;             // a copy of a parameter of another pipeline stage
 
   Parameter() = default;
   Parameter(std::string n, std::vector<std::size_t> shape, const GlobalSlice& s, bool replicated)

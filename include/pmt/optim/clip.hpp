@@ -2,8 +2,10 @@
 #pragma once
 // Gradient clipping by the global norm: sqrt of the sum of squared gradients of the whole model,
 // whatever its layout. Shards that differ across tp ranks are summed over tp; parameters
-// replicated over tp are counted once. After data-parallel sync every dp replica holds the same
-// gradients, so dp adds nothing. Deterministic: per-parameter squared norms in a fixed order.
+// replicated over tp are counted once; each pipeline stage adds its own parameters (summed over
+// pp), and a stage's copy of another stage's parameter (the tied LM head) is left out. After
+// data-parallel sync every dp replica holds the same gradients, so dp adds nothing.
+// Deterministic: per-parameter squared norms in a fixed order.
 
 #include "pmt/comm/collectives.hpp"
 #include "pmt/comm/communicator.hpp"
@@ -21,25 +23,32 @@
 namespace pmt::optim {
 
 /// \brief The global L2 norm of the gradients (see the file comment). Communication: one
-/// all_reduce(tp) of one number (none when tp = 1).
+/// all_reduce(tp) and, with `pp`, one all_reduce(pp) of one number (none on axes of size 1).
 template <class T, class Exec, class Backend>
 double global_grad_norm(const Exec& exec, const std::vector<nn::Parameter<T, Exec>*>& params,
-                        const comm::Communicator<Backend>& tp) {
+                        const comm::Communicator<Backend>& tp, const comm::Communicator<Backend>* pp = nullptr) {
   Kokkos::View<double*, Kokkos::HostSpace> sums("pmt::optim::grad_norm::sums", 2);  // sharded, replicated
-  for (auto* p : params) sums(p->tp_replicated ? 1 : 0) += ops::squared_norm_value(exec, p->grad);
+  for (auto* p : params)
+    if (!p->pp_copy) sums(p->tp_replicated ? 1 : 0) += ops::squared_norm_value(exec, p->grad);
   if (tp.size() > 1) {
     Kokkos::View<double*, Kokkos::HostSpace> sharded(sums.data(), 1);
     comm::all_reduce(tp, Kokkos::DefaultHostExecutionSpace(), sharded);
   }
-  return std::sqrt(sums(0) + sums(1));
+  sums(0) += sums(1);
+  if (pp != nullptr && pp->size() > 1) {
+    Kokkos::View<double*, Kokkos::HostSpace> stage(sums.data(), 1);
+    comm::all_reduce(*pp, Kokkos::DefaultHostExecutionSpace(), stage);
+  }
+  return std::sqrt(sums(0));
 }
 
 /// \brief Scales all gradients by max_norm / norm when the global norm exceeds max_norm (a
 /// max_norm <= 0 disables clipping). Returns the norm before clipping.
 template <class T, class Exec, class Backend>
 double clip_grad_norm(const Exec& exec, const std::vector<nn::Parameter<T, Exec>*>& params,
-                      const comm::Communicator<Backend>& tp, double max_norm) {
-  const double norm = global_grad_norm(exec, params, tp);
+                      const comm::Communicator<Backend>& tp, double max_norm,
+                      const comm::Communicator<Backend>* pp = nullptr) {
+  const double norm = global_grad_norm(exec, params, tp, pp);
   if (max_norm > 0 && norm > max_norm) {
     const T factor = static_cast<T>(max_norm / (norm + 1e-6));
     for (auto* p : params) ops::scale(exec, p->grad, factor);

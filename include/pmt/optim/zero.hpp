@@ -7,7 +7,8 @@
 // exist only for that part: 2 P / dp values instead of 2 P), and the updated values are
 // all-gathered and written back to the parameters.
 // Communication per step: reduce_scatter(dp) of P, all_reduce(dp) + all_reduce(tp) of 2 numbers
-// for the norm, all_gather(dp) of P. The Trainer leaves the gradient reduction to this optimizer.
+// for the norm (and all_reduce(pp) of 1 with pipeline stages), all_gather(dp) of P. The Trainer
+// leaves the gradient reduction to this optimizer.
 
 #include "pmt/comm/collectives.hpp"
 #include "pmt/comm/communicator.hpp"
@@ -22,6 +23,7 @@
 #include <cmath>
 #include <cstdint>
 #include <utility>
+#include <optional>
 #include <vector>
 
 namespace pmt::optim {
@@ -31,9 +33,11 @@ class ZeroAdamW {
  public:
   static constexpr bool shards_over_dp = true;
 
+  /// \param pp the pipeline communicator when the model is split into stages (the norm then
+  /// sums over stages and leaves out pipeline copies such as the tied LM head).
   ZeroAdamW(std::vector<nn::Parameter<T, Exec>*> params, ops::AdamWParams hyper, const comm::Communicator<Backend>& dp,
-            const comm::Communicator<Backend>& tp)
-      : m_params(std::move(params)), m_h(hyper), m_dp(dp), m_tp(tp) {
+            const comm::Communicator<Backend>& tp, std::optional<comm::Communicator<Backend>> pp = std::nullopt)
+      : m_params(std::move(params)), m_h(hyper), m_dp(dp), m_tp(tp), m_pp(std::move(pp)) {
     std::size_t total = 0;
     for (auto* p : m_params) total += p->size();
     const auto n = static_cast<std::size_t>(m_dp.size());
@@ -43,14 +47,15 @@ class ZeroAdamW {
     m_g          = Tensor<T, 1, Exec>("pmt::optim::ZeroAdamW::grad_shard", m_shard);
     m_m          = Tensor<T, 1, Exec>("pmt::optim::ZeroAdamW::m", m_shard);
     m_v          = Tensor<T, 1, Exec>("pmt::optim::ZeroAdamW::v", m_shard);
-    // Which elements of my shard belong to tp-replicated parameters (counted once in the norm).
+    // Per element of my shard: 0 tp-sharded, 1 tp-replicated (counted once in the norm), 2 a
+    // pipeline copy (not counted).
     m_replicated = Kokkos::View<std::uint8_t*, typename Exec::memory_space>("pmt::optim::ZeroAdamW::replicated", m_shard);
     auto host    = Kokkos::create_mirror_view(m_replicated);
     const std::size_t lo = m_shard * static_cast<std::size_t>(m_dp.rank());
     std::size_t offset = 0;
     for (auto* p : m_params) {
       for (std::size_t i = std::max(offset, lo); i < std::min(offset + p->size(), lo + m_shard); ++i)
-        host(i - lo) = p->tp_replicated ? 1 : 0;
+        host(i - lo) = p->pp_copy ? 2 : (p->tp_replicated ? 1 : 0);
       offset += p->size();
     }
     Kokkos::deep_copy(m_replicated, host);
@@ -72,14 +77,16 @@ class ZeroAdamW {
     Kokkos::View<double*, Kokkos::HostSpace> sums("pmt::optim::ZeroAdamW::norm", 2);
     double s_sh = 0, s_rep = 0;
     Kokkos::parallel_reduce("pmt::optim::ZeroAdamW::norm", Kokkos::RangePolicy<Exec>(exec, 0, m_shard),
-                            KOKKOS_LAMBDA(std::size_t i, double& a) { a += rep(i) ? 0.0 : double(g(i)) * double(g(i)); }, s_sh);
+                            KOKKOS_LAMBDA(std::size_t i, double& a) { a += rep(i) == 0 ? double(g(i)) * double(g(i)) : 0.0; }, s_sh);
     Kokkos::parallel_reduce("pmt::optim::ZeroAdamW::norm", Kokkos::RangePolicy<Exec>(exec, 0, m_shard),
-                            KOKKOS_LAMBDA(std::size_t i, double& a) { a += rep(i) ? double(g(i)) * double(g(i)) : 0.0; }, s_rep);
+                            KOKKOS_LAMBDA(std::size_t i, double& a) { a += rep(i) == 1 ? double(g(i)) * double(g(i)) : 0.0; }, s_rep);
     sums(0) = s_sh, sums(1) = s_rep;
     comm::all_reduce(m_dp, Kokkos::DefaultHostExecutionSpace(), sums);
     Kokkos::View<double*, Kokkos::HostSpace> sharded(sums.data(), 1);
     if (m_tp.size() > 1) comm::all_reduce(m_tp, Kokkos::DefaultHostExecutionSpace(), sharded);
-    const double norm = std::sqrt(sums(0) + sums(1));
+    sums(0) += sums(1);
+    if (m_pp && m_pp->size() > 1) comm::all_reduce(*m_pp, Kokkos::DefaultHostExecutionSpace(), sharded);
+    const double norm = std::sqrt(sums(0));
     if (max_norm > 0 && norm > max_norm) ops::scale(exec, m_g, static_cast<T>(max_norm / (norm + 1e-6)));
     // AdamW on my part of the flat values
     pack(exec, &nn::Parameter<T, Exec>::value, m_flat_w);
@@ -120,6 +127,7 @@ class ZeroAdamW {
   std::vector<nn::Parameter<T, Exec>*> m_params;
   ops::AdamWParams m_h;
   comm::Communicator<Backend> m_dp, m_tp;
+  std::optional<comm::Communicator<Backend>> m_pp;
   std::size_t m_shard = 0;
   std::int64_t m_step = 0;
   Tensor<T, 1, Exec> m_flat_g, m_flat_w, m_g, m_m, m_v;

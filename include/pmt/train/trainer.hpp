@@ -1,11 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// Trainer: one training step of a model over a dp x tp Mesh (the non-pipelined case):
-//   zero grads -> for each microbatch: forward + loss + backward (gradients accumulate; the dp
-//   all-reduces of the last microbatch start during its backward) -> finish the dp sync ->
-//   clip by the global norm -> optimizer step with the scheduled learning rate.
+// Trainer: one training step of a model over a dp x tp x pp Mesh:
+//   zero grads -> the microbatches: with pp = 1 forward + loss + backward of each in turn, with
+//   pp > 1 the pipeline schedule (GPipe or 1F1B, parallel/pipeline.hpp) over the stages; the
+//   gradients accumulate and the dp all-reduces of the last microbatch start during its backward
+//   -> finish the dp sync -> sum the tied embedding's gradients between the first and last stage
+//   -> clip by the global norm (over tp and pp) -> optimizer step with the scheduled learning rate.
 // step() returns the global loss: the sum over dp ranks and microbatches of the per-batch losses,
-// each already divided by the global token count the caller passes.
+// each already divided by the global token count the caller passes (the same on every rank).
+// The policy (5th parameter) is a Hybrid<DataParallel<Mode>, TensorSplit<>, Pipeline<S, Schedule>>
+// (any subset): it fixes the dp mode and the default schedule, and the Mesh must fit it (an axis
+// the Hybrid does not name must have degree 1; Pipeline<S> needs pp = S). A bare Synchronous or
+// LocalSgd<H> is accepted too, as Hybrid<DataParallel<Mode>, TensorSplit<>, Pipeline<>>.
 // DpMode: Synchronous (gradients summed over dp every step) or LocalSgd<H> (no gradient
 // communication; each replica normalises by its share of the tokens, normaliser / dp, and the
 // parameters are averaged over dp every H steps; optimizer state stays local, so with plain SGD
@@ -18,11 +24,16 @@
 #include "pmt/optim/clip.hpp"
 #include "pmt/optim/zero.hpp"
 #include "pmt/parallel/grad_sync.hpp"
+#include "pmt/parallel/pipeline.hpp"
+#include "pmt/parallel/schedule.hpp"
+#include "pmt/policy/hybrid.hpp"
 #include "pmt/policy/policies.hpp"
 
 #include <Kokkos_Core.hpp>
 
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -30,10 +41,7 @@ namespace pmt::train {
 
 /// \brief One microbatch of this dp rank: B sequences of T tokens and their targets.
 template <class Ids>
-struct Microbatch {
-  Ids ids, targets;
-  std::size_t B = 0, T = 0;
-};
+using Microbatch = parallel::Microbatch<Ids>;
 
 /// \brief Step options.
 struct StepOptions {
@@ -47,8 +55,49 @@ inline constexpr int local_sgd_period_v = 0;
 template <int H>
 inline constexpr int local_sgd_period_v<LocalSgd<H>> = H;
 
-template <class Model, class Optimizer, class Exec, class Backend, class DpMode = Synchronous>
+/// \brief What a Trainer's policy says: the dp mode, whether each axis may be > 1, the static
+/// number of stages (pmt::dynamic: any) and the default schedule.
+template <class Policy>
+struct trainer_policy {  // a bare dp mode: every axis allowed, 1F1B
+  using dp_mode                          = Policy;
+  static constexpr bool dp = true, tp = true, pp = true;
+  static constexpr int stages            = dynamic;
+  static constexpr parallel::ScheduleKind schedule = parallel::ScheduleKind::OneFOneB;
+};
+template <class... Ps>
+struct trainer_policy<Hybrid<Ps...>> {
+  using H   = Hybrid<Ps...>;
+  using DpP = typename H::template get<Axis::dp>;
+  using PpP = typename H::template get<Axis::pp>;
+  template <class P, class = void>
+  struct mode_of {
+    using type = Synchronous;
+  };
+  template <class P>
+  struct mode_of<P, std::void_t<typename P::mode>> {
+    using type = typename P::mode;
+  };
+  template <class P, class = void>
+  struct pipeline_of {
+    static constexpr int stages = 1;
+    static constexpr parallel::ScheduleKind schedule = parallel::ScheduleKind::OneFOneB;
+  };
+  template <class P>
+  struct pipeline_of<P, std::void_t<typename P::schedule>> {
+    static constexpr int stages = P::stages;
+    static constexpr parallel::ScheduleKind schedule =
+        std::is_same_v<typename P::schedule, GPipe> ? parallel::ScheduleKind::GPipe : parallel::ScheduleKind::OneFOneB;
+  };
+  using dp_mode                          = typename mode_of<DpP>::type;
+  static constexpr bool dp = H::has(Axis::dp), tp = H::has(Axis::tp), pp = H::has(Axis::pp);
+  static constexpr int stages            = pipeline_of<PpP>::stages;
+  static constexpr parallel::ScheduleKind schedule = pipeline_of<PpP>::schedule;
+};
+
+template <class Model, class Optimizer, class Exec, class Backend, class Policy = Synchronous>
 class Trainer {
+  using policy  = trainer_policy<Policy>;
+  using DpMode  = typename policy::dp_mode;
   static constexpr int H = local_sgd_period_v<DpMode>;
   static_assert(std::is_same_v<DpMode, Synchronous> || H > 0,
                 "pmt::train::Trainer: DpMode must be pmt::Synchronous or pmt::LocalSgd<H>");
@@ -62,8 +111,10 @@ class Trainer {
 
   Trainer(const Mesh<Backend>& mesh, Model& model, Optimizer& opt, const Exec& exec = Exec(),
           std::size_t bucket_bytes = parallel::GradSync<T, Exec, Backend>::default_bucket_bytes)
-      : m_mesh(mesh), m_model(model), m_opt(opt), m_exec(exec), m_sync(mesh.comm(Axis::dp), model.parameters(), bucket_bytes) {
+      : m_mesh(checked(mesh)), m_model(model), m_opt(opt), m_exec(exec),
+        m_sync(mesh.comm(Axis::dp), model.parameters(), bucket_bytes), m_schedule(policy::schedule) {
     m_model.on_block_grads([this](const std::vector<nn::Parameter<T, Exec>*>& ps) { m_sync.ready(m_exec, ps); });
+    if (mesh.degree(Axis::pp) > 1) m_runner.emplace(mesh, model);
   }
   Trainer(const Trainer&)            = delete;  // the model's hook points at this object
   Trainer& operator=(const Trainer&) = delete;
@@ -78,21 +129,30 @@ class Trainer {
     m_opt.zero_grad();
     const int dp           = m_mesh.degree(Axis::dp);
     const double normaliser = H > 0 ? o.normaliser / dp : o.normaliser;
+    // ZeRO optimizers reduce-scatter the gradients themselves; local SGD does not sync them.
+    constexpr bool dp_sync = !Optimizer::shards_over_dp && H == 0;
     double loss            = 0;
-    for (std::size_t i = 0; i < microbatches.size(); ++i) {
-      const auto& mb = microbatches[i];
-      // ZeRO optimizers reduce-scatter the gradients themselves; local SGD does not sync them.
-      m_sync.arm(!Optimizer::shards_over_dp && H == 0 && i + 1 == microbatches.size());
-      loss += m_model.forward_backward(m_exec, mb.ids, mb.targets, mb.B, mb.T, normaliser);
+    if (m_runner) {
+      loss = m_runner->run(m_exec, m_schedule, microbatches, normaliser,
+                           [this](int, bool last) { m_sync.arm(dp_sync && last); });
+    } else {
+      for (std::size_t i = 0; i < microbatches.size(); ++i) {
+        const auto& mb = microbatches[i];
+        m_sync.arm(dp_sync && i + 1 == microbatches.size());
+        loss += m_model.forward_backward(m_exec, mb.ids, mb.targets, mb.B, mb.T, normaliser);
+      }
     }
     m_sync.finish(m_exec);
+    m_model.sync_tied_grads(m_exec);  // pp > 1: first and last stage sum their copies' gradients
     Kokkos::View<double, Kokkos::HostSpace> total("pmt::train::loss");
     total() = H > 0 ? loss / dp : loss;
     comm::all_reduce(m_mesh.comm(Axis::dp), Kokkos::DefaultHostExecutionSpace(), total);
+    if (m_mesh.degree(Axis::pp) > 1) comm::all_reduce(m_mesh.comm(Axis::pp), Kokkos::DefaultHostExecutionSpace(), total);
     if constexpr (Optimizer::shards_over_dp) {
       m_last_norm = m_opt.step(m_exec, o.lr, o.max_norm);
     } else {
-      m_last_norm = optim::clip_grad_norm(m_exec, m_model.parameters(), m_mesh.comm(Axis::tp), o.max_norm);
+      m_last_norm = optim::clip_grad_norm(m_exec, m_model.parameters(), m_mesh.comm(Axis::tp), o.max_norm,
+                                          &m_mesh.comm(Axis::pp));
       m_opt.step(m_exec, o.lr);
     }
     if constexpr (H > 0) {
@@ -104,13 +164,35 @@ class Trainer {
 
   double last_grad_norm() const noexcept { return m_last_norm; }
   const parallel::GradSync<T, Exec, Backend>& grad_sync() const noexcept { return m_sync; }
+  /// \brief The pipeline schedule of the next steps (the policy's by default).
+  void set_schedule(parallel::ScheduleKind kind) noexcept { m_schedule = kind; }
+  parallel::ScheduleKind schedule() const noexcept { return m_schedule; }
+  /// \brief The pipeline runner (pp > 1), for its statistics and checked tables; null otherwise.
+  const parallel::PipelineRunner<Model, Exec, Backend>* pipeline() const noexcept { return m_runner ? &*m_runner : nullptr; }
 
  private:
+  static const Mesh<Backend>& checked(const Mesh<Backend>& mesh) {
+    const auto s = mesh.shape();
+    const bool ok = (policy::dp || s.dp == 1) && (policy::tp || s.tp == 1) && (policy::pp || s.pp == 1) &&
+                    (policy::stages == dynamic || !policy::pp || policy::stages == s.pp);
+    detail::require<ConfigError>(ok, "pmt::train::Trainer", [&] {
+      return detail::str("the mesh is dp(", s.dp, ") x tp(", s.tp, ") x pp(", s.pp, ") but the policy ",
+                         policy::dp ? "has" : "has no", " DataParallel, ", policy::tp ? "has" : "has no", " TensorSplit and ",
+                         policy::pp ? (policy::stages == dynamic ? std::string("Pipeline<> (any pp)")
+                                                                 : detail::str("Pipeline<", policy::stages, ">"))
+                                    : std::string("no Pipeline"),
+                         "; an axis without a policy must have degree 1");
+    });
+    return mesh;
+  }
+
   const Mesh<Backend>& m_mesh;
   Model& m_model;
   Optimizer& m_opt;
   Exec m_exec;
   parallel::GradSync<T, Exec, Backend> m_sync;
+  parallel::ScheduleKind m_schedule;
+  std::optional<parallel::PipelineRunner<Model, Exec, Backend>> m_runner;
   double m_last_norm = 0;
   std::int64_t m_steps = 0;
 };

@@ -1,0 +1,214 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// PipelineRunner: executes a checked schedule table (parallel/schedule.hpp) on this rank's
+// pipeline stage of a model. Per action of the table, in order:
+//   RecvAct i / RecvGrad i  wait for the message; its receive was posted one receive ahead
+//                           (a receive of each kind is always in flight, overlapping compute)
+//   Forward i               model.forward_stage in activation slot k (a free slot, taken now)
+//   Backward i              model.backward_stage in the slot of i, which is then free again
+//   SendAct i / SendGrad i  non-blocking send; completed sends are reaped as the run goes and
+//                           all are waited for at the end
+// Activations go to stage s+1 (tag 11), their gradients to s-1 (tag 12) on the pp communicator;
+// messages of one kind between two stages are matched in table order, which check() proved
+// consistent and free of deadlock for every stage together before the first run.
+// The model provides: value_type, Ids, Activation, stage(), stages(), width(),
+// forward_stage(exec, ids, targets, x_in, B, T, normaliser, &loss) and backward_stage(exec, dy)
+// (see nn::Gpt). Stats: wall time, compute time (forward + backward, fenced), time waiting in
+// receives, the peak of live microbatches (forward done, backward not) and each action's timing.
+
+#include "pmt/comm/collectives.hpp"
+#include "pmt/comm/communicator.hpp"
+#include "pmt/comm/mesh.hpp"
+#include "pmt/comm/request.hpp"
+#include "pmt/core/error.hpp"
+#include "pmt/nn/saved.hpp"
+#include "pmt/parallel/schedule.hpp"
+
+#include <Kokkos_Core.hpp>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <utility>
+#include <vector>
+
+namespace pmt::parallel {
+
+/// \brief One microbatch of this dp rank: B sequences of T tokens and their targets.
+template <class Ids>
+struct Microbatch {
+  Ids ids, targets;
+  std::size_t B = 0, T = 0;
+};
+
+/// \brief One executed action: seconds since the run started.
+struct StageEvent {
+  Action action;
+  double start = 0, end = 0;
+};
+
+/// \brief What the last run of a PipelineRunner measured on this rank.
+struct PipelineStats {
+  double wall = 0, compute = 0, recv_wait = 0;  ///< seconds
+  int peak_live = 0;                            ///< most microbatches alive at once (forward done, backward not)
+  std::vector<StageEvent> events;
+  /// \brief The idle fraction of this stage: 1 - compute / wall.
+  double idle() const { return wall > 0 ? 1.0 - compute / wall : 0.0; }
+};
+
+template <class Model, class Exec, class Backend>
+class PipelineRunner {
+ public:
+  using Ids        = typename Model::Ids;
+  using Activation = typename Model::Activation;
+  /// \brief Called before each Backward action with the microbatch and whether it is the stage's
+  /// last backward of the run (data-parallel gradient sync arms there).
+  using BackwardHook = std::function<void(int mb, bool last)>;
+
+  PipelineRunner(const Mesh<Backend>& mesh, Model& model)
+      : m_pp(mesh.comm(Axis::pp)), m_model(model), m_root(mesh.is_root()) {
+    detail::require<ConfigError>(model.stages() == m_pp.size() && model.stage() == m_pp.rank(), "pmt::parallel::PipelineRunner", [&] {
+      return detail::str("the model is stage ", model.stage(), " of ", model.stages(), " but this rank is pp ",
+                         m_pp.rank(), " of ", m_pp.size());
+    });
+  }
+
+  /// \brief The table of `kind` for m microbatches on this model's stages, checked by
+  /// check() when first asked for (cached). 1F1B with m < stages warns once on the world root:
+  /// it runs correctly but with GPipe's bubble and memory.
+  /// \throws pmt::ConfigError from the builders or the checker.
+  const Schedule& schedule(ScheduleKind kind, int m) {
+    const auto key = std::make_pair(static_cast<int>(kind), m);
+    auto it        = m_tables.find(key);
+    if (it == m_tables.end()) {
+      Schedule sc = make_schedule(kind, m_model.stages(), m);
+      m_reports[key] = check(sc);
+      if (kind == ScheduleKind::OneFOneB && m < m_model.stages() && m_root)
+        std::fprintf(stderr,
+                     "pmt: warning: 1F1B with %d microbatches on %d pipeline stages has no steady phase: it runs "
+                     "like GPipe (bubble %.0f%%); use at least %d microbatches\n",
+                     m, m_model.stages(), 100.0 * ScheduleReport::theory(m_model.stages(), m), m_model.stages());
+      it = m_tables.emplace(key, std::move(sc)).first;
+    }
+    return it->second;
+  }
+  /// \brief The checker's report for a schedule built by schedule().
+  const ScheduleReport& report(ScheduleKind kind, int m) { return (schedule(kind, m), m_reports.at({static_cast<int>(kind), m})); }
+
+  /// \brief Runs this stage's part of one step over the microbatches (every stage gets the same
+  /// list: the first reads ids, the last targets, all use B and T). Returns the sum of this
+  /// stage's microbatch losses in microbatch order (non-zero on the last stage only).
+  double run(const Exec& exec, ScheduleKind kind, const std::vector<Microbatch<Ids>>& mbs, double normaliser,
+             const BackwardHook& before_backward = {}) {
+    const int m = static_cast<int>(mbs.size());
+    detail::require<ConfigError>(m >= 1, "pmt::parallel::PipelineRunner::run", [&] { return std::string("no microbatch"); });
+    const auto& actions = schedule(kind, m).per_stage[static_cast<std::size_t>(m_model.stage())];
+    const auto M        = static_cast<std::size_t>(m);
+    const int s         = m_model.stage();
+    std::vector<Activation> in_act(M), out(M), in_grad(M);
+    std::vector<double> losses(M, 0.0);
+    std::vector<std::size_t> slot_of(M, 0), free_slots;
+    std::size_t slots = 0;
+    int live = 0, last_backward = -1;
+    for (const auto& a : actions)
+      if (a.kind == Action::Backward) last_backward = a.mb;
+    std::vector<comm::Request> sends;
+    struct Pending {
+      std::size_t at = static_cast<std::size_t>(-1);
+      comm::Request rq;
+    } next_act, next_grad;
+    const auto post = [&](Pending& p, std::size_t from, Action::Kind kind_) {
+      p.at = static_cast<std::size_t>(-1);
+      for (std::size_t k = from; k < actions.size(); ++k)
+        if (actions[k].kind == kind_) {
+          const auto i = static_cast<std::size_t>(actions[k].mb);
+          auto& buf    = kind_ == Action::RecvAct ? in_act[i] : in_grad[i];
+          buf = Activation(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("pmt::parallel::pipeline::recv")),
+                           mbs[i].B * mbs[i].T, m_model.width());
+          p.rq = kind_ == Action::RecvAct ? comm::irecv(m_pp, exec, buf, s - 1, tag_act) : comm::irecv(m_pp, exec, buf, s + 1, tag_grad);
+          p.at = k;
+          return;
+        }
+    };
+    post(next_act, 0, Action::RecvAct);
+    post(next_grad, 0, Action::RecvGrad);
+    m_stats        = PipelineStats{};
+    const auto t0  = clock::now();
+    const auto now = [&] { return std::chrono::duration<double>(clock::now() - t0).count(); };
+    for (std::size_t k = 0; k < actions.size(); ++k) {
+      const Action a = actions[k];
+      const auto i   = static_cast<std::size_t>(a.mb);
+      const auto& mb = mbs[i];
+      const double start = now();
+      switch (a.kind) {
+        case Action::RecvAct:
+        case Action::RecvGrad: {
+          auto& p = a.kind == Action::RecvAct ? next_act : next_grad;
+          p.rq.wait();
+          post(p, k + 1, a.kind);
+          m_stats.recv_wait += now() - start;
+          break;
+        }
+        case Action::Forward: {
+          if (free_slots.empty()) free_slots.push_back(slots++);
+          slot_of[i] = free_slots.back();
+          free_slots.pop_back();
+          m_stats.peak_live = std::max(m_stats.peak_live, ++live);
+          {
+            nn::ActivationSlot slot(slot_of[i]);
+            out[i] = m_model.forward_stage(exec, mb.ids, mb.targets, in_act[i], mb.B, mb.T, normaliser, &losses[i]);
+          }
+          exec.fence();
+          in_act[i] = Activation();  // the stage's layers keep what they need in the slot
+          m_stats.compute += now() - start;
+          break;
+        }
+        case Action::Backward: {
+          if (before_backward) before_backward(a.mb, a.mb == last_backward);
+          {
+            nn::ActivationSlot slot(slot_of[i]);
+            out[i] = m_model.backward_stage(exec, in_grad[i]);
+          }
+          exec.fence();
+          in_grad[i] = Activation();
+          free_slots.push_back(slot_of[i]);
+          --live;
+          m_stats.compute += now() - start;
+          break;
+        }
+        case Action::SendAct:
+        case Action::SendGrad:
+          sends.push_back(a.kind == Action::SendAct ? comm::isend(m_pp, exec, out[i], s + 1, tag_act)
+                                                    : comm::isend(m_pp, exec, out[i], s - 1, tag_grad));
+          out[i] = Activation();  // the Request keeps the buffer until the send completes
+          break;
+      }
+      m_stats.events.push_back({a, start, now()});
+      // reap completed sends so their buffers are freed as the run goes
+      for (auto& rq : sends) rq.test();
+    }
+    for (auto& rq : sends) rq.wait();
+    m_stats.wall = now();
+    double loss = 0;
+    for (double l : losses) loss += l;
+    return loss;
+  }
+
+  /// \brief What the last run measured on this rank.
+  const PipelineStats& stats() const noexcept { return m_stats; }
+
+ private:
+  using clock                      = std::chrono::steady_clock;
+  static constexpr int tag_act     = 11;
+  static constexpr int tag_grad    = 12;
+  comm::Communicator<Backend> m_pp;
+  Model& m_model;
+  bool m_root;
+  std::map<std::pair<int, int>, Schedule> m_tables;
+  std::map<std::pair<int, int>, ScheduleReport> m_reports;
+  PipelineStats m_stats;
+};
+
+}  // namespace pmt::parallel

@@ -1,0 +1,267 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// Pipeline schedules as tables, and their checker.
+// A Schedule holds, for each of p stages, the ordered list of actions that stage performs for m
+// microbatches: Forward i, Backward i, SendAct i (activation to stage s+1), RecvAct i (from s-1),
+// SendGrad i (activation gradient to s-1), RecvGrad i (from s+1). It is built before running;
+// the runner executes it literally.
+//   GPipe: all forwards, then all backwards (m microbatches of activations alive per stage).
+//   1F1B:  warm-up of p-s-1 forwards on stage s, then one forward / one backward in turn, then a
+//          cool-down of backwards (at most p-s microbatches alive on stage s, so p on stage 0).
+// check() simulates the table for all stages together under the runner's semantics (sends do not
+// block; a receive blocks until its message was sent; messages between two stages of one kind
+// arrive in the order sent), with a forward costing `t_forward` and a backward `t_backward`
+// time units, and proves: every action appears exactly where the data it needs exists (a forward
+// after its input arrived, a backward after its forward and its gradient), every send has its
+// receive in the same order on the other side, nothing is left unreceived, and no stage waits
+// forever. It reports the makespan, each stage's busy time, the bubble (the idle fraction of
+// stages x makespan; for GPipe and 1F1B with t_backward = 2 t_forward it is (p-1)/(m+p-1)) and
+// each stage's peak of microbatches whose forward is done and backward is not.
+
+#include "pmt/core/error.hpp"
+
+#include <algorithm>
+#include <cstddef>
+#include <deque>
+#include <string>
+#include <vector>
+
+namespace pmt::parallel {
+
+/// \brief What a stage does for one microbatch.
+struct Action {
+  enum Kind { Forward, Backward, SendAct, RecvAct, SendGrad, RecvGrad };
+  Kind kind;
+  int mb;
+  friend bool operator==(const Action& a, const Action& b) { return a.kind == b.kind && a.mb == b.mb; }
+};
+
+inline const char* kind_name(Action::Kind k) {
+  switch (k) {
+    case Action::Forward: return "forward";
+    case Action::Backward: return "backward";
+    case Action::SendAct: return "send-activation";
+    case Action::RecvAct: return "recv-activation";
+    case Action::SendGrad: return "send-gradient";
+    case Action::RecvGrad: return "recv-gradient";
+  }
+  return "?";
+}
+
+/// \brief Which schedule (run time counterpart of pmt::GPipe / pmt::OneFOneB).
+enum class ScheduleKind { GPipe, OneFOneB };
+
+inline const char* schedule_name(ScheduleKind k) { return k == ScheduleKind::GPipe ? "gpipe" : "1f1b"; }
+
+/// \brief One action list per stage.
+struct Schedule {
+  std::string name;
+  int stages = 0, microbatches = 0;
+  std::vector<std::vector<Action>> per_stage;
+};
+
+namespace schedule_detail {
+
+inline void check_sizes(const char* op, int stages, int microbatches) {
+  pmt::detail::require<ConfigError>(stages >= 1 && microbatches >= 1, op, [&] {
+    return pmt::detail::str("stages ", stages, " and microbatches ", microbatches, ": both must be >= 1");
+  });
+}
+
+inline void push_forward(std::vector<Action>& a, int s, int p, int i) {
+  if (s > 0) a.push_back({Action::RecvAct, i});
+  a.push_back({Action::Forward, i});
+  if (s + 1 < p) a.push_back({Action::SendAct, i});
+}
+inline void push_backward(std::vector<Action>& a, int s, int p, int i) {
+  if (s + 1 < p) a.push_back({Action::RecvGrad, i});
+  a.push_back({Action::Backward, i});
+  if (s > 0) a.push_back({Action::SendGrad, i});
+}
+
+}  // namespace schedule_detail
+
+/// \brief GPipe: every forward, then every backward (in the same microbatch order).
+/// \throws pmt::ConfigError for stages or microbatches < 1.
+inline Schedule gpipe(int stages, int microbatches) {
+  schedule_detail::check_sizes("pmt::parallel::gpipe", stages, microbatches);
+  Schedule sc{"gpipe", stages, microbatches, std::vector<std::vector<Action>>(static_cast<std::size_t>(stages))};
+  for (int s = 0; s < stages; ++s) {
+    auto& a = sc.per_stage[static_cast<std::size_t>(s)];
+    for (int i = 0; i < microbatches; ++i) schedule_detail::push_forward(a, s, stages, i);
+    for (int i = 0; i < microbatches; ++i) schedule_detail::push_backward(a, s, stages, i);
+  }
+  return sc;
+}
+
+/// \brief 1F1B (PipeDream-flush): warm-up, steady one-forward-one-backward, cool-down. With fewer
+/// microbatches than stages it is still correct (warm-up is cut to m) but its bubble is GPipe's.
+/// \throws pmt::ConfigError for stages or microbatches < 1.
+inline Schedule one_f_one_b(int stages, int microbatches) {
+  schedule_detail::check_sizes("pmt::parallel::one_f_one_b", stages, microbatches);
+  Schedule sc{"1f1b", stages, microbatches, std::vector<std::vector<Action>>(static_cast<std::size_t>(stages))};
+  for (int s = 0; s < stages; ++s) {
+    auto& a            = sc.per_stage[static_cast<std::size_t>(s)];
+    const int warmup   = std::min(stages - s - 1, microbatches);
+    int next_forward   = 0;
+    int next_backward  = 0;
+    for (; next_forward < warmup; ++next_forward) schedule_detail::push_forward(a, s, stages, next_forward);
+    for (; next_forward < microbatches; ++next_forward, ++next_backward) {
+      schedule_detail::push_forward(a, s, stages, next_forward);
+      schedule_detail::push_backward(a, s, stages, next_backward);
+    }
+    for (; next_backward < microbatches; ++next_backward) schedule_detail::push_backward(a, s, stages, next_backward);
+  }
+  return sc;
+}
+
+/// \brief The schedule of a kind.
+inline Schedule make_schedule(ScheduleKind kind, int stages, int microbatches) {
+  return kind == ScheduleKind::GPipe ? gpipe(stages, microbatches) : one_f_one_b(stages, microbatches);
+}
+
+/// \brief What check() proved and measured.
+struct ScheduleReport {
+  double makespan = 0;            ///< time until the last stage finishes
+  double bubble   = 0;            ///< 1 - sum(busy) / (stages * makespan)
+  std::vector<double> busy;       ///< per stage
+  std::vector<int> peak_live;     ///< per stage: most microbatches between forward and backward
+  /// \brief The theoretical bubble of GPipe and 1F1B, (p - 1) / (m + p - 1).
+  static double theory(int stages, int microbatches) {
+    return static_cast<double>(stages - 1) / static_cast<double>(microbatches + stages - 1);
+  }
+};
+
+/// \brief Simulates the schedule for all stages together (see the file comment).
+/// \throws pmt::ConfigError naming the stage, the action and the reason for a table that would
+/// deadlock, mismatch a send with its receive, run an action before its data exists, or leave
+/// a microbatch without its forward and backward.
+inline ScheduleReport check(const Schedule& sc, double t_forward = 1.0, double t_backward = 2.0) {
+  const char* op = "pmt::parallel::check(schedule)";
+  const int p = sc.stages, m = sc.microbatches;
+  pmt::detail::require<ConfigError>(p >= 1 && m >= 1 && sc.per_stage.size() == static_cast<std::size_t>(p), op, [&] {
+    return pmt::detail::str(sc.name, ": ", sc.per_stage.size(), " action lists for ", p, " stages and ", m,
+                            " microbatches");
+  });
+  const auto P = static_cast<std::size_t>(p), M = static_cast<std::size_t>(m);
+  struct Message {
+    int mb;
+    double time;
+  };
+  // channels[s]: activations s -> s+1; grads[s]: gradients s+1 -> s.
+  std::vector<std::deque<Message>> acts(P), grads(P);
+  std::vector<std::size_t> pc(P, 0);
+  std::vector<double> clock(P, 0.0);
+  // per stage, per microbatch: 0 nothing, 1 input received, 2 forward done, 3 grad received, 4 backward done
+  std::vector<std::vector<int>> state(P, std::vector<int>(M, 0));
+  std::vector<std::vector<bool>> sent(P, std::vector<bool>(M, false));
+  std::vector<int> live(P, 0);
+  ScheduleReport r;
+  r.busy.assign(P, 0.0);
+  r.peak_live.assign(P, 0);
+  const auto fail = [&](std::size_t s, const Action& a, const std::string& why) {
+    throw ConfigError(op, pmt::detail::str(sc.name, " (", p, " stages, ", m, " microbatches): stage ", s, ", action ",
+                                           pc[s], " (", kind_name(a.kind), " of microbatch ", a.mb, "): ", why));
+  };
+  bool progress = true;
+  while (progress) {
+    progress = false;
+    for (std::size_t s = 0; s < P; ++s) {
+      const auto& list = sc.per_stage[s];
+      while (pc[s] < list.size()) {
+        const Action a = list[pc[s]];
+        if (a.mb < 0 || a.mb >= m) fail(s, a, "microbatch out of range");
+        const auto i   = static_cast<std::size_t>(a.mb);
+        const bool first = s == 0, last = s + 1 == P;
+        int& st        = state[s][i];
+        bool blocked   = false;
+        switch (a.kind) {
+          case Action::RecvAct: {
+            if (first) fail(s, a, "the first stage has no previous stage to receive from");
+            if (st != 0) fail(s, a, "received twice");
+            auto& q = acts[s - 1];
+            if (q.empty()) { blocked = true; break; }
+            if (q.front().mb != a.mb)
+              fail(s, a, pmt::detail::str("the next activation from stage ", s - 1, " is microbatch ", q.front().mb,
+                                          " (sends and receives cross)"));
+            clock[s] = std::max(clock[s], q.front().time);
+            q.pop_front();
+            st = 1;
+            break;
+          }
+          case Action::Forward:
+            if (st != (first ? 0 : 1)) fail(s, a, first ? "forward done twice" : "its activation was not received first");
+            clock[s] += t_forward;
+            r.busy[s] += t_forward;
+            st = 2;
+            r.peak_live[s] = std::max(r.peak_live[s], ++live[s]);
+            break;
+          case Action::SendAct:
+            if (last) fail(s, a, "the last stage has no next stage to send to");
+            if (st < 2 || sent[s][i]) fail(s, a, "sent before its forward, or sent twice");
+            acts[s].push_back({a.mb, clock[s]});
+            sent[s][i] = true;
+            break;
+          case Action::RecvGrad: {
+            if (last) fail(s, a, "the last stage has no next stage to receive a gradient from");
+            if (st != 2) fail(s, a, "received before its forward, or twice");
+            if (!sent[s][i]) fail(s, a, "its activation was never sent");
+            auto& q = grads[s];
+            if (q.empty()) { blocked = true; break; }
+            if (q.front().mb != a.mb)
+              fail(s, a, pmt::detail::str("the next gradient from stage ", s + 1, " is microbatch ", q.front().mb,
+                                          " (sends and receives cross)"));
+            clock[s] = std::max(clock[s], q.front().time);
+            q.pop_front();
+            st = 3;
+            break;
+          }
+          case Action::Backward:
+            if (st != (last ? 2 : 3)) fail(s, a, last ? "backward before its forward, or twice" : "its gradient was not received first");
+            clock[s] += t_backward;
+            r.busy[s] += t_backward;
+            st = 4;
+            --live[s];
+            break;
+          case Action::SendGrad:
+            if (first) fail(s, a, "the first stage has no previous stage to send a gradient to");
+            if (st != 4) fail(s, a, "sent before its backward");
+            grads[s - 1].push_back({a.mb, clock[s]});
+            st = 5;
+            break;
+          default: fail(s, a, "unknown action");
+        }
+        if (blocked) break;
+        ++pc[s];
+        progress = true;
+      }
+    }
+  }
+  for (std::size_t s = 0; s < P; ++s)
+    if (pc[s] < sc.per_stage[s].size()) {
+      std::string waits;
+      for (std::size_t t = 0; t < P; ++t)
+        if (pc[t] < sc.per_stage[t].size())
+          waits += pmt::detail::str(waits.empty() ? "" : "; ", "stage ", t, " waits at ",
+                                    kind_name(sc.per_stage[t][pc[t]].kind), " of microbatch ", sc.per_stage[t][pc[t]].mb);
+      fail(s, sc.per_stage[s][pc[s]], "deadlock: " + waits);
+    }
+  for (std::size_t s = 0; s < P; ++s) {
+    const int done = (s == 0) ? 4 : 5;  // the first stage sends no gradient
+    for (std::size_t i = 0; i < M; ++i)
+      if (state[s][i] != done)
+        throw ConfigError(op, pmt::detail::str(sc.name, ": stage ", s, " leaves microbatch ", i,
+                                               " unfinished (every stage must run each microbatch's forward and backward)"));
+    if (!acts[s].empty() || !grads[s].empty())
+      throw ConfigError(op, pmt::detail::str(sc.name, ": a message from or to stage ", s, " is never received"));
+  }
+  double busy = 0;
+  for (std::size_t s = 0; s < P; ++s) {
+    r.makespan = std::max(r.makespan, clock[s]);
+    busy += r.busy[s];
+  }
+  r.bubble = r.makespan > 0 ? 1.0 - busy / (static_cast<double>(p) * r.makespan) : 0.0;
+  return r;
+}
+
+}  // namespace pmt::parallel
