@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 namespace pmt::test {
 
@@ -28,10 +29,10 @@ double shard_error(const P& shard, const P& whole, bool grads, double floor) {
   return worst / scale;
 }
 
-/// Norm-wise relative difference ||shard - slice of whole|| / max(||slice of whole||, floor)
-/// (the Frobenius norm over this rank's shard), matched through the shard's GlobalSlice.
+/// {||shard - slice of whole||^2, ||slice of whole||^2} over this rank's shard, matched through
+/// the shard's GlobalSlice.
 template <class P>
-double shard_norm_error(const P& shard, const P& whole, double floor) {
+std::pair<double, double> shard_squared_norms(const P& shard, const P& whole) {
   const auto& s = shard.slice;
   const std::size_t rows = shard.local_shape[0], cols = shard.local_shape.size() > 1 ? shard.local_shape[1] : 1;
   const std::size_t gcols = shard.local_shape.size() > 1 ? s.extent[1] : 1;
@@ -43,6 +44,14 @@ double shard_norm_error(const P& shard, const P& whole, double floor) {
       diff += (a - b) * (a - b);
       ref += b * b;
     }
+  return {diff, ref};
+}
+
+/// Norm-wise relative difference ||shard - slice of whole|| / max(||slice of whole||, floor)
+/// (the Frobenius norm over this rank's shard).
+template <class P>
+double shard_norm_error(const P& shard, const P& whole, double floor) {
+  const auto [diff, ref] = shard_squared_norms(shard, whole);
   return std::sqrt(diff) / std::max(std::sqrt(ref), std::max(floor, 1e-300));
 }
 

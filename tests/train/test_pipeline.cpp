@@ -1,0 +1,212 @@
+// SPDX-License-Identifier: Apache-2.0
+// Parallel equals serial (design invariant 4) with pipeline stages: for every layout
+// dp x tp x pp = np with pp in {1, 2, 4} and both schedules (GPipe, 1F1B), 5 AdamW steps of a small
+// Gpt (clipping on, up to 8 microbatches per dp rank) give the per-step global losses and final
+// parameters of the one-rank run on the whole global batch. Parameters are matched by their
+// global names, so every rank checks what it holds, the last stage's copy of the tied embedding
+// included. Bounds: per-step losses relative double <= 1e-10, float <= 1e-5; the final
+// parameters gathered over all ranks, ||p - p_1|| / ||p_1||, double <= 1e-10 and float <= 1e-5;
+// for double also every parameter norm-wise and every element <= 1e-10, for float every
+// parameter norm-wise <= 1e-4. (Float per-parameter differences reach ~2e-5 on the small
+// LayerNorm biases: Adam divides by sqrt(v), and elements whose gradient is near zero carry
+// the rounding of different summation orders into the update; the whole model agrees to
+// ~1e-6.) The first stage's peak of live microbatches is counted: 1F1B min(pp, m), GPipe m.
+// Uneven stage plans (5 layers on 2 stages, explicit and balanced) are checked the same way.
+#include <catch2/catch_template_test_macros.hpp>
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
+
+#include "../comm/comm_test.hpp"
+#include "../nn/model_test.hpp"
+#include "pmt/nn/gpt.hpp"
+#include "pmt/optim/optimizers.hpp"
+#include "pmt/train/trainer.hpp"
+
+#include <cmath>
+#include <map>
+#include <string>
+#include <vector>
+
+using Host    = Kokkos::DefaultHostExecutionSpace;
+using Backend = pmt::test::World::backend;
+
+namespace {
+
+constexpr std::size_t V = 96, Tn = 12, B_global = 16;
+constexpr int Steps = 5;
+
+template <class Ids>
+pmt::train::Microbatch<Ids> batch(int step, std::size_t first_seq, std::size_t B) {
+  pmt::train::Microbatch<Ids> mb{Ids("ids", B * Tn), Ids("targets", B * Tn), B, Tn};
+  for (std::size_t b = 0; b < B; ++b)
+    for (std::size_t t = 0; t < Tn; ++t) {
+      const std::size_t s = first_seq + b, n = b * Tn + t;
+      mb.ids(n)     = static_cast<std::int32_t>((step * 131 + s * 31 + t * 7 + 3) % V);
+      mb.targets(n) = (s + t + step) % 11 == 0 ? -100 : static_cast<std::int32_t>((step * 131 + s * 31 + (t + 1) * 7 + 3) % V);
+    }
+  return mb;
+}
+
+double valid_targets(int step) {
+  auto all = batch<Kokkos::View<std::int32_t*, Kokkos::LayoutRight, Kokkos::HostSpace>>(step, 0, B_global);
+  double n = 0;
+  for (std::size_t i = 0; i < all.targets.size(); ++i) n += all.targets(i) != -100;
+  return n;
+}
+
+pmt::train::StepOptions options(int step) {
+  return {valid_targets(step), pmt::optim::warmup_cosine(step, 2, Steps, 3e-3, 3e-4), 0.5};
+}
+
+const pmt::ops::AdamWParams hyper{1e-3, 0.9, 0.95, 1e-8, 0.1, 1};
+
+/// The one-rank run: per-step losses and the final model (kept alive for the comparisons).
+template <class T>
+struct Reference {
+  using Model = pmt::nn::Gpt<T, Host, Backend>;
+  std::unique_ptr<pmt::Mesh<Backend>> mesh;
+  std::unique_ptr<Model> model;
+  std::vector<double> losses;
+  std::map<std::string, pmt::nn::Parameter<T, Host>*> params;
+
+  explicit Reference(const pmt::nn::GptConfig& cfg) {
+    const auto& w = pmt::test::world();
+    mesh          = std::make_unique<pmt::Mesh<Backend>>(w.split(w.rank(), 0), pmt::MeshShape{});
+    model         = std::make_unique<Model>(*mesh, cfg);
+    pmt::optim::AdamW<T, Host> opt(model->parameters(), hyper);
+    pmt::train::Trainer<Model, pmt::optim::AdamW<T, Host>, Host, Backend> tr(*mesh, *model, opt);
+    using Ids = typename Model::Ids;
+    for (int step = 0; step < Steps; ++step) losses.push_back(tr.step({batch<Ids>(step, 0, B_global)}, options(step)));
+    for (auto* p : model->parameters()) params[p->name] = p;
+  }
+};
+
+/// Trains `cfg` on the mesh with the schedule and compares with the reference; true when equal
+/// within tolerance on this rank. `peak` receives the runner's peak of live microbatches.
+template <class T>
+bool matches(const Reference<T>& ref, const pmt::nn::GptConfig& cfg, pmt::MeshShape shape, pmt::parallel::ScheduleKind kind,
+             pmt::parallel::StagePlan plan, int* peak, int* microbatches) {
+  using Model   = pmt::nn::Gpt<T, Host, Backend>;
+  using Ids     = typename Model::Ids;
+  using Opt     = pmt::optim::AdamW<T, Host>;
+  using Policy  = pmt::Hybrid<pmt::DataParallel<>, pmt::TensorSplit<>, pmt::Pipeline<>>;
+  const double tol = std::is_same_v<T, double> ? 1e-10 : 1e-5;
+  pmt::Mesh<Backend> mesh(pmt::test::world(), shape);
+  Model par(mesh, cfg, plan);
+  Opt opt(par.parameters(), hyper);
+  pmt::train::Trainer<Model, Opt, Host, Backend, Policy> tr(mesh, par, opt, Host(), /*bucket_bytes=*/8 << 10);
+  tr.set_schedule(kind);
+  const std::size_t B_local = B_global / static_cast<std::size_t>(shape.dp);
+  const std::size_t first   = B_local * static_cast<std::size_t>(mesh.coord(pmt::Axis::dp));
+  const std::size_t m = std::min<std::size_t>(8, B_local), per = B_local / m;
+  *microbatches = static_cast<int>(m);
+  double worst_loss = 0;
+  for (int step = 0; step < Steps; ++step) {
+    std::vector<pmt::train::Microbatch<Ids>> mbs;
+    for (std::size_t i = 0; i < m; ++i) mbs.push_back(batch<Ids>(step, first + i * per, per));
+    const double l = tr.step(mbs, options(step));
+    worst_loss = std::max(worst_loss, std::abs(l - ref.losses[static_cast<std::size_t>(step)]) / std::abs(ref.losses[static_cast<std::size_t>(step)]));
+  }
+  *peak = tr.pipeline() ? tr.pipeline()->stats().peak_live : 1;
+  double largest = 0;
+  for (auto& kv : ref.params)
+    for (std::size_t i = 0; i < kv.second->size(); ++i) largest = std::max(largest, std::abs(double(kv.second->value(i))));
+  double worst_param = 0, worst_elem = 0;
+  std::string worst_name;
+  bool named = true;
+  Kokkos::View<double*, Kokkos::HostSpace> sums("sums", 2);  // squared difference, squared reference
+  for (auto* p : par.parameters()) {
+    auto it = ref.params.find(p->name);
+    if (it == ref.params.end()) {
+      named = false;
+      continue;
+    }
+    const double e = pmt::test::shard_norm_error(*p, *it->second, 1e-3 * largest);
+    const auto [diff, ref_sq] = pmt::test::shard_squared_norms(*p, *it->second);
+    sums(0) += diff, sums(1) += ref_sq;
+    if (e > worst_param) worst_param = e, worst_name = p->name;
+    worst_elem  = std::max(worst_elem, pmt::test::shard_error(*p, *it->second, false, 1e-3 * largest));
+  }
+  pmt::comm::all_reduce(pmt::test::world(), Kokkos::DefaultHostExecutionSpace(), sums);
+  const double whole = std::sqrt(sums(0) / sums(1));
+  UNSCOPED_INFO("rank " << pmt::test::world().rank() << " (" << mesh.where() << ", " << par.plan().describe()
+                        << "): worst loss difference " << worst_loss << ", whole model " << whole
+                        << ", worst parameter " << worst_param << " (" << worst_name << ", elementwise " << worst_elem
+                        << "), names matched " << named);
+  bool ok = named && worst_loss <= tol && whole <= tol;
+  ok = ok && (std::is_same_v<T, double> ? worst_param <= tol && worst_elem <= tol : worst_param <= 1e-4);
+  return ok;
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("every dp x tp x pp layout and schedule trains like one rank", "[train][pipeline][mpi]", double, float) {
+  using T                  = TestType;
+  const int n              = pmt::test::world().size();
+  const pmt::nn::GptConfig cfg{V, /*context=*/16, /*layers=*/4, /*width=*/32, /*heads=*/8, /*seed=*/5};
+  const Reference<T> ref(cfg);
+  for (int pp = 1; pp <= std::min(n, 4); pp *= 2)
+    for (int dp = 1; dp <= n / pp; dp *= 2) {
+      const int tp = n / pp / dp;
+      for (auto kind : {pmt::parallel::ScheduleKind::OneFOneB, pmt::parallel::ScheduleKind::GPipe}) {
+        if (pp == 1 && kind == pmt::parallel::ScheduleKind::GPipe) continue;  // no schedule without stages
+        DYNAMIC_SECTION("dp " << dp << " x tp " << tp << " x pp " << pp << ", " << pmt::parallel::schedule_name(kind)) {
+          int peak = 0, m = 0;
+          const bool ok = matches(ref, cfg, {dp, tp, pp}, kind, {}, &peak, &m);
+          // the first stage's live microbatches: 1F1B at most min(pp, m), GPipe all m
+          const pmt::Mesh<Backend> probe(pmt::test::world(), {dp, tp, pp});
+          bool mem_ok = true;
+          if (pp > 1 && probe.coord(pmt::Axis::pp) == 0)
+            mem_ok = peak == (kind == pmt::parallel::ScheduleKind::GPipe ? m : std::min(pp, m));
+          UNSCOPED_INFO("first-stage peak of live microbatches " << peak << " with " << m << " microbatches");
+          CHECK(pmt::test::all_ranks(ok && mem_ok));
+        }
+      }
+    }
+}
+
+TEMPLATE_TEST_CASE("uneven stage plans: 5 layers on 2 stages", "[train][pipeline][mpi]", double, float) {
+  using T       = TestType;
+  const int n   = pmt::test::world().size();
+  const pmt::nn::GptConfig cfg{V, /*context=*/16, /*layers=*/5, /*width=*/32, /*heads=*/4, /*seed=*/9};
+  if (n % 2 != 0) return;
+  const Reference<T> ref(cfg);
+  const int tp = n >= 4 ? 2 : 1, dp = n / 2 / tp;
+  for (const auto& plan : {pmt::parallel::explicit_stages(5, {2, 3}), pmt::parallel::explicit_stages(5, {1, 4}),
+                           pmt::nn::Gpt<T, Host, Backend>::balanced_plan(cfg, 2)}) {
+    DYNAMIC_SECTION("dp " << dp << " x tp " << tp << " x pp 2, " << plan.describe()) {
+      int peak = 0, m = 0;
+      CHECK_FALSE(plan.even());
+      CHECK(pmt::test::all_ranks(matches(ref, cfg, {dp, tp, 2}, pmt::parallel::ScheduleKind::OneFOneB, plan, &peak, &m)));
+    }
+  }
+}
+
+TEST_CASE("pipeline configuration errors are raised up front with every factor", "[train][pipeline][mpi]") {
+  using Model     = pmt::nn::Gpt<double, Host, Backend>;
+  const auto& w   = pmt::test::world();
+  const int n     = w.size();
+  const pmt::nn::GptConfig two_layers{V, 16, 2, 32, 4, 1};
+  if (n >= 4) {
+    pmt::Mesh<Backend> mesh(w, {1, n / 4, 4});
+    CHECK_THROWS_WITH(Model(mesh, two_layers), Catch::Matchers::ContainsSubstring("2 layers on 4 pipeline stages"));
+  }
+  if (n >= 2) {
+    pmt::Mesh<Backend> mesh(w, {n / 2, 1, 2});
+    CHECK_THROWS_WITH(Model(mesh, two_layers, pmt::parallel::explicit_stages(2, {2})),
+                      Catch::Matchers::ContainsSubstring("is for 1 stages and 2 layers; the mesh has pp = 2"));
+    // a Hybrid without a Pipeline refuses pp = 2; Pipeline<4> refuses pp = 2
+    Model model(mesh, two_layers);
+    pmt::optim::AdamW<double, Host> opt(model.parameters(), hyper);
+    using NoPipe = pmt::Hybrid<pmt::DataParallel<>, pmt::TensorSplit<>>;
+    using Pipe4  = pmt::Hybrid<pmt::DataParallel<>, pmt::Pipeline<4>>;
+    CHECK_THROWS_WITH((pmt::train::Trainer<Model, pmt::optim::AdamW<double, Host>, Host, Backend, NoPipe>(mesh, model, opt)),
+                      Catch::Matchers::ContainsSubstring("pp(2)") && Catch::Matchers::ContainsSubstring("no Pipeline"));
+    CHECK_THROWS_WITH((pmt::train::Trainer<Model, pmt::optim::AdamW<double, Host>, Host, Backend, Pipe4>(mesh, model, opt)),
+                      Catch::Matchers::ContainsSubstring("Pipeline<4>"));
+    // forward_backward is for the whole model
+    Kokkos::View<std::int32_t*, Kokkos::LayoutRight, Kokkos::HostSpace> ids("ids", 12);
+    CHECK_THROWS_AS(model.forward_backward(Host(), ids, ids, 1, 12, 12.0), pmt::ConfigError);
+  }
+  CHECK_THROWS_WITH(pmt::Mesh<Backend>(w, {n, 2, 2}), Catch::Matchers::ContainsSubstring("dp(" + std::to_string(n) + ") * tp(2) * pp(2)"));
+}
