@@ -22,6 +22,13 @@ echo
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
 for np in 2 4; do
   # no OpenMP binding here: it would pin every rank's thread to the same core
-  OMP_NUM_THREADS=1 OMP_PROC_BIND=false OMP_PLACES= mpiexec -n "$np" --oversubscribe --bind-to none "$build/bench/bench_allreduce"
+  env -u OMP_PLACES OMP_NUM_THREADS=1 OMP_PROC_BIND=false mpiexec -n "$np" --oversubscribe --bind-to none "$build/bench/bench_allreduce"
   echo
 done
+# Pipeline bubble and activation memory: sleeping stages on 2 and 4 ranks (the runtime without CPU
+# contention), the real Gpt on 2 ranks (one core each on this 2-core machine)
+for np in 2 4; do
+  env -u OMP_PLACES OMP_NUM_THREADS=1 OMP_PROC_BIND=false mpiexec -n "$np" --oversubscribe --bind-to none "$build/bench/bench_pipeline" sleep "${PMT_BENCH_REPS_PIPELINE:-3}"
+  echo
+done
+env -u OMP_PLACES OMP_NUM_THREADS=1 OMP_PROC_BIND=false mpiexec -n 2 --bind-to none "$build/bench/bench_pipeline" model "${PMT_BENCH_REPS_PIPELINE:-5}"

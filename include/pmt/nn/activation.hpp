@@ -33,7 +33,7 @@ class Gelu {
   }
   Tensor<T, 2, Exec> backward(const Exec& exec, const Tensor<T, 2, Exec>& dy) {
     Tensor<T, 2, Exec> dx(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::Gelu::dx"), dy.extent(0), dy.extent(1));
-    ops::gelu_backward(exec, *m_x, dy, dx);
+    ops::gelu_backward(exec, m_x.take(), dy, dx);
     return dx;
   }
   std::vector<Parameter<T, Exec>*> parameters() { return {}; }

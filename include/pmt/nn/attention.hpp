@@ -79,7 +79,12 @@ class CausalSelfAttention {
 
   /// \brief dx (N, C) from dy (N, C).
   Tensor<T, 2, Exec> backward(const Exec& exec, const Tensor<T, 2, Exec>& dy) {
-    auto& saved  = *m_saved;
+    auto saved   = m_saved.take();
+    detail::require(saved.qkv.data() != nullptr && dy.extent(0) == saved.qkv.extent(0) * saved.qkv.extent(1),
+                    "pmt::nn::CausalSelfAttention::backward", [&] {
+                      return detail::str("dy is ", shape_str(dy), " but the saved forward is ", shape_str(saved.qkv),
+                                         "; call forward first (each backward consumes its forward's activations)");
+                    });
     const auto B = static_cast<std::size_t>(saved.cache.B), Tn = static_cast<std::size_t>(saved.cache.T_);
     const std::size_t Cl = m_C / static_cast<std::size_t>(m_tp.size());
     auto datt = m_proj.backward(exec, dy);  // (N, C/tp)

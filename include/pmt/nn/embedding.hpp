@@ -88,7 +88,7 @@ class Embedding {
 
   /// \brief table.grad(ids(n) - v0, :) += dout(n, :) for the ids this rank holds.
   void backward(const Exec& exec, const Tensor<T, 2, Exec>& dout) {
-    ops::embedding_backward(exec, *m_local, dout, m_table.grad2d(), -1);
+    ops::embedding_backward(exec, m_local.take(), dout, m_table.grad2d(), -1);
   }
 
   Parameter<T, Exec>& table() { return m_table; }

@@ -19,6 +19,7 @@
 #include "pmt/comm/backend.hpp"
 #include "pmt/comm/collectives.hpp"
 #include "pmt/comm/mesh.hpp"
+#include "pmt/comm/progress.hpp"
 #include "pmt/core/error.hpp"
 #include "pmt/core/random.hpp"
 #include "pmt/core/tensor.hpp"
@@ -62,6 +63,7 @@ class GptBlock {
   Tensor<T, 2, Exec> forward(const Exec& exec, const Tensor<T, 2, Exec>& x, std::size_t B, std::size_t Tn) {
     auto h = m_attn.forward(exec, m_ln1.forward(exec, x), B, Tn);
     ops::add(exec, x, h, h);                                     // h = x + attn(ln1(x))
+    comm::progress();                                            // pending pipeline messages move
     auto y = m_mlp.forward(exec, m_ln2.forward(exec, h));
     ops::add(exec, h, y, y);                                     // y = h + mlp(ln2(h))
     return y;
@@ -69,6 +71,7 @@ class GptBlock {
   Tensor<T, 2, Exec> backward(const Exec& exec, const Tensor<T, 2, Exec>& dy) {
     auto dh = m_ln2.backward(exec, m_mlp.backward(exec, dy));
     ops::add(exec, dh, dy, dh);                                  // residual
+    comm::progress();
     auto dx = m_ln1.backward(exec, m_attn.backward(exec, dh));
     ops::add(exec, dx, dh, dx);
     return dx;
@@ -205,7 +208,10 @@ class Gpt {
     } else {
       x = x_in;
     }
-    for (auto& b : m_blocks) x = b->forward(exec, x, B, Tn);
+    for (auto& b : m_blocks) {
+      x = b->forward(exec, x, B, Tn);
+      comm::progress();  // let pending pipeline sends and receives move (comm/progress.hpp)
+    }
     if (!last_stage()) return x;
     auto h = m_lnf->forward(exec, x);
     // Tied LM head: logits (N, V/tp) = h wte_shard^T.
@@ -233,8 +239,7 @@ class Gpt {
   Activation backward_stage(const Exec& exec, const Activation& dy) {
     Activation dx;
     if (last_stage()) {
-      dx = m_lnf->backward(exec, *m_dh);
-      *m_dh = Activation();
+      dx = m_lnf->backward(exec, m_dh.take());
     } else {
       detail::require(dy.extent(1) == m_cfg.width, "pmt::nn::Gpt::backward_stage", [&] {
         return detail::str("stage ", m_stage, ": dy is ", shape_str(dy), "; expected (B T, ", m_cfg.width, ")");
@@ -244,6 +249,7 @@ class Gpt {
     for (auto it = m_blocks.rbegin(); it != m_blocks.rend(); ++it) {
       dx = (*it)->backward(exec, dx);
       if (m_on_block_grads) m_on_block_grads((*it)->parameters());
+      comm::progress();
     }
     if (!first_stage()) return dx;
     m_wpe->backward(exec, dx);

@@ -4,6 +4,7 @@
 // replicated tensor (every tp rank computes the same). weight starts at 1, bias at 0; both are
 // replicated over tp. Shapes: x, y (N, C); weight, bias (C). Communication: none.
 
+#include "pmt/core/error.hpp"
 #include "pmt/core/tensor.hpp"
 #include "pmt/nn/module.hpp"
 #include "pmt/nn/saved.hpp"
@@ -47,7 +48,12 @@ class LayerNorm {
   }
   Tensor<T, 2, Exec> backward(const Exec& exec, const Tensor<T, 2, Exec>& dy) {
     Tensor<T, 2, Exec> dx(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::LayerNorm::dx"), dy.extent(0), dy.extent(1));
-    const auto& c = *m_saved;
+    const auto c = m_saved.take();
+    detail::require(c.x.data() != nullptr && c.x.extent(0) == dy.extent(0) && c.x.extent(1) == dy.extent(1),
+                    "pmt::nn::LayerNorm::backward", [&] {
+                      return detail::str("dy is ", shape_str(dy), " but the saved input is ", shape_str(c.x),
+                                         "; call forward first (each backward consumes its forward's input)");
+                    });
     ops::layernorm_backward(exec, dy, c.x, m_w.value, c.mean, c.rstd, dx, m_w.grad, m_b.grad);
     return dx;
   }

@@ -116,12 +116,12 @@ class Linear {
   /// \brief dW += x^T dy, db += sum_n dy, returns dx = dy W^T, all-reduced over tp for Col
   /// unless `reduce_dx` is false (the caller sums several partial dx, then reduces once).
   Tensor<T, 2, Exec> backward(const Exec& exec, const Tensor<T, 2, Exec>& dy, bool reduce_dx = true) {
-    const Tensor<T, 2, Exec> x = *m_x;
+    const Tensor<T, 2, Exec> x = m_x.take();
     detail::require(x.data() != nullptr && dy.extent(0) == x.extent(0) && dy.extent(1) == out_local(),
                     name() + "::backward", [&] {
                       return detail::str("dy is ", shape_str(dy), " but forward saw x ", shape_str(x),
                                          " and produced (", x.extent(0), ", ", out_local(),
-                                         "); call forward first, with the same batch");
+                                         "); call forward first, with the same batch (each backward consumes its forward's saved input)");
                     });
     ops::matmul(exec, ops::Trans::T, ops::Trans::N, T(1), x, dy, T(1), m_w.grad2d());  // (in_l, out_l)
     if (m_bias) ops::column_sum(exec, dy, m_b.grad, T(1));

@@ -5,8 +5,9 @@
 // slot. The slot in use is chosen for the calling thread by an ActivationSlot scope; outside any
 // scope it is slot 0, so a layer used on its own behaves as if it had a single cache. A pipeline
 // stage with several microbatches in flight (GPipe: all m; 1F1B: up to the number of stages)
-// runs each microbatch's forward and backward in its own slot and hands slots back when the
-// backward is done, so the number of slots ever used is the stage's peak of live activations.
+// runs each microbatch's forward and backward in its own slot. A backward takes (moves out) what
+// its forward saved, so the memory of a microbatch's activations is freed by its backward and a
+// stage holds exactly its live microbatches' activations.
 //   { pmt::nn::ActivationSlot s(k); y = layer.forward(exec, x); }   // saves into slot k
 //   { pmt::nn::ActivationSlot s(k); dx = layer.backward(exec, dy); } // reads slot k
 
@@ -44,9 +45,12 @@ class Saved {
     return m_slots[k];
   }
   Cache* operator->() { return &**this; }
-  /// \brief Drops what slot k holds (its Views are released).
-  void release(std::size_t k) {
-    if (k < m_slots.size()) m_slots[k] = Cache{};
+  /// \brief Moves the current slot's Cache out, leaving the slot empty: a backward consumes
+  /// what its forward saved, so a microbatch's activations are freed as soon as its backward ran.
+  Cache take() {
+    Cache c = std::move(**this);
+    **this  = Cache{};
+    return c;
   }
   /// \brief How many slots have been used.
   std::size_t slots() const noexcept { return m_slots.size(); }

@@ -8,6 +8,9 @@
 //   Backward i              model.backward_stage in the slot of i, which is then free again
 //   SendAct i / SendGrad i  non-blocking send; completed sends are reaped as the run goes and
 //                           all are waited for at the end
+// While a forward or backward computes, the model's calls to comm::progress() poll the pending
+// sends and receives, so a large message (MPI's rendezvous protocol) moves during the compute
+// instead of after it.
 // Activations go to stage s+1 (tag 11), their gradients to s-1 (tag 12) on the pp communicator;
 // messages of one kind between two stages are matched in table order, which check() proved
 // consistent and free of deadlock for every stage together before the first run.
@@ -19,6 +22,7 @@
 #include "pmt/comm/collectives.hpp"
 #include "pmt/comm/communicator.hpp"
 #include "pmt/comm/mesh.hpp"
+#include "pmt/comm/progress.hpp"
 #include "pmt/comm/request.hpp"
 #include "pmt/core/error.hpp"
 #include "pmt/nn/saved.hpp"
@@ -134,6 +138,11 @@ class PipelineRunner {
     };
     post(next_act, 0, Action::RecvAct);
     post(next_grad, 0, Action::RecvGrad);
+    comm::ProgressScope progress([&] {
+      for (auto& rq : sends) rq.test();
+      next_act.rq.test();
+      next_grad.rq.test();
+    });
     m_stats        = PipelineStats{};
     const auto t0  = clock::now();
     const auto now = [&] { return std::chrono::duration<double>(clock::now() - t0).count(); };

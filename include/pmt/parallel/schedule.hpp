@@ -136,13 +136,19 @@ struct ScheduleReport {
 /// \throws pmt::ConfigError naming the stage, the action and the reason for a table that would
 /// deadlock, mismatch a send with its receive, run an action before its data exists, or leave
 /// a microbatch without its forward and backward.
-inline ScheduleReport check(const Schedule& sc, double t_forward = 1.0, double t_backward = 2.0) {
+/// Per-stage times: stage s's forward costs t_forward[s] and its backward t_backward[s] (for
+/// the bubble expected from measured, unequal stages).
+inline ScheduleReport check(const Schedule& sc, const std::vector<double>& t_forward, const std::vector<double>& t_backward) {
   const char* op = "pmt::parallel::check(schedule)";
   const int p = sc.stages, m = sc.microbatches;
-  pmt::detail::require<ConfigError>(p >= 1 && m >= 1 && sc.per_stage.size() == static_cast<std::size_t>(p), op, [&] {
-    return pmt::detail::str(sc.name, ": ", sc.per_stage.size(), " action lists for ", p, " stages and ", m,
-                            " microbatches");
-  });
+  pmt::detail::require<ConfigError>(p >= 1 && m >= 1 && sc.per_stage.size() == static_cast<std::size_t>(p) &&
+                                        t_forward.size() == static_cast<std::size_t>(p) &&
+                                        t_backward.size() == static_cast<std::size_t>(p),
+                                    op, [&] {
+                                      return pmt::detail::str(sc.name, ": ", sc.per_stage.size(), " action lists and ",
+                                                              t_forward.size(), "/", t_backward.size(),
+                                                              " stage times for ", p, " stages and ", m, " microbatches");
+                                    });
   const auto P = static_cast<std::size_t>(p), M = static_cast<std::size_t>(m);
   struct Message {
     int mb;
@@ -191,8 +197,8 @@ inline ScheduleReport check(const Schedule& sc, double t_forward = 1.0, double t
           }
           case Action::Forward:
             if (st != (first ? 0 : 1)) fail(s, a, first ? "forward done twice" : "its activation was not received first");
-            clock[s] += t_forward;
-            r.busy[s] += t_forward;
+            clock[s] += t_forward[s];
+            r.busy[s] += t_forward[s];
             st = 2;
             r.peak_live[s] = std::max(r.peak_live[s], ++live[s]);
             break;
@@ -218,8 +224,8 @@ inline ScheduleReport check(const Schedule& sc, double t_forward = 1.0, double t
           }
           case Action::Backward:
             if (st != (last ? 2 : 3)) fail(s, a, last ? "backward before its forward, or twice" : "its gradient was not received first");
-            clock[s] += t_backward;
-            r.busy[s] += t_backward;
+            clock[s] += t_backward[s];
+            r.busy[s] += t_backward[s];
             st = 4;
             --live[s];
             break;
@@ -262,6 +268,12 @@ inline ScheduleReport check(const Schedule& sc, double t_forward = 1.0, double t
   }
   r.bubble = r.makespan > 0 ? 1.0 - busy / (static_cast<double>(p) * r.makespan) : 0.0;
   return r;
+}
+
+/// \brief check() with every stage's forward costing `t_forward` and backward `t_backward`.
+inline ScheduleReport check(const Schedule& sc, double t_forward = 1.0, double t_backward = 2.0) {
+  const auto P = static_cast<std::size_t>(std::max(sc.stages, 0));
+  return check(sc, std::vector<double>(P, t_forward), std::vector<double>(P, t_backward));
 }
 
 }  // namespace pmt::parallel
