@@ -20,11 +20,13 @@
 #include "../nn/model_test.hpp"
 #include "pmt/nn/gpt.hpp"
 #include "pmt/optim/optimizers.hpp"
+#include "pmt/optim/zero.hpp"
 #include "pmt/train/trainer.hpp"
 
 #include <cmath>
 #include <map>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 using Host    = Kokkos::DefaultHostExecutionSpace;
@@ -82,18 +84,24 @@ struct Reference {
 };
 
 /// Trains `cfg` on the mesh with the schedule and compares with the reference; true when equal
-/// within tolerance on this rank. `peak` receives the runner's peak of live microbatches.
-template <class T>
+/// within tolerance on this rank. `peak` receives the runner's peak of live microbatches. With
+/// Zero the optimizer is ZeroAdamW (state sharded over dp, norm summed over tp and pp).
+template <class T, bool Zero = false>
 bool matches(const Reference<T>& ref, const pmt::nn::GptConfig& cfg, pmt::MeshShape shape, pmt::parallel::ScheduleKind kind,
              pmt::parallel::StagePlan plan, int* peak, int* microbatches) {
   using Model   = pmt::nn::Gpt<T, Host, Backend>;
   using Ids     = typename Model::Ids;
-  using Opt     = pmt::optim::AdamW<T, Host>;
+  using Opt     = std::conditional_t<Zero, pmt::optim::ZeroAdamW<T, Host, Backend>, pmt::optim::AdamW<T, Host>>;
   using Policy  = pmt::Hybrid<pmt::DataParallel<>, pmt::TensorSplit<>, pmt::Pipeline<>>;
   const double tol = std::is_same_v<T, double> ? 1e-10 : 1e-5;
   pmt::Mesh<Backend> mesh(pmt::test::world(), shape);
   Model par(mesh, cfg, plan);
-  Opt opt(par.parameters(), hyper);
+  Opt opt = [&] {
+    if constexpr (Zero)
+      return Opt(par.parameters(), hyper, mesh.comm(pmt::Axis::dp), mesh.comm(pmt::Axis::tp), mesh.comm(pmt::Axis::pp));
+    else
+      return Opt(par.parameters(), hyper);
+  }();
   pmt::train::Trainer<Model, Opt, Host, Backend, Policy> tr(mesh, par, opt, Host(), /*bucket_bytes=*/8 << 10);
   tr.set_schedule(kind);
   const std::size_t B_local = B_global / static_cast<std::size_t>(shape.dp);
@@ -179,6 +187,19 @@ TEMPLATE_TEST_CASE("uneven stage plans: 5 layers on 2 stages", "[train][pipeline
       CHECK_FALSE(plan.even());
       CHECK(pmt::test::all_ranks(matches(ref, cfg, {dp, tp, 2}, pmt::parallel::ScheduleKind::OneFOneB, plan, &peak, &m)));
     }
+  }
+}
+
+TEMPLATE_TEST_CASE("ZeRO-1 over dp with pipeline stages trains like one rank", "[train][pipeline][zero][mpi]", double, float) {
+  using T     = TestType;
+  const int n = pmt::test::world().size();
+  if (n < 2) return;
+  const pmt::nn::GptConfig cfg{V, /*context=*/16, /*layers=*/4, /*width=*/32, /*heads=*/8, /*seed=*/5};
+  const Reference<T> ref(cfg);
+  const int dp = n >= 4 ? 2 : 1, pp = 2, tp = n / dp / pp;
+  DYNAMIC_SECTION("dp " << dp << " x tp " << tp << " x pp " << pp << ", ZeroAdamW") {
+    int peak = 0, m = 0;
+    CHECK(pmt::test::all_ranks(matches<T, true>(ref, cfg, {dp, tp, pp}, pmt::parallel::ScheduleKind::OneFOneB, {}, &peak, &m)));
   }
 }
 
