@@ -18,6 +18,7 @@
 #include "pmt/comm/collectives.hpp"
 #include "pmt/comm/communicator.hpp"
 #include "pmt/comm/mesh.hpp"
+#include "pmt/comm/progress.hpp"
 #include "pmt/comm/request.hpp"
 #if PMT_ENABLE_MPI
 #include "pmt/comm/mpi.hpp"
@@ -49,9 +50,13 @@
 #include "pmt/nn/linear.hpp"
 #include "pmt/nn/mlp.hpp"
 #include "pmt/nn/module.hpp"
+#include "pmt/nn/saved.hpp"
 
 #include "pmt/optim/clip.hpp"
 #include "pmt/optim/optimizers.hpp"
 #include "pmt/optim/zero.hpp"
 #include "pmt/parallel/grad_sync.hpp"
+#include "pmt/parallel/pipeline.hpp"
+#include "pmt/parallel/schedule.hpp"
+#include "pmt/parallel/stages.hpp"
 #include "pmt/train/trainer.hpp"
