@@ -60,3 +60,7 @@
 #include "pmt/parallel/schedule.hpp"
 #include "pmt/parallel/stages.hpp"
 #include "pmt/train/trainer.hpp"
+#include "pmt/io/checkpoint.hpp"
+#include "pmt/io/dataset.hpp"
+#include "pmt/obs/peak.hpp"
+#include "pmt/comm/stats.hpp"

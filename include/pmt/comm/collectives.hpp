@@ -21,6 +21,7 @@
 #include "pmt/comm/backend.hpp"
 #include "pmt/comm/communicator.hpp"
 #include "pmt/comm/request.hpp"
+#include "pmt/comm/stats.hpp"
 #include "pmt/core/error.hpp"
 #include "pmt/core/tensor.hpp"
 
@@ -124,6 +125,7 @@ namespace pmt::comm {
 template <class B, class Exec, class SV, class RV, std::enable_if_t<Kokkos::is_view<RV>::value, int> = 0>
 void all_reduce(const Communicator<B>& c, const Exec& exec, const SV& send, const RV& recv,
                 ReduceOp op = ReduceOp::Sum) {
+  const detail::CommTimer timer;
   using T = typename RV::non_const_value_type;
   detail::check_all_reduce<Exec>("pmt::comm::all_reduce", c, send, recv, op);
   c.all_reduce_raw(exec, send.data(), recv.data(), recv.size(), data_type_of<T>(), op);
@@ -141,6 +143,7 @@ void all_reduce(const Communicator<B>& c, const Exec& exec, const V& buf, Reduce
 template <class B, class Exec, class SV, class RV>
 void reduce_scatter(const Communicator<B>& c, const Exec& exec, const SV& send, const RV& recv,
                     ReduceOp op = ReduceOp::Sum) {
+  const detail::CommTimer timer;
   using T = typename RV::non_const_value_type;
   static_assert(std::is_same_v<typename SV::non_const_value_type, T>,
                 "pmt::comm::reduce_scatter: send and recv must have the same element type");
@@ -163,6 +166,7 @@ void reduce_scatter(const Communicator<B>& c, const Exec& exec, const SV& send, 
 /// \throws pmt::ShapeError unless recv.size() == size() * send.size().
 template <class B, class Exec, class SV, class RV>
 void all_gather(const Communicator<B>& c, const Exec& exec, const SV& send, const RV& recv) {
+  const detail::CommTimer timer;
   using T = typename RV::non_const_value_type;
   static_assert(std::is_same_v<typename SV::non_const_value_type, T>,
                 "pmt::comm::all_gather: send and recv must have the same element type");
@@ -181,6 +185,7 @@ void all_gather(const Communicator<B>& c, const Exec& exec, const SV& send, cons
 /// \brief Every rank's buf = root's buf. \throws pmt::ConfigError for a root outside [0, size()).
 template <class B, class Exec, class V>
 void broadcast(const Communicator<B>& c, const Exec& exec, const V& buf, int root) {
+  const detail::CommTimer timer;
   using T                    = typename V::non_const_value_type;
   constexpr const char* name = "pmt::comm::broadcast";
   detail::check_comm_view<Exec>(name, "buf", buf);
@@ -192,6 +197,7 @@ void broadcast(const Communicator<B>& c, const Exec& exec, const V& buf, int roo
 /// \brief Blocking send of buf to rank `peer` with `tag`.
 template <class B, class Exec, class V>
 void send(const Communicator<B>& c, const Exec& exec, const V& buf, int peer, int tag = 0) {
+  const detail::CommTimer timer;
   detail::check_comm_view<Exec>("pmt::comm::send", "buf", buf);
   detail::require_rank("pmt::comm::send", "peer", peer, c);
   c.send_raw(exec, buf.data(), buf.size(), data_type_of<typename V::non_const_value_type>(), peer, tag);
@@ -200,6 +206,7 @@ void send(const Communicator<B>& c, const Exec& exec, const V& buf, int peer, in
 /// \brief Blocking receive into buf from rank `peer` with `tag` (the message must have buf.size() elements).
 template <class B, class Exec, class V>
 void recv(const Communicator<B>& c, const Exec& exec, const V& buf, int peer, int tag = 0) {
+  const detail::CommTimer timer;
   detail::check_comm_view<Exec>("pmt::comm::recv", "buf", buf);
   detail::require_rank("pmt::comm::recv", "peer", peer, c);
   c.recv_raw(exec, buf.data(), buf.size(), data_type_of<typename V::non_const_value_type>(), peer, tag);
@@ -249,6 +256,7 @@ template <class B, class Exec, class V>
 /// \brief Barrier (in debug mode preceded by the agreement check).
 template <class B>
 void barrier(const Communicator<B>& c) {
+  const detail::CommTimer timer;
   detail::agree_on_collective(c, "pmt::comm::barrier", detail::CollectiveKind::Barrier, DataType::UInt8, 0, 0);
   c.barrier();
 }

@@ -5,6 +5,7 @@
 // whatever the caller does with its own handles. wait() blocks; test() polls. A request destroyed
 // while pending waits first (MPI and NCCL forbid freeing buffers under a pending operation).
 
+#include "pmt/comm/stats.hpp"
 #include "pmt/core/error.hpp"
 
 #include <cstdio>
@@ -44,6 +45,7 @@ class Request {
   /// \brief Blocks until the operation is complete. \throws pmt::CommError from the backend.
   void wait() {
     if (done()) return;
+    const detail::CommTimer timer;
     m_progress(true);
     complete();
   }

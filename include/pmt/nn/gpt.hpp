@@ -195,13 +195,7 @@ class Gpt {
                     });
     Activation x;
     if (first_stage()) {
-      if (m_pos.extent(0) != N || m_pos_T != Tn) {
-        m_pos   = Ids("pmt::nn::Gpt::positions", N);
-        m_pos_T = Tn;
-        auto pos = m_pos;
-        Kokkos::parallel_for("pmt::nn::Gpt::positions", Kokkos::RangePolicy<Exec>(exec, 0, N),
-                             KOKKOS_LAMBDA(std::size_t n) { pos(n) = static_cast<std::int32_t>(n % Tn); });
-      }
+      positions(exec, N, Tn);
       x = Activation(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::Gpt::x"), N, C);  // overwritten
       m_wte->forward(exec, ids, x);
       m_wpe->forward(exec, m_pos, x, /*accumulate=*/true);
@@ -232,6 +226,29 @@ class Gpt {
     *m_dh = dh;
     return Activation();
   }
+
+  /// \brief Inference: like forward_stage, but the last stage returns this rank's logits
+  /// (N, V/tp: vocabulary entries [vocab_offset(), vocab_offset() + V/tp)) and computes no loss
+  /// and no gradient. Activations are saved in the current slot (the next forward replaces them).
+  Activation infer_stage(const Exec& exec, const Ids& ids, const Activation& x_in, std::size_t B, std::size_t Tn) {
+    if (!last_stage()) return forward_stage(exec, ids, Ids(), x_in, B, Tn, 1.0, nullptr);
+    Activation x = x_in;
+    if (first_stage()) {  // pp = 1: embeddings and blocks of forward_stage, without the loss
+      const std::size_t N = B * Tn;
+      x = Activation(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::Gpt::x"), N, m_cfg.width);
+      positions(exec, N, Tn);
+      m_wte->forward(exec, ids, x);
+      m_wpe->forward(exec, m_pos, x, true);
+    }
+    for (auto& b : m_blocks) x = b->forward(exec, x, B, Tn);
+    auto h     = m_lnf->forward(exec, x);
+    auto table = head_table().table().value2d();
+    Activation logits(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::Gpt::logits"), x.extent(0), table.extent(0));
+    ops::matmul(exec, ops::Trans::N, ops::Trans::T, T(1), h, table, T(0), logits);
+    return logits;
+  }
+  /// \brief The first vocabulary entry of this rank's logits (tp shard).
+  std::int64_t vocab_offset() const noexcept { return last_stage() ? (m_head ? m_head : m_wte)->vocab_offset() : 0; }
 
   /// \brief This stage's backward of the microbatch of the current activation slot: `dy` is the
   /// gradient of this stage's output from the next stage (ignored on the last stage, which uses
@@ -308,6 +325,14 @@ class Gpt {
     return c;
   }
   Embedding<T, Exec, Backend>& head_table() { return m_head ? *m_head : *m_wte; }
+  void positions(const Exec& exec, std::size_t N, std::size_t Tn) {
+    if (m_pos.extent(0) == N && m_pos_T == Tn) return;
+    m_pos   = Ids("pmt::nn::Gpt::positions", N);
+    m_pos_T = Tn;
+    auto pos = m_pos;
+    Kokkos::parallel_for("pmt::nn::Gpt::positions", Kokkos::RangePolicy<Exec>(exec, 0, N),
+                         KOKKOS_LAMBDA(std::size_t n) { pos(n) = static_cast<std::int32_t>(n % Tn); });
+  }
 
   GptConfig m_cfg;
   comm::Communicator<Backend> m_tp, m_pp;

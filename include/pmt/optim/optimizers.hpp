@@ -42,7 +42,12 @@ class AdamW {
   }
   void zero_grad() { optim::zero_grad(m_params); }
   std::int64_t steps() const noexcept { return m_step; }
+  /// \brief Sets the step count (bias correction continues from it; for checkpoints).
+  void set_steps(std::int64_t n) noexcept { m_step = n; }
   const std::vector<nn::Parameter<T, Exec>*>& parameters() const noexcept { return m_params; }
+  /// \brief The first and second moments of parameter i (the shapes of its shard).
+  const Tensor<T, 1, Exec>& exp_avg(std::size_t i) const { return m_m.at(i); }
+  const Tensor<T, 1, Exec>& exp_avg_sq(std::size_t i) const { return m_v.at(i); }
 
  private:
   std::vector<nn::Parameter<T, Exec>*> m_params;

@@ -162,6 +162,29 @@ class Trainer {
     return total();
   }
 
+  /// \brief The global loss of the microbatches without changing the model (validation): the same
+  /// forward and backward as step() (so any layout and schedule works), no gradient sync, no
+  /// optimizer step; the gradients are cleared afterwards.
+  double evaluate(const std::vector<Microbatch<Ids>>& microbatches, double normaliser) {
+    detail::require<ConfigError>(!microbatches.empty() && normaliser > 0, "pmt::train::Trainer::evaluate", [&] {
+      return detail::str(microbatches.size(), " microbatches and normaliser ", normaliser,
+                         "; expected at least one microbatch and a positive token count");
+    });
+    m_sync.arm(false);
+    double loss = 0;
+    if (m_runner) {
+      loss = m_runner->run(m_exec, m_schedule, microbatches, normaliser, [this](int, bool) { m_sync.arm(false); });
+    } else {
+      for (const auto& mb : microbatches) loss += m_model.forward_backward(m_exec, mb.ids, mb.targets, mb.B, mb.T, normaliser);
+    }
+    m_opt.zero_grad();
+    Kokkos::View<double, Kokkos::HostSpace> total("pmt::train::loss");
+    total() = loss;
+    comm::all_reduce(m_mesh.comm(Axis::dp), Kokkos::DefaultHostExecutionSpace(), total);
+    if (m_mesh.degree(Axis::pp) > 1) comm::all_reduce(m_mesh.comm(Axis::pp), Kokkos::DefaultHostExecutionSpace(), total);
+    return total();
+  }
+
   double last_grad_norm() const noexcept { return m_last_norm; }
   const parallel::GradSync<T, Exec, Backend>& grad_sync() const noexcept { return m_sync; }
   /// \brief The pipeline schedule of the next steps (the policy's by default).

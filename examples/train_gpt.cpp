@@ -1,0 +1,439 @@
+// SPDX-License-Identifier: Apache-2.0
+// train_gpt: trains a byte-level GPT language model (vocabulary = the 256 byte values) on a text
+// file with any dp x tp x pp layout of the MPI ranks, with validation, sharded checkpoints,
+// metrics, a trace and a generated sample at the end. `train_gpt --help` lists the flags.
+//   mpiexec -n 4 train_gpt --tp 2 --pp 2 --steps 200
+// Every layout sees the same global batches (io/dataset.hpp), so a run's losses do not depend on
+// its layout; a resumed run continues bit for bit like an uninterrupted one (same layout).
+#include <pmt/pmt.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#ifndef PMT_DEFAULT_DATA_DIR
+#define PMT_DEFAULT_DATA_DIR "docs"
+#endif
+
+namespace {
+
+using Exec    = Kokkos::DefaultHostExecutionSpace;
+using Backend = pmt::comm::default_backend_t<Exec>;
+using Model   = pmt::nn::Gpt<float, Exec, Backend>;
+using Opt     = pmt::optim::AdamW<float, Exec>;
+using Policy  = pmt::Hybrid<pmt::DataParallel<>, pmt::TensorSplit<>, pmt::Pipeline<>>;
+using Ids     = Model::Ids;
+constexpr const char* prog = "train_gpt";
+
+struct Options {
+  int dp = 0, tp = 1, pp = 1, microbatches = 0, layers = 4, width = 128, heads = 4, context = 64, batch = 8;
+  int steps = 100, warmup = 10, val_every = 50, ckpt_every = 0, threads = 0;
+  double lr = 3e-3;
+  long seed = 1;
+  bool resume = false, help = false;
+  std::string schedule = "1f1b", data = PMT_DEFAULT_DATA_DIR, ckpt_dir, metrics, trace;
+};
+
+std::string usage() {
+  return std::string(
+             "usage: train_gpt [flags]        (under mpiexec -n N for N ranks)\n"
+             "layout\n"
+             "  --dp N --tp N --pp N    data x tensor x pipeline degrees; their product must be the number\n"
+             "                          of ranks (default: tp 1, pp 1, dp = ranks / (tp pp))\n"
+             "  --schedule 1f1b|gpipe   pipeline schedule (default 1f1b)\n"
+             "  --microbatches N        microbatches per step and dp rank (default 2 pp with pp > 1, else 1);\n"
+             "                          must divide batch / dp\n"
+             "model (byte-level: vocabulary 256)\n"
+             "  --layers N (4)  --width N (128)  --heads N (4)  --context N (64)\n"
+             "training\n"
+             "  --batch N (8)           sequences per step, over all dp ranks\n"
+             "  --steps N (100)  --lr X (3e-3)  --warmup N (10)  --seed N (1)\n"
+             "  --threads N             OpenMP threads per rank (default: OMP_NUM_THREADS)\n"
+             "data\n"
+             "  --data PATH             a text file, or a directory whose .md files are concatenated\n"
+             "                          (default: ") +
+         PMT_DEFAULT_DATA_DIR +
+         ",\n"
+         "                          the project's documentation, on every machine pmt is built on);\n"
+         "                          the first 90 % trains, the rest validates\n"
+         "  --val-every N (50)      validation loss every N steps (0: only at the end)\n"
+         "checkpoints\n"
+         "  --ckpt-dir DIR          where to save sharded checkpoints (DIR/step-N, DIR/LATEST)\n"
+         "  --ckpt-every N          save every N steps (0: only at the end, when --ckpt-dir is given)\n"
+         "  --resume                continue from DIR/LATEST (any layout of the same model)\n"
+         "output\n"
+         "  --metrics FILE          JSON lines: every step's and validation's figures\n"
+         "  --trace FILE            Chrome trace (chrome://tracing, Perfetto) of steps and pipeline actions\n"
+         "Each step prints: loss, learning rate, tokens/s, MFU (model FLOPs / the measured fp32 FMA peak of\n"
+         "all ranks), the share of rank 0's step spent in communication, and progress.\n";
+}
+
+Options parse(int argc, char* argv[]) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a.rfind("--kokkos", 0) == 0) continue;  // Kokkos' own flags
+    if (a == "--help" || a == "-h") {
+      o.help = true;
+      continue;
+    }
+    if (a == "--resume") {
+      o.resume = true;
+      continue;
+    }
+    const auto known = {"--dp", "--tp", "--pp", "--schedule", "--microbatches", "--layers", "--width", "--heads",
+                        "--context", "--batch", "--steps", "--lr", "--warmup", "--seed", "--data", "--val-every",
+                        "--ckpt-dir", "--ckpt-every", "--metrics", "--trace", "--threads"};
+    if (std::find(known.begin(), known.end(), a) == known.end())
+      throw pmt::ConfigError(prog, "unknown flag " + a + " (see --help)");
+    if (i + 1 >= argc) throw pmt::ConfigError(prog, a + " needs a value (see --help)");
+    const std::string v = argv[++i];
+    const auto as_int = [&](long min) {
+      char* end    = nullptr;
+      errno        = 0;
+      const long x = std::strtol(v.c_str(), &end, 10);
+      if (v.empty() || *end != '\0' || errno != 0 || x < min || x > 1L << 30)
+        throw pmt::ConfigError(prog, a + " " + v + ": expected an integer >= " + std::to_string(min));
+      return static_cast<int>(x);
+    };
+    if (a == "--dp") o.dp = as_int(1);
+    else if (a == "--tp") o.tp = as_int(1);
+    else if (a == "--pp") o.pp = as_int(1);
+    else if (a == "--microbatches") o.microbatches = as_int(1);
+    else if (a == "--layers") o.layers = as_int(1);
+    else if (a == "--width") o.width = as_int(1);
+    else if (a == "--heads") o.heads = as_int(1);
+    else if (a == "--context") o.context = as_int(1);
+    else if (a == "--batch") o.batch = as_int(1);
+    else if (a == "--steps") o.steps = as_int(1);
+    else if (a == "--warmup") o.warmup = as_int(0);
+    else if (a == "--seed") o.seed = as_int(0);
+    else if (a == "--val-every") o.val_every = as_int(0);
+    else if (a == "--ckpt-every") o.ckpt_every = as_int(0);
+    else if (a == "--threads") o.threads = as_int(1);
+    else if (a == "--lr") {
+      char* end = nullptr;
+      o.lr      = std::strtod(v.c_str(), &end);
+      if (v.empty() || *end != '\0' || !(o.lr > 0) || !std::isfinite(o.lr))
+        throw pmt::ConfigError(prog, "--lr " + v + ": expected a positive number");
+    } else if (a == "--schedule") {
+      if (v != "1f1b" && v != "gpipe") throw pmt::ConfigError(prog, "--schedule " + v + ": expected 1f1b or gpipe");
+      o.schedule = v;
+    } else if (a == "--data") o.data = v;
+    else if (a == "--ckpt-dir") o.ckpt_dir = v;
+    else if (a == "--metrics") o.metrics = v;
+    else if (a == "--trace") o.trace = v;
+  }
+  return o;
+}
+
+/// Checks what needs no communication; every rank reaches the same verdict.
+void validate(Options& o, int ranks) {
+  if (o.dp == 0) {
+    if (ranks % (o.tp * o.pp) != 0)
+      throw pmt::ConfigError(prog, pmt::detail::str(ranks, " ranks are not divisible by tp(", o.tp, ") * pp(", o.pp, ")"));
+    o.dp = ranks / (o.tp * o.pp);
+  }
+  if (static_cast<long>(o.dp) * o.tp * o.pp != ranks)
+    throw pmt::ConfigError(prog, pmt::detail::str("dp(", o.dp, ") * tp(", o.tp, ") * pp(", o.pp, ") = ",
+                                                  static_cast<long>(o.dp) * o.tp * o.pp, " but there are ", ranks, " ranks"));
+  if (o.width % o.heads != 0)
+    throw pmt::ConfigError(prog, pmt::detail::str("--width ", o.width, " is not divisible by --heads ", o.heads));
+  if (o.heads % o.tp != 0)
+    throw pmt::ConfigError(prog, pmt::detail::str("--heads ", o.heads, " is not divisible by tp = ", o.tp, " (heads are split over tp)"));
+  if (256 % o.tp != 0)
+    throw pmt::ConfigError(prog, pmt::detail::str("the vocabulary (256 bytes) is not divisible by tp = ", o.tp));
+  if (o.layers < o.pp)
+    throw pmt::ConfigError(prog, pmt::detail::str("--layers ", o.layers, " < pp = ", o.pp, ": every stage needs a layer"));
+  if (o.batch % o.dp != 0)
+    throw pmt::ConfigError(prog, pmt::detail::str("--batch ", o.batch, " is not divisible by dp = ", o.dp));
+  if (o.microbatches == 0) o.microbatches = o.pp > 1 ? std::min(2 * o.pp, o.batch / o.dp) : 1;
+  if ((o.batch / o.dp) % o.microbatches != 0)
+    throw pmt::ConfigError(prog, pmt::detail::str("--microbatches ", o.microbatches, " does not divide the ", o.batch / o.dp,
+                                                  " sequences of each dp rank (batch ", o.batch, " / dp ", o.dp, ")"));
+  if (o.resume && o.ckpt_dir.empty()) throw pmt::ConfigError(prog, "--resume needs --ckpt-dir");
+}
+
+std::string model_description(const Options& o) {
+  return pmt::detail::str("gpt vocab=256 context=", o.context, " layers=", o.layers, " width=", o.width, " heads=", o.heads);
+}
+
+bool is_world_root_env() {  // before MPI is initialised
+  for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMI_RANK"})
+    if (const char* r = std::getenv(v)) return std::atoi(r) == 0;
+  return true;
+}
+
+/// An error every rank raised (bad input, or a checkpoint that cannot be loaded or saved): all
+/// exit 1; rank 0 reports it, and so does a rank whose own error it is (`alike` false: only some
+/// ranks hold the cause, the others raise "failed on other rank(s)").
+struct Agreed {
+  std::string message;
+  bool alike = true;
+};
+
+}  // namespace
+
+int main(int argc, char* argv[]) {
+  Options o;
+  std::string parse_error;
+  try {
+    o = parse(argc, argv);
+  } catch (const pmt::Error& e) {
+    parse_error = e.what();
+  }
+  if (o.help && parse_error.empty()) {
+    if (is_world_root_env()) std::fputs(usage().c_str(), stdout);
+    return 0;
+  }
+  if (o.threads > 0) setenv("OMP_NUM_THREADS", std::to_string(o.threads).c_str(), 1);  // the user's explicit choice
+  pmt::ScopeGuard guard(argc, argv);
+  const bool root = pmt::world_rank() == 0;
+  try {
+    if (!parse_error.empty()) throw Agreed{parse_error};
+#if PMT_ENABLE_MPI
+    pmt::comm::Communicator<Backend> world(MPI_COMM_WORLD);
+#else
+    pmt::comm::Communicator<Backend> world;
+#endif
+    std::unique_ptr<pmt::io::TokenDataset> data;
+    try {
+      validate(o, world.size());
+      data = std::make_unique<pmt::io::TokenDataset>(o.data, static_cast<std::size_t>(o.context));
+    } catch (const pmt::Error& e) {
+      throw Agreed{e.what()};
+    }
+    pmt::Mesh<Backend> mesh(world, pmt::MeshShape{o.dp, o.tp, o.pp});
+    const std::size_t T = static_cast<std::size_t>(o.context);
+    const pmt::nn::GptConfig cfg{256, T, static_cast<std::size_t>(o.layers), static_cast<std::size_t>(o.width),
+                                 static_cast<std::size_t>(o.heads), static_cast<std::uint64_t>(o.seed)};
+    Model model(mesh, cfg);
+    Opt opt(model.parameters(), pmt::ops::AdamWParams{o.lr, 0.9, 0.95, 1e-8, 0.1, 1});
+    pmt::train::Trainer<Model, Opt, Exec, Backend, Policy> trainer(mesh, model, opt);
+    trainer.set_schedule(o.schedule == "gpipe" ? pmt::parallel::ScheduleKind::GPipe : pmt::parallel::ScheduleKind::OneFOneB);
+    int start = 0;
+    if (o.resume) {
+      const std::string latest = pmt::io::latest_checkpoint(o.ckpt_dir);
+      if (latest.empty()) {
+        if (root) std::printf("no checkpoint in %s: starting from step 0\n", o.ckpt_dir.c_str());
+      } else {
+        try {
+          const auto info = pmt::io::load_checkpoint(latest, mesh, opt, model_description(o));
+          start           = static_cast<int>(info.step);
+          // a layout-free fingerprint of the loaded parameters: sum over every element of value * f(global index)
+          Kokkos::View<double, Kokkos::HostSpace> fp("fingerprint");
+          for (auto* p : model.parameters()) {
+            if (p->pp_copy || (p->tp_replicated && mesh.coord(pmt::Axis::tp) != 0)) continue;
+            auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), p->value);
+            const std::size_t cols = p->local_shape.size() > 1 ? p->local_shape[1] : 1;
+            const std::size_t gcols = p->local_shape.size() > 1 ? p->slice.extent[1] : 1;
+            for (std::size_t i = 0; i < h.size(); ++i) {
+              const std::size_t g = (p->slice.offset[0] + i / cols) * gcols + (cols > 1 ? p->slice.offset[1] + i % cols : 0);
+              fp() += double(h(i)) * (1.0 + double((g * 2654435761u) % 1000) / 1000.0) * (1.0 + double(p->name.size() % 7));
+            }
+          }
+          if (mesh.degree(pmt::Axis::dp) > 1 && mesh.coord(pmt::Axis::dp) != 0) fp() = 0;
+          pmt::comm::all_reduce(world, Kokkos::DefaultHostExecutionSpace(), fp);
+          if (root)
+            std::printf("resumed from %s: step %d, saved with dp %d x tp %d x pp %d, parameter fingerprint %.15e\n",
+                        latest.c_str(), start, info.layout.dp, info.layout.tp, info.layout.pp, fp());
+        } catch (const pmt::IoError& e) {
+          throw Agreed{e.what(), false};  // load_checkpoint raises on every rank
+        }
+      }
+    }
+    // FLOPs per step (forward + backward): 6 per weight per token, plus attention's 6 L T C
+    const double C = o.width, L = o.layers, tokens = double(o.batch) * double(T);
+    const double flops = tokens * (6.0 * (12.0 * L * C * C + 256.0 * C) + 6.0 * L * double(T) * C);
+    pmt::comm::barrier(world);
+    Kokkos::View<double, Kokkos::HostSpace> peak("peak");
+    peak() = pmt::obs::measured_fp32_peak_gflops() * 1e9;  // all ranks at once: their share of the node
+    pmt::comm::all_reduce(world, Kokkos::DefaultHostExecutionSpace(), peak);
+    if (root) {
+      std::printf("pmt train_gpt: %d ranks = dp %d x tp %d x pp %d (%s, %d microbatches); GPT %d layers, width %d, %d heads, "
+                  "context %zu; batch %d; %d thread(s) per rank\n",
+                  world.size(), o.dp, o.tp, o.pp, o.schedule.c_str(), o.microbatches, o.layers, o.width, o.heads, T,
+                  o.batch, Exec().concurrency());
+      std::printf("data: %s, %zu bytes (%zu train, %zu validation)\n", data->path().c_str(), data->size(),
+                  data->train_size(), data->val_size());
+      if (o.pp > 1) std::printf("stages: %s\n", model.plan().describe().c_str());
+      std::printf("measured fp32 peak of all ranks: %.1f GFLOP/s\n", peak() / 1e9);
+    }
+    std::FILE* metrics = nullptr;
+    if (root && !o.metrics.empty()) {
+      metrics = std::fopen(o.metrics.c_str(), o.resume && start > 0 ? "a" : "w");
+      if (!metrics) throw pmt::IoError(prog, o.metrics + ": cannot be written");
+    }
+    const std::size_t B_local = static_cast<std::size_t>(o.batch / o.dp), per = B_local / static_cast<std::size_t>(o.microbatches);
+    const std::size_t first   = B_local * static_cast<std::size_t>(mesh.coord(pmt::Axis::dp));
+    std::vector<pmt::train::Microbatch<Ids>> mbs;
+    for (int i = 0; i < o.microbatches; ++i) mbs.push_back({Ids("ids", per * T), Ids("targets", per * T), per, T});
+    const auto fill = [&](auto&& source) {
+      for (int i = 0; i < o.microbatches; ++i) {
+        auto ids = Kokkos::create_mirror_view(mbs[i].ids), tgt = Kokkos::create_mirror_view(mbs[i].targets);
+        source(first + static_cast<std::size_t>(i) * per, ids, tgt);
+        Kokkos::deep_copy(mbs[i].ids, ids);
+        Kokkos::deep_copy(mbs[i].targets, tgt);
+      }
+    };
+    const auto validate_now = [&](int step) {
+      double loss = 0;
+      const int batches = 4;
+      for (int k = 0; k < batches; ++k) {
+        fill([&](std::size_t f, auto& ids, auto& tgt) { data->val_batch(static_cast<std::size_t>(k * o.batch) + f, per, ids, tgt); });
+        loss += trainer.evaluate(mbs, tokens * batches);
+      }
+      if (root) {
+        std::printf("step %5d  validation loss %.4f\n", step, loss);
+        if (metrics) std::fprintf(metrics, "{\"step\": %d, \"val_loss\": %.17g}\n", step, loss);
+      }
+    };
+    const auto save = [&](int step) {
+      pmt::io::CheckpointInfo info;
+      info.step  = step;
+      info.model = model_description(o);
+      info.extra = {{"seed", std::to_string(o.seed)}, {"data_position", std::to_string(step)}, {"steps", std::to_string(o.steps)}};
+      try {
+        const std::string where = pmt::io::save_checkpoint(o.ckpt_dir, mesh, opt, info);
+        if (root) std::printf("checkpoint: %s\n", where.c_str());
+      } catch (const pmt::IoError& e) {
+        throw Agreed{e.what(), false};  // save_checkpoint raises on every rank
+      }
+    };
+    std::ostringstream trace;
+    const auto t_origin = std::chrono::steady_clock::now();
+    const auto since    = [&](std::chrono::steady_clock::time_point t) { return std::chrono::duration<double, std::micro>(t - t_origin).count(); };
+    const auto run_t0   = std::chrono::steady_clock::now();
+    for (int step = start; step < o.steps; ++step) {
+      fill([&](std::size_t f, auto& ids, auto& tgt) { data->train_batch(static_cast<std::uint64_t>(o.seed), step, f, per, ids, tgt); });
+      const double lr = pmt::optim::warmup_cosine(step, o.warmup, o.steps, o.lr, o.lr / 10);
+      const double c0 = pmt::comm::comm_time().seconds;
+      const auto t0   = std::chrono::steady_clock::now();
+      const double loss = trainer.step(mbs, pmt::train::StepOptions{tokens, lr, 1.0});
+      const auto t1   = std::chrono::steady_clock::now();
+      const double s = std::chrono::duration<double>(t1 - t0).count(), comm = pmt::comm::comm_time().seconds - c0;
+      if (!o.trace.empty()) {
+        trace << pmt::detail::str("{\"name\":\"step ", step, "\",\"ph\":\"X\",\"pid\":", world.rank(), ",\"tid\":0,\"ts\":", since(t0),
+                                  ",\"dur\":", since(t1) - since(t0), "},\n");
+        if (const auto* pl = trainer.pipeline())
+          for (const auto& e : pl->stats().events)
+            trace << pmt::detail::str("{\"name\":\"", pmt::parallel::kind_name(e.action.kind), " ", e.action.mb,
+                                      "\",\"ph\":\"X\",\"pid\":", world.rank(), ",\"tid\":1,\"ts\":", since(t0) + e.start * 1e6,
+                                      ",\"dur\":", (e.end - e.start) * 1e6, "},\n");
+      }
+      if (root) {
+        const double done = double(step + 1 - start) / double(o.steps - start);
+        const double left = std::chrono::duration<double>(t1 - run_t0).count() * (1 - done) / done;
+        std::printf("step %5d/%d  loss %.4f  lr %.2e  %7.0f tok/s  MFU %4.1f%%  comm %4.1f%%  [%3.0f%%, %dm%02ds left]\n", step,
+                    o.steps, loss, lr, tokens / s, 100.0 * flops / s / peak(), 100.0 * comm / s, 100.0 * done,
+                    int(left) / 60, int(left) % 60);
+        std::fflush(stdout);
+        if (metrics)
+          std::fprintf(metrics,
+                       "{\"step\": %d, \"loss\": %.17g, \"lr\": %.9g, \"grad_norm\": %.9g, \"seconds\": %.6f, "
+                       "\"tokens_per_s\": %.1f, \"mfu\": %.5f, \"comm_fraction\": %.5f}\n",
+                       step, loss, lr, trainer.last_grad_norm(), s, tokens / s, flops / s / peak(), comm / s);
+      }
+      if (o.val_every > 0 && (step + 1) % o.val_every == 0 && step + 1 < o.steps) validate_now(step + 1);
+      if (!o.ckpt_dir.empty() && o.ckpt_every > 0 && (step + 1) % o.ckpt_every == 0) save(step + 1);
+    }
+    validate_now(o.steps);
+    if (!o.ckpt_dir.empty() && (o.ckpt_every == 0 || o.steps % o.ckpt_every != 0) && start < o.steps) save(o.steps);
+    if (metrics) std::fclose(metrics);
+    // A sample: 160 bytes after a prompt from the validation text, temperature 0.8, seeded.
+    {
+      std::string prompt;
+      {
+        Ids ids("p", T), tgt("t", T);
+        auto hi = Kokkos::create_mirror_view(ids), ht = Kokkos::create_mirror_view(tgt);
+        data->val_batch(0, 1, hi, ht);
+        for (std::size_t t = 0; t < std::min<std::size_t>(T / 2, 24); ++t) prompt += static_cast<char>(hi(t));
+      }
+      std::string text = prompt;
+      const auto& pp   = mesh.comm(pmt::Axis::pp);
+      const int s = model.stage(), P = model.stages();
+      for (int g = 0; g < 160; ++g) {
+        const std::size_t n = std::min<std::size_t>(text.size(), T);
+        Ids ids("gen::ids", n);
+        auto hi = Kokkos::create_mirror_view(ids);
+        for (std::size_t t = 0; t < n; ++t) hi(t) = static_cast<unsigned char>(text[text.size() - n + t]);
+        Kokkos::deep_copy(ids, hi);
+        Model::Activation x;
+        if (s > 0) {
+          x = Model::Activation("gen::x", n, static_cast<std::size_t>(o.width));
+          pmt::comm::recv(pp, Exec(), x, s - 1, 21);
+        }
+        auto out = model.infer_stage(Exec(), ids, x, 1, n);
+        Kokkos::View<std::int32_t*, Kokkos::HostSpace> next("gen::next", 1);
+        if (s + 1 < P) {
+          pmt::comm::send(pp, Exec(), out, s + 1, 21);
+        } else {  // the last row's logits, gathered over tp, sampled alike on every tp rank
+          const std::size_t vl = out.extent(1);
+          Kokkos::View<float*, Kokkos::HostSpace> mine("gen::mine", vl), all("gen::all", vl * static_cast<std::size_t>(o.tp));
+          auto ho = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out);
+          for (std::size_t v = 0; v < vl; ++v) mine(v) = ho(n - 1, v);
+          pmt::comm::all_gather(mesh.comm(pmt::Axis::tp), Kokkos::DefaultHostExecutionSpace(), mine, all);
+          double mx = -1e300, z = 0;
+          for (std::size_t v = 0; v < all.size(); ++v) mx = std::max(mx, double(all(v)) / 0.8);
+          std::vector<double> prob(all.size());
+          for (std::size_t v = 0; v < all.size(); ++v) z += prob[v] = std::exp(double(all(v)) / 0.8 - mx);
+          double u = pmt::random_uniform(pmt::RngKey{static_cast<std::uint64_t>(o.seed), 4242}, static_cast<std::uint64_t>(g)) * z;
+          std::size_t v = 0;
+          while (v + 1 < all.size() && (u -= prob[v]) > 0) ++v;
+          next(0) = static_cast<std::int32_t>(v);
+        }
+        if (P > 1) pmt::comm::broadcast(pp, Kokkos::DefaultHostExecutionSpace(), next, P - 1);
+        text += static_cast<char>(next(0));
+      }
+      if (root) {
+        std::string shown;
+        for (char ch : text) shown += (ch == '\n' || (ch >= 32 && ch < 127)) ? ch : '?';
+        std::printf("sample (prompt \"%s\", temperature 0.8):\n%s\n", prompt.c_str(), shown.c_str());
+      }
+    }
+    if (!o.trace.empty()) {  // gather every rank's events on rank 0
+      std::string mine = trace.str();
+      Kokkos::View<std::uint64_t, Kokkos::HostSpace> len("len");
+      if (root) {
+        std::ofstream out(o.trace);
+        if (!out) throw pmt::IoError(prog, o.trace + ": cannot be written");
+        out << "{\"traceEvents\":[\n" << mine;
+        for (int q = 1; q < world.size(); ++q) {
+          pmt::comm::recv(world, Kokkos::DefaultHostExecutionSpace(), len, q, 31);
+          Kokkos::View<char*, Kokkos::HostSpace> buf("buf", len());
+          pmt::comm::recv(world, Kokkos::DefaultHostExecutionSpace(), buf, q, 32);
+          out.write(buf.data(), static_cast<std::streamsize>(buf.size()));
+        }
+        out << "{\"name\":\"end\",\"ph\":\"i\",\"pid\":0,\"tid\":0,\"ts\":0}]}\n";
+        std::printf("trace: %s\n", o.trace.c_str());
+      } else {
+        len() = mine.size();
+        pmt::comm::send(world, Kokkos::DefaultHostExecutionSpace(), len, 0, 31);
+        Kokkos::View<char*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> buf(mine.data(), mine.size());
+        pmt::comm::send(world, Kokkos::DefaultHostExecutionSpace(), buf, 0, 32);
+      }
+    }
+    return 0;
+  } catch (const Agreed& e) {
+    if (root || (!e.alike && e.message.find("other rank(s)") == std::string::npos))
+      std::fprintf(stderr, "%s: error: %s\n", prog, e.message.c_str());
+    return 1;
+  } catch (const std::exception& e) {
+    // Only this rank may have failed: report it and end the whole job rather than leave the
+    // others waiting in a collective.
+    if (!root) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    std::fprintf(stderr, "%s: error: %s\n", prog, e.what());
+#if PMT_ENABLE_MPI
+    if (pmt::world_size() > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+#endif
+    return 1;
+  }
+}

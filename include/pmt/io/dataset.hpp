@@ -1,0 +1,107 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// TokenDataset: a byte-level token stream (each byte is a token, vocabulary 256) read from a file
+// or from a directory (its regular files with the given extensions, in name order, concatenated),
+// split into a training part (the first 90 %) and a validation part (the rest, at least one
+// context). Batches are a function of (seed, step, sequence index) only: sequence j of the global
+// batch of step s starts at an offset drawn from Philox keyed by (seed, s, j), so every layout
+// sees the same global batches and each dp rank reads just its own sequences [first, first + B).
+// The data position of a run is its step number (what a checkpoint records). Validation windows
+// are fixed: window k starts at k * stride over the validation part.
+
+#include "pmt/core/error.hpp"
+#include "pmt/core/random.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <system_error>
+#include <vector>
+
+namespace pmt::io {
+
+class TokenDataset {
+ public:
+  /// \brief Reads `path`: a file, or a directory whose files ending in one of `extensions`
+  /// (e.g. ".md") are concatenated in name order.
+  /// \throws pmt::IoError naming the path when it is missing or unreadable, or holds fewer than
+  /// 2 (context + 1) bytes (one context for training, one for validation).
+  TokenDataset(const std::string& path, std::size_t context, const std::vector<std::string>& extensions = {".md"})
+      : m_path(path), m_context(context) {
+    namespace fs = std::filesystem;
+    const char* op = "pmt::io::TokenDataset";
+    std::error_code ec;
+    std::vector<fs::path> files;
+    if (fs::is_directory(path, ec)) {
+      for (const auto& e : fs::directory_iterator(path, ec))
+        if (e.is_regular_file() &&
+            std::find(extensions.begin(), extensions.end(), e.path().extension().string()) != extensions.end())
+          files.push_back(e.path());
+      std::sort(files.begin(), files.end());
+      detail::require<IoError>(!files.empty(), op, [&] { return detail::str(path, ": a directory without data files"); });
+    } else {
+      detail::require<IoError>(fs::exists(path, ec), op, [&] { return detail::str(path, ": no such file"); });
+      files.push_back(path);
+    }
+    for (const auto& f : files) {
+      std::ifstream in(f, std::ios::binary);
+      detail::require<IoError>(static_cast<bool>(in), op, [&] { return detail::str(f.string(), ": cannot be read"); });
+      m_bytes.append(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+      detail::require<IoError>(!in.bad(), op, [&] { return detail::str(f.string(), ": read error"); });
+    }
+    detail::require<IoError>(m_bytes.size() >= context + 1, op, [&] {
+      return detail::str(path, " holds ", m_bytes.size(), " bytes, shorter than one context (context + 1 = ", context + 1,
+                         " bytes)");
+    });
+    detail::require<IoError>(m_bytes.size() >= 2 * (context + 1), op, [&] {
+      return detail::str(path, " holds ", m_bytes.size(), " bytes; a training and a validation split need 2 (context + 1) = ",
+                         2 * (context + 1));
+    });
+    m_val_begin = std::min(m_bytes.size() - (context + 1), m_bytes.size() * 9 / 10);
+  }
+
+  std::size_t size() const noexcept { return m_bytes.size(); }
+  std::size_t train_size() const noexcept { return m_val_begin; }
+  std::size_t val_size() const noexcept { return m_bytes.size() - m_val_begin; }
+  const std::string& path() const noexcept { return m_path; }
+
+  /// \brief Sequences [first, first + B) of the global batch of `step`: inputs and next-byte
+  /// targets, B x context each, row-major, into host Views (or pointers) ids and targets.
+  template <class Ids>
+  void train_batch(std::uint64_t seed, std::int64_t step, std::size_t first, std::size_t B, const Ids& ids,
+                   const Ids& targets) const {
+    const std::size_t T = m_context, span = m_val_begin >= T + 1 ? m_val_begin - T - 1 : 0;
+    for (std::size_t b = 0; b < B; ++b) {
+      const double u = random_uniform(RngKey{seed, 1000}, static_cast<std::uint64_t>(step) * (std::uint64_t(1) << 20) + first + b);
+      fill(static_cast<std::size_t>(u * static_cast<double>(span + 1)) % (span + 1), b, ids, targets);
+    }
+  }
+
+  /// \brief How many validation windows of one context there are (at least 1).
+  std::size_t val_windows() const noexcept { return std::max<std::size_t>(1, (val_size() - 1) / m_context); }
+  /// \brief Validation windows [first, first + B) (taken modulo val_windows()).
+  template <class Ids>
+  void val_batch(std::size_t first, std::size_t B, const Ids& ids, const Ids& targets) const {
+    for (std::size_t b = 0; b < B; ++b) fill(m_val_begin + ((first + b) % val_windows()) * m_context, b, ids, targets);
+  }
+
+ private:
+  template <class Ids>
+  void fill(std::size_t start, std::size_t b, const Ids& ids, const Ids& targets) const {
+    const std::size_t T = m_context;
+    for (std::size_t t = 0; t < T; ++t) {
+      ids(b * T + t)     = static_cast<unsigned char>(m_bytes[start + t]);
+      targets(b * T + t) = static_cast<unsigned char>(m_bytes[start + t + 1]);
+    }
+  }
+
+  std::string m_path;
+  std::size_t m_context;
+  std::string m_bytes;
+  std::size_t m_val_begin = 0;
+};
+
+}  // namespace pmt::io
