@@ -1,0 +1,234 @@
+// SPDX-License-Identifier: Apache-2.0
+// The main job, end to end: runs the train_gpt binary (under mpiexec where it takes several ranks)
+// and checks what a user sees: its metrics, its checkpoints, its messages and exit codes.
+//   - 1 rank, dp2 x tp2 and tp2 x pp2 on 4 ranks print the same per-step losses (float, 1e-5);
+//   - 6 steps straight vs 3 + resume 3: the same losses and checkpoint (bit for bit: the losses
+//     as printed with 17 digits, the shards' CRC-32s);
+//   - a crash in the middle of a save (the PMT_CHECKPOINT_TEST_ABORT hook) leaves the previous
+//     checkpoint loadable, and the resumed run continues like an uninterrupted one; a flipped
+//     byte in a shard is refused with the file's name;
+//   - a checkpoint saved at dp2 x tp2 loads at tp4, at tp2 x pp2 and at dp4 with the same
+//     parameters (a layout-free fingerprint, 1e-12) and the same next-step loss;
+//   - each bad input gives its message on stderr and a non-zero exit, within a time limit.
+// This binary is not an MPI program itself (it starts mpiexec), so it has its own main.
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace fs = std::filesystem;
+using Catch::Matchers::ContainsSubstring;
+
+namespace {
+
+struct Result {
+  int rc;
+  std::string out;
+};
+
+Result run(const std::string& args, int np = 1, const std::string& env = "") {
+  std::string cmd = "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_PROC_BIND=false OMP_NUM_THREADS=1 "
+                    "OMPI_MCA_btl_vader_single_copy_mechanism=none " + env + " timeout 240 ";
+  if (np > 1) cmd += std::string(PMT_MPIEXEC) + " -n " + std::to_string(np) + " --oversubscribe --bind-to none ";
+  cmd += std::string(PMT_TRAIN_GPT) + " " + args + " 2>&1";
+  Result r{0, ""};
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  std::array<char, 4096> buf{};
+  while (std::fgets(buf.data(), buf.size(), p)) r.out += buf.data();
+  const int status = pclose(p);
+  r.rc             = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+  UNSCOPED_INFO("$ " << cmd << "\n-> exit " << r.rc << "\n" << r.out);
+  return r;
+}
+
+std::string tmp(const std::string& name) {
+  struct Dir {  // one scratch directory per run, removed at exit
+    fs::path path = fs::temp_directory_path() / ("pmt_test_train_gpt_" + std::to_string(getpid()));
+    Dir() { fs::create_directories(path); }
+    ~Dir() {
+      std::error_code ec;
+      fs::remove_all(path, ec);
+    }
+  };
+  static const Dir d;
+  return (d.path / name).string();
+}
+
+/// "loss" of every step line of a metrics file, as printed (17 significant digits).
+std::map<int, std::string> losses(const std::string& metrics) {
+  std::ifstream in(metrics);
+  std::map<int, std::string> out;
+  std::string line;
+  const std::regex re(R"re(\{"step": (\d+), "loss": ([^,]+),)re");
+  std::smatch m;
+  while (std::getline(in, line))
+    if (std::regex_search(line, m, re)) out[std::stoi(m[1])] = m[2];
+  return out;
+}
+
+double rel(const std::string& a, const std::string& b) {
+  const double x = std::stod(a), y = std::stod(b);
+  return std::abs(x - y) / std::abs(y);
+}
+
+std::string shard_lines(const std::string& step_dir) {
+  std::ifstream in(step_dir + "/MANIFEST");
+  std::string line, out;
+  while (std::getline(in, line))
+    if (line.rfind("shard ", 0) == 0) out += line + "\n";
+  return out;
+}
+
+double fingerprint(const std::string& out) {
+  const std::regex re(R"(parameter fingerprint ([0-9.e+-]+))");
+  std::smatch m;
+  REQUIRE(std::regex_search(out, m, re));
+  return std::stod(m[1]);
+}
+
+const std::string small = "--layers 2 --width 64 --heads 4 --context 32 --batch 8 --warmup 2 --val-every 0 ";
+
+}  // namespace
+
+TEST_CASE("one rank and two 4-rank layouts print the same losses", "[examples][train_gpt]") {
+  const auto one = tmp("one.json"), dptp = tmp("dptp.json"), tppp = tmp("tppp.json");
+  REQUIRE(run(small + "--steps 4 --metrics " + one).rc == 0);
+  REQUIRE(run(small + "--steps 4 --dp 2 --tp 2 --microbatches 2 --metrics " + dptp, 4).rc == 0);
+  const auto r = run(small + "--steps 4 --tp 2 --pp 2 --microbatches 4 --metrics " + tppp, 4);
+  REQUIRE(r.rc == 0);
+  CHECK_THAT(r.out, ContainsSubstring("validation loss") && ContainsSubstring("sample (prompt"));
+  const auto a = losses(one), b = losses(dptp), c = losses(tppp);
+  REQUIRE(a.size() == 4);
+  REQUIRE((b.size() == 4 && c.size() == 4));
+  for (const auto& [step, l] : a) {
+    INFO("step " << step << ": " << l << " / " << b.at(step) << " / " << c.at(step));
+    CHECK(rel(b.at(step), l) <= 1e-5);
+    CHECK(rel(c.at(step), l) <= 1e-5);
+  }
+  CHECK(std::stod(a.at(3)) < std::stod(a.at(0)));  // it learns
+}
+
+TEST_CASE("3 steps + resume 3 equals 6 steps, bit for bit", "[examples][train_gpt][checkpoint]") {
+  const std::string layout = "--tp 2 --pp 2 --microbatches 2 ";
+  const auto straight = tmp("straight"), split = tmp("split");
+  REQUIRE(run(small + layout + "--steps 6 --ckpt-dir " + straight + " --metrics " + straight + ".json", 4).rc == 0);
+  // the same 6-step run (same schedule), stopped after its step-3 checkpoint: saved at 3, LATEST -> step 3
+  REQUIRE(run(small + layout + "--steps 6 --ckpt-every 3 --ckpt-dir " + split + " --metrics " + split + ".json", 4).rc == 0);
+  fs::remove_all(split + "/step-00000006");
+  { std::ofstream(split + "/LATEST") << "step-00000003\n"; }
+  const auto r = run(small + layout + "--steps 6 --resume --ckpt-dir " + split + " --metrics " + split + "2.json", 4);
+  REQUIRE(r.rc == 0);
+  CHECK_THAT(r.out, ContainsSubstring("resumed from") && ContainsSubstring("step 3"));
+  const auto a = losses(straight + ".json"), b = losses(split + "2.json");
+  REQUIRE(b.size() == 3);
+  for (const auto& [step, l] : b) CHECK(l == a.at(step));
+  CHECK(!shard_lines(straight + "/step-00000006").empty());
+  CHECK(shard_lines(split + "/step-00000006") == shard_lines(straight + "/step-00000006"));
+}
+
+TEST_CASE("a crash during a save leaves the previous checkpoint; a flipped byte is refused", "[examples][train_gpt][checkpoint]") {
+  const auto dir = tmp("crash"), ref = tmp("crash_ref");
+  const std::string args = small + "--steps 4 --ckpt-every 2 --ckpt-dir ";
+  REQUIRE(run(args + ref + " --metrics " + ref + ".json", 2).rc == 0);
+  const auto crashed = run(args + dir, 2, "PMT_CHECKPOINT_TEST_ABORT=1:4");
+  CHECK(crashed.rc != 0);
+  CHECK_THAT(crashed.out, ContainsSubstring("aborting in the middle of"));
+  std::string latest;
+  std::ifstream(dir + "/LATEST") >> latest;
+  CHECK(latest == "step-00000002");
+  CHECK_FALSE(fs::exists(dir + "/step-00000004/MANIFEST"));
+  const auto resumed = run(args + dir + " --resume --metrics " + dir + ".json", 2);
+  REQUIRE(resumed.rc == 0);
+  CHECK_THAT(resumed.out, ContainsSubstring("resumed from " + dir + "/step-00000002"));
+  const auto a = losses(ref + ".json"), b = losses(dir + ".json");
+  for (const auto& [step, l] : b) CHECK(l == a.at(step));
+  CHECK(shard_lines(dir + "/step-00000004") == shard_lines(ref + "/step-00000004"));
+  // flip one byte of rank 1's shard
+  {
+    std::fstream f(dir + "/step-00000004/shard-00001.bin", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(5000);
+    char c = 0;
+    f.get(c);
+    f.seekp(5000);
+    f.put(static_cast<char>(c ^ 0x5a));
+  }
+  const auto damaged = run(small + "--steps 6 --resume --ckpt-dir " + dir, 2);
+  CHECK(damaged.rc != 0);
+  CHECK_THAT(damaged.out, ContainsSubstring("step-00000004/shard-00001.bin: damaged"));
+}
+
+TEST_CASE("a checkpoint saved at dp2 x tp2 loads at other layouts with the same parameters", "[examples][train_gpt][checkpoint]") {
+  const auto dir = tmp("reshard");
+  REQUIRE(run(small + "--steps 3 --dp 2 --tp 2 --ckpt-dir " + dir, 4).rc == 0);
+  double fp0 = 0;
+  std::string loss0;
+  for (const std::string layout : {"--dp 2 --tp 2", "--tp 4", "--tp 2 --pp 2", "--dp 4"}) {
+    const auto copy = dir + "_" + std::to_string(std::hash<std::string>{}(layout));
+    fs::remove_all(copy);
+    fs::copy(dir, copy, fs::copy_options::recursive);
+    const auto r = run(small + "--steps 4 --resume " + layout + " --ckpt-dir " + copy + " --metrics " + copy + ".json", 4);
+    REQUIRE(r.rc == 0);
+    const double fp = fingerprint(r.out);
+    const auto l    = losses(copy + ".json");
+    REQUIRE(l.count(3) == 1);
+    if (loss0.empty()) fp0 = fp, loss0 = l.at(3);
+    INFO(layout << ": fingerprint " << fp << " vs " << fp0 << ", next loss " << l.at(3) << " vs " << loss0);
+    CHECK(std::abs(fp - fp0) <= 1e-12 * std::abs(fp0));
+    CHECK(rel(l.at(3), loss0) <= 1e-5);
+  }
+}
+
+TEST_CASE("bad input: a message on stderr, a non-zero exit, no hang", "[examples][train_gpt][errors]") {
+  const auto short_file = tmp("short.txt");
+  { std::ofstream(short_file) << "too short"; }
+  const auto ckpt = tmp("other_model");
+  REQUIRE(run(small + "--steps 1 --ckpt-dir " + ckpt).rc == 0);
+  struct Case {
+    std::string args;
+    int np;
+    std::string message;
+  };
+  const std::vector<Case> cases{
+      {"--data /no/such/file", 1, "/no/such/file: no such file"},
+      {"--data " + short_file, 1, "holds 9 bytes, shorter than one context"},
+      {"--dp 2 --tp 2", 2, "dp(2) * tp(2) * pp(1) = 4 but there are 2 ranks"},
+      {"--tp 2 --heads 3 --width 96", 2, "--heads 3 is not divisible by tp = 2"},
+      {"--width 100 --heads 3", 1, "--width 100 is not divisible by --heads 3"},
+      {"--tp 3 --heads 3 --width 96", 3, "the vocabulary (256 bytes) is not divisible by tp = 3"},
+      {"--pp 2 --layers 1", 2, "--layers 1 < pp = 2"},
+      {"--width 0", 1, "--width 0: expected an integer >= 1"},
+      {"--steps -3", 1, "--steps -3: expected an integer >= 1"},
+      {"--lr -1", 1, "--lr -1: expected a positive number"},
+      {"--frobnicate 1", 2, "unknown flag --frobnicate"},
+      {"--steps", 1, "--steps needs a value"},
+      {"--batch 6 --dp 4", 4, "--batch 6 is not divisible by dp = 4"},
+      {"--resume", 1, "--resume needs --ckpt-dir"},
+      {"--resume --steps 2 --width 128 --ckpt-dir " + ckpt, 1, "holds a different model"},
+  };
+  for (const auto& c : cases) {
+    DYNAMIC_SECTION(c.args) {
+      const auto r = run("--layers 2 --context 32 --val-every 0 " + c.args, c.np);
+      CHECK(r.rc != 0);
+      CHECK(r.rc != 124);  // timeout's code: no hang
+      CHECK_THAT(r.out, ContainsSubstring("train_gpt: error:") && ContainsSubstring(c.message));
+    }
+  }
+  // --help documents the default data
+  const auto help = run("--help");
+  CHECK(help.rc == 0);
+  CHECK_THAT(help.out, ContainsSubstring("--ckpt-dir") && ContainsSubstring("the project's documentation"));
+}
