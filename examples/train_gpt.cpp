@@ -5,6 +5,7 @@
 //   mpiexec -n 4 train_gpt --tp 2 --pp 2 --steps 200
 // Every layout sees the same global batches (io/dataset.hpp), so a run's losses do not depend on
 // its layout; a resumed run continues bit for bit like an uninterrupted one (same layout).
+#include <pmt/obs/trace.hpp>
 #include <pmt/pmt.hpp>
 
 #include <algorithm>
@@ -308,27 +309,22 @@ int main(int argc, char* argv[]) {
         throw Agreed{e.what(), false};  // save_checkpoint raises on every rank
       }
     };
-    std::ostringstream trace;
-    const auto t_origin = std::chrono::steady_clock::now();
-    const auto since    = [&](std::chrono::steady_clock::time_point t) { return std::chrono::duration<double, std::micro>(t - t_origin).count(); };
-    const auto run_t0   = std::chrono::steady_clock::now();
+    if (!o.trace.empty()) pmt::TraceRecorder::instance().enable();
+    double total_wall = 0, total_comm = 0;  // this rank's, over the steps: the straggler report
+    const auto run_t0 = std::chrono::steady_clock::now();
     for (int step = start; step < o.steps; ++step) {
       fill([&](std::size_t f, auto& ids, auto& tgt) { data->train_batch(static_cast<std::uint64_t>(o.seed), step, f, per, ids, tgt); });
       const double lr = pmt::optim::warmup_cosine(step, o.warmup, o.steps, o.lr, o.lr / 10);
       const double c0 = pmt::comm::comm_time().seconds;
       const auto t0   = std::chrono::steady_clock::now();
-      const double loss = trainer.step(mbs, pmt::train::StepOptions{tokens, lr, 1.0});
+      double loss     = 0;
+      {
+        const pmt::Instrument instrument("train_gpt::step", pmt::Track::Optimizer, [step] { return "step " + std::to_string(step); });
+        loss = trainer.step(mbs, pmt::train::StepOptions{tokens, lr, 1.0});
+      }
       const auto t1   = std::chrono::steady_clock::now();
       const double s = std::chrono::duration<double>(t1 - t0).count(), comm = pmt::comm::comm_time().seconds - c0;
-      if (!o.trace.empty()) {
-        trace << pmt::detail::str("{\"name\":\"step ", step, "\",\"ph\":\"X\",\"pid\":", world.rank(), ",\"tid\":0,\"ts\":", since(t0),
-                                  ",\"dur\":", since(t1) - since(t0), "},\n");
-        if (const auto* pl = trainer.pipeline())
-          for (const auto& e : pl->stats().events)
-            trace << pmt::detail::str("{\"name\":\"", pmt::parallel::kind_name(e.action.kind), " ", e.action.mb,
-                                      "\",\"ph\":\"X\",\"pid\":", world.rank(), ",\"tid\":1,\"ts\":", since(t0) + e.start * 1e6,
-                                      ",\"dur\":", (e.end - e.start) * 1e6, "},\n");
-      }
+      total_wall += s, total_comm += comm;
       if (root) {
         const double done = double(step + 1 - start) / double(o.steps - start);
         const double left = std::chrono::duration<double>(t1 - run_t0).count() * (1 - done) / done;
@@ -344,6 +340,29 @@ int main(int argc, char* argv[]) {
       }
       if (o.val_every > 0 && (step + 1) % o.val_every == 0 && step + 1 < o.steps) validate_now(step + 1);
       if (!o.ckpt_dir.empty() && o.ckpt_every > 0 && (step + 1) % o.ckpt_every == 0) save(step + 1);
+    }
+    pmt::TraceRecorder::instance().enable(false);
+    if (!o.trace.empty()) {
+      pmt::obs::write_trace(mesh, o.trace);
+      if (root) std::printf("trace: %s\n", o.trace.c_str());
+    }
+    {  // straggler and imbalance report
+      Kokkos::View<double*, Kokkos::HostSpace> mine("mine", 2), all("all", 2 * static_cast<std::size_t>(world.size()));
+      mine(0) = total_wall - total_comm, mine(1) = total_comm;
+      pmt::comm::all_gather(world, Kokkos::DefaultHostExecutionSpace(), mine, all);
+      if (root && start < o.steps) {
+        double slowest = 0, mean = 0;
+        for (int q = 0; q < world.size(); ++q) slowest = std::max(slowest, all(2 * q)), mean += all(2 * q) / world.size();
+        std::printf("per-rank time over %d steps (compute = step time outside communication calls; comm = inside them,\n"
+                    "waiting included; idle = the slowest rank's compute minus this rank's):\n", o.steps - start);
+        std::printf("  rank  %-26s %10s %10s %10s\n", "dp / tp / pp", "compute s", "comm s", "idle s");
+        for (int q = 0; q < world.size(); ++q) {
+          const int tp_i = q % o.tp, dp_i = q / o.tp % o.dp, pp_i = q / (o.tp * o.dp);
+          std::printf("  %4d  dp %d/%d, tp %d/%d, pp %d/%d%*s %10.2f %10.2f %10.2f%s\n", q, dp_i, o.dp, tp_i, o.tp, pp_i, o.pp, 4, "",
+                      all(2 * q), all(2 * q + 1), slowest - all(2 * q), all(2 * q) == slowest && world.size() > 1 ? "  <- slowest" : "");
+        }
+        std::printf("imbalance (slowest / mean compute): %.3f\n", mean > 0 ? slowest / mean : 1.0);
+      }
     }
     validate_now(o.steps);
     if (!o.ckpt_dir.empty() && (o.ckpt_every == 0 || o.steps % o.ckpt_every != 0) && start < o.steps) save(o.steps);
@@ -397,28 +416,6 @@ int main(int argc, char* argv[]) {
         std::string shown;
         for (char ch : text) shown += (ch == '\n' || (ch >= 32 && ch < 127)) ? ch : '?';
         std::printf("sample (prompt \"%s\", temperature 0.8):\n%s\n", prompt.c_str(), shown.c_str());
-      }
-    }
-    if (!o.trace.empty()) {  // gather every rank's events on rank 0
-      std::string mine = trace.str();
-      Kokkos::View<std::uint64_t, Kokkos::HostSpace> len("len");
-      if (root) {
-        std::ofstream out(o.trace);
-        if (!out) throw pmt::IoError(prog, o.trace + ": cannot be written");
-        out << "{\"traceEvents\":[\n" << mine;
-        for (int q = 1; q < world.size(); ++q) {
-          pmt::comm::recv(world, Kokkos::DefaultHostExecutionSpace(), len, q, 31);
-          Kokkos::View<char*, Kokkos::HostSpace> buf("buf", len());
-          pmt::comm::recv(world, Kokkos::DefaultHostExecutionSpace(), buf, q, 32);
-          out.write(buf.data(), static_cast<std::streamsize>(buf.size()));
-        }
-        out << "{\"name\":\"end\",\"ph\":\"i\",\"pid\":0,\"tid\":0,\"ts\":0}]}\n";
-        std::printf("trace: %s\n", o.trace.c_str());
-      } else {
-        len() = mine.size();
-        pmt::comm::send(world, Kokkos::DefaultHostExecutionSpace(), len, 0, 31);
-        Kokkos::View<char*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> buf(mine.data(), mine.size());
-        pmt::comm::send(world, Kokkos::DefaultHostExecutionSpace(), buf, 0, 32);
       }
     }
     return 0;

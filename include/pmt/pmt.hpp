@@ -8,6 +8,7 @@
 
 #include "pmt/core/environment.hpp"
 #include "pmt/core/error.hpp"
+#include "pmt/core/instrument.hpp"
 #include "pmt/policy/axis.hpp"
 #include "pmt/policy/hybrid.hpp"
 #include "pmt/policy/placement.hpp"
@@ -50,7 +51,7 @@
 #include "pmt/nn/linear.hpp"
 #include "pmt/nn/mlp.hpp"
 #include "pmt/nn/module.hpp"
-#include "pmt/nn/saved.hpp"
+#include "pmt/core/activation_slot.hpp"
 
 #include "pmt/optim/clip.hpp"
 #include "pmt/optim/optimizers.hpp"
@@ -63,4 +64,5 @@
 #include "pmt/io/checkpoint.hpp"
 #include "pmt/io/dataset.hpp"
 #include "pmt/obs/peak.hpp"
+#include "pmt/obs/trace.hpp"
 #include "pmt/comm/stats.hpp"

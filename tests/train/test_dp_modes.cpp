@@ -13,6 +13,7 @@
 #include "pmt/optim/optimizers.hpp"
 #include "pmt/optim/zero.hpp"
 #include "pmt/train/trainer.hpp"
+#include "train_test.hpp"
 
 #include <cmath>
 #include <vector>
@@ -27,14 +28,7 @@ const pmt::nn::GptConfig cfg{V, /*context=*/8, /*layers=*/1, /*width=*/32, /*hea
 
 template <class Ids>
 pmt::train::Microbatch<Ids> batch(int step, std::size_t first_seq, std::size_t B) {
-  pmt::train::Microbatch<Ids> mb{Ids("ids", B * Tn), Ids("targets", B * Tn), B, Tn};
-  for (std::size_t b = 0; b < B; ++b)
-    for (std::size_t t = 0; t < Tn; ++t) {
-      const std::size_t s = first_seq + b, n = b * Tn + t;
-      mb.ids(n)     = static_cast<std::int32_t>((step * 97 + s * 29 + t * 5 + 1) % V);
-      mb.targets(n) = static_cast<std::int32_t>((step * 97 + s * 29 + (t + 1) * 5 + 1) % V);
-    }
-  return mb;
+  return pmt::test::synthetic_batch<Ids>(step, first_seq, B, Tn, V, /*ignore=*/false);
 }
 
 /// Largest norm-wise relative difference over the parameters of two models of the same layout

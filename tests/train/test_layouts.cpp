@@ -13,6 +13,7 @@
 
 #include "../comm/comm_test.hpp"
 #include "../nn/model_test.hpp"
+#include "train_test.hpp"
 #include "pmt/nn/gpt.hpp"
 #include "pmt/optim/optimizers.hpp"
 #include "pmt/train/trainer.hpp"
@@ -30,22 +31,10 @@ const pmt::nn::GptConfig cfg{V, /*context=*/16, /*layers=*/2, /*width=*/32, /*he
 
 template <class Ids>
 pmt::train::Microbatch<Ids> batch(int step, std::size_t first_seq, std::size_t B) {
-  pmt::train::Microbatch<Ids> mb{Ids("ids", B * Tn), Ids("targets", B * Tn), B, Tn};
-  for (std::size_t b = 0; b < B; ++b)
-    for (std::size_t t = 0; t < Tn; ++t) {
-      const std::size_t s = first_seq + b, n = b * Tn + t;
-      mb.ids(n)     = static_cast<std::int32_t>((step * 131 + s * 31 + t * 7 + 3) % V);
-      mb.targets(n) = (s + t + step) % 11 == 0 ? -100 : static_cast<std::int32_t>((step * 131 + s * 31 + (t + 1) * 7 + 3) % V);
-    }
-  return mb;
+  return pmt::test::synthetic_batch<Ids>(step, first_seq, B, Tn, V);
 }
 
-double valid_targets(int step) {
-  auto all = batch<Kokkos::View<std::int32_t*, Kokkos::LayoutRight, Kokkos::HostSpace>>(step, 0, B_global);
-  double n = 0;
-  for (std::size_t i = 0; i < all.targets.size(); ++i) n += all.targets(i) != -100;
-  return n;
-}
+double valid_targets(int step) { return pmt::test::valid_targets(step, B_global, Tn, V); }
 
 }  // namespace
 

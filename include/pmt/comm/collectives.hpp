@@ -22,6 +22,7 @@
 #include "pmt/comm/communicator.hpp"
 #include "pmt/comm/request.hpp"
 #include "pmt/comm/stats.hpp"
+#include "pmt/core/instrument.hpp"
 #include "pmt/core/error.hpp"
 #include "pmt/core/tensor.hpp"
 
@@ -125,6 +126,7 @@ namespace pmt::comm {
 template <class B, class Exec, class SV, class RV, std::enable_if_t<Kokkos::is_view<RV>::value, int> = 0>
 void all_reduce(const Communicator<B>& c, const Exec& exec, const SV& send, const RV& recv,
                 ReduceOp op = ReduceOp::Sum) {
+  const Instrument instrument("pmt::comm::all_reduce", Track::Collective, "all_reduce");
   const detail::CommTimer timer;
   using T = typename RV::non_const_value_type;
   detail::check_all_reduce<Exec>("pmt::comm::all_reduce", c, send, recv, op);
@@ -143,6 +145,7 @@ void all_reduce(const Communicator<B>& c, const Exec& exec, const V& buf, Reduce
 template <class B, class Exec, class SV, class RV>
 void reduce_scatter(const Communicator<B>& c, const Exec& exec, const SV& send, const RV& recv,
                     ReduceOp op = ReduceOp::Sum) {
+  const Instrument instrument("pmt::comm::reduce_scatter", Track::Collective, "reduce_scatter");
   const detail::CommTimer timer;
   using T = typename RV::non_const_value_type;
   static_assert(std::is_same_v<typename SV::non_const_value_type, T>,
@@ -166,6 +169,7 @@ void reduce_scatter(const Communicator<B>& c, const Exec& exec, const SV& send, 
 /// \throws pmt::ShapeError unless recv.size() == size() * send.size().
 template <class B, class Exec, class SV, class RV>
 void all_gather(const Communicator<B>& c, const Exec& exec, const SV& send, const RV& recv) {
+  const Instrument instrument("pmt::comm::all_gather", Track::Collective, "all_gather");
   const detail::CommTimer timer;
   using T = typename RV::non_const_value_type;
   static_assert(std::is_same_v<typename SV::non_const_value_type, T>,
@@ -185,6 +189,7 @@ void all_gather(const Communicator<B>& c, const Exec& exec, const SV& send, cons
 /// \brief Every rank's buf = root's buf. \throws pmt::ConfigError for a root outside [0, size()).
 template <class B, class Exec, class V>
 void broadcast(const Communicator<B>& c, const Exec& exec, const V& buf, int root) {
+  const Instrument instrument("pmt::comm::broadcast", Track::Collective, "broadcast");
   const detail::CommTimer timer;
   using T                    = typename V::non_const_value_type;
   constexpr const char* name = "pmt::comm::broadcast";
@@ -197,6 +202,7 @@ void broadcast(const Communicator<B>& c, const Exec& exec, const V& buf, int roo
 /// \brief Blocking send of buf to rank `peer` with `tag`.
 template <class B, class Exec, class V>
 void send(const Communicator<B>& c, const Exec& exec, const V& buf, int peer, int tag = 0) {
+  const Instrument instrument("pmt::comm::send", Track::P2P, "send");
   const detail::CommTimer timer;
   detail::check_comm_view<Exec>("pmt::comm::send", "buf", buf);
   detail::require_rank("pmt::comm::send", "peer", peer, c);
@@ -206,6 +212,7 @@ void send(const Communicator<B>& c, const Exec& exec, const V& buf, int peer, in
 /// \brief Blocking receive into buf from rank `peer` with `tag` (the message must have buf.size() elements).
 template <class B, class Exec, class V>
 void recv(const Communicator<B>& c, const Exec& exec, const V& buf, int peer, int tag = 0) {
+  const Instrument instrument("pmt::comm::recv", Track::P2P, "recv");
   const detail::CommTimer timer;
   detail::check_comm_view<Exec>("pmt::comm::recv", "buf", buf);
   detail::require_rank("pmt::comm::recv", "peer", peer, c);
@@ -256,6 +263,7 @@ template <class B, class Exec, class V>
 /// \brief Barrier (in debug mode preceded by the agreement check).
 template <class B>
 void barrier(const Communicator<B>& c) {
+  const Instrument instrument("pmt::comm::barrier", Track::Collective, "barrier");
   const detail::CommTimer timer;
   detail::agree_on_collective(c, "pmt::comm::barrier", detail::CollectiveKind::Barrier, DataType::UInt8, 0, 0);
   c.barrier();

@@ -4,9 +4,10 @@
 // placement and keeps it, except a partial sum over tp (non-linear: Chain refuses that).
 // Communication: none.
 
+#include "pmt/core/instrument.hpp"
 #include "pmt/core/tensor.hpp"
 #include "pmt/nn/module.hpp"
-#include "pmt/nn/saved.hpp"
+#include "pmt/core/activation_slot.hpp"
 #include "pmt/ops/elementwise.hpp"
 #include "pmt/policy/placement.hpp"
 
@@ -26,12 +27,14 @@ class Gelu {
   static constexpr bool nonlinear = true;
 
   Tensor<T, 2, Exec> forward(const Exec& exec, const Tensor<T, 2, Exec>& x) {
+    const Instrument instrument("pmt::nn::Gelu::forward");
     *m_x = x;
     Tensor<T, 2, Exec> y(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::Gelu::y"), x.extent(0), x.extent(1));
     ops::gelu(exec, x, y);
     return y;
   }
   Tensor<T, 2, Exec> backward(const Exec& exec, const Tensor<T, 2, Exec>& dy) {
+    const Instrument instrument("pmt::nn::Gelu::backward");
     Tensor<T, 2, Exec> dx(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::Gelu::dx"), dy.extent(0), dy.extent(1));
     ops::gelu_backward(exec, m_x.take(), dy, dx);
     return dx;

@@ -10,6 +10,7 @@
 // like Adam would only turn rounding noise into parameter noise (which also breaks the
 // bitwise-reproducible comparison of layouts).
 
+#include "pmt/core/instrument.hpp"
 #include "pmt/comm/backend.hpp"
 #include "pmt/comm/collectives.hpp"
 #include "pmt/comm/mesh.hpp"
@@ -18,7 +19,7 @@
 #include "pmt/core/tensor.hpp"
 #include "pmt/nn/linear.hpp"
 #include "pmt/nn/module.hpp"
-#include "pmt/nn/saved.hpp"
+#include "pmt/core/activation_slot.hpp"
 #include "pmt/ops/attention.hpp"
 #include "pmt/ops/elementwise.hpp"
 
@@ -54,6 +55,7 @@ class CausalSelfAttention {
     detail::require(x.extent(0) == B * Tn && x.extent(1) == m_C, "pmt::nn::CausalSelfAttention::forward", [&] {
       return detail::str("x is ", shape_str(x), "; expected (B T, C) = (", B * Tn, ", ", m_C, ")");
     });
+    const Instrument instrument("pmt::nn::CausalSelfAttention::forward");
     const std::size_t Cl = m_C / static_cast<std::size_t>(m_tp.size()), Hl = m_H / static_cast<std::size_t>(m_tp.size());
     auto& saved = *m_saved;
     if (saved.cache.B != static_cast<std::int64_t>(B) || saved.cache.T_ != static_cast<std::int64_t>(Tn))
@@ -79,6 +81,7 @@ class CausalSelfAttention {
 
   /// \brief dx (N, C) from dy (N, C).
   Tensor<T, 2, Exec> backward(const Exec& exec, const Tensor<T, 2, Exec>& dy) {
+    const Instrument instrument("pmt::nn::CausalSelfAttention::backward");
     auto saved   = m_saved.take();
     detail::require(saved.qkv.data() != nullptr && dy.extent(0) == saved.qkv.extent(0) * saved.qkv.extent(1),
                     "pmt::nn::CausalSelfAttention::backward", [&] {

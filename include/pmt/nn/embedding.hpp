@@ -8,6 +8,7 @@
 // Ids are checked against [0, V) (one fence). V not divisible by tp raises (pad the vocabulary
 // yourself: pmt never pads silently). Gradients accumulate into the table's grad.
 
+#include "pmt/core/instrument.hpp"
 #include "pmt/comm/backend.hpp"
 #include "pmt/comm/collectives.hpp"
 #include "pmt/comm/mesh.hpp"
@@ -17,7 +18,7 @@
 #include "pmt/core/random.hpp"
 #include "pmt/core/tensor.hpp"
 #include "pmt/nn/module.hpp"
-#include "pmt/nn/saved.hpp"
+#include "pmt/core/activation_slot.hpp"
 #include "pmt/ops/elementwise.hpp"
 #include "pmt/ops/embedding.hpp"
 
@@ -58,6 +59,7 @@ class Embedding {
   /// \brief out (N, C) = table(ids) (all-reduced over tp when split); `accumulate` adds to out.
   /// \throws pmt::ShapeError when an id lies outside [0, V).
   void forward(const Exec& exec, const Ids& ids, const Tensor<T, 2, Exec>& out, bool accumulate = false) {
+    const Instrument instrument("pmt::nn::Embedding::forward");
     const auto V = static_cast<std::int64_t>(m_V);
     const std::int64_t v0 = m_v0, vl = static_cast<std::int64_t>(m_table.local_shape[0]);
     auto& saved = *m_local;
@@ -88,6 +90,7 @@ class Embedding {
 
   /// \brief table.grad(ids(n) - v0, :) += dout(n, :) for the ids this rank holds.
   void backward(const Exec& exec, const Tensor<T, 2, Exec>& dout) {
+    const Instrument instrument("pmt::nn::Embedding::backward");
     ops::embedding_backward(exec, m_local.take(), dout, m_table.grad2d(), -1);
   }
 

@@ -13,9 +13,10 @@
 // stage keeps its own copy of the tied embedding table (marked pp_copy); sync_tied_grads() sums
 // the two copies' gradients between the first and last stage (as Megatron does), so both take
 // the same optimizer step and stay equal. forward_stage / backward_stage run one microbatch of
-// this stage in the current activation slot (nn/saved.hpp); the pipeline runner calls them.
+// this stage in the current activation slot (core/activation_slot.hpp); the pipeline runner calls them.
 // Parameter names are global and layout-free: "wte", "wpe", "block3.attn.2", "lnf.weight".
 
+#include "pmt/core/instrument.hpp"
 #include "pmt/comm/backend.hpp"
 #include "pmt/comm/collectives.hpp"
 #include "pmt/comm/mesh.hpp"
@@ -29,7 +30,7 @@
 #include "pmt/nn/loss.hpp"
 #include "pmt/nn/mlp.hpp"
 #include "pmt/nn/module.hpp"
-#include "pmt/nn/saved.hpp"
+#include "pmt/core/activation_slot.hpp"
 #include "pmt/ops/elementwise.hpp"
 #include "pmt/ops/matmul.hpp"
 #include "pmt/parallel/stages.hpp"
@@ -61,6 +62,7 @@ class GptBlock {
         m_mlp(make_mlp<T, Exec, Backend>(mesh, c.width, 4 * c.width, c.seed, stream(index, 4))) {}
 
   Tensor<T, 2, Exec> forward(const Exec& exec, const Tensor<T, 2, Exec>& x, std::size_t B, std::size_t Tn) {
+    const Instrument instrument("pmt::nn::GptBlock::forward");
     auto h = m_attn.forward(exec, m_ln1.forward(exec, x), B, Tn);
     ops::add(exec, x, h, h);                                     // h = x + attn(ln1(x))
     comm::progress();                                            // pending pipeline messages move
@@ -69,6 +71,7 @@ class GptBlock {
     return y;
   }
   Tensor<T, 2, Exec> backward(const Exec& exec, const Tensor<T, 2, Exec>& dy) {
+    const Instrument instrument("pmt::nn::GptBlock::backward");
     auto dh = m_ln2.backward(exec, m_mlp.backward(exec, dy));
     ops::add(exec, dh, dy, dh);                                  // residual
     comm::progress();
@@ -207,6 +210,7 @@ class Gpt {
       comm::progress();  // let pending pipeline sends and receives move (comm/progress.hpp)
     }
     if (!last_stage()) return x;
+    const Instrument head_region("pmt::nn::Gpt::head_and_loss");
     auto h = m_lnf->forward(exec, x);
     // Tied LM head: logits (N, V/tp) = h wte_shard^T.
     auto& head = head_table();

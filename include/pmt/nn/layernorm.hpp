@@ -4,10 +4,11 @@
 // replicated tensor (every tp rank computes the same). weight starts at 1, bias at 0; both are
 // replicated over tp. Shapes: x, y (N, C); weight, bias (C). Communication: none.
 
+#include "pmt/core/instrument.hpp"
 #include "pmt/core/error.hpp"
 #include "pmt/core/tensor.hpp"
 #include "pmt/nn/module.hpp"
-#include "pmt/nn/saved.hpp"
+#include "pmt/core/activation_slot.hpp"
 #include "pmt/ops/layernorm.hpp"
 #include "pmt/policy/placement.hpp"
 
@@ -36,6 +37,7 @@ class LayerNorm {
   }
 
   Tensor<T, 2, Exec> forward(const Exec& exec, const Tensor<T, 2, Exec>& x) {
+    const Instrument instrument("pmt::nn::LayerNorm::forward");
     auto& c = *m_saved;
     c.x     = x;
     if (c.mean.extent(0) != x.extent(0)) {
@@ -48,6 +50,7 @@ class LayerNorm {
   }
   Tensor<T, 2, Exec> backward(const Exec& exec, const Tensor<T, 2, Exec>& dy) {
     Tensor<T, 2, Exec> dx(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::LayerNorm::dx"), dy.extent(0), dy.extent(1));
+    const Instrument instrument("pmt::nn::LayerNorm::backward");
     const auto c = m_saved.take();
     detail::require(c.x.data() != nullptr && c.x.extent(0) == dy.extent(0) && c.x.extent(1) == dy.extent(1),
                     "pmt::nn::LayerNorm::backward", [&] {

@@ -10,6 +10,7 @@
 // W is initialised from N(0, std^2) keyed by (seed, stream, global index): any tp holds exactly
 // the slice of the one-rank W. b starts at zero. Gradients accumulate (+=) over backward calls.
 
+#include "pmt/core/instrument.hpp"
 #include "pmt/comm/backend.hpp"
 #include "pmt/comm/collectives.hpp"
 #include "pmt/comm/communicator.hpp"
@@ -20,7 +21,7 @@
 #include "pmt/core/random.hpp"
 #include "pmt/core/tensor.hpp"
 #include "pmt/nn/module.hpp"
-#include "pmt/nn/saved.hpp"
+#include "pmt/core/activation_slot.hpp"
 #include "pmt/ops/elementwise.hpp"
 #include "pmt/ops/matmul.hpp"
 #include "pmt/ops/reduction.hpp"
@@ -105,6 +106,7 @@ class Linear {
       return detail::str("x is ", shape_str(x), " but this layer takes (N, ", in_local(), ") (in_features ", m_in,
                          std::is_same_v<split, Row> ? " / tp " + std::to_string(m_tp.size()) : std::string(), ")");
     });
+    const Instrument instrument("pmt::nn::Linear::forward");
     *m_x = x;
     Tensor<T, 2, Exec> y(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::Linear::y"), x.extent(0), out_local());
     ops::matmul(exec, ops::Trans::N, ops::Trans::N, T(1), x, m_w.value2d(), T(0), y);  // (N, out_l)
@@ -116,6 +118,7 @@ class Linear {
   /// \brief dW += x^T dy, db += sum_n dy, returns dx = dy W^T, all-reduced over tp for Col
   /// unless `reduce_dx` is false (the caller sums several partial dx, then reduces once).
   Tensor<T, 2, Exec> backward(const Exec& exec, const Tensor<T, 2, Exec>& dy, bool reduce_dx = true) {
+    const Instrument instrument("pmt::nn::Linear::backward");
     const Tensor<T, 2, Exec> x = m_x.take();
     detail::require(x.data() != nullptr && dy.extent(0) == x.extent(0) && dy.extent(1) == out_local(),
                     name() + "::backward", [&] {

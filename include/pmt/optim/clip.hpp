@@ -7,6 +7,7 @@
 // data-parallel sync every dp replica holds the same gradients, so dp adds nothing.
 // Deterministic: per-parameter squared norms in a fixed order.
 
+#include "pmt/core/instrument.hpp"
 #include "pmt/comm/collectives.hpp"
 #include "pmt/comm/communicator.hpp"
 #include "pmt/nn/module.hpp"
@@ -48,6 +49,7 @@ template <class T, class Exec, class Backend>
 double clip_grad_norm(const Exec& exec, const std::vector<nn::Parameter<T, Exec>*>& params,
                       const comm::Communicator<Backend>& tp, double max_norm,
                       const comm::Communicator<Backend>* pp = nullptr) {
+  const Instrument instrument("pmt::optim::clip_grad_norm", Track::Optimizer, "clip");
   const double norm = global_grad_norm(exec, params, tp, pp);
   if (max_norm > 0 && norm > max_norm) {
     const T factor = static_cast<T>(max_norm / (norm + 1e-6));

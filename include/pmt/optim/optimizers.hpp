@@ -4,6 +4,7 @@
 // shards' shapes): SGD with momentum and AdamW. zero_grad() clears the gradients before a step's
 // first microbatch. The learning rate is passed to step() so that a schedule can drive it.
 
+#include "pmt/core/instrument.hpp"
 #include "pmt/core/tensor.hpp"
 #include "pmt/nn/module.hpp"
 #include "pmt/ops/optimizer.hpp"
@@ -33,6 +34,7 @@ class AdamW {
   }
   /// \brief One update with learning rate `lr`; counts steps from 1 for bias correction.
   void step(const Exec& exec, double lr) {
+    const Instrument instrument("pmt::optim::AdamW::step", Track::Optimizer, "adamw");
     ++m_step;
     ops::AdamWParams h = m_h;
     h.lr               = lr;

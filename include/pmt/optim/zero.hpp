@@ -10,6 +10,7 @@
 // for the norm (and all_reduce(pp) of 1 with pipeline stages), all_gather(dp) of P. The Trainer
 // leaves the gradient reduction to this optimizer.
 
+#include "pmt/core/instrument.hpp"
 #include "pmt/comm/collectives.hpp"
 #include "pmt/comm/communicator.hpp"
 #include "pmt/core/tensor.hpp"
@@ -68,6 +69,7 @@ class ZeroAdamW {
   /// \brief Reduce-scatter the gradients over dp, clip by the global norm (max_norm <= 0: no
   /// clipping), AdamW on this rank's part, all-gather the values. Returns the norm before clipping.
   double step(const Exec& exec, double lr, double max_norm) {
+    const Instrument instrument("pmt::optim::ZeroAdamW::step", Track::Optimizer, "zero-adamw");
     ++m_step;
     pack(exec, &nn::Parameter<T, Exec>::grad, m_flat_g);
     comm::reduce_scatter(m_dp, exec, m_flat_g, m_g, comm::ReduceOp::Sum);

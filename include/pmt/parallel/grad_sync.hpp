@@ -11,6 +11,7 @@
 // last microbatch, so nothing is communicated until the last.
 // Communication: one all_reduce(dp, sum) per bucket, non-blocking.
 
+#include "pmt/core/instrument.hpp"
 #include "pmt/comm/collectives.hpp"
 #include "pmt/comm/communicator.hpp"
 #include "pmt/comm/request.hpp"
@@ -83,7 +84,10 @@ class GradSync {
     for (auto& b : m_buckets)
       if (!b.launched) launch(exec, b);
     for (auto& b : m_buckets) {
-      b.request.wait();
+      {
+        const Instrument instrument("pmt::parallel::GradSync::wait", Track::Collective, "dp gradient bucket");
+        b.request.wait();
+      }
       std::size_t offset = 0;
       for (auto* p : b.params) {
         Kokkos::deep_copy(exec, p->grad, Kokkos::subview(b.buffer, std::make_pair(offset, offset + p->size())));

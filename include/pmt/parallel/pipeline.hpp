@@ -25,7 +25,8 @@
 #include "pmt/comm/progress.hpp"
 #include "pmt/comm/request.hpp"
 #include "pmt/core/error.hpp"
-#include "pmt/nn/saved.hpp"
+#include "pmt/core/instrument.hpp"
+#include "pmt/core/activation_slot.hpp"
 #include "pmt/parallel/schedule.hpp"
 
 #include <Kokkos_Core.hpp>
@@ -72,7 +73,8 @@ class PipelineRunner {
   using BackwardHook = std::function<void(int mb, bool last)>;
 
   PipelineRunner(const Mesh<Backend>& mesh, Model& model)
-      : m_pp(mesh.comm(Axis::pp)), m_model(model), m_root(mesh.is_root()) {
+      : m_pp(mesh.comm(Axis::pp)), m_model(model), m_root(mesh.is_root()), m_world(mesh.world().size()),
+        m_me(mesh.world().rank()), m_stride(mesh.degree(Axis::dp) * mesh.degree(Axis::tp)) {
     detail::require<ConfigError>(model.stages() == m_pp.size() && model.stage() == m_pp.rank(), "pmt::parallel::PipelineRunner", [&] {
       return detail::str("the model is stage ", model.stage(), " of ", model.stages(), " but this rank is pp ",
                          m_pp.rank(), " of ", m_pp.size());
@@ -146,6 +148,12 @@ class PipelineRunner {
     m_stats        = PipelineStats{};
     const auto t0  = clock::now();
     const auto now = [&] { return std::chrono::duration<double>(clock::now() - t0).count(); };
+    ++m_runs;
+    // Trace flow ids: the same on the sending and the receiving rank (run, kind, sender, microbatch).
+    const auto flow = [&](bool act, std::int64_t sender, int mb_) {
+      return ((m_runs * 2 + (act ? 0 : 1)) * m_world + sender) * 1000003 + mb_;
+    };
+    const auto label = [&](const Action& a_) { return [a_] { return std::string(kind_name(a_.kind)) + " " + std::to_string(a_.mb); }; };
     for (std::size_t k = 0; k < actions.size(); ++k) {
       const Action a = actions[k];
       const auto i   = static_cast<std::size_t>(a.mb);
@@ -154,19 +162,24 @@ class PipelineRunner {
       switch (a.kind) {
         case Action::RecvAct:
         case Action::RecvGrad: {
-          auto& p = a.kind == Action::RecvAct ? next_act : next_grad;
+          // the sender of an activation is stage s-1, of a gradient stage s+1 (mesh: pp varies slowest)
+          const bool act = a.kind == Action::RecvAct;
+          const Instrument instrument("pmt::parallel::pipeline::recv", Track::P2P, label(a), -1,
+                                      flow(act, act ? m_me - m_stride : m_me + m_stride, a.mb));
+          auto& p = act ? next_act : next_grad;
           p.rq.wait();
           post(p, k + 1, a.kind);
           m_stats.recv_wait += now() - start;
           break;
         }
         case Action::Forward: {
+          const Instrument instrument("pmt::parallel::pipeline::forward", Track::Compute, label(a));
           if (free_slots.empty()) free_slots.push_back(slots++);
           slot_of[i] = free_slots.back();
           free_slots.pop_back();
           m_stats.peak_live = std::max(m_stats.peak_live, ++live);
           {
-            nn::ActivationSlot slot(slot_of[i]);
+            ActivationSlot slot(slot_of[i]);
             out[i] = m_model.forward_stage(exec, mb.ids, mb.targets, in_act[i], mb.B, mb.T, normaliser, &losses[i]);
           }
           exec.fence();
@@ -175,9 +188,10 @@ class PipelineRunner {
           break;
         }
         case Action::Backward: {
+          const Instrument instrument("pmt::parallel::pipeline::backward", Track::Compute, label(a));
           if (before_backward) before_backward(a.mb, a.mb == last_backward);
           {
-            nn::ActivationSlot slot(slot_of[i]);
+            ActivationSlot slot(slot_of[i]);
             out[i] = m_model.backward_stage(exec, in_grad[i]);
           }
           exec.fence();
@@ -188,11 +202,14 @@ class PipelineRunner {
           break;
         }
         case Action::SendAct:
-        case Action::SendGrad:
+        case Action::SendGrad: {
+          const Instrument instrument("pmt::parallel::pipeline::send", Track::P2P, label(a),
+                                      flow(a.kind == Action::SendAct, m_me, a.mb));
           sends.push_back(a.kind == Action::SendAct ? comm::isend(m_pp, exec, out[i], s + 1, tag_act)
                                                     : comm::isend(m_pp, exec, out[i], s - 1, tag_grad));
           out[i] = Activation();  // the Request keeps the buffer until the send completes
           break;
+        }
       }
       m_stats.events.push_back({a, start, now()});
       // reap completed sends so their buffers are freed as the run goes
@@ -215,6 +232,8 @@ class PipelineRunner {
   comm::Communicator<Backend> m_pp;
   Model& m_model;
   bool m_root;
+  std::int64_t m_world, m_me, m_stride;  // world size, rank, and the world-rank distance between stages
+  std::int64_t m_runs = 0;
   std::map<std::pair<int, int>, Schedule> m_tables;
   std::map<std::pair<int, int>, ScheduleReport> m_reports;
   PipelineStats m_stats;

@@ -17,6 +17,7 @@
 // parameters are averaged over dp every H steps; optimizer state stays local, so with plain SGD
 // and H = 1 this is synchronous DP). ZeRO optimizers (shards_over_dp) reduce-scatter themselves.
 
+#include "pmt/core/instrument.hpp"
 #include "pmt/comm/collectives.hpp"
 #include "pmt/comm/mesh.hpp"
 #include "pmt/core/error.hpp"
@@ -126,6 +127,7 @@ class Trainer {
       return detail::str(microbatches.size(), " microbatches and normaliser ", o.normaliser,
                          "; expected at least one microbatch and a positive token count");
     });
+    const Instrument instrument("pmt::train::Trainer::step");
     m_opt.zero_grad();
     const int dp           = m_mesh.degree(Axis::dp);
     const double normaliser = H > 0 ? o.normaliser / dp : o.normaliser;

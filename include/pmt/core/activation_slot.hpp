@@ -8,8 +8,8 @@
 // runs each microbatch's forward and backward in its own slot. A backward takes (moves out) what
 // its forward saved, so the memory of a microbatch's activations is freed by its backward and a
 // stage holds exactly its live microbatches' activations.
-//   { pmt::nn::ActivationSlot s(k); y = layer.forward(exec, x); }   // saves into slot k
-//   { pmt::nn::ActivationSlot s(k); dx = layer.backward(exec, dy); } // reads slot k
+//   { pmt::ActivationSlot s(k); y = layer.forward(exec, x); }   // saves into slot k
+//   { pmt::ActivationSlot s(k); dx = layer.backward(exec, dy); } // reads slot k
 
 #include <cstddef>
 #include <vector>
@@ -18,7 +18,7 @@ namespace pmt::detail {
 inline thread_local std::size_t active_slot = 0;
 }  // namespace pmt::detail
 
-namespace pmt::nn {
+namespace pmt {
 
 /// \brief Selects the activation slot of this thread for the scope's lifetime (restores the
 /// previous one on exit, so scopes nest).
@@ -59,4 +59,4 @@ class Saved {
   std::vector<Cache> m_slots;
 };
 
-}  // namespace pmt::nn
+}  // namespace pmt

@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""Pictures of a train_gpt run: a timeline PNG from its --trace file (ranks as rows, one colour per
+action) and a loss-curve PNG from its --metrics file. Needs matplotlib (Debian: python3-matplotlib).
+
+  python3 docs/plot.py timeline run-trace.json docs/img/timeline_1f1b.png [--steps FIRST LAST]
+  python3 docs/plot.py loss run-metrics.json docs/img/loss.png
+"""
+import json
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+COLOURS = {"forward": "#4c72b0", "backward": "#dd8452", "send-activation": "#55a868", "send-gradient": "#55a868",
+           "recv-activation": "#c44e52", "recv-gradient": "#c44e52", "all_reduce": "#8172b3",
+           "dp gradient bucket": "#8172b3", "adamw": "#937860", "clip": "#937860", "zero-adamw": "#937860"}
+
+
+def timeline(trace_path, png, first=None, last=None):
+    events = json.load(open(trace_path))["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e["name"] == "process_name"}
+    spans = [e for e in events if e.get("ph") == "X"]
+    steps = sorted((e for e in spans if e["name"].startswith("step ")), key=lambda e: e["ts"])
+    lo, hi = (min(e["ts"] for e in spans), max(e["ts"] + e["dur"] for e in spans))
+    if first is not None and steps:
+        chosen = [e for e in steps if first <= int(e["name"].split()[1]) <= last]
+        lo, hi = min(e["ts"] for e in chosen), max(e["ts"] + e["dur"] for e in chosen)
+    ranks = sorted(names)
+    fig, ax = plt.subplots(figsize=(12, 0.55 * len(ranks) + 1.4))
+    seen = set()
+    for row, pid in enumerate(ranks):
+        for e in spans:
+            if e["pid"] != pid or e["ts"] + e["dur"] < lo or e["ts"] > hi or e["name"].startswith("step "):
+                continue
+            kind = e["name"].rsplit(" ", 1)[0] if e["name"].split()[-1].isdigit() else e["name"]
+            colour = COLOURS.get(kind)
+            if colour is None or e["tid"] not in (0, 1, 3):
+                continue
+            height = 0.8 if e["tid"] == 0 else 0.3
+            label = kind if kind not in seen else None
+            seen.add(kind)
+            ax.broken_barh([((e["ts"] - lo) / 1e3, max(e["dur"], 1) / 1e3)], (row - height / 2, height), color=colour,
+                           label=label)
+            if e["tid"] == 0 and e["dur"] / (hi - lo) > 0.02:
+                ax.text((e["ts"] - lo + e["dur"] / 2) / 1e3, row, e["name"].split()[-1], ha="center", va="center",
+                        fontsize=7, color="white")
+    ax.set_yticks(range(len(ranks)))
+    ax.set_yticklabels([names[p] for p in ranks], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("ms")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=5, fontsize=8, frameon=False)
+    ax.set_title("pmt train_gpt timeline (tall bars: forward / backward with their microbatch; thin: p2p and optimizer)",
+                 fontsize=9)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+
+
+def loss(metrics_path, png):
+    train, val = [], []
+    for line in open(metrics_path):
+        r = json.loads(line)
+        (train if "loss" in r else val).append(r)
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    ax.plot([r["step"] for r in train], [r["loss"] for r in train], lw=0.8, label="training loss")
+    ax.plot([r["step"] for r in val], [r["val_loss"] for r in val], "o-", label="validation loss")
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy (nats per byte)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 4 or sys.argv[1] not in ("timeline", "loss"):
+        sys.exit(__doc__)
+    if sys.argv[1] == "timeline":
+        rng = (int(sys.argv[5]), int(sys.argv[6])) if len(sys.argv) > 6 and sys.argv[4] == "--steps" else (None, None)
+        timeline(sys.argv[2], sys.argv[3], *rng)
+    else:
+        loss(sys.argv[2], sys.argv[3])

@@ -1,0 +1,180 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// The run's timeline as one Chrome-trace / Perfetto JSON: every rank's recorded events
+// (core/instrument.hpp) gathered on rank 0, clocks aligned, one process per rank (named with its
+// mesh coordinates), one thread per track (compute, p2p, collectives, optimizer), flow arrows from
+// each pipeline send to its receive.
+//   pmt::TraceRecorder::instance().enable();   ... train ...
+//   pmt::obs::write_trace(mesh, "run.json");   // collective; rank 0 writes
+// Clock alignment: after a barrier every rank samples its steady clock; rank r's events are
+// shifted by (rank 0's sample - rank r's), so the ranks' time axes agree to the barrier's skew
+// (microseconds on one node, where the clocks are the same anyway).
+
+#include "pmt/comm/collectives.hpp"
+#include "pmt/comm/mesh.hpp"
+#include "pmt/core/error.hpp"
+#include "pmt/core/instrument.hpp"
+
+#include <Kokkos_Core.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace pmt::obs {
+
+/// \brief A rank's events with its clock offset applied (seconds on rank 0's clock).
+struct RankTrace {
+  int rank = 0;
+  std::string where;  ///< "dp 0/2, tp 1/2, pp 0/1"
+  std::vector<TraceEvent> events;
+};
+
+namespace trace_detail {
+
+inline std::string escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\';
+    if (static_cast<unsigned char>(c) >= 0x20) o += c;
+  }
+  return o;
+}
+
+// events <-> bytes: name length, name, track, begin, end, flow_out, flow_in
+inline void pack(std::string& out, const TraceEvent& e) {
+  const auto put = [&](const auto& v) { out.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
+  put(static_cast<std::uint32_t>(e.name.size()));
+  out += e.name;
+  put(static_cast<std::int32_t>(e.track));
+  put(e.begin), put(e.end), put(e.flow_out), put(e.flow_in);
+}
+inline std::vector<TraceEvent> unpack(const char* p, std::size_t n) {
+  std::vector<TraceEvent> out;
+  std::size_t at = 0;
+  const auto get = [&](auto& v) {
+    std::memcpy(&v, p + at, sizeof(v));
+    at += sizeof(v);
+  };
+  while (at < n) {
+    TraceEvent e;
+    std::uint32_t len = 0;
+    get(len);
+    e.name.assign(p + at, len);
+    at += len;
+    std::int32_t track = 0;
+    get(track);
+    e.track = static_cast<Track>(track);
+    get(e.begin), get(e.end), get(e.flow_out), get(e.flow_in);
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+}  // namespace trace_detail
+
+/// \brief Gathers every rank's recorded events on rank 0, clocks aligned (empty elsewhere).
+/// Collective over the mesh's world.
+template <class Backend>
+std::vector<RankTrace> gather_trace(const Mesh<Backend>& mesh) {
+  const auto& world = mesh.world();
+  const auto host   = Kokkos::DefaultHostExecutionSpace();
+  comm::barrier(world);
+  Kokkos::View<double, Kokkos::HostSpace> t0("pmt::obs::t0");
+  const double mine_t = TraceRecorder::now();
+  t0()                = mine_t;
+  comm::broadcast(world, host, t0, 0);
+  const double offset = t0() - mine_t;
+  std::string bytes;
+  for (const auto& e : TraceRecorder::instance().events()) {
+    TraceEvent a = e;
+    a.begin += offset, a.end += offset;
+    trace_detail::pack(bytes, a);
+  }
+  std::vector<RankTrace> all;
+  Kokkos::View<std::uint64_t, Kokkos::HostSpace> len("pmt::obs::len");
+  if (world.rank() == 0) {
+    all.push_back({0, mesh.where(), trace_detail::unpack(bytes.data(), bytes.size())});
+    for (int q = 1; q < world.size(); ++q) {
+      comm::recv(world, host, len, q, 41);
+      Kokkos::View<char*, Kokkos::HostSpace> buf("pmt::obs::buf", len());
+      Kokkos::View<char*, Kokkos::HostSpace> where("pmt::obs::where", 64);
+      comm::recv(world, host, buf, q, 42);
+      comm::recv(world, host, where, q, 43);
+      all.push_back({q, std::string(where.data()), trace_detail::unpack(buf.data(), buf.size())});
+    }
+  } else {
+    len() = bytes.size();
+    comm::send(world, host, len, 0, 41);
+    Kokkos::View<char*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> buf(bytes.data(), bytes.size());
+    comm::send(world, host, buf, 0, 42);
+    Kokkos::View<char*, Kokkos::HostSpace> where("pmt::obs::where", 64);
+    const std::string w = mesh.where().substr(0, 63);
+    std::copy(w.begin(), w.end(), where.data());
+    comm::send(world, host, where, 0, 43);
+  }
+  return all;
+}
+
+/// \brief The Chrome-trace JSON of gathered traces (times in µs from the earliest event).
+inline std::string trace_json(const std::vector<RankTrace>& all) {
+  double origin = 1e300;
+  for (const auto& r : all)
+    for (const auto& e : r.events) origin = std::min(origin, e.begin);
+  std::ostringstream o;
+  o.precision(15);
+  o << "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
+  bool first = true;
+  const auto sep = [&] {
+    if (!first) o << ",\n";
+    first = false;
+  };
+  for (const auto& r : all) {
+    sep();
+    o << "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":" << r.rank << ",\"args\":{\"name\":\"rank " << r.rank << " ("
+      << trace_detail::escape(r.where) << ")\"}}";
+    for (int t = 0; t < 4; ++t) {
+      sep();
+      o << "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":" << r.rank << ",\"tid\":" << t << ",\"args\":{\"name\":\""
+        << track_name(static_cast<Track>(t)) << "\"}}";
+    }
+    for (const auto& e : r.events) {
+      const double ts = (e.begin - origin) * 1e6, dur = (e.end - e.begin) * 1e6;
+      const int tid   = static_cast<int>(e.track);
+      sep();
+      o << "{\"name\":\"" << trace_detail::escape(e.name) << "\",\"cat\":\"" << track_name(e.track)
+        << "\",\"ph\":\"X\",\"pid\":" << r.rank << ",\"tid\":" << tid << ",\"ts\":" << ts << ",\"dur\":" << dur << "}";
+      if (e.flow_out >= 0) {
+        sep();
+        o << "{\"name\":\"p2p\",\"cat\":\"flow\",\"ph\":\"s\",\"id\":" << e.flow_out << ",\"pid\":" << r.rank
+          << ",\"tid\":" << tid << ",\"ts\":" << ts << "}";
+      }
+      if (e.flow_in >= 0) {
+        sep();
+        o << "{\"name\":\"p2p\",\"cat\":\"flow\",\"ph\":\"f\",\"bp\":\"e\",\"id\":" << e.flow_in << ",\"pid\":" << r.rank
+          << ",\"tid\":" << tid << ",\"ts\":" << ts + dur << "}";
+      }
+    }
+  }
+  o << "\n]}\n";
+  return o.str();
+}
+
+/// \brief Gathers the trace and writes it to `path` on rank 0. Collective.
+/// \throws pmt::IoError on rank 0 when the file cannot be written.
+template <class Backend>
+void write_trace(const Mesh<Backend>& mesh, const std::string& path) {
+  const auto all = gather_trace(mesh);
+  if (mesh.world().rank() != 0) return;
+  std::ofstream out(path);
+  out << trace_json(all);
+  detail::require<IoError>(static_cast<bool>(out), "pmt::obs::write_trace", [&] { return path + ": cannot be written"; });
+}
+
+}  // namespace pmt::obs
