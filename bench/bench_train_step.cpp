@@ -22,6 +22,24 @@ int main(int argc, char* argv[]) {
     std::printf("peak gflops=%.1f threads=%d\n", pmt::bench::measured_fp32_peak_gflops(), Exec().concurrency());
     return 0;
   }
+  if (argc == 2 && std::string(argv[1]) == "instrument") {  // ns per Instrument with no tool and the recorder off
+    const long n = 20'000'000;
+    volatile long sink = 0;
+    Kokkos::Timer t;
+    for (long i = 0; i < n; ++i) {
+      const pmt::Instrument in("pmt::bench::region");
+      sink = sink + 1;
+    }
+    const double region = t.seconds() / n * 1e9;
+    t.reset();
+    for (long i = 0; i < n; ++i) {
+      const pmt::Instrument in("pmt::bench::event", pmt::Track::Compute, [] { return std::string("event"); });
+      sink = sink + 1;
+    }
+    const double event = t.seconds() / n * 1e9;
+    std::printf("instrument region_ns=%.2f region_and_event_ns=%.2f\n", region, event);
+    return 0;
+  }
   if (argc < 8) {
     std::fprintf(stderr, "usage: %s LAYERS WIDTH HEADS CONTEXT BATCH VOCAB STEPS\n", argv[0]);
     return 2;
@@ -30,6 +48,7 @@ int main(int argc, char* argv[]) {
                     H = std::strtoul(argv[3], nullptr, 10), T = std::strtoul(argv[4], nullptr, 10),
                     B = std::strtoul(argv[5], nullptr, 10), V = std::strtoul(argv[6], nullptr, 10);
   const int steps = std::atoi(argv[7]);
+  if (std::getenv("PMT_BENCH_TRACE") != nullptr) pmt::TraceRecorder::instance().enable();  // bench/trace_overhead.py
   using Backend = pmt::comm::default_backend_t<Exec>;
 #if PMT_ENABLE_MPI
   pmt::comm::Communicator<Backend> world(MPI_COMM_WORLD);

@@ -47,6 +47,7 @@ def timeline(trace_path, png, first=None, last=None):
             if e["tid"] == 0 and e["dur"] / (hi - lo) > 0.02:
                 ax.text((e["ts"] - lo + e["dur"] / 2) / 1e3, row, e["name"].split()[-1], ha="center", va="center",
                         fontsize=7, color="white")
+    ax.set_xlim(0, (hi - lo) / 1e3)
     ax.set_yticks(range(len(ranks)))
     ax.set_yticklabels([names[p] for p in ranks], fontsize=8)
     ax.invert_yaxis()

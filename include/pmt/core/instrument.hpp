@@ -66,6 +66,17 @@ class TraceRecorder {
   std::vector<TraceEvent> m_events;
 };
 
+#if defined(PMT_DISABLE_INSTRUMENTATION)
+/// \brief Compiled out (PMT_DISABLE_INSTRUMENTATION): the baseline of bench/trace_overhead.py.
+class Instrument {
+ public:
+  explicit Instrument(const char*) noexcept {}
+  template <class Name>
+  Instrument(const char*, Track, Name&&, std::int64_t = -1, std::int64_t = -1) noexcept {}
+  Instrument(const Instrument&)            = delete;
+  Instrument& operator=(const Instrument&) = delete;
+};
+#else
 /// \brief RAII: a Kokkos Tools region named `region` (when a tool is loaded) and, when the trace
 /// recorder is on and `event` is given, a complete event on `track`.
 class Instrument {
@@ -107,5 +118,7 @@ class Instrument {
   bool m_region, m_trace = false;
   TraceEvent m_event;
 };
+
+#endif  // PMT_DISABLE_INSTRUMENTATION
 
 }  // namespace pmt
