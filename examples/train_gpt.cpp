@@ -72,9 +72,11 @@ std::string usage() {
          "  --resume                continue from DIR/LATEST (any layout of the same model)\n"
          "output\n"
          "  --metrics FILE          JSON lines: every step's and validation's figures\n"
-         "  --trace FILE            Chrome trace (chrome://tracing, Perfetto) of steps and pipeline actions\n"
+         "  --trace FILE            Chrome trace (chrome://tracing, Perfetto) of every rank: forwards, backwards,\n"
+         "                          sends -> receives, collectives, optimizer (docs/plot.py draws it)\n"
          "Each step prints: loss, learning rate, tokens/s, MFU (model FLOPs / the measured fp32 FMA peak of\n"
-         "all ranks), the share of rank 0's step spent in communication, and progress.\n";
+         "all ranks), the share of rank 0's step spent in communication, and progress; the run ends with\n"
+         "validation, a per-rank compute / communication / idle report and a generated sample.\n";
 }
 
 Options parse(int argc, char* argv[]) {
