@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Instrumentation that costs nothing when nobody listens:
-//   - Kokkos Tools regions (pushRegion / popRegion, the same calls on Kokkos 3.4 and 4.x, which
-//     has no ScopedRegion in 3.4), made only when a tool library is loaded, so a user's Kokkos
+//   - Kokkos Tools regions (Kokkos::Tools::pushRegion / popRegion, in Kokkos 3.4 and 4.x alike;
+//     3.4 has no ScopedRegion), made only when a tool library is loaded, so a user's Kokkos
 //     Tools (e.g. the space-time stack) shows pmt's structure: pmt::<area>::<what>;
 //   - the trace recorder (off by default): complete events per rank on tracks (compute, p2p,
 //     collectives, optimizer) with begin and end times, and flow ids linking a send to its recv.
@@ -82,8 +82,8 @@ class Instrument {
 class Instrument {
  public:
   /// \brief A region only.
-  explicit Instrument(const char* region) : m_region(Kokkos::Profiling::profileLibraryLoaded()) {
-    if (m_region) Kokkos::Profiling::pushRegion(region);
+  explicit Instrument(const char* region) : m_region(Kokkos::Tools::profileLibraryLoaded()) {
+    if (m_region) Kokkos::Tools::pushRegion(region);
   }
   /// \brief A region and, with the recorder on, the event `event` on `track`.
   Instrument(const char* region, Track track, const char* event, std::int64_t flow_out = -1, std::int64_t flow_in = -1)
@@ -101,7 +101,7 @@ class Instrument {
       m_event.end = TraceRecorder::now();
       TraceRecorder::instance().record(std::move(m_event));
     }
-    if (m_region) Kokkos::Profiling::popRegion();
+    if (m_region) Kokkos::Tools::popRegion();
   }
   Instrument(const Instrument&)            = delete;
   Instrument& operator=(const Instrument&) = delete;
