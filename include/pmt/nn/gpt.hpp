@@ -196,15 +196,7 @@ class Gpt {
                                          "; expected ids (B T) on the first stage, targets (B T) on the last, x (B T, ",
                                          C, ") on the others, and T <= context ", m_cfg.context);
                     });
-    Activation x;
-    if (first_stage()) {
-      positions(exec, N, Tn);
-      x = Activation(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::Gpt::x"), N, C);  // overwritten
-      m_wte->forward(exec, ids, x);
-      m_wpe->forward(exec, m_pos, x, /*accumulate=*/true);
-    } else {
-      x = x_in;
-    }
+    Activation x = first_stage() ? embed(exec, ids, N, Tn) : x_in;
     for (auto& b : m_blocks) {
       x = b->forward(exec, x, B, Tn);
       comm::progress();  // let pending pipeline sends and receives move (comm/progress.hpp)
@@ -236,14 +228,7 @@ class Gpt {
   /// and no gradient. Activations are saved in the current slot (the next forward replaces them).
   Activation infer_stage(const Exec& exec, const Ids& ids, const Activation& x_in, std::size_t B, std::size_t Tn) {
     if (!last_stage()) return forward_stage(exec, ids, Ids(), x_in, B, Tn, 1.0, nullptr);
-    Activation x = x_in;
-    if (first_stage()) {  // pp = 1: embeddings and blocks of forward_stage, without the loss
-      const std::size_t N = B * Tn;
-      x = Activation(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::Gpt::x"), N, m_cfg.width);
-      positions(exec, N, Tn);
-      m_wte->forward(exec, ids, x);
-      m_wpe->forward(exec, m_pos, x, true);
-    }
+    Activation x = first_stage() ? embed(exec, ids, B * Tn, Tn) : x_in;  // pp = 1: the whole model
     for (auto& b : m_blocks) x = b->forward(exec, x, B, Tn);
     auto h     = m_lnf->forward(exec, x);
     auto table = head_table().table().value2d();
@@ -329,6 +314,14 @@ class Gpt {
     return c;
   }
   Embedding<T, Exec, Backend>& head_table() { return m_head ? *m_head : *m_wte; }
+  /// Token + position embeddings of ids (N = B T) on the first stage.
+  Activation embed(const Exec& exec, const Ids& ids, std::size_t N, std::size_t Tn) {
+    positions(exec, N, Tn);
+    Activation x(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::Gpt::x"), N, m_cfg.width);  // overwritten
+    m_wte->forward(exec, ids, x);
+    m_wpe->forward(exec, m_pos, x, /*accumulate=*/true);
+    return x;
+  }
   void positions(const Exec& exec, std::size_t N, std::size_t Tn) {
     if (m_pos.extent(0) == N && m_pos_T == Tn) return;
     m_pos   = Ids("pmt::nn::Gpt::positions", N);

@@ -123,33 +123,16 @@ class Trainer {
   /// \brief One step over this rank's microbatches; returns the global loss.
   /// \throws pmt::ConfigError for no microbatch or a non-positive normaliser.
   double step(const std::vector<Microbatch<Ids>>& microbatches, const StepOptions& o) {
-    detail::require<ConfigError>(!microbatches.empty() && o.normaliser > 0, "pmt::train::Trainer::step", [&] {
-      return detail::str(microbatches.size(), " microbatches and normaliser ", o.normaliser,
-                         "; expected at least one microbatch and a positive token count");
-    });
+    check_batch("pmt::train::Trainer::step", microbatches, o.normaliser);
     const Instrument instrument("pmt::train::Trainer::step");
     m_opt.zero_grad();
-    const int dp           = m_mesh.degree(Axis::dp);
+    const int dp            = m_mesh.degree(Axis::dp);
     const double normaliser = H > 0 ? o.normaliser / dp : o.normaliser;
     // ZeRO optimizers reduce-scatter the gradients themselves; local SGD does not sync them.
-    constexpr bool dp_sync = !Optimizer::shards_over_dp && H == 0;
-    double loss            = 0;
-    if (m_runner) {
-      loss = m_runner->run(m_exec, m_schedule, microbatches, normaliser,
-                           [this](int, bool last) { m_sync.arm(dp_sync && last); });
-    } else {
-      for (std::size_t i = 0; i < microbatches.size(); ++i) {
-        const auto& mb = microbatches[i];
-        m_sync.arm(dp_sync && i + 1 == microbatches.size());
-        loss += m_model.forward_backward(m_exec, mb.ids, mb.targets, mb.B, mb.T, normaliser);
-      }
-    }
+    const double loss = run_microbatches(microbatches, normaliser, !Optimizer::shards_over_dp && H == 0);
     m_sync.finish(m_exec);
     m_model.sync_tied_grads(m_exec);  // pp > 1: first and last stage sum their copies' gradients
-    Kokkos::View<double, Kokkos::HostSpace> total("pmt::train::loss");
-    total() = H > 0 ? loss / dp : loss;
-    comm::all_reduce(m_mesh.comm(Axis::dp), Kokkos::DefaultHostExecutionSpace(), total);
-    if (m_mesh.degree(Axis::pp) > 1) comm::all_reduce(m_mesh.comm(Axis::pp), Kokkos::DefaultHostExecutionSpace(), total);
+    const double total = global_loss(H > 0 ? loss / dp : loss);
     if constexpr (Optimizer::shards_over_dp) {
       m_last_norm = m_opt.step(m_exec, o.lr, o.max_norm);
     } else {
@@ -161,30 +144,17 @@ class Trainer {
       if (++m_steps % H == 0 && dp > 1)
         for (auto* p : m_model.parameters()) comm::all_reduce(m_mesh.comm(Axis::dp), m_exec, p->value, comm::ReduceOp::Avg);
     }
-    return total();
+    return total;
   }
 
   /// \brief The global loss of the microbatches without changing the model (validation): the same
   /// forward and backward as step() (so any layout and schedule works), no gradient sync, no
   /// optimizer step; the gradients are cleared afterwards.
   double evaluate(const std::vector<Microbatch<Ids>>& microbatches, double normaliser) {
-    detail::require<ConfigError>(!microbatches.empty() && normaliser > 0, "pmt::train::Trainer::evaluate", [&] {
-      return detail::str(microbatches.size(), " microbatches and normaliser ", normaliser,
-                         "; expected at least one microbatch and a positive token count");
-    });
-    m_sync.arm(false);
-    double loss = 0;
-    if (m_runner) {
-      loss = m_runner->run(m_exec, m_schedule, microbatches, normaliser, [this](int, bool) { m_sync.arm(false); });
-    } else {
-      for (const auto& mb : microbatches) loss += m_model.forward_backward(m_exec, mb.ids, mb.targets, mb.B, mb.T, normaliser);
-    }
+    check_batch("pmt::train::Trainer::evaluate", microbatches, normaliser);
+    const double loss = run_microbatches(microbatches, normaliser, /*dp_sync=*/false);
     m_opt.zero_grad();
-    Kokkos::View<double, Kokkos::HostSpace> total("pmt::train::loss");
-    total() = loss;
-    comm::all_reduce(m_mesh.comm(Axis::dp), Kokkos::DefaultHostExecutionSpace(), total);
-    if (m_mesh.degree(Axis::pp) > 1) comm::all_reduce(m_mesh.comm(Axis::pp), Kokkos::DefaultHostExecutionSpace(), total);
-    return total();
+    return global_loss(loss);
   }
 
   double last_grad_norm() const noexcept { return m_last_norm; }
@@ -196,6 +166,34 @@ class Trainer {
   const parallel::PipelineRunner<Model, Exec, Backend>* pipeline() const noexcept { return m_runner ? &*m_runner : nullptr; }
 
  private:
+  static void check_batch(const char* op, const std::vector<Microbatch<Ids>>& microbatches, double normaliser) {
+    detail::require<ConfigError>(!microbatches.empty() && normaliser > 0, op, [&] {
+      return detail::str(microbatches.size(), " microbatches and normaliser ", normaliser,
+                         "; expected at least one microbatch and a positive token count");
+    });
+  }
+  /// Forward and backward of every microbatch (the pipeline schedule with pp > 1); with dp_sync
+  /// the dp all-reduces start during the last microbatch's backward. Returns this rank's loss sum.
+  double run_microbatches(const std::vector<Microbatch<Ids>>& microbatches, double normaliser, bool dp_sync) {
+    if (m_runner)
+      return m_runner->run(m_exec, m_schedule, microbatches, normaliser,
+                           [this, dp_sync](int, bool last) { m_sync.arm(dp_sync && last); });
+    double loss = 0;
+    for (std::size_t i = 0; i < microbatches.size(); ++i) {
+      const auto& mb = microbatches[i];
+      m_sync.arm(dp_sync && i + 1 == microbatches.size());
+      loss += m_model.forward_backward(m_exec, mb.ids, mb.targets, mb.B, mb.T, normaliser);
+    }
+    return loss;
+  }
+  /// The sum over dp and pp of each rank's loss (only the last stage's is non-zero).
+  double global_loss(double local) const {
+    Kokkos::View<double, Kokkos::HostSpace> total("pmt::train::loss");
+    total() = local;
+    comm::all_reduce(m_mesh.comm(Axis::dp), Kokkos::DefaultHostExecutionSpace(), total);
+    if (m_mesh.degree(Axis::pp) > 1) comm::all_reduce(m_mesh.comm(Axis::pp), Kokkos::DefaultHostExecutionSpace(), total);
+    return total();
+  }
   static const Mesh<Backend>& checked(const Mesh<Backend>& mesh) {
     const auto s = mesh.shape();
     const bool ok = (policy::dp || s.dp == 1) && (policy::tp || s.tp == 1) && (policy::pp || s.pp == 1) &&
