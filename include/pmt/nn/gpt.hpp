@@ -26,6 +26,7 @@
 #include "pmt/core/tensor.hpp"
 #include "pmt/nn/attention.hpp"
 #include "pmt/nn/embedding.hpp"
+#include "pmt/nn/gpt_config.hpp"
 #include "pmt/nn/layernorm.hpp"
 #include "pmt/nn/loss.hpp"
 #include "pmt/nn/mlp.hpp"
@@ -44,12 +45,6 @@
 #include <vector>
 
 namespace pmt::nn {
-
-/// \brief The shape of a Gpt and its initialisation seed.
-struct GptConfig {
-  std::size_t vocab = 256, context = 64, layers = 2, width = 64, heads = 4;
-  std::uint64_t seed = 1234;
-};
 
 /// \brief One pre-LN transformer block.
 template <class T, class Exec, class Backend>
@@ -149,20 +144,11 @@ class Gpt {
 
   /// \brief The per-block costs (parameters, forward FLOPs per token) and the extra cost of the
   /// first stage (embeddings) and the last (final norm and LM head), for stage balancing.
-  static std::vector<parallel::LayerCost> block_costs(const GptConfig& c) {
-    const double C = static_cast<double>(c.width), Tn = static_cast<double>(c.context);
-    return std::vector<parallel::LayerCost>(c.layers, {12 * C * C + 13 * C, 24 * C * C + 2 * Tn * C});
-  }
-  static parallel::LayerCost head_cost(const GptConfig& c) {
-    return {static_cast<double>((c.vocab + c.context) * c.width), 0.0};
-  }
-  static parallel::LayerCost tail_cost(const GptConfig& c) {
-    return {2.0 * static_cast<double>(c.width), 2.0 * static_cast<double>(c.vocab * c.width)};
-  }
+  static std::vector<parallel::LayerCost> block_costs(const GptConfig& c) { return gpt_block_costs(c); }
+  static parallel::LayerCost head_cost(const GptConfig& c) { return gpt_head_cost(c); }
+  static parallel::LayerCost tail_cost(const GptConfig& c) { return gpt_tail_cost(c); }
   /// \brief Blocks on `stages` stages balanced by forward FLOPs (the LM head counts on the last).
-  static parallel::StagePlan balanced_plan(const GptConfig& c, int stages) {
-    return parallel::balanced_stages(block_costs(c), stages, head_cost(c), tail_cost(c));
-  }
+  static parallel::StagePlan balanced_plan(const GptConfig& c, int stages) { return gpt_balanced_plan(c, stages); }
 
   /// \brief Forward and backward of one batch through the whole model (pp = 1): ids and targets
   /// (B T) of this rank's data shard. Returns this batch's loss divided by `normaliser` (pass the

@@ -6,6 +6,9 @@
 // token count), clipped by the global norm, updated by AdamW on the owned part (Adam's moments
 // exist only for that part: 2 P / dp values instead of 2 P), and the updated values are
 // all-gathered and written back to the parameters.
+// Memory beyond the parameters and their gradients: one flat buffer of P (gradients in, values
+// out) and 4 P / dp (gradient, value, m, v of the shard) + P / dp bytes of flags, against plain
+// AdamW's 2 P plus the dp gradient buckets' P: less from dp = 4 on.
 // Communication per step: reduce_scatter(dp) of P, all_reduce(dp) + all_reduce(tp) of 2 numbers
 // for the norm (and all_reduce(pp) of 1 with pipeline stages), all_gather(dp) of P. The Trainer
 // leaves the gradient reduction to this optimizer.
@@ -44,8 +47,8 @@ class ZeroAdamW {
     const auto n = static_cast<std::size_t>(m_dp.size());
     m_shard      = (total + n - 1) / n;
     m_flat_g     = Tensor<T, 1, Exec>("pmt::optim::ZeroAdamW::grads", m_shard * n);
-    m_flat_w     = Tensor<T, 1, Exec>("pmt::optim::ZeroAdamW::values", m_shard * n);
     m_g          = Tensor<T, 1, Exec>("pmt::optim::ZeroAdamW::grad_shard", m_shard);
+    m_w          = Tensor<T, 1, Exec>("pmt::optim::ZeroAdamW::value_shard", m_shard);
     m_m          = Tensor<T, 1, Exec>("pmt::optim::ZeroAdamW::m", m_shard);
     m_v          = Tensor<T, 1, Exec>("pmt::optim::ZeroAdamW::v", m_shard);
     // Per element of my shard: 0 tp-sharded, 1 tp-replicated (counted once in the norm), 2 a
@@ -90,18 +93,17 @@ class ZeroAdamW {
     if (m_pp && m_pp->size() > 1) comm::all_reduce(*m_pp, Kokkos::DefaultHostExecutionSpace(), sharded);
     const double norm = std::sqrt(sums(0));
     if (max_norm > 0 && norm > max_norm) ops::scale(exec, m_g, static_cast<T>(max_norm / (norm + 1e-6)));
-    // AdamW on my part of the flat values
-    pack(exec, &nn::Parameter<T, Exec>::value, m_flat_w);
+    // AdamW on my part of the flat values; the flat gradient buffer, free after the
+    // reduce-scatter, carries the values (one flat buffer of P, not two)
+    pack(exec, &nn::Parameter<T, Exec>::value, m_flat_g);
     const std::size_t lo = m_shard * static_cast<std::size_t>(m_dp.rank());
-    auto w_mine          = Kokkos::subview(m_flat_w, std::make_pair(lo, lo + m_shard));
-    Tensor<T, 1, Exec> w(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::optim::ZeroAdamW::w"), m_shard);
-    Kokkos::deep_copy(exec, w, w_mine);
+    Kokkos::deep_copy(exec, m_w, Kokkos::subview(m_flat_g, std::make_pair(lo, lo + m_shard)));
     ops::AdamWParams h = m_h;
     h.lr               = lr;
     h.step             = m_step;
-    ops::adamw_update(exec, w, m_g, m_m, m_v, h);
-    comm::all_gather(m_dp, exec, w, m_flat_w);
-    unpack(exec, m_flat_w);
+    ops::adamw_update(exec, m_w, m_g, m_m, m_v, h);
+    comm::all_gather(m_dp, exec, m_w, m_flat_g);
+    unpack(exec, m_flat_g);
     return norm;
   }
 
@@ -132,7 +134,7 @@ class ZeroAdamW {
   std::optional<comm::Communicator<Backend>> m_pp;
   std::size_t m_shard = 0;
   std::int64_t m_step = 0;
-  Tensor<T, 1, Exec> m_flat_g, m_flat_w, m_g, m_m, m_v;
+  Tensor<T, 1, Exec> m_flat_g, m_g, m_w, m_m, m_v;
   Kokkos::View<std::uint8_t*, typename Exec::memory_space> m_replicated;
 };
 

@@ -52,7 +52,8 @@ class GradSync {
         m_bucket_of[p] = b;
         n += p->size();
       }
-      m_buckets[b].buffer = Tensor<T, 1, Exec>("pmt::parallel::GradSync::bucket", n);
+      // one rank has nothing to sum: no buffers (they would double the gradients' memory)
+      if (m_dp.size() > 1) m_buckets[b].buffer = Tensor<T, 1, Exec>("pmt::parallel::GradSync::bucket", n);
     }
   }
 

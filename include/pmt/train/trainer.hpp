@@ -102,6 +102,8 @@ class Trainer {
   static constexpr int H = local_sgd_period_v<DpMode>;
   static_assert(std::is_same_v<DpMode, Synchronous> || H > 0,
                 "pmt::train::Trainer: DpMode must be pmt::Synchronous or pmt::LocalSgd<H>");
+  // whether the dp gradient buckets are used: ZeRO reduce-scatters itself, local SGD does not sync
+  static constexpr bool syncs_gradients = !Optimizer::shards_over_dp && H == 0;
   static_assert(!(H > 0 && Optimizer::shards_over_dp),
                 "pmt::train::Trainer: local SGD keeps replicas apart between averages; a ZeRO optimizer "
                 "needs synchronous gradients. Use one or the other");
@@ -113,7 +115,7 @@ class Trainer {
   Trainer(const Mesh<Backend>& mesh, Model& model, Optimizer& opt, const Exec& exec = Exec(),
           std::size_t bucket_bytes = parallel::GradSync<T, Exec, Backend>::default_bucket_bytes)
       : m_mesh(checked(mesh)), m_model(model), m_opt(opt), m_exec(exec),
-        m_sync(mesh.comm(Axis::dp), model.parameters(), bucket_bytes), m_schedule(policy::schedule) {
+        m_sync(mesh.comm(Axis::dp), syncs_gradients ? model.parameters() : std::vector<nn::Parameter<T, Exec>*>{}, bucket_bytes), m_schedule(policy::schedule) {
     m_model.on_block_grads([this](const std::vector<nn::Parameter<T, Exec>*>& ps) { m_sync.ready(m_exec, ps); });
     if (mesh.degree(Axis::pp) > 1) m_runner.emplace(mesh, model);
   }
@@ -129,7 +131,7 @@ class Trainer {
     const int dp            = m_mesh.degree(Axis::dp);
     const double normaliser = H > 0 ? o.normaliser / dp : o.normaliser;
     // ZeRO optimizers reduce-scatter the gradients themselves; local SGD does not sync them.
-    const double loss = run_microbatches(microbatches, normaliser, !Optimizer::shards_over_dp && H == 0);
+    const double loss = run_microbatches(microbatches, normaliser, syncs_gradients);
     m_sync.finish(m_exec);
     m_model.sync_tied_grads(m_exec);  // pp > 1: first and last stage sum their copies' gradients
     const double total = global_loss(H > 0 ? loss / dp : loss);

@@ -1,0 +1,114 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// MemoryTracker: the bytes of Kokkos allocations this process holds, now and at its peak, per
+// memory space ("Host", "Cuda", ...), from Kokkos Tools' allocate / deallocate callbacks (Kokkos
+// 3.4 and 4.x). It counts exactly what pmt's planner predicts (parameters, gradients, optimizer
+// state, activations, buffers), without the runtime's own memory (MPI, OpenBLAS, the allocator).
+//   auto& mem = pmt::obs::MemoryTracker::instance();
+//   mem.enable();             // after Kokkos::initialize; a user's loaded tool keeps its callbacks
+//   ... build the model, train ...
+//   mem.peak_bytes("Host");   // the high-water mark since enable() or reset_peak()
+// Only allocations made after enable() count (a deallocation of an older one is ignored). The
+// callbacks chain to those installed before (a Kokkos Tools library keeps seeing every event);
+// enable(false) puts the previous ones back. Not for concurrent allocation from several threads
+// beyond what its mutex serialises; Kokkos allocates from the calling host thread.
+
+#include <Kokkos_Core.hpp>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+namespace pmt::obs {
+
+class MemoryTracker {
+ public:
+  static MemoryTracker& instance() {
+    static MemoryTracker t;
+    return t;
+  }
+
+  /// \brief Starts (or stops) counting. Idempotent.
+  void enable(bool on = true) {
+    std::lock_guard<std::mutex> lock(m_mutex);
+    if (on == m_on) return;
+    if (on) {
+      const auto cbs = Kokkos::Tools::Experimental::get_callbacks();
+      m_prev_alloc   = cbs.allocate_data;
+      m_prev_dealloc = cbs.deallocate_data;
+      Kokkos::Tools::Experimental::set_allocate_data_callback(&MemoryTracker::on_allocate);
+      Kokkos::Tools::Experimental::set_deallocate_data_callback(&MemoryTracker::on_deallocate);
+    } else {
+      Kokkos::Tools::Experimental::set_allocate_data_callback(m_prev_alloc);
+      Kokkos::Tools::Experimental::set_deallocate_data_callback(m_prev_dealloc);
+    }
+    m_on = on;
+  }
+  bool enabled() const noexcept { return m_on; }
+
+  /// \brief Bytes held now in memory space `space` ("Host", "Cuda", ...; empty: all spaces).
+  std::uint64_t current_bytes(const std::string& space = "") const {
+    return sum(space, &Counter::current);
+  }
+  /// \brief The most bytes held at once since enable() or reset_peak().
+  std::uint64_t peak_bytes(const std::string& space = "") const {
+    return sum(space, &Counter::peak);
+  }
+  /// \brief The peak restarts from what is held now (e.g. after setup, to see one step's peak).
+  void reset_peak() {
+    std::lock_guard<std::mutex> lock(m_mutex);
+    for (auto& [name, c] : m_spaces) c.peak = c.current;
+  }
+
+ private:
+  struct Counter {
+    std::uint64_t current = 0, peak = 0;
+  };
+  MemoryTracker() = default;
+
+  std::uint64_t sum(const std::string& space, std::uint64_t Counter::*field) const {
+    std::lock_guard<std::mutex> lock(m_mutex);
+    std::uint64_t total = 0;
+    for (const auto& [name, c] : m_spaces)
+      if (space.empty() || name == space) total += c.*field;
+    return total;
+  }
+  static void on_allocate(Kokkos::Tools::SpaceHandle handle, const char* label, const void* ptr,
+                          std::uint64_t size) {
+    auto& t = instance();
+    {
+      std::lock_guard<std::mutex> lock(t.m_mutex);
+      Counter& c = t.m_spaces[handle.name];
+      c.current += size;
+      if (c.current > c.peak) c.peak = c.current;
+      t.m_live[ptr] = {handle.name, size};
+    }
+    if (t.m_prev_alloc) t.m_prev_alloc(handle, label, ptr, size);
+  }
+  static void on_deallocate(Kokkos::Tools::SpaceHandle handle, const char* label, const void* ptr,
+                            std::uint64_t size) {
+    auto& t = instance();
+    {
+      std::lock_guard<std::mutex> lock(t.m_mutex);
+      const auto it = t.m_live.find(ptr);
+      if (it != t.m_live.end()) {
+        t.m_spaces[it->second.first].current -= it->second.second;
+        t.m_live.erase(it);
+      }
+    }
+    if (t.m_prev_dealloc) t.m_prev_dealloc(handle, label, ptr, size);
+  }
+
+  mutable std::mutex m_mutex;
+  bool m_on = false;
+  std::map<std::string, Counter> m_spaces;
+  std::unordered_map<const void*, std::pair<std::string, std::uint64_t>> m_live;
+  // the callback types, spelled the same way in Kokkos 3.4 and 4.x
+  using AllocateFn            = decltype(Kokkos::Tools::Experimental::EventSet{}.allocate_data);
+  using DeallocateFn          = decltype(Kokkos::Tools::Experimental::EventSet{}.deallocate_data);
+  AllocateFn m_prev_alloc     = nullptr;
+  DeallocateFn m_prev_dealloc = nullptr;
+};
+
+}  // namespace pmt::obs
