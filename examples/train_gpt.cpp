@@ -18,6 +18,8 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <type_traits>
+#include <optional>
 #include <vector>
 
 #ifndef PMT_DEFAULT_DATA_DIR
@@ -29,17 +31,26 @@ namespace {
 using Exec    = Kokkos::DefaultHostExecutionSpace;
 using Backend = pmt::comm::default_backend_t<Exec>;
 using Model   = pmt::nn::Gpt<float, Exec, Backend>;
-using Opt     = pmt::optim::AdamW<float, Exec>;
+using AdamW   = pmt::optim::AdamW<float, Exec>;
+using Zero    = pmt::optim::ZeroAdamW<float, Exec, Backend>;
 using Policy  = pmt::Hybrid<pmt::DataParallel<>, pmt::TensorSplit<>, pmt::Pipeline<>>;
 using Ids     = Model::Ids;
 constexpr const char* prog = "train_gpt";
+
+/// An error's message without the program's own name in front ("prog: error: what", once).
+std::string own(const std::string& message) {
+  const std::string mine = std::string(prog) + ": ";
+  return message.rfind(mine, 0) == 0 ? message.substr(mine.size()) : message;
+}
+
 
 struct Options {
   int dp = 0, tp = 1, pp = 1, microbatches = 0, layers = 4, width = 128, heads = 4, context = 64, batch = 8;
   int steps = 100, warmup = 10, val_every = 50, ckpt_every = 0, threads = 0;
   double lr = 3e-3;
   long seed = 1;
-  bool resume = false, help = false;
+  bool resume = false, help = false, zero = false, auto_plan = false, memory_report = true;
+  std::vector<std::string> layout_flags;  // --dp, --tp, ... as given (--auto chooses them)
   std::string schedule = "1f1b", data = PMT_DEFAULT_DATA_DIR, ckpt_dir, metrics, trace;
 };
 
@@ -52,6 +63,9 @@ std::string usage() {
              "  --schedule 1f1b|gpipe   pipeline schedule (default 1f1b)\n"
              "  --microbatches N        microbatches per step and dp rank (default 2 pp with pp > 1, else 1);\n"
              "                          must divide batch / dp\n"
+             "  --zero                  ZeRO-1: AdamW's state sharded over dp (not with --ckpt-dir)\n"
+             "  --auto                  let the planner choose all of the above: it calibrates on the ranks,\n"
+             "                          predicts every layout (pmt-plan prints the same table) and runs the best\n"
              "model (byte-level: vocabulary 256)\n"
              "  --layers N (4)  --width N (128)  --heads N (4)  --context N (64)\n"
              "training\n"
@@ -72,6 +86,8 @@ std::string usage() {
          "  --resume                continue from DIR/LATEST (any layout of the same model)\n"
          "output\n"
          "  --metrics FILE          JSON lines: every step's and validation's figures\n"
+         "  --no-memory-report      leave out the peak memory per rank (counting Kokkos' allocations costs\n"
+         "                          about 3 % of a step for small models)\n"
          "  --trace FILE            Chrome trace (chrome://tracing, Perfetto) of every rank: forwards, backwards,\n"
          "                          sends -> receives, collectives, optimizer (docs/plot.py draws it)\n"
          "Each step prints: loss, learning rate, tokens/s, MFU (model FLOPs / the measured fp32 FMA peak of\n"
@@ -88,8 +104,13 @@ Options parse(int argc, char* argv[]) {
       o.help = true;
       continue;
     }
-    if (a == "--resume") {
-      o.resume = true;
+    if (a == "--no-memory-report") {
+      o.memory_report = false;
+      continue;
+    }
+    if (a == "--resume" || a == "--zero" || a == "--auto") {
+      (a == "--resume" ? o.resume : a == "--zero" ? o.zero : o.auto_plan) = true;
+      if (a == "--zero") o.layout_flags.push_back(a);
       continue;
     }
     const auto known = {"--dp", "--tp", "--pp", "--schedule", "--microbatches", "--layers", "--width", "--heads",
@@ -99,6 +120,7 @@ Options parse(int argc, char* argv[]) {
       throw pmt::ConfigError(prog, "unknown flag " + a + " (see --help)");
     if (i + 1 >= argc) throw pmt::ConfigError(prog, a + " needs a value (see --help)");
     const std::string v = argv[++i];
+    if (a == "--dp" || a == "--tp" || a == "--pp" || a == "--microbatches" || a == "--schedule") o.layout_flags.push_back(a);
     const auto as_int = [&](long min) {
       char* end    = nullptr;
       errno        = 0;
@@ -163,6 +185,32 @@ void validate(Options& o, int ranks) {
     throw pmt::ConfigError(prog, pmt::detail::str("--microbatches ", o.microbatches, " does not divide the ", o.batch / o.dp,
                                                   " sequences of each dp rank (batch ", o.batch, " / dp ", o.dp, ")"));
   if (o.resume && o.ckpt_dir.empty()) throw pmt::ConfigError(prog, "--resume needs --ckpt-dir");
+  if (o.zero && o.dp == 1) throw pmt::ConfigError(prog, "--zero shards the optimizer state over dp, and dp is 1");
+  if (o.zero && !o.ckpt_dir.empty())
+    throw pmt::ConfigError(prog, "--zero with --ckpt-dir: sharded checkpoints hold AdamW's state, not ZeRO-1's shards yet");
+}
+
+/// --auto: the planner's best layout for this model on these ranks (collective: it calibrates).
+template <class Comm>
+void choose_layout(Options& o, const Comm& world) {
+  if (!o.layout_flags.empty()) {
+    std::string given;
+    for (const auto& f : o.layout_flags) given += " " + f;
+    throw pmt::ConfigError(prog, "--auto chooses the layout; drop" + given);
+  }
+  pmt::plan::Problem problem;
+  problem.model = {256, static_cast<std::size_t>(o.context), static_cast<std::size_t>(o.layers),
+                   static_cast<std::size_t>(o.width), static_cast<std::size_t>(o.heads), static_cast<std::uint64_t>(o.seed)};
+  problem.batch = static_cast<std::size_t>(o.batch);
+  pmt::plan::SearchOptions so;
+  so.allow_zero   = o.ckpt_dir.empty();  // checkpoints hold AdamW's state
+  const auto plan = pmt::plan::search(problem, pmt::plan::calibrate(world, problem), so);
+  const auto& b   = plan.best().layout;  // raises, with the rejections, when nothing runs
+  o.dp = b.dp, o.tp = b.tp, o.pp = b.pp, o.microbatches = b.microbatches, o.zero = b.zero;
+  o.schedule = pmt::parallel::schedule_name(b.schedule);
+  if (pmt::world_rank() == 0)
+    std::printf("--auto: the planner's top 5 of %zu layouts (%s)\n%s\n", plan.ranked.size(),
+                pmt::plan::describe(plan.machine).c_str(), plan.table(5).c_str());
 }
 
 std::string model_description(const Options& o) {
@@ -183,46 +231,31 @@ struct Agreed {
   bool alike = true;
 };
 
-}  // namespace
-
-int main(int argc, char* argv[]) {
-  Options o;
-  std::string parse_error;
-  try {
-    o = parse(argc, argv);
-  } catch (const pmt::Error& e) {
-    parse_error = e.what();
-  }
-  if (o.help && parse_error.empty()) {
-    if (is_world_root_env()) std::fputs(usage().c_str(), stdout);
-    return 0;
-  }
-  if (o.threads > 0) setenv("OMP_NUM_THREADS", std::to_string(o.threads).c_str(), 1);  // the user's explicit choice
-  pmt::ScopeGuard guard(argc, argv);
+/// The run with optimizer Opt (AdamW, or ZeroAdamW with --zero): builds the model over the mesh,
+/// trains, validates, checkpoints, reports and samples.
+template <class Opt>
+int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_ptr<pmt::io::TokenDataset>& data) {
   const bool root = pmt::world_rank() == 0;
-  try {
-    if (!parse_error.empty()) throw Agreed{parse_error};
-#if PMT_ENABLE_MPI
-    pmt::comm::Communicator<Backend> world(MPI_COMM_WORLD);
-#else
-    pmt::comm::Communicator<Backend> world;
-#endif
-    std::unique_ptr<pmt::io::TokenDataset> data;
-    try {
-      validate(o, world.size());
-      data = std::make_unique<pmt::io::TokenDataset>(o.data, static_cast<std::size_t>(o.context));
-    } catch (const pmt::Error& e) {
-      throw Agreed{e.what()};
-    }
-    pmt::Mesh<Backend> mesh(world, pmt::MeshShape{o.dp, o.tp, o.pp});
-    const std::size_t T = static_cast<std::size_t>(o.context);
-    const pmt::nn::GptConfig cfg{256, T, static_cast<std::size_t>(o.layers), static_cast<std::size_t>(o.width),
-                                 static_cast<std::size_t>(o.heads), static_cast<std::uint64_t>(o.seed)};
-    Model model(mesh, cfg);
-    Opt opt(model.parameters(), pmt::ops::AdamWParams{o.lr, 0.9, 0.95, 1e-8, 0.1, 1});
-    pmt::train::Trainer<Model, Opt, Exec, Backend, Policy> trainer(mesh, model, opt);
-    trainer.set_schedule(o.schedule == "gpipe" ? pmt::parallel::ScheduleKind::GPipe : pmt::parallel::ScheduleKind::OneFOneB);
-    int start = 0;
+  auto& memory    = pmt::obs::MemoryTracker::instance();  // Kokkos allocations: the peak per rank, in the report
+  if (o.memory_report) memory.enable();
+  pmt::Mesh<Backend> mesh(world, pmt::MeshShape{o.dp, o.tp, o.pp});
+  const std::size_t T = static_cast<std::size_t>(o.context);
+  const pmt::nn::GptConfig cfg{256, T, static_cast<std::size_t>(o.layers), static_cast<std::size_t>(o.width),
+                               static_cast<std::size_t>(o.heads), static_cast<std::uint64_t>(o.seed)};
+  Model model(mesh, cfg);
+  const pmt::ops::AdamWParams hyper{o.lr, 0.9, 0.95, 1e-8, 0.1, 1};
+  Opt opt = [&] {
+    if constexpr (std::is_same_v<Opt, Zero>)
+      return Opt(model.parameters(), hyper, mesh.comm(pmt::Axis::dp), mesh.comm(pmt::Axis::tp),
+                 o.pp > 1 ? std::optional<pmt::comm::Communicator<Backend>>(mesh.comm(pmt::Axis::pp)) : std::nullopt);
+    else
+      return Opt(model.parameters(), hyper);
+  }();
+  pmt::train::Trainer<Model, Opt, Exec, Backend, Policy> trainer(mesh, model, opt);
+  trainer.set_schedule(o.schedule == "gpipe" ? pmt::parallel::ScheduleKind::GPipe : pmt::parallel::ScheduleKind::OneFOneB);
+  int start = 0;
+  constexpr bool checkpoints = std::is_same_v<Opt, AdamW>;  // sharded checkpoints hold AdamW's state
+  if constexpr (checkpoints) {
     if (o.resume) {
       const std::string latest = pmt::io::latest_checkpoint(o.ckpt_dir);
       if (latest.empty()) {
@@ -253,183 +286,230 @@ int main(int argc, char* argv[]) {
         }
       }
     }
-    // FLOPs per step (forward + backward): 6 per weight per token, plus attention's 6 L T C
-    const double C = o.width, L = o.layers, tokens = double(o.batch) * double(T);
-    const double flops = tokens * (6.0 * (12.0 * L * C * C + 256.0 * C) + 6.0 * L * double(T) * C);
-    pmt::comm::barrier(world);
-    Kokkos::View<double, Kokkos::HostSpace> peak("peak");
-    peak() = pmt::obs::measured_fp32_peak_gflops() * 1e9;  // all ranks at once: their share of the node
-    pmt::comm::all_reduce(world, Kokkos::DefaultHostExecutionSpace(), peak);
+  }
+  // FLOPs per step (forward + backward): 6 per weight per token, plus attention's 6 L T C
+  const double C = o.width, L = o.layers, tokens = double(o.batch) * double(T);
+  const double flops = tokens * (6.0 * (12.0 * L * C * C + 256.0 * C) + 6.0 * L * double(T) * C);
+  pmt::comm::barrier(world);
+  Kokkos::View<double, Kokkos::HostSpace> peak("peak");
+  peak() = pmt::obs::measured_fp32_peak_gflops() * 1e9;  // all ranks at once: their share of the node
+  pmt::comm::all_reduce(world, Kokkos::DefaultHostExecutionSpace(), peak);
+  if (root) {
+    std::printf("pmt train_gpt: %d ranks = dp %d x tp %d x pp %d (%s, %d microbatches); GPT %d layers, width %d, %d heads, "
+                "context %zu; batch %d; %d thread(s) per rank\n",
+                world.size(), o.dp, o.tp, o.pp, o.schedule.c_str(), o.microbatches, o.layers, o.width, o.heads, T,
+                o.batch, Exec().concurrency());
+    std::printf("data: %s, %zu bytes (%zu train, %zu validation)\n", data->path().c_str(), data->size(),
+                data->train_size(), data->val_size());
+    if (o.pp > 1) std::printf("stages: %s\n", model.plan().describe().c_str());
+    std::printf("measured fp32 peak of all ranks: %.1f GFLOP/s\n", peak() / 1e9);
+  }
+  std::FILE* metrics = nullptr;
+  if (root && !o.metrics.empty()) {
+    metrics = std::fopen(o.metrics.c_str(), o.resume && start > 0 ? "a" : "w");
+    if (!metrics) throw pmt::IoError(prog, o.metrics + ": cannot be written");
+  }
+  const std::size_t B_local = static_cast<std::size_t>(o.batch / o.dp), per = B_local / static_cast<std::size_t>(o.microbatches);
+  const std::size_t first   = B_local * static_cast<std::size_t>(mesh.coord(pmt::Axis::dp));
+  std::vector<pmt::train::Microbatch<Ids>> mbs;
+  for (int i = 0; i < o.microbatches; ++i) mbs.push_back({Ids("ids", per * T), Ids("targets", per * T), per, T});
+  const auto fill = [&](auto&& source) {
+    for (int i = 0; i < o.microbatches; ++i) {
+      auto ids = Kokkos::create_mirror_view(mbs[i].ids), tgt = Kokkos::create_mirror_view(mbs[i].targets);
+      source(first + static_cast<std::size_t>(i) * per, ids, tgt);
+      Kokkos::deep_copy(mbs[i].ids, ids);
+      Kokkos::deep_copy(mbs[i].targets, tgt);
+    }
+  };
+  const auto validate_now = [&](int step) {
+    double loss = 0;
+    const int batches = 4;
+    for (int k = 0; k < batches; ++k) {
+      fill([&](std::size_t f, auto& ids, auto& tgt) { data->val_batch(static_cast<std::size_t>(k * o.batch) + f, per, ids, tgt); });
+      loss += trainer.evaluate(mbs, tokens * batches);
+    }
     if (root) {
-      std::printf("pmt train_gpt: %d ranks = dp %d x tp %d x pp %d (%s, %d microbatches); GPT %d layers, width %d, %d heads, "
-                  "context %zu; batch %d; %d thread(s) per rank\n",
-                  world.size(), o.dp, o.tp, o.pp, o.schedule.c_str(), o.microbatches, o.layers, o.width, o.heads, T,
-                  o.batch, Exec().concurrency());
-      std::printf("data: %s, %zu bytes (%zu train, %zu validation)\n", data->path().c_str(), data->size(),
-                  data->train_size(), data->val_size());
-      if (o.pp > 1) std::printf("stages: %s\n", model.plan().describe().c_str());
-      std::printf("measured fp32 peak of all ranks: %.1f GFLOP/s\n", peak() / 1e9);
+      std::printf("step %5d  validation loss %.4f\n", step, loss);
+      if (metrics) std::fprintf(metrics, "{\"step\": %d, \"val_loss\": %.17g}\n", step, loss);
     }
-    std::FILE* metrics = nullptr;
-    if (root && !o.metrics.empty()) {
-      metrics = std::fopen(o.metrics.c_str(), o.resume && start > 0 ? "a" : "w");
-      if (!metrics) throw pmt::IoError(prog, o.metrics + ": cannot be written");
-    }
-    const std::size_t B_local = static_cast<std::size_t>(o.batch / o.dp), per = B_local / static_cast<std::size_t>(o.microbatches);
-    const std::size_t first   = B_local * static_cast<std::size_t>(mesh.coord(pmt::Axis::dp));
-    std::vector<pmt::train::Microbatch<Ids>> mbs;
-    for (int i = 0; i < o.microbatches; ++i) mbs.push_back({Ids("ids", per * T), Ids("targets", per * T), per, T});
-    const auto fill = [&](auto&& source) {
-      for (int i = 0; i < o.microbatches; ++i) {
-        auto ids = Kokkos::create_mirror_view(mbs[i].ids), tgt = Kokkos::create_mirror_view(mbs[i].targets);
-        source(first + static_cast<std::size_t>(i) * per, ids, tgt);
-        Kokkos::deep_copy(mbs[i].ids, ids);
-        Kokkos::deep_copy(mbs[i].targets, tgt);
-      }
-    };
-    const auto validate_now = [&](int step) {
-      double loss = 0;
-      const int batches = 4;
-      for (int k = 0; k < batches; ++k) {
-        fill([&](std::size_t f, auto& ids, auto& tgt) { data->val_batch(static_cast<std::size_t>(k * o.batch) + f, per, ids, tgt); });
-        loss += trainer.evaluate(mbs, tokens * batches);
-      }
-      if (root) {
-        std::printf("step %5d  validation loss %.4f\n", step, loss);
-        if (metrics) std::fprintf(metrics, "{\"step\": %d, \"val_loss\": %.17g}\n", step, loss);
-      }
-    };
-    const auto save = [&](int step) {
-      pmt::io::CheckpointInfo info;
-      info.step  = step;
-      info.model = model_description(o);
-      info.extra = {{"seed", std::to_string(o.seed)}, {"data_position", std::to_string(step)}, {"steps", std::to_string(o.steps)}};
+  };
+  const auto save = [&](int step) {
+    pmt::io::CheckpointInfo info;
+    info.step  = step;
+    info.model = model_description(o);
+    info.extra = {{"seed", std::to_string(o.seed)}, {"data_position", std::to_string(step)}, {"steps", std::to_string(o.steps)}};
+    if constexpr (checkpoints) {
       try {
         const std::string where = pmt::io::save_checkpoint(o.ckpt_dir, mesh, opt, info);
         if (root) std::printf("checkpoint: %s\n", where.c_str());
       } catch (const pmt::IoError& e) {
         throw Agreed{e.what(), false};  // save_checkpoint raises on every rank
       }
-    };
-    if (!o.trace.empty()) pmt::TraceRecorder::instance().enable();
-    double total_wall = 0, total_comm = 0;  // this rank's, over the steps: the straggler report
-    const auto run_t0 = std::chrono::steady_clock::now();
-    for (int step = start; step < o.steps; ++step) {
-      fill([&](std::size_t f, auto& ids, auto& tgt) { data->train_batch(static_cast<std::uint64_t>(o.seed), step, f, per, ids, tgt); });
-      const double lr = pmt::optim::warmup_cosine(step, o.warmup, o.steps, o.lr, o.lr / 10);
-      const double c0 = pmt::comm::comm_time().seconds;
-      const auto t0   = std::chrono::steady_clock::now();
-      double loss     = 0;
-      {
-        const pmt::Instrument instrument("train_gpt::step", pmt::Track::Optimizer, [step] { return "step " + std::to_string(step); });
-        loss = trainer.step(mbs, pmt::train::StepOptions{tokens, lr, 1.0});
-      }
-      const auto t1   = std::chrono::steady_clock::now();
-      const double s = std::chrono::duration<double>(t1 - t0).count(), comm = pmt::comm::comm_time().seconds - c0;
-      total_wall += s, total_comm += comm;
-      if (root) {
-        const double done = double(step + 1 - start) / double(o.steps - start);
-        const double left = std::chrono::duration<double>(t1 - run_t0).count() * (1 - done) / done;
-        std::printf("step %5d/%d  loss %.4f  lr %.2e  %7.0f tok/s  MFU %4.1f%%  comm %4.1f%%  [%3.0f%%, %dm%02ds left]\n", step,
-                    o.steps, loss, lr, tokens / s, 100.0 * flops / s / peak(), 100.0 * comm / s, 100.0 * done,
-                    int(left) / 60, int(left) % 60);
-        std::fflush(stdout);
-        if (metrics)
-          std::fprintf(metrics,
-                       "{\"step\": %d, \"loss\": %.17g, \"lr\": %.9g, \"grad_norm\": %.9g, \"seconds\": %.6f, "
-                       "\"tokens_per_s\": %.1f, \"mfu\": %.5f, \"comm_fraction\": %.5f}\n",
-                       step, loss, lr, trainer.last_grad_norm(), s, tokens / s, flops / s / peak(), comm / s);
-      }
-      if (o.val_every > 0 && (step + 1) % o.val_every == 0 && step + 1 < o.steps) validate_now(step + 1);
-      if (!o.ckpt_dir.empty() && o.ckpt_every > 0 && (step + 1) % o.ckpt_every == 0) save(step + 1);
     }
-    pmt::TraceRecorder::instance().enable(false);
-    if (!o.trace.empty()) {
-      pmt::obs::write_trace(mesh, o.trace);
-      if (root) std::printf("trace: %s\n", o.trace.c_str());
-    }
-    {  // straggler and imbalance report
-      Kokkos::View<double*, Kokkos::HostSpace> mine("mine", 2), all("all", 2 * static_cast<std::size_t>(world.size()));
-      mine(0) = total_wall - total_comm, mine(1) = total_comm;
-      pmt::comm::all_gather(world, Kokkos::DefaultHostExecutionSpace(), mine, all);
-      if (root && start < o.steps) {
-        double slowest = 0, mean = 0;
-        for (int q = 0; q < world.size(); ++q) slowest = std::max(slowest, all(2 * q)), mean += all(2 * q) / world.size();
-        std::printf("per-rank time over %d steps (compute = step time outside communication calls; comm = inside them,\n"
-                    "waiting included; idle = the slowest rank's compute minus this rank's):\n", o.steps - start);
-        std::printf("  rank  %-26s %10s %10s %10s\n", "dp / tp / pp", "compute s", "comm s", "idle s");
-        for (int q = 0; q < world.size(); ++q) {
-          const int tp_i = q % o.tp, dp_i = q / o.tp % o.dp, pp_i = q / (o.tp * o.dp);
-          std::printf("  %4d  dp %d/%d, tp %d/%d, pp %d/%d%*s %10.2f %10.2f %10.2f%s\n", q, dp_i, o.dp, tp_i, o.tp, pp_i, o.pp, 4, "",
-                      all(2 * q), all(2 * q + 1), slowest - all(2 * q), all(2 * q) == slowest && world.size() > 1 ? "  <- slowest" : "");
-        }
-        std::printf("imbalance (slowest / mean compute): %.3f\n", mean > 0 ? slowest / mean : 1.0);
-      }
-    }
-    validate_now(o.steps);
-    if (!o.ckpt_dir.empty() && (o.ckpt_every == 0 || o.steps % o.ckpt_every != 0) && start < o.steps) save(o.steps);
-    if (metrics) std::fclose(metrics);
-    // A sample: 160 bytes after a prompt from the validation text, temperature 0.8, seeded.
+  };
+  if (!o.trace.empty()) pmt::TraceRecorder::instance().enable();
+  double total_wall = 0, total_comm = 0;  // this rank's, over the steps: the straggler report
+  const auto run_t0 = std::chrono::steady_clock::now();
+  for (int step = start; step < o.steps; ++step) {
+    fill([&](std::size_t f, auto& ids, auto& tgt) { data->train_batch(static_cast<std::uint64_t>(o.seed), step, f, per, ids, tgt); });
+    const double lr = pmt::optim::warmup_cosine(step, o.warmup, o.steps, o.lr, o.lr / 10);
+    const double c0 = pmt::comm::comm_time().seconds;
+    const auto t0   = std::chrono::steady_clock::now();
+    double loss     = 0;
     {
-      std::string prompt;
-      {
-        Ids ids("p", T), tgt("t", T);
-        auto hi = Kokkos::create_mirror_view(ids), ht = Kokkos::create_mirror_view(tgt);
-        data->val_batch(0, 1, hi, ht);
-        for (std::size_t t = 0; t < std::min<std::size_t>(T / 2, 24); ++t) prompt += static_cast<char>(hi(t));
+      const pmt::Instrument instrument("train_gpt::step", pmt::Track::Optimizer, [step] { return "step " + std::to_string(step); });
+      loss = trainer.step(mbs, pmt::train::StepOptions{tokens, lr, 1.0});
+    }
+    const auto t1   = std::chrono::steady_clock::now();
+    const double s = std::chrono::duration<double>(t1 - t0).count(), comm = pmt::comm::comm_time().seconds - c0;
+    total_wall += s, total_comm += comm;
+    if (root) {
+      const double done = double(step + 1 - start) / double(o.steps - start);
+      const double left = std::chrono::duration<double>(t1 - run_t0).count() * (1 - done) / done;
+      std::printf("step %5d/%d  loss %.4f  lr %.2e  %7.0f tok/s  MFU %4.1f%%  comm %4.1f%%  [%3.0f%%, %dm%02ds left]\n", step,
+                  o.steps, loss, lr, tokens / s, 100.0 * flops / s / peak(), 100.0 * comm / s, 100.0 * done,
+                  int(left) / 60, int(left) % 60);
+      std::fflush(stdout);
+      if (metrics)
+        std::fprintf(metrics,
+                     "{\"step\": %d, \"loss\": %.17g, \"lr\": %.9g, \"grad_norm\": %.9g, \"seconds\": %.6f, "
+                     "\"tokens_per_s\": %.1f, \"mfu\": %.5f, \"comm_fraction\": %.5f}\n",
+                     step, loss, lr, trainer.last_grad_norm(), s, tokens / s, flops / s / peak(), comm / s);
+    }
+    if (o.val_every > 0 && (step + 1) % o.val_every == 0 && step + 1 < o.steps) validate_now(step + 1);
+    if (!o.ckpt_dir.empty() && o.ckpt_every > 0 && (step + 1) % o.ckpt_every == 0) save(step + 1);
+  }
+  pmt::TraceRecorder::instance().enable(false);
+  if (!o.trace.empty()) {
+    pmt::obs::write_trace(mesh, o.trace);
+    if (root) std::printf("trace: %s\n", o.trace.c_str());
+  }
+  {  // straggler and imbalance report, with each rank's peak memory
+    const double peak_bytes = static_cast<double>(memory.peak_bytes());
+    Kokkos::View<double*, Kokkos::HostSpace> mine("mine", 3), all("all", 3 * static_cast<std::size_t>(world.size()));
+    mine(0) = total_wall - total_comm, mine(1) = total_comm, mine(2) = peak_bytes;
+    pmt::comm::all_gather(world, Kokkos::DefaultHostExecutionSpace(), mine, all);
+    if (root && start < o.steps) {
+      double slowest = 0, mean = 0;
+      for (int q = 0; q < world.size(); ++q) slowest = std::max(slowest, all(3 * q)), mean += all(3 * q) / world.size();
+      std::printf("per-rank time over %d steps (compute = step time outside communication calls; comm = inside them,\n"
+                  "waiting included; idle = the slowest rank's compute minus this rank's) and peak memory (Kokkos\n"
+                  "allocations: parameters, gradients, optimizer state, activations, buffers):\n", o.steps - start);
+      std::printf("  rank  %-26s %10s %10s %10s %10s\n", "dp / tp / pp", "compute s", "comm s", "idle s", "peak MiB");
+      for (int q = 0; q < world.size(); ++q) {
+        const int tp_i = q % o.tp, dp_i = q / o.tp % o.dp, pp_i = q / (o.tp * o.dp);
+        const std::string peak = o.memory_report ? pmt::detail::str(std::round(all(3 * q + 2) / 10485.76) / 100) : "-";
+        std::printf("  %4d  dp %d/%d, tp %d/%d, pp %d/%d%*s %10.2f %10.2f %10.2f %10s%s\n", q, dp_i, o.dp, tp_i, o.tp, pp_i,
+                    o.pp, 4, "", all(3 * q), all(3 * q + 1), slowest - all(3 * q), peak.c_str(),
+                    all(3 * q) == slowest && world.size() > 1 ? "  <- slowest" : "");
       }
-      std::string text = prompt;
-      const auto& pp   = mesh.comm(pmt::Axis::pp);
-      const int s = model.stage(), P = model.stages();
-      for (int g = 0; g < 160; ++g) {
-        const std::size_t n = std::min<std::size_t>(text.size(), T);
-        Ids ids("gen::ids", n);
-        auto hi = Kokkos::create_mirror_view(ids);
-        for (std::size_t t = 0; t < n; ++t) hi(t) = static_cast<unsigned char>(text[text.size() - n + t]);
-        Kokkos::deep_copy(ids, hi);
-        Model::Activation x;
-        if (s > 0) {
-          x = Model::Activation("gen::x", n, static_cast<std::size_t>(o.width));
-          pmt::comm::recv(pp, Exec(), x, s - 1, 21);
-        }
-        auto out = model.infer_stage(Exec(), ids, x, 1, n);
-        Kokkos::View<std::int32_t*, Kokkos::HostSpace> next("gen::next", 1);
-        if (s + 1 < P) {
-          pmt::comm::send(pp, Exec(), out, s + 1, 21);
-        } else {  // the last row's logits, gathered over tp, sampled alike on every tp rank
-          const std::size_t vl = out.extent(1);
-          Kokkos::View<float*, Kokkos::HostSpace> mine("gen::mine", vl), all("gen::all", vl * static_cast<std::size_t>(o.tp));
-          auto ho = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out);
-          for (std::size_t v = 0; v < vl; ++v) mine(v) = ho(n - 1, v);
-          pmt::comm::all_gather(mesh.comm(pmt::Axis::tp), Kokkos::DefaultHostExecutionSpace(), mine, all);
-          double mx = -1e300, z = 0;
-          for (std::size_t v = 0; v < all.size(); ++v) mx = std::max(mx, double(all(v)) / 0.8);
-          std::vector<double> prob(all.size());
-          for (std::size_t v = 0; v < all.size(); ++v) z += prob[v] = std::exp(double(all(v)) / 0.8 - mx);
-          double u = pmt::random_uniform(pmt::RngKey{static_cast<std::uint64_t>(o.seed), 4242}, static_cast<std::uint64_t>(g)) * z;
-          std::size_t v = 0;
-          while (v + 1 < all.size() && (u -= prob[v]) > 0) ++v;
-          next(0) = static_cast<std::int32_t>(v);
-        }
-        if (P > 1) pmt::comm::broadcast(pp, Kokkos::DefaultHostExecutionSpace(), next, P - 1);
-        text += static_cast<char>(next(0));
-      }
-      if (root) {
-        std::string shown;
-        for (char ch : text) shown += (ch == '\n' || (ch >= 32 && ch < 127)) ? ch : '?';
-        std::printf("sample (prompt \"%s\", temperature 0.8):\n%s\n", prompt.c_str(), shown.c_str());
+      std::printf("imbalance (slowest / mean compute): %.3f\n", mean > 0 ? slowest / mean : 1.0);
+      if (metrics && o.memory_report) {
+        std::string list;
+        for (int q = 0; q < world.size(); ++q) list += (q ? ", " : "") + std::to_string(static_cast<long long>(all(3 * q + 2)));
+        std::fprintf(metrics, "{\"peak_memory_bytes\": [%s]}\n", list.c_str());
       }
     }
+  }
+  validate_now(o.steps);
+  if (!o.ckpt_dir.empty() && (o.ckpt_every == 0 || o.steps % o.ckpt_every != 0) && start < o.steps) save(o.steps);
+  if (metrics) std::fclose(metrics);
+  // A sample: 160 bytes after a prompt from the validation text, temperature 0.8, seeded.
+  {
+    std::string prompt;
+    {
+      Ids ids("p", T), tgt("t", T);
+      auto hi = Kokkos::create_mirror_view(ids), ht = Kokkos::create_mirror_view(tgt);
+      data->val_batch(0, 1, hi, ht);
+      for (std::size_t t = 0; t < std::min<std::size_t>(T / 2, 24); ++t) prompt += static_cast<char>(hi(t));
+    }
+    std::string text = prompt;
+    const auto& pp   = mesh.comm(pmt::Axis::pp);
+    const int s = model.stage(), P = model.stages();
+    for (int g = 0; g < 160; ++g) {
+      const std::size_t n = std::min<std::size_t>(text.size(), T);
+      Ids ids("gen::ids", n);
+      auto hi = Kokkos::create_mirror_view(ids);
+      for (std::size_t t = 0; t < n; ++t) hi(t) = static_cast<unsigned char>(text[text.size() - n + t]);
+      Kokkos::deep_copy(ids, hi);
+      Model::Activation x;
+      if (s > 0) {
+        x = Model::Activation("gen::x", n, static_cast<std::size_t>(o.width));
+        pmt::comm::recv(pp, Exec(), x, s - 1, 21);
+      }
+      auto out = model.infer_stage(Exec(), ids, x, 1, n);
+      Kokkos::View<std::int32_t*, Kokkos::HostSpace> next("gen::next", 1);
+      if (s + 1 < P) {
+        pmt::comm::send(pp, Exec(), out, s + 1, 21);
+      } else {  // the last row's logits, gathered over tp, sampled alike on every tp rank
+        const std::size_t vl = out.extent(1);
+        Kokkos::View<float*, Kokkos::HostSpace> mine("gen::mine", vl), all("gen::all", vl * static_cast<std::size_t>(o.tp));
+        auto ho = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out);
+        for (std::size_t v = 0; v < vl; ++v) mine(v) = ho(n - 1, v);
+        pmt::comm::all_gather(mesh.comm(pmt::Axis::tp), Kokkos::DefaultHostExecutionSpace(), mine, all);
+        double mx = -1e300, z = 0;
+        for (std::size_t v = 0; v < all.size(); ++v) mx = std::max(mx, double(all(v)) / 0.8);
+        std::vector<double> prob(all.size());
+        for (std::size_t v = 0; v < all.size(); ++v) z += prob[v] = std::exp(double(all(v)) / 0.8 - mx);
+        double u = pmt::random_uniform(pmt::RngKey{static_cast<std::uint64_t>(o.seed), 4242}, static_cast<std::uint64_t>(g)) * z;
+        std::size_t v = 0;
+        while (v + 1 < all.size() && (u -= prob[v]) > 0) ++v;
+        next(0) = static_cast<std::int32_t>(v);
+      }
+      if (P > 1) pmt::comm::broadcast(pp, Kokkos::DefaultHostExecutionSpace(), next, P - 1);
+      text += static_cast<char>(next(0));
+    }
+    if (root) {
+      std::string shown;
+      for (char ch : text) shown += (ch == '\n' || (ch >= 32 && ch < 127)) ? ch : '?';
+      std::printf("sample (prompt \"%s\", temperature 0.8):\n%s\n", prompt.c_str(), shown.c_str());
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char* argv[]) {
+  Options o;
+  std::string parse_error;
+  try {
+    o = parse(argc, argv);
+  } catch (const pmt::Error& e) {
+    parse_error = e.what();
+  }
+  if (o.help && parse_error.empty()) {
+    if (is_world_root_env()) std::fputs(usage().c_str(), stdout);
     return 0;
+  }
+  if (o.threads > 0) setenv("OMP_NUM_THREADS", std::to_string(o.threads).c_str(), 1);  // the user's explicit choice
+  pmt::ScopeGuard guard(argc, argv);
+  const bool root = pmt::world_rank() == 0;
+  try {
+    if (!parse_error.empty()) throw Agreed{parse_error};
+#if PMT_ENABLE_MPI
+    pmt::comm::Communicator<Backend> world(MPI_COMM_WORLD);
+#else
+    pmt::comm::Communicator<Backend> world;
+#endif
+    std::unique_ptr<pmt::io::TokenDataset> data;
+    try {
+      if (o.auto_plan) choose_layout(o, world);
+      validate(o, world.size());
+      data = std::make_unique<pmt::io::TokenDataset>(o.data, static_cast<std::size_t>(o.context));
+    } catch (const pmt::Error& e) {
+      throw Agreed{e.what()};
+    }
+    return o.zero ? run<Zero>(o, world, data) : run<AdamW>(o, world, data);
   } catch (const Agreed& e) {
     if (root || (!e.alike && e.message.find("other rank(s)") == std::string::npos))
-      std::fprintf(stderr, "%s: error: %s\n", prog, e.message.c_str());
+      std::fprintf(stderr, "%s: error: %s\n", prog, own(e.message).c_str());
     return 1;
   } catch (const std::exception& e) {
     // Only this rank may have failed: report it and end the whole job rather than leave the
     // others waiting in a collective.
     if (!root) std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    std::fprintf(stderr, "%s: error: %s\n", prog, e.what());
+    std::fprintf(stderr, "%s: error: %s\n", prog, own(e.what()).c_str());
 #if PMT_ENABLE_MPI
     if (pmt::world_size() > 1) MPI_Abort(MPI_COMM_WORLD, 1);
 #endif

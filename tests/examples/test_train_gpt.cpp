@@ -9,6 +9,8 @@
 //     byte in a shard is refused with the file's name;
 //   - a checkpoint saved at dp2 x tp2 loads at tp4, at tp2 x pp2 and at dp4 with the same
 //     parameters (a layout-free fingerprint, 1e-12) and the same next-step loss;
+//   - --zero (ZeRO-1) gives AdamW's losses; --auto calibrates, prints the planner's table and
+//     trains with its best layout; the report and the metrics carry each rank's peak memory;
 //   - each bad input gives its message on stderr and a non-zero exit, within a time limit.
 // This binary is not an MPI program itself (it starts mpiexec), so it has its own main.
 #include <catch2/catch_test_macros.hpp>
@@ -122,6 +124,28 @@ TEST_CASE("one rank and two 4-rank layouts print the same losses", "[examples][t
   CHECK(std::stod(a.at(3)) < std::stod(a.at(0)));  // it learns
 }
 
+TEST_CASE("--zero trains like AdamW; --auto runs the planner's best layout; the memory report",
+          "[examples][train_gpt][plan]") {
+  const auto one = tmp("one_zero_ref.json"), zero = tmp("zero.json"), autom = tmp("auto.json");
+  REQUIRE(run(small + "--steps 3 --metrics " + one).rc == 0);
+  const auto z = run(small + "--steps 3 --dp 2 --tp 2 --zero --metrics " + zero, 4);
+  REQUIRE(z.rc == 0);
+  const auto a = losses(one), b = losses(zero);
+  REQUIRE((a.size() == 3 && b.size() == 3));
+  for (const auto& [step, l] : a) CHECK(rel(b.at(step), l) <= 1e-5);
+  // the per-rank report and the metrics carry each rank's peak memory
+  CHECK_THAT(z.out, ContainsSubstring("peak MiB"));
+  std::ifstream in(zero);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK_THAT(text, ContainsSubstring("\"peak_memory_bytes\": ["));
+  // --auto: calibrates, prints the planner's top 5, trains with the best
+  const auto r = run(small + "--steps 2 --auto --metrics " + autom, 4);
+  REQUIRE(r.rc == 0);
+  CHECK_THAT(r.out, ContainsSubstring("--auto: the planner's top 5 of") && ContainsSubstring("why rank 1:") &&
+                        ContainsSubstring("pmt train_gpt: 4 ranks = dp"));
+  CHECK(losses(autom).size() == 2);
+}
+
 TEST_CASE("3 steps + resume 3 equals 6 steps, bit for bit", "[examples][train_gpt][checkpoint]") {
   const std::string layout = "--tp 2 --pp 2 --microbatches 2 ";
   const auto straight = tmp("straight"), split = tmp("split");
@@ -217,6 +241,9 @@ TEST_CASE("bad input: a message on stderr, a non-zero exit, no hang", "[examples
       {"--steps", 1, "--steps needs a value"},
       {"--batch 6 --dp 4", 4, "--batch 6 is not divisible by dp = 4"},
       {"--resume", 1, "--resume needs --ckpt-dir"},
+      {"--auto --dp 2", 2, "--auto chooses the layout; drop --dp"},
+      {"--zero", 1, "--zero shards the optimizer state over dp, and dp is 1"},
+      {"--zero --dp 2 --ckpt-dir " + ckpt, 2, "--zero with --ckpt-dir"},
       {"--resume --steps 2 --width 128 --ckpt-dir " + ckpt, 1, "holds a different model"},
   };
   for (const auto& c : cases) {

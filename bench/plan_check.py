@@ -1,0 +1,149 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""The planner against measurement: pmt-plan calibrates on N ranks and predicts every candidate;
+then train_gpt runs every one of them (each dp x tp x pp layout of N ranks with each microbatch
+count, schedule and ZeRO setting) and the measured step time (median of the steps after the first
+`skip`, median over `repeats` interleaved runs) and peak memory per rank (Kokkos allocations,
+train_gpt's report) are set against the predictions. Ends with the target lines: Spearman rank
+correlation of predicted vs measured step time >= 0.8 over all candidates and over the (dp, tp, pp)
+layouts (each with the configuration the planner predicts fastest for it), and predicted peak
+memory within 20 % of the measured on every stage of every candidate.
+
+  python3 bench/plan_check.py BUILD_DIR [NP] [REPEATS] [STEPS]
+"""
+import csv
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+build = sys.argv[1] if len(sys.argv) > 1 else "build"
+np_ = int(sys.argv[2]) if len(sys.argv) > 2 else 4
+repeats = int(sys.argv[3]) if len(sys.argv) > 3 else 2
+steps = int(sys.argv[4]) if len(sys.argv) > 4 else 30
+skip = 5
+model = ["--layers", "4", "--width", "128", "--heads", "4", "--context", "64", "--batch", "8"]
+env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+           OMPI_MCA_btl_vader_single_copy_mechanism="none", OMP_NUM_THREADS="1", OMP_PROC_BIND="false")
+env.pop("OMP_PLACES", None)
+mpi = ["mpiexec", "-n", str(np_), "--oversubscribe", "--bind-to", "none"]
+tmp = tempfile.mkdtemp(prefix="pmt-plan-check-")
+
+
+def spearman(a, b):
+    def ranks(x):
+        order = sorted(range(len(x)), key=lambda i: x[i])
+        r = [0.0] * len(x)
+        i = 0
+        while i < len(order):  # average ranks of ties
+            j = i
+            while j + 1 < len(order) and x[order[j + 1]] == x[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                r[order[k]] = (i + j) / 2.0
+            i = j + 1
+        return r
+    ra, rb = ranks(a), ranks(b)
+    ma, mb = statistics.mean(ra), statistics.mean(rb)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    va = sum((x - ma) ** 2 for x in ra) ** 0.5
+    vb = sum((y - mb) ** 2 for y in rb) ** 0.5
+    return cov / (va * vb) if va > 0 and vb > 0 else 1.0
+
+
+# 1. predictions
+pred_csv = os.path.join(tmp, "pred.csv")
+out = subprocess.run(mpi + [os.path.join(build, "examples", "pmt-plan"), "--csv", pred_csv, "--top", "5",
+                            "--kokkos-disable-warnings"] + model, env=env, capture_output=True, text=True, check=True).stdout
+machine = next(l for l in out.splitlines() if l.startswith("machine:"))
+pred = {}
+with open(pred_csv) as f:
+    for r in csv.DictReader(f):
+        key = (int(r["dp"]), int(r["tp"]), int(r["pp"]), int(r["microbatches"]), r["schedule"], int(r["zero"]))
+        pred[key] = (float(r["step_ms"]), [float(x) for x in r["stage_peak_mib"].split(";")])
+best = next(iter(pred))  # the csv is ranked
+
+# 2. the configurations to measure: every (dp, tp, pp) layout of N ranks with every microbatch
+#    count, 1F1B, ZeRO off (the ranking); and each layout's ZeRO-1 and GPipe variants at train_gpt's
+#    default microbatches (shown, not ranked: they differ from their plain twin by less than the noise)
+configs = [k for k in pred if k[4] == "1f1b" and k[5] == 0]
+variants = []
+for (dp, tp, pp, m, s, z) in configs:
+    if m == (min(2 * pp, 8 // dp) if pp > 1 else 1):
+        variants += [k for k in [(dp, tp, pp, m, s, 1), (dp, tp, pp, m, "gpipe", 0)] if k in pred]
+ranked_count = len(configs)
+configs += variants
+
+def measure(c):
+    dp, tp, pp, m, s, z = c
+    metrics = os.path.join(tmp, "m.json")
+    args = ["--dp", str(dp), "--tp", str(tp), "--pp", str(pp), "--microbatches", str(m), "--schedule", s,
+            "--steps", str(steps), "--val-every", "0", "--metrics", metrics, "--kokkos-disable-warnings"] + model
+    if z:
+        args.append("--zero")
+    subprocess.run(mpi + [os.path.join(build, "examples", "train_gpt")] + args, env=env, capture_output=True, text=True,
+                   check=True)
+    rows = [json.loads(l) for l in open(metrics)]
+    secs = [r["seconds"] for r in rows if "seconds" in r][skip:]
+    peak = next(r["peak_memory_bytes"] for r in rows if "peak_memory_bytes" in r)
+    return 1e3 * statistics.median(secs), [p / 2**20 for p in peak]
+
+
+def name(c):
+    dp, tp, pp, m, s, z = c
+    return f"dp {dp} x tp {tp} x pp {pp}, m {m}" + (f", {s}" if pp > 1 else "") + (", zero" if z else "")
+
+
+results = []
+for rep in range(repeats):  # interleaved rounds
+    for i, c in enumerate(configs):
+        t, mem = measure(c)
+        if rep == 0:
+            results.append({"config": c, "times": [t], "mem": mem})
+        else:
+            results[i]["times"].append(t)
+
+print(f"planner vs measurement on {np_} ranks: GPT {' '.join(model)}; {steps} steps, median after {skip}, "
+      f"median of {repeats} runs")
+print(machine)
+print(f"{'configuration':36s} {'pred ms':>8s} {'meas ms':>8s} {'pred rank':>9s} {'meas rank':>9s}  "
+      f"{'stage peak MiB: predicted / measured (error)'}")
+pt = [pred[r["config"]][0] for r in results]
+mt = [statistics.median(r["times"]) for r in results]
+n_rank = ranked_count
+prank = {i: k + 1 for k, i in enumerate(sorted(range(n_rank), key=lambda i: pt[i]))}
+mrank = {i: k + 1 for k, i in enumerate(sorted(range(n_rank), key=lambda i: mt[i]))}
+worst_mem = 0.0
+for i, r in enumerate(results):
+    dp, tp, pp, m, s, z = r["config"]
+    stage_pred = pred[r["config"]][1]
+    cells = []
+    for st in range(pp):
+        ranks = [q for q in range(np_) if q // (tp * dp) == st]
+        meas = max(r["mem"][q] for q in ranks)
+        err = (stage_pred[st] - meas) / meas
+        worst_mem = max(worst_mem, abs(err))
+        cells.append(f"{stage_pred[st]:.1f}/{meas:.1f} ({100 * err:+.0f}%)")
+    if i == n_rank:
+        print("variants at train_gpt's default microbatches (not ranked):")
+    pr_, mr_ = (f"{prank[i]:9d}", f"{mrank[i]:9d}") if i < n_rank else (f"{'-':>9s}", f"{'-':>9s}")
+    print(f"{name(r['config']):36s} {pt[i]:8.1f} {mt[i]:8.1f} {pr_} {mr_}  {'  '.join(cells)}")
+
+# per (dp, tp, pp): the configuration the planner predicts fastest for it
+best_of = {}
+for i, r in enumerate(results[:n_rank]):
+    k = r["config"][:3]
+    if k not in best_of or pt[i] < pt[best_of[k]]:
+        best_of[k] = i
+layouts = list(best_of.values())
+rho_layouts = spearman([pt[i] for i in layouts], [mt[i] for i in layouts])
+rho_all = spearman(pt[:n_rank], mt[:n_rank])
+fastest = min(range(len(mt)), key=lambda i: mt[i])
+top = min(range(n_rank), key=lambda i: pt[i])
+print(f"the planner's choice among these: {name(results[top]['config'])}: measured {mt[top]:.1f} ms, "
+      f"{mt[top] / mt[fastest]:.2f}x the fastest measured ({name(results[fastest]['config'])}, {mt[fastest]:.1f} ms)")
+print(f"target plan_spearman_layouts measured={rho_layouts:.3f} goal=0.8 {'met' if rho_layouts >= 0.8 else 'missed'}")
+print(f"target plan_spearman_all measured={rho_all:.3f} goal=0.8 {'met' if rho_all >= 0.8 else 'missed'}")
+print(f"target plan_memory_error measured={100 * worst_mem:.1f}% goal=20% {'met' if worst_mem <= 0.2 else 'missed'}")

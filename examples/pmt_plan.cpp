@@ -1,0 +1,209 @@
+// SPDX-License-Identifier: Apache-2.0
+// pmt-plan: how should this GPT run on these ranks? Predicts the step time and the peak memory per
+// rank of every dp x tp x pp layout, microbatch count, schedule and ZeRO-1 setting
+// (plan/model.hpp), ranks them, and says why the rest were rejected.
+//   mpiexec -n 4 pmt-plan --layers 4 --width 128           # calibrates on the 4 ranks, then plans
+//   pmt-plan --ranks 64 --gemm-gflops 400 --link-gbps 25 --memory-mib 16384 --layers 48 --width
+//   1600
+//                                                           # plans for a machine described by hand
+// `--csv FILE` writes every ranked candidate (bench/plan_check.py compares them with train_gpt
+// runs).
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <pmt/plan/calibrate.hpp>
+#include <pmt/pmt.hpp>
+#include <string>
+
+namespace {
+
+constexpr const char* prog = "pmt-plan";
+
+/// An error's message without the program's own name in front ("prog: error: what", once).
+std::string own(const std::string& message) {
+  const std::string mine = std::string(prog) + ": ";
+  return message.rfind(mine, 0) == 0 ? message.substr(mine.size()) : message;
+}
+
+
+struct Options {
+  pmt::plan::Problem problem;
+  int ranks = 0, top = 10;
+  double gemm_gflops = 0, memory_gbps = 10, link_gbps = 5, latency_us = 5, memory_mib = 0;
+  bool no_zero = false, no_gpipe = false, help = false, verbose = false;
+  std::string csv;
+};
+
+const char* usage =
+    "usage: pmt-plan [flags]     (under mpiexec -n N: calibrate on the N ranks and plan for them)\n"
+    "model and batch (as train_gpt; vocabulary 256 bytes unless --vocab)\n"
+    "  --layers N (4)  --width N (128)  --heads N (4)  --context N (64)  --vocab N (256)  --batch "
+    "N (8)\n"
+    "a machine given by hand instead of calibrating (per rank)\n"
+    "  --ranks N  --gemm-gflops X  --memory-gbps X (10)  --link-gbps X (5)  --latency-us X (5)\n"
+    "  --memory-mib X           memory per rank (calibrated: MemAvailable / ranks on the node)\n"
+    "search and output\n"
+    "  --no-zero  --no-gpipe    leave ZeRO-1 / GPipe out\n"
+    "  --top N (10)             rows of the table\n"
+    "  --verbose                what the calibration measured, piece by piece\n"
+    "  --csv FILE               every ranked candidate: layout, predicted step ms and peak MiB per "
+    "stage\n";
+
+Options parse(int argc, char* argv[]) {
+  Options o;
+  o.problem.model = {256, 64, 4, 128, 4, 1};
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a.rfind("--kokkos", 0) == 0) continue;
+    if (a == "--help" || a == "-h") {
+      o.help = true;
+      continue;
+    }
+    if (a == "--verbose") {
+      o.verbose = true;
+      continue;
+    }
+    if (a == "--no-zero" || a == "--no-gpipe") {
+      (a == "--no-zero" ? o.no_zero : o.no_gpipe) = true;
+      continue;
+    }
+    if (i + 1 >= argc) throw pmt::ConfigError(prog, a + " needs a value (see --help)");
+    const std::string v = argv[++i];
+    char* end           = nullptr;
+    errno               = 0;
+    const double x      = std::strtod(v.c_str(), &end);
+    if (a == "--csv") {
+      o.csv = v;
+      continue;
+    }
+    if (v.empty() || *end != '\0' || errno != 0 || !(x > 0))
+      throw pmt::ConfigError(prog, a + " " + v + ": expected a positive number");
+    const auto whole = [&] {
+      if (x != static_cast<double>(static_cast<long>(x)) || x > 1 << 30)
+        throw pmt::ConfigError(prog, a + " " + v + ": expected a positive integer");
+      return static_cast<std::size_t>(x);
+    };
+    auto& m = o.problem.model;
+    if (a == "--layers")
+      m.layers = whole();
+    else if (a == "--width")
+      m.width = whole();
+    else if (a == "--heads")
+      m.heads = whole();
+    else if (a == "--context")
+      m.context = whole();
+    else if (a == "--vocab")
+      m.vocab = whole();
+    else if (a == "--batch")
+      o.problem.batch = whole();
+    else if (a == "--ranks")
+      o.ranks = static_cast<int>(whole());
+    else if (a == "--top")
+      o.top = static_cast<int>(whole());
+    else if (a == "--gemm-gflops")
+      o.gemm_gflops = x;
+    else if (a == "--memory-gbps")
+      o.memory_gbps = x;
+    else if (a == "--link-gbps")
+      o.link_gbps = x;
+    else if (a == "--latency-us")
+      o.latency_us = x;
+    else if (a == "--memory-mib")
+      o.memory_mib = x;
+    else
+      throw pmt::ConfigError(prog, "unknown flag " + a + " (see --help)");
+  }
+  if (o.ranks > 0 && o.gemm_gflops <= 0)
+    throw pmt::ConfigError(
+        prog,
+        "--ranks plans for a machine given by hand: give --gemm-gflops too (or run under "
+        "mpiexec without --ranks to calibrate)");
+  return o;
+}
+
+}  // namespace
+
+int main(int argc, char* argv[]) {
+  Options o;
+  try {
+    o = parse(argc, argv);
+  } catch (const pmt::Error& e) {
+    std::fprintf(stderr, "%s: error: %s\n", prog, own(e.what()).c_str());
+    return 1;
+  }
+  if (o.help) {
+    std::fputs(usage, stdout);
+    return 0;
+  }
+  pmt::ScopeGuard guard(argc, argv);
+  const bool root = pmt::world_rank() == 0;
+  try {
+    using Backend = pmt::comm::default_backend_t<Kokkos::DefaultHostExecutionSpace>;
+#if PMT_ENABLE_MPI
+    pmt::comm::Communicator<Backend> world(MPI_COMM_WORLD);
+#else
+    pmt::comm::Communicator<Backend> world;
+#endif
+    pmt::plan::Machine machine;
+    if (o.ranks > 0) {
+      machine.ranks        = o.ranks;
+      machine.gemm_gflops  = o.gemm_gflops;
+      machine.memory_gbps  = o.memory_gbps;
+      machine.link_gbps    = o.link_gbps;
+      machine.link_latency = o.latency_us * 1e-6;
+      machine.memory_bytes = o.memory_mib * 1048576.0;
+      machine.source       = "given";
+    } else {
+      pmt::plan::CalibrateOptions co;
+      co.memory_bytes = o.memory_mib * 1048576.0;
+      machine         = pmt::plan::calibrate(world, o.problem, co);
+    }
+    pmt::plan::SearchOptions so;
+    so.allow_zero   = !o.no_zero;
+    so.allow_gpipe  = !o.no_gpipe;
+    const auto plan = pmt::plan::search(o.problem, machine, so);
+    if (root) {
+      const auto& m = o.problem.model;
+      std::printf(
+          "pmt-plan: GPT %zu layers, width %zu, %zu heads, context %zu, vocabulary %zu; batch %zu "
+          "sequences\n",
+          m.layers, m.width, m.heads, m.context, m.vocab, o.problem.batch);
+      std::printf("machine: %s\n", pmt::plan::describe(machine).c_str());
+      if (o.verbose) std::fputs(machine.details.c_str(), stdout);
+      std::printf("\n");
+      std::fputs(plan.table(static_cast<std::size_t>(o.top)).c_str(), stdout);
+      if (!plan.ranked.empty()) {
+        const auto& b = plan.best().layout;
+        std::printf(
+            "\nrun it: mpiexec -n %d train_gpt --dp %d --tp %d --pp %d --microbatches %d%s%s   (or "
+            "train_gpt --auto)\n",
+            machine.ranks, b.dp, b.tp, b.pp, b.microbatches,
+            b.pp > 1
+                ? (std::string(" --schedule ") + pmt::parallel::schedule_name(b.schedule)).c_str()
+                : "",
+            b.zero ? " --zero" : "");
+      }
+      if (!o.csv.empty()) {
+        std::FILE* f = std::fopen(o.csv.c_str(), "w");
+        if (!f) throw pmt::IoError(prog, o.csv + ": cannot be written");
+        std::fprintf(f, "dp,tp,pp,microbatches,schedule,zero,step_ms,peak_mib,stage_peak_mib\n");
+        for (const auto& e : plan.ranked) {
+          std::string stages;
+          for (const auto& s : e.memory)
+            stages += (stages.empty() ? "" : ";") + std::to_string(s.total() / 1048576.0);
+          std::fprintf(f, "%d,%d,%d,%d,%s,%d,%.4f,%.3f,%s\n", e.layout.dp, e.layout.tp, e.layout.pp,
+                       e.layout.microbatches, pmt::parallel::schedule_name(e.layout.schedule),
+                       e.layout.zero ? 1 : 0, 1e3 * e.step_seconds(), e.peak_bytes() / 1048576.0,
+                       stages.c_str());
+        }
+        std::fclose(f);
+        std::printf("candidates: %s\n", o.csv.c_str());
+      }
+    }
+    return plan.ranked.empty() ? 2 : 0;
+  } catch (const pmt::Error& e) {
+    if (root) std::fprintf(stderr, "%s: error: %s\n", prog, own(e.what()).c_str());
+    return 1;
+  }
+}

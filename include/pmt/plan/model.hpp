@@ -1,0 +1,468 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// The planner's model of one training step of a Gpt (nn/gpt.hpp) with the Trainer
+// (train/trainer.hpp) on a dp x tp x pp layout, m microbatches, a schedule and ZeRO-1 on or off:
+// predicted step time (compute, tp / pp / dp communication, pipeline bubble) and peak memory per
+// rank, from a Machine (compute, memory and link rates: measured by plan/calibrate.hpp or given).
+// It counts what pmt's code allocates and runs, layer by layer (legend: s bytes per value,
+// b sequences per microbatch, N = b T tokens, C width, Cl = C / tp, Hl = heads / tp, Vl = V / tp):
+//   parameters  per block 12 C Cl + 6 Cl + 6 C (LayerNorms and Row biases are replicated over tp;
+//   the key projection has no bias);
+//               first stage + V C / tp + T C; last stage + 2 C (+ V C / tp, the tied head's copy,
+//               pp > 1)
+//   gradients   as many; optimizer AdamW 2 P; ZeRO-1 P (flat buffer) + 4 P / dp + P / dp bytes
+//   dp buckets  P with dp > 1 and no ZeRO (parallel/grad_sync.hpp)
+//   activations per block and live microbatch s (4 N C + 4 N + 19 N Cl + 2 b Hl T^2); the stage's
+//               input N C; the last stage's LM-head gradient N C; live microbatches: the
+//               schedule's count per stage (parallel::check: 1F1B p - s, GPipe m; pp = 1: 1)
+//   transient   the larger of a block's backward (7 N Cl + 5 N C) and the last stage's logits and
+//               their gradient (2 N Vl + N C), times s
+//   time        per microbatch and stage: its blocks' forward and backward (measured: pmt's
+//               GptBlock over tp with every rank at once, tp all-reduces included; or from the
+//               GEMMs at the machine's rate for each shape, the memory-bound kernels' bytes and a
+//               launch cost per kernel, and the tp all-reduces: latency + 2 (g - 1) / g bytes /
+//               bandwidth), the first stage's embeddings, the last stage's head and loss.
+//               The step's microbatches are simulated on the schedule's table with processor
+//               sharing (simulate(): a rank computes at min(1, cores / ranks computing), so on
+//               shared cores a rank waiting in the bubble lends its share to the others; with a
+//               core per rank it is the usual critical path), activations and gradients one
+//               p2p hop apart; then the dp gradient all-reduce (overlapping the last backward when
+//               it has more than one bucket) or ZeRO's reduce-scatter + all-gather, and the
+//               optimizer (zero_grad, norm, AdamW on what the rank updates).
+// Every number is a prediction for the heaviest stage (memory) or the critical path (time); the
+// planner (plan/planner.hpp) ranks layouts by it, and bench/plan_check.py measures how well.
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "pmt/core/error.hpp"
+#include "pmt/nn/gpt_config.hpp"
+#include "pmt/parallel/schedule.hpp"
+#include "pmt/parallel/stages.hpp"
+
+namespace pmt::plan {
+
+/// \brief What the planner knows of the machine (per rank, while all ranks work at once).
+struct Machine {
+  int ranks           = 1;
+  double memory_bytes = 0;   ///< usable per rank (0: unlimited)
+  double gemm_gflops  = 50;  ///< fp32 GEMM rate per rank, when gemm_seconds is not set
+  /// seconds of C (M x N) += A (M x K) B (K x N) on one rank; empty: 2 M N K / gemm_gflops
+  std::function<double(std::size_t M, std::size_t N, std::size_t K)> gemm_seconds;
+  /// seconds of one transformer block's forward and backward for a microbatch of b sequences on a
+  /// tp group, measured with every rank of the machine doing the same at once, the tp all-reduces
+  /// included (plan/calibrate.hpp runs pmt's GptBlock); empty: from the GEMMs, the memory traffic
+  /// and the links
+  std::function<std::pair<double, double>(std::size_t b, int tp)> block_seconds;
+  /// seconds of the last stage's final norm, LM head, cross-entropy and the head's backward per
+  /// microbatch; empty: from the GEMMs and memory traffic
+  std::function<double(std::size_t b, int tp)> head_seconds;
+  double optimizer_seconds_per_value =
+      0;                         ///< zero_grad + norm + AdamW per parameter; 0: from memory_gbps
+  double memory_gbps    = 10;    ///< bandwidth of memory-bound kernels per rank, GB/s
+  double kernel_seconds = 3e-6;  ///< launch cost of one kernel
+  double link_gbps      = 5;     ///< point-to-point and collective bandwidth per rank, GB/s
+  double link_latency   = 5e-6;  ///< seconds per message step
+  /// measured links by group size: an all-reduce among g ranks amid compute (every group at
+  /// once) costs latency + 2 (g - 1) / g bytes / bandwidth; the entry of the largest size <= g
+  /// is used (empty: link_gbps and link_latency with the ring model)
+  struct Link {
+    int ranks;
+    double latency, gbps;
+  };
+  std::vector<Link> links;
+  /// the share of its speed alone a rank keeps when every rank computes at once (cores / (ranks x
+  /// threads), at most 1). Compute times above are per rank alone; with share < 1 a step is the
+  /// longer of the critical path and the mean rank's work / share (a rank waiting in a pipeline
+  /// bubble leaves its share to the others)
+  double core_share  = 1;
+  std::string source = "given";  ///< "given", or how it was calibrated
+  std::string details;           ///< calibration: what each measured piece took
+
+  double gemm(std::size_t M, std::size_t N, std::size_t K) const {
+    if (gemm_seconds) return gemm_seconds(M, N, K);
+    return 2.0 * double(M) * double(N) * double(K) / (gemm_gflops * 1e9);
+  }
+  double memory(double bytes) const { return bytes / (memory_gbps * 1e9); }
+  /// ring all-reduce of `bytes` over g ranks (reduce-scatter + all-gather: the same cost)
+  double all_reduce(double bytes, int g) const {
+    if (g <= 1) return 0;
+    const Link* l = link(g);
+    if (l) return l->latency + 2.0 * (g - 1) / g * bytes / (l->gbps * 1e9);
+    return 2.0 * (g - 1) / g * bytes / (link_gbps * 1e9) + 2.0 * (g - 1) * link_latency;
+  }
+  /// a send to the next stage and its receive (as an exchange between 2 ranks)
+  double p2p(double bytes) const {
+    const Link* l = link(2);
+    return l ? l->latency + bytes / (l->gbps * 1e9) : bytes / (link_gbps * 1e9) + link_latency;
+  }
+  const Link* link(int g) const {
+    const Link* best = nullptr;
+    for (const auto& l : links)
+      if (l.ranks <= g && (!best || l.ranks > best->ranks)) best = &l;
+    return best;
+  }
+};
+
+/// \brief One line describing a machine's rates.
+inline std::string describe(const Machine& m) {
+  char line[512];
+  std::snprintf(
+      line, sizeof line,
+      "%d ranks; per rank alone: GEMM %.1f GFLOP/s (mean over shapes), memory %.1f GB/s, kernel "
+      "launch %.1f us; "
+      "core share %.2f; all-reduce %.2f GB/s + %.1f us (2 ranks), %.2f GB/s + %.1f us (all); "
+      "memory %.0f MiB (%s)",
+      m.ranks, m.gemm_gflops, m.memory_gbps, 1e6 * m.kernel_seconds, m.core_share,
+      m.link(2) ? m.link(2)->gbps : m.link_gbps,
+      1e6 * (m.link(2) ? m.link(2)->latency : 2 * m.link_latency),
+      m.link(m.ranks) ? m.link(m.ranks)->gbps : m.link_gbps,
+      1e6 * (m.link(m.ranks) ? m.link(m.ranks)->latency : 2 * (m.ranks - 1) * m.link_latency),
+      m.memory_bytes / 1048576.0, m.source.c_str());
+  return line;
+}
+
+/// \brief The training problem: a Gpt, the global batch (sequences per step) and the value size.
+struct Problem {
+  nn::GptConfig model;
+  std::size_t batch        = 8;
+  std::size_t value_bytes  = 4;                      ///< float
+  std::size_t bucket_bytes = std::size_t(25) << 20;  ///< the dp gradient bucket size (GradSync)
+};
+
+/// \brief One way to run it.
+struct Layout {
+  int dp = 1, tp = 1, pp = 1, microbatches = 1;
+  parallel::ScheduleKind schedule = parallel::ScheduleKind::OneFOneB;
+  bool zero                       = false;  ///< ZeRO-1 (optim::ZeroAdamW) instead of AdamW
+  /// \brief "dp 2 x tp 1 x pp 2, m 4, 1f1b, zero"
+  std::string describe() const {
+    return detail::str(
+        "dp ", dp, " x tp ", tp, " x pp ", pp, ", m ", microbatches,
+        pp > 1 ? std::string(", ") + parallel::schedule_name(schedule) : std::string(),
+        zero ? ", zero" : "");
+  }
+};
+
+/// \brief Bytes one rank holds, by kind.
+struct Memory {
+  double parameters = 0, gradients = 0, optimizer = 0, buckets = 0, data = 0, activations = 0,
+         transient      = 0;
+  int live_microbatches = 0;
+  double total() const {
+    return parameters + gradients + optimizer + buckets + data + activations + transient;
+  }
+};
+
+/// \brief Seconds of one step, by part (the critical path's share of each).
+struct StepTime {
+  double compute   = 0;  ///< forward + backward of the stage on the critical path, all microbatches
+  double tp_comm   = 0;  ///< its tp all-reduces
+  double pp_comm   = 0;  ///< its activation / gradient transfers
+  double bubble    = 0;  ///< pipeline idle time on the critical path
+  double dp_comm   = 0;  ///< exposed dp gradient communication (or ZeRO's collectives)
+  double optimizer = 0;  ///< zero_grad, clipping and the update
+  double total() const { return compute + tp_comm + pp_comm + bubble + dp_comm + optimizer; }
+};
+
+/// \brief A layout's prediction.
+struct Estimate {
+  Layout layout;
+  StepTime time;
+  std::vector<Memory> memory;  ///< per pipeline stage (every rank of a stage holds the same)
+  parallel::StagePlan stages;
+  double step_seconds() const { return time.total(); }
+  /// \brief The most any rank holds (the heaviest stage).
+  double peak_bytes() const {
+    double m = 0;
+    for (const auto& s : memory) m = std::max(m, s.total());
+    return m;
+  }
+  int heaviest_stage() const {
+    int h = 0;
+    for (std::size_t s = 0; s < memory.size(); ++s)
+      if (memory[s].total() > memory[static_cast<std::size_t>(h)].total()) h = static_cast<int>(s);
+    return h;
+  }
+};
+
+/// \brief Why a layout cannot run the problem on `ranks` ranks ("" when it can). Names every
+/// factor.
+inline std::string why_invalid(const Problem& pr, const Layout& l, int ranks) {
+  const auto& c = pr.model;
+  const auto tp = static_cast<std::size_t>(l.tp);
+  if (l.dp < 1 || l.tp < 1 || l.pp < 1 || l.microbatches < 1)
+    return detail::str("dp ", l.dp, ", tp ", l.tp, ", pp ", l.pp, ", microbatches ", l.microbatches,
+                       " must all be >= 1");
+  if (static_cast<long>(l.dp) * l.tp * l.pp != ranks)
+    return detail::str("dp ", l.dp, " x tp ", l.tp, " x pp ", l.pp, " = ",
+                       static_cast<long>(l.dp) * l.tp * l.pp, " is not ", ranks, " ranks");
+  if (c.heads == 0 || c.width % c.heads != 0)
+    return detail::str("width ", c.width, " is not divisible by heads ", c.heads);
+  if (c.heads % tp != 0) return detail::str("heads ", c.heads, " are not divisible by tp ", l.tp);
+  if (c.vocab % tp != 0)
+    return detail::str("vocabulary ", c.vocab, " is not divisible by tp ", l.tp);
+  if (c.layers < static_cast<std::size_t>(l.pp))
+    return detail::str(c.layers, " layers cannot fill pp ", l.pp,
+                       " stages (every stage needs a layer)");
+  if (pr.batch % static_cast<std::size_t>(l.dp) != 0)
+    return detail::str("batch ", pr.batch, " is not divisible by dp ", l.dp);
+  const std::size_t local = pr.batch / static_cast<std::size_t>(l.dp);
+  if (local % static_cast<std::size_t>(l.microbatches) != 0)
+    return detail::str(l.microbatches, " microbatches do not divide the ", local,
+                       " sequences per dp rank (batch ", pr.batch, " / dp ", l.dp, ")");
+  if (l.zero && l.dp == 1) return "ZeRO-1 shards over dp, and dp is 1";
+  return "";
+}
+
+namespace plan_detail {
+
+/// Parameters of one rank of stage s (elements).
+inline double stage_parameters(const nn::GptConfig& c, const parallel::StagePlan& plan, int s,
+                               int tp) {
+  const double C = double(c.width), Cl = C / tp, V = double(c.vocab), T = double(c.context);
+  double p = double(plan.count(s)) * (12 * C * Cl + 6 * Cl + 6 * C);
+  if (s == 0) p += V * C / tp + T * C;
+  if (s + 1 == plan.stages()) p += 2 * C + (plan.stages() > 1 ? V * C / tp : 0.0);
+  return p;
+}
+
+/// Forward seconds of one microbatch on stage s, split into compute, tp communication and the
+/// number of memory-bound kernels (for the launch cost).
+struct StageCost {
+  double forward = 0, backward = 0, tp_comm = 0;  // tp_comm: forward's; backward's is as much
+};
+
+inline StageCost forward_cost(const Problem& pr, const Machine& mc, const Layout& l,
+                              const parallel::StagePlan& plan, int s, std::size_t b) {
+  const auto& c        = pr.model;
+  const std::size_t tp = static_cast<std::size_t>(l.tp), T = c.context, N = b * T, C = c.width,
+                    Cl = C / tp, Hl = c.heads / tp, hs = C / c.heads, Vl = c.vocab / tp;
+  const double sb = double(pr.value_bytes);
+  StageCost k;
+  const double L     = double(plan.count(s));
+  const double share = std::clamp(mc.core_share, 1e-3, 1.0);
+  if (mc.block_seconds) {  // measured with all ranks at once: as work alone, times the share
+    const auto fb = mc.block_seconds(b, l.tp);
+    k.forward = L * fb.first * share, k.backward = L * fb.second * share;
+  } else {
+    // one block: q, k, v (Col), proj (Row), fc (Col), fc2 (Row); attention: scores and weighted sum
+    // per head
+    const double gemms = 3 * mc.gemm(N, Cl, C) + mc.gemm(N, C, Cl) + mc.gemm(N, 4 * Cl, C) +
+                         mc.gemm(N, C, 4 * Cl) +
+                         double(b * Hl) * (mc.gemm(T, T, hs) + mc.gemm(T, hs, T));
+    // memory-bound kernels: 2 LayerNorms, 2 residual adds, pack / merge of heads, mask + softmax,
+    // GELU
+    const double bytes = sb * (10.0 * N * C + 16.0 * N * Cl + 4.0 * double(b * Hl) * T * T);
+    k.forward          = L * (gemms + mc.memory(bytes) + 24 * mc.kernel_seconds);
+    k.backward         = 2 * k.forward;
+    k.tp_comm =
+        L * 2 *
+        mc.all_reduce(sb * N * C, l.tp);  // attention and MLP outputs (backward: their inputs)
+  }
+  if (s == 0) {  // token + position embeddings; the vocab-parallel lookup's all-reduce
+    k.forward += mc.memory(sb * 3.0 * N * C) + 4 * mc.kernel_seconds;
+    k.backward += mc.memory(sb * 4.0 * N * C) + 4 * mc.kernel_seconds;
+    k.tp_comm += mc.all_reduce(sb * N * C, l.tp);
+  }
+  if (s + 1 == plan.stages()) {
+    // final LayerNorm, logits, cross-entropy, and the LM head's backward done right away (two
+    // GEMMs)
+    k.forward += mc.head_seconds
+                     ? mc.head_seconds(b, l.tp)
+                     : mc.gemm(N, Vl, C) + mc.gemm(N, C, Vl) + mc.gemm(Vl, C, N) +
+                           mc.memory(sb * (2.0 * N * C + 4.0 * N * Vl)) + 10 * mc.kernel_seconds;
+    k.tp_comm += mc.all_reduce(sb * N * C, l.tp) + 3 * mc.all_reduce(8.0 * N, l.tp);
+  }
+  return k;
+}
+
+/// The makespan of one step's microbatches on p stages (schedule `kind`; p = 1: forward and
+/// backward of each microbatch in turn), each stage run by `per_stage` ranks: an action computes
+/// its work (seconds alone) at the rate min(1, cores / ranks computing), then waits its
+/// communication (`wait`, no CPU); an activation or gradient reaches the next stage `hop` after
+/// its action ends. Processor sharing: a rank waiting in the pipeline's bubble leaves its share
+/// of the cores to the others. With cores >= ranks it is the usual critical path.
+inline double simulate(parallel::ScheduleKind kind, int p, int m, const std::vector<double>& work_f,
+                       const std::vector<double>& work_b, const std::vector<double>& wait,
+                       double hop, double cores, int per_stage) {
+  struct Act {
+    bool forward;
+    int mb;
+  };
+  std::vector<std::vector<Act>> order(static_cast<std::size_t>(p));
+  if (p == 1) {
+    for (int i = 0; i < m; ++i) order[0].push_back({true, i}), order[0].push_back({false, i});
+  } else {
+    const auto sc = parallel::make_schedule(kind, p, m);
+    for (int s = 0; s < p; ++s)
+      for (const auto& a : sc.per_stage[static_cast<std::size_t>(s)])
+        if (a.kind == parallel::Action::Forward || a.kind == parallel::Action::Backward)
+          order[static_cast<std::size_t>(s)].push_back({a.kind == parallel::Action::Forward, a.mb});
+  }
+  const double never = 1e300;
+  std::vector<std::vector<double>> done_f(static_cast<std::size_t>(p),
+                                          std::vector<double>(static_cast<std::size_t>(m), never)),
+      done_b = done_f;
+  std::vector<std::size_t> next(static_cast<std::size_t>(p), 0);
+  std::vector<int> phase(static_cast<std::size_t>(p),
+                         0);  // 0 waiting for its input, 1 computing, 2 communicating
+  std::vector<double> left(static_cast<std::size_t>(p), 0.0),
+      until(static_cast<std::size_t>(p), 0.0);
+  double now = 0;
+  for (int guard = 0; guard < 64 * (m + 1) * (p + 1); ++guard) {
+    bool all_done   = true;
+    double ready_at = never;
+    for (std::size_t s = 0; s < static_cast<std::size_t>(p); ++s) {
+      if (next[s] == order[s].size()) continue;
+      all_done = false;
+      if (phase[s] != 0) continue;
+      const Act a    = order[s][next[s]];
+      const auto i   = static_cast<std::size_t>(a.mb);
+      const double r = a.forward ? (s == 0 ? 0.0 : done_f[s - 1][i] + hop)
+                                 : (s + 1 == static_cast<std::size_t>(p) ? done_f[s][i]
+                                                                         : done_b[s + 1][i] + hop);
+      if (r <= now) {
+        phase[s] = 1;
+        left[s]  = a.forward ? work_f[s] : work_b[s];
+      } else {
+        ready_at = std::min(ready_at, r);
+      }
+    }
+    if (all_done) return now;
+    int active = 0;
+    for (int ph : phase) active += ph == 1;
+    const double rate = active ? std::min(1.0, cores / (double(active) * per_stage)) : 1.0;
+    double dt         = ready_at - now;
+    for (std::size_t s = 0; s < static_cast<std::size_t>(p); ++s) {
+      if (phase[s] == 1) dt = std::min(dt, left[s] / rate);
+      if (phase[s] == 2) dt = std::min(dt, until[s] - now);
+    }
+    dt = std::max(dt, 0.0);
+    now += dt;
+    for (std::size_t s = 0; s < static_cast<std::size_t>(p); ++s) {
+      if (phase[s] == 1) {
+        left[s] -= dt * rate;
+        if (left[s] <= 1e-15 * (1 + now)) phase[s] = 2, until[s] = now + wait[s];
+      }
+      if (phase[s] == 2 && until[s] <= now) {
+        const Act a                                                      = order[s][next[s]];
+        (a.forward ? done_f : done_b)[s][static_cast<std::size_t>(a.mb)] = now;
+        phase[s]                                                         = 0;
+        ++next[s];
+      }
+    }
+  }
+  return now;  // not reached for a checked schedule
+}
+
+}  // namespace plan_detail
+
+/// \brief The prediction for one layout.
+/// \throws pmt::ConfigError when the layout cannot run the problem (why_invalid).
+inline Estimate estimate(const Problem& pr, const Machine& mc, const Layout& l) {
+  const std::string why = why_invalid(pr, l, mc.ranks);
+  detail::require<ConfigError>(why.empty(), "pmt::plan::estimate",
+                               [&] { return l.describe() + ": " + why; });
+  const auto& c = pr.model;
+  Estimate e;
+  e.layout    = l;
+  e.stages    = nn::gpt_balanced_plan(c, l.pp);
+  const int p = l.pp, m = l.microbatches;
+  const std::size_t b  = pr.batch / static_cast<std::size_t>(l.dp) / static_cast<std::size_t>(m);
+  const std::size_t tp = static_cast<std::size_t>(l.tp), T = c.context, N = b * T, C = c.width,
+                    Cl = C / tp, Hl = c.heads / tp, Vl = c.vocab / tp;
+  const double sb = double(pr.value_bytes), dN = double(N), dC = double(C), dCl = double(Cl);
+
+  // --- time: per-stage forward / backward of one microbatch, the schedule simulated -----------
+  std::vector<double> tf(static_cast<std::size_t>(p)), tb(static_cast<std::size_t>(p));
+  std::vector<plan_detail::StageCost> cost(static_cast<std::size_t>(p));
+  const double hop = p > 1 ? mc.p2p(sb * dN * dC) : 0.0;
+  for (int s = 0; s < p; ++s) {
+    cost[s] = plan_detail::forward_cost(pr, mc, l, e.stages, s, b);
+    tf[s]   = cost[s].forward + cost[s].tp_comm + (s > 0 ? hop : 0.0);
+    tb[s]   = cost[s].backward + cost[s].tp_comm + (s + 1 < p ? hop : 0.0);
+  }
+  std::vector<int> live(static_cast<std::size_t>(p), 1);
+  if (p > 1)
+    live = parallel::check(parallel::make_schedule(l.schedule, p, m), tf, tb)
+               .peak_live;  // proves the table too
+  std::vector<double> work_f(static_cast<std::size_t>(p)), work_b(static_cast<std::size_t>(p)),
+      wait(static_cast<std::size_t>(p));
+  for (int s = 0; s < p; ++s)
+    work_f[s] = cost[s].forward, work_b[s] = cost[s].backward, wait[s] = cost[s].tp_comm;
+  const double share    = std::clamp(mc.core_share, 1e-3, 1.0);
+  const double makespan = plan_detail::simulate(l.schedule, p, m, work_f, work_b, wait, hop,
+                                                share * mc.ranks, l.dp * l.tp);
+  // the parts: the busiest stage's compute (at the cores' share when all ranks compute), its
+  // communication; the rest of the simulated makespan is the bubble
+  int busiest = 0;
+  for (int s = 1; s < p; ++s)
+    if (tf[s] + tb[s] > tf[busiest] + tb[busiest]) busiest = s;
+  e.time.compute = m * (cost[busiest].forward + cost[busiest].backward) / share;
+  e.time.tp_comm = 2.0 * m * cost[busiest].tp_comm;
+  e.time.pp_comm = p > 1 ? m * hop * ((busiest > 0) + (busiest + 1 < p)) : 0.0;
+  e.time.bubble  = makespan - e.time.compute - e.time.tp_comm - e.time.pp_comm;
+  if (e.time.bubble < 0) {  // ranks waiting elsewhere left the busiest more than its share
+    e.time.compute += e.time.bubble;
+    e.time.bubble = 0;
+  }
+
+  // --- memory and the step's tail per stage --------------------------------------------------
+  double tail = 0, tail_dp = 0, tail_opt = 0;
+  for (int s = 0; s < p; ++s) {
+    const double P = plan_detail::stage_parameters(c, e.stages, s, l.tp);
+    Memory mem;
+    mem.parameters = mem.gradients = sb * P;
+    const double shard             = std::ceil(P / l.dp);
+    mem.optimizer                  = l.zero ? sb * P + 4 * sb * shard + shard : 2 * sb * P;
+    mem.buckets                    = (l.dp > 1 && !l.zero) ? sb * P : 0.0;
+    mem.data =
+        8.0 * double(pr.batch / static_cast<std::size_t>(l.dp) * T);  // ids and targets, int32
+    const double block =
+        sb * (4 * dN * dC + 4 * dN + 19 * dN * dCl + 2.0 * double(b * Hl) * double(T) * double(T));
+    double per_mb = double(e.stages.count(s)) * block + sb * dN * dC;  // the stage's input
+    if (s == 0) per_mb += 8.0 * dN;                                    // the embeddings' saved ids
+    if (s + 1 == p) per_mb += sb * (dN * dC + 2 * dN);  // LM-head gradient, final norm's stats
+    mem.live_microbatches = live[static_cast<std::size_t>(s)];
+    mem.activations       = mem.live_microbatches * per_mb;
+    double transient      = sb * (7 * dN * dCl + 5 * dN * dC);
+    if (s + 1 == p) transient = std::max(transient, sb * (2 * dN * double(Vl) + dN * dC));
+    mem.transient = transient;
+    e.memory.push_back(mem);
+    // dp: the buckets' all-reduce overlaps the last backward except its last bucket; ZeRO's
+    // reduce-scatter + all-gather (the same volume) do not overlap, and pack / unpack the values
+    double dp               = 0;
+    const double grad_bytes = sb * P;
+    if (l.zero) {
+      dp = mc.all_reduce(grad_bytes, l.dp) + mc.memory(4 * grad_bytes) / share;
+    } else if (l.dp > 1) {
+      const double buckets = std::max(1.0, std::ceil(grad_bytes / double(pr.bucket_bytes)));
+      const double ar      = mc.all_reduce(grad_bytes, l.dp);
+      dp                   = ar / buckets + std::max(0.0, ar * (buckets - 1) / buckets - tb[s]) +
+           mc.memory(2 * grad_bytes) / share;
+    }
+    // zero_grad (write G), norm (read G), AdamW (read p g m v, write p m v) on what this rank
+    // updates
+    const double updated = l.zero ? shard : P;
+    const double opt     = (mc.optimizer_seconds_per_value > 0
+                                ? mc.optimizer_seconds_per_value * (2 * P + 7 * updated) / 9
+                                : mc.memory(sb * (2 * P + 7 * updated))) /
+                           share +
+                       mc.all_reduce(16, l.tp) + mc.all_reduce(16, l.pp) +
+                       (l.zero ? mc.all_reduce(16, l.dp) : 0.0) +
+                       2 * double(P > 0) * 20 * mc.kernel_seconds;
+    if (dp + opt > tail) tail = dp + opt, tail_dp = dp, tail_opt = opt;
+  }
+  e.time.dp_comm   = tail_dp;
+  e.time.optimizer = tail_opt;
+  return e;
+}
+
+}  // namespace pmt::plan

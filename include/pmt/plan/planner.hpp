@@ -1,0 +1,191 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// The planner: every (dp, tp, pp, microbatches, schedule, ZeRO-1) that runs a Problem on the
+// Machine's ranks, each predicted by plan/model.hpp, ranked by step time; layouts that do not
+// divide the problem or do not fit in memory are rejected, each with its reason.
+//   pmt::plan::Plan p = pmt::plan::search(problem, machine);
+//   std::puts(p.table(10).c_str());   // the top 10, their time and memory, and the rejections
+//   p.best().layout                   // what train_gpt --auto runs
+// Candidates: every factorisation dp x tp x pp of the ranks; microbatches: every divisor of the
+// sequences per dp rank (pp = 1: gradient accumulation, which lowers activation memory); the
+// schedule: GPipe and 1F1B with pp > 1; ZeRO-1 on and off with dp > 1. Ties in predicted time
+// (within 1 %) go to less memory, then fewer microbatches.
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "pmt/core/error.hpp"
+#include "pmt/plan/model.hpp"
+
+namespace pmt::plan {
+
+namespace planner_detail {
+/// x with `digits` decimals.
+inline std::string fixed(double x, int digits = 1) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, x);
+  return buf;
+}
+}  // namespace planner_detail
+
+/// \brief A layout that cannot run, and why.
+struct Rejection {
+  Layout layout;
+  std::string reason;
+};
+
+/// \brief What to search.
+struct SearchOptions {
+  bool allow_zero      = true;
+  bool allow_gpipe     = true;
+  int max_microbatches = 64;
+};
+
+/// \brief The ranked candidates and the rejections.
+struct Plan {
+  Problem problem;
+  Machine machine;
+  std::vector<Estimate> ranked;  ///< fastest first
+  std::vector<Rejection> rejected;
+
+  /// \throws pmt::ConfigError when no layout can run (the rejections say why).
+  const Estimate& best() const {
+    detail::require<ConfigError>(!ranked.empty(), "pmt::plan::Plan::best", [&] {
+      std::string why;
+      for (std::size_t i = 0; i < rejected.size() && i < 8; ++i)
+        why += "\n  " + rejected[i].layout.describe() + ": " + rejected[i].reason;
+      return detail::str("no layout of ", machine.ranks, " ranks runs this problem; ",
+                         rejected.size(), " rejected:", why);
+    });
+    return ranked.front();
+  }
+
+  /// \brief The top candidates (time and memory by part) and a summary of the rejections.
+  std::string table(std::size_t top = 10) const {
+    const auto mib  = [](double b) { return b / (1024.0 * 1024.0); };
+    std::string out = detail::str(
+        "rank  layout                                  step ms  compute   tp comm   pp comm    "
+        "bubble   dp comm  optim   "
+        "peak MiB (stage)  params+grads+optim  activations\n");
+    char line[512];
+    for (std::size_t i = 0; i < ranked.size() && i < top; ++i) {
+      const auto& e = ranked[i];
+      const auto& t = e.time;
+      const auto& m = e.memory[static_cast<std::size_t>(e.heaviest_stage())];
+      std::snprintf(line, sizeof line,
+                    "%4zu  %-38s %8.2f %8.2f %9.2f %9.2f %9.2f %9.2f %6.2f   %8.1f (%d)      %8.1f "
+                    "           %8.1f (x%d)\n",
+                    i + 1, e.layout.describe().c_str(), 1e3 * e.step_seconds(), 1e3 * t.compute,
+                    1e3 * t.tp_comm, 1e3 * t.pp_comm, 1e3 * t.bubble, 1e3 * t.dp_comm,
+                    1e3 * t.optimizer, mib(e.peak_bytes()), e.heaviest_stage(),
+                    mib(m.parameters + m.gradients + m.optimizer + m.buckets), mib(m.activations),
+                    m.live_microbatches);
+      out += line;
+    }
+    if (ranked.size() > top)
+      out += detail::str("... and ", ranked.size() - top, " more that run\n");
+    if (!ranked.empty()) out += "why rank 1: " + explain() + "\n";
+    // rejections: grouped by reason, each with an example
+    std::map<std::string, std::vector<std::string>> by_reason;
+    for (const auto& r : rejected) {
+      std::string key = r.reason;
+      if (key.rfind("needs ", 0) == 0) key = "does not fit in memory";
+      by_reason[key].push_back(r.layout.describe() + (key == r.reason ? "" : ": " + r.reason));
+    }
+    if (!rejected.empty()) out += detail::str("rejected: ", rejected.size(), " layouts\n");
+    for (const auto& [reason, which] : by_reason) {
+      out += detail::str("  ", which.size(), " x ", reason, "\n");
+      for (std::size_t i = 0; i < which.size() && i < 3; ++i)
+        out += "      e.g. " + which[i] + "\n";
+    }
+    return out;
+  }
+
+  /// \brief One line on why the best beats the runner-up and the best of each other (dp, tp, pp).
+  std::string explain() const {
+    if (ranked.empty()) return "nothing runs";
+    const auto& b = ranked.front();
+    using planner_detail::fixed;
+    std::string out = detail::str(b.layout.describe(), " is predicted at ",
+                                  fixed(1e3 * b.step_seconds(), 2), " ms");
+    for (std::size_t i = 1; i < ranked.size(); ++i) {
+      const auto& o = ranked[i];
+      if (o.layout.dp == b.layout.dp && o.layout.tp == b.layout.tp && o.layout.pp == b.layout.pp)
+        continue;
+      const char* names[] = {"compute", "tp comm", "pp comm", "bubble", "dp comm", "optimizer"};
+      const double d[]    = {o.time.compute - b.time.compute, o.time.tp_comm - b.time.tp_comm,
+                             o.time.pp_comm - b.time.pp_comm, o.time.bubble - b.time.bubble,
+                             o.time.dp_comm - b.time.dp_comm, o.time.optimizer - b.time.optimizer};
+      int k               = 0;
+      for (int j = 1; j < 6; ++j)
+        if (d[j] > d[k]) k = j;
+      out += detail::str("; the next other (dp, tp, pp), ", o.layout.describe(), ", takes ",
+                         fixed(1e3 * o.step_seconds(), 2), " ms (mostly more ", names[k], ": +",
+                         fixed(1e3 * d[k], 2), " ms)");
+      break;
+    }
+    return out;
+  }
+};
+
+/// \brief Every layout of the machine's ranks for the problem, predicted and ranked.
+inline Plan search(const Problem& pr, const Machine& mc, const SearchOptions& o = {}) {
+  detail::require<ConfigError>(mc.ranks >= 1, "pmt::plan::search", [&] {
+    return detail::str("the machine has ", mc.ranks, " ranks; expected >= 1");
+  });
+  Plan plan;
+  plan.problem = pr;
+  plan.machine = mc;
+  const int R  = mc.ranks;
+  for (int tp = 1; tp <= R; ++tp) {
+    if (R % tp) continue;
+    for (int pp = 1; pp <= R / tp; ++pp) {
+      if ((R / tp) % pp) continue;
+      const int dp = R / tp / pp;
+      Layout base{dp, tp, pp, 1, parallel::ScheduleKind::OneFOneB, false};
+      // divisibility of the model and batch first: one rejection per (dp, tp, pp)
+      const std::string why = why_invalid(pr, base, R);
+      if (!why.empty()) {
+        plan.rejected.push_back({base, why});
+        continue;
+      }
+      const int local = static_cast<int>(pr.batch) / dp;
+      for (int m = 1; m <= std::min(local, o.max_microbatches); ++m) {
+        if (local % m) continue;
+        for (int sched = 0; sched < (pp > 1 && o.allow_gpipe ? 2 : 1); ++sched) {
+          for (int z = 0; z < (dp > 1 && o.allow_zero ? 2 : 1); ++z) {
+            Layout l{dp,
+                     tp,
+                     pp,
+                     m,
+                     sched ? parallel::ScheduleKind::GPipe : parallel::ScheduleKind::OneFOneB,
+                     z == 1};
+            Estimate e = estimate(pr, mc, l);
+            if (mc.memory_bytes > 0 && e.peak_bytes() > mc.memory_bytes) {
+              plan.rejected.push_back(
+                  {l, detail::str("needs ", planner_detail::fixed(e.peak_bytes() / 1048576.0),
+                                  " MiB on stage ", e.heaviest_stage(), " > ",
+                                  planner_detail::fixed(mc.memory_bytes / 1048576.0),
+                                  " MiB per rank")});
+              continue;
+            }
+            plan.ranked.push_back(std::move(e));
+          }
+        }
+      }
+    }
+  }
+  std::stable_sort(plan.ranked.begin(), plan.ranked.end(),
+                   [](const Estimate& a, const Estimate& b) {
+                     const double ta = a.step_seconds(), tb = b.step_seconds();
+                     if (std::abs(ta - tb) > 0.01 * std::min(ta, tb)) return ta < tb;
+                     if (a.peak_bytes() != b.peak_bytes()) return a.peak_bytes() < b.peak_bytes();
+                     return a.layout.microbatches < b.layout.microbatches;
+                   });
+  return plan;
+}
+
+}  // namespace pmt::plan

@@ -1,0 +1,233 @@
+// SPDX-License-Identifier: Apache-2.0
+// The planner (plan/): its rejections (sizes that do not divide, memory that does not fit) are
+// right and name the reason; the search covers every factorisation of the ranks; and its memory
+// model matches what pmt allocates: for every layout of the job's ranks (microbatches 1 and 2,
+// both schedules with pp > 1, ZeRO-1 with dp > 1) a real Gpt + optimizer + Trainer runs 2 steps
+// while obs::MemoryTracker counts the Kokkos allocations; each rank's parameters equal the
+// predicted count exactly and its peak is within 20 % of the prediction for its stage.
+// (Step-time predictions are checked against measurement by bench/plan_check.py, not here.)
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
+#include <cmath>
+#include <set>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+#include "../comm/comm_test.hpp"
+#include "../train/train_test.hpp"
+#include "pmt/nn/gpt.hpp"
+#include "pmt/obs/memory.hpp"
+#include "pmt/optim/optimizers.hpp"
+#include "pmt/optim/zero.hpp"
+#include "pmt/plan/planner.hpp"
+#include "pmt/train/trainer.hpp"
+
+using Host    = Kokkos::DefaultHostExecutionSpace;
+using Backend = pmt::test::World::backend;
+using Catch::Matchers::ContainsSubstring;
+
+namespace {
+
+pmt::plan::Problem problem(std::size_t vocab, std::size_t layers, std::size_t width,
+                           std::size_t heads, std::size_t batch) {
+  pmt::plan::Problem p;
+  p.model = {vocab, /*context=*/32, layers, width, heads, 1};
+  p.batch = batch;
+  return p;
+}
+
+pmt::plan::Machine machine(int ranks, double memory_mib = 0) {
+  pmt::plan::Machine m;
+  m.ranks        = ranks;
+  m.memory_bytes = memory_mib * 1048576.0;
+  return m;
+}
+
+const pmt::plan::Rejection* rejected(const pmt::plan::Plan& plan, int dp, int tp, int pp) {
+  for (const auto& r : plan.rejected)
+    if (r.layout.dp == dp && r.layout.tp == tp && r.layout.pp == pp) return &r;
+  return nullptr;
+}
+
+}  // namespace
+
+TEST_CASE("the planner rejects layouts that do not divide the problem, naming why", "[plan]") {
+  SECTION("heads, vocabulary, layers and batch") {
+    // heads 4: tp 8 cannot split them; 2 layers: pp 4 and 8 cannot fill the stages; batch 2: dp 4,
+    // 8
+    const auto plan = pmt::plan::search(problem(256, 2, 64, 4, 2), machine(8));
+    REQUIRE(rejected(plan, 1, 8, 1) != nullptr);
+    CHECK_THAT(rejected(plan, 1, 8, 1)->reason,
+               ContainsSubstring("heads 4 are not divisible by tp 8"));
+    REQUIRE(rejected(plan, 2, 1, 4) != nullptr);
+    CHECK_THAT(rejected(plan, 2, 1, 4)->reason,
+               ContainsSubstring("2 layers cannot fill pp 4 stages"));
+    REQUIRE(rejected(plan, 4, 2, 1) != nullptr);
+    CHECK_THAT(rejected(plan, 4, 2, 1)->reason,
+               ContainsSubstring("batch 2 is not divisible by dp 4"));
+    // every one that runs does divide
+    for (const auto& e : plan.ranked)
+      CHECK(pmt::plan::why_invalid(plan.problem, e.layout, 8).empty());
+    // the vocabulary: 98 entries over tp 4
+    const auto vocab = pmt::plan::search(problem(98, 4, 64, 8, 8), machine(4));
+    REQUIRE(rejected(vocab, 1, 4, 1) != nullptr);
+    CHECK_THAT(rejected(vocab, 1, 4, 1)->reason,
+               ContainsSubstring("vocabulary 98 is not divisible by tp 4"));
+    CHECK(rejected(vocab, 2, 2, 1) == nullptr);
+  }
+  SECTION("every factorisation of the ranks is either ranked or rejected") {
+    const auto plan = pmt::plan::search(problem(256, 4, 64, 4, 8), machine(8));
+    std::set<std::tuple<int, int, int>> seen;
+    for (const auto& e : plan.ranked) seen.insert({e.layout.dp, e.layout.tp, e.layout.pp});
+    for (const auto& r : plan.rejected) seen.insert({r.layout.dp, r.layout.tp, r.layout.pp});
+    CHECK(seen.size() == 10);  // ordered triples with product 8
+    // microbatches divide the sequences per dp rank; ZeRO only with dp > 1; GPipe only with pp > 1
+    for (const auto& e : plan.ranked) {
+      CHECK((8 / e.layout.dp) % e.layout.microbatches == 0);
+      CHECK((!e.layout.zero || e.layout.dp > 1));
+      CHECK((e.layout.schedule == pmt::parallel::ScheduleKind::OneFOneB || e.layout.pp > 1));
+    }
+  }
+  SECTION("memory that does not fit") {
+    const auto all = pmt::plan::search(problem(256, 4, 128, 4, 8), machine(4));
+    double lo = 1e300, hi = 0;
+    for (const auto& e : all.ranked)
+      lo = std::min(lo, e.peak_bytes()), hi = std::max(hi, e.peak_bytes());
+    REQUIRE(lo < hi);
+    const double limit = (lo + hi) / 2;
+    const auto plan = pmt::plan::search(problem(256, 4, 128, 4, 8), machine(4, limit / 1048576.0));
+    CHECK(!plan.ranked.empty());
+    for (const auto& e : plan.ranked) CHECK(e.peak_bytes() <= limit);
+    std::size_t memory_rejections = 0;
+    for (const auto& r : plan.rejected)
+      if (r.reason.find("MiB per rank") != std::string::npos) {
+        ++memory_rejections;
+        CHECK(pmt::plan::estimate(plan.problem, plan.machine, r.layout).peak_bytes() > limit);
+      }
+    CHECK(memory_rejections + plan.ranked.size() == all.ranked.size());
+    CHECK_THAT(plan.table(), ContainsSubstring("does not fit in memory"));
+    // nothing fits: best() says so, with the reasons
+    const auto none = pmt::plan::search(problem(256, 4, 128, 4, 8), machine(4, lo / 2 / 1048576.0));
+    CHECK(none.ranked.empty());
+    CHECK_THROWS_WITH(none.best(), ContainsSubstring("no layout of 4 ranks runs this problem"));
+  }
+  SECTION("an invalid layout handed to estimate() is an error with every factor") {
+    const pmt::plan::Layout l{3, 1, 1, 1, pmt::parallel::ScheduleKind::OneFOneB, false};
+    CHECK_THROWS_WITH(pmt::plan::estimate(problem(256, 4, 64, 4, 8), machine(4), l),
+                      ContainsSubstring("dp 3 x tp 1 x pp 1 = 3 is not 4 ranks"));
+  }
+}
+
+TEST_CASE(
+    "the planner's predictions follow its model: more microbatches, less activation memory; 1F1B "
+    "<= GPipe",
+    "[plan]") {
+  const auto plan = pmt::plan::search(problem(256, 4, 128, 4, 16), machine(4));
+  for (const auto& a : plan.ranked)
+    for (const auto& b : plan.ranked) {
+      const auto &la = a.layout, &lb = b.layout;
+      if (la.dp != lb.dp || la.tp != lb.tp || la.pp != lb.pp || la.zero != lb.zero) continue;
+      if (la.schedule == lb.schedule && la.microbatches < lb.microbatches)
+        CHECK(a.memory[0].activations >= b.memory[0].activations);
+      if (la.microbatches == lb.microbatches &&
+          la.schedule == pmt::parallel::ScheduleKind::OneFOneB &&
+          lb.schedule == pmt::parallel::ScheduleKind::GPipe)
+        CHECK(a.peak_bytes() <= b.peak_bytes());
+    }
+  // ZeRO-1 holds less optimizer state from dp 4 on, more at dp 2 (its flat buffer; zero.hpp)
+  const pmt::plan::Layout z4{4, 1, 1, 1, pmt::parallel::ScheduleKind::OneFOneB, true},
+      a4{4, 1, 1, 1, pmt::parallel::ScheduleKind::OneFOneB, false};
+  const auto p  = problem(256, 4, 128, 4, 16);
+  const auto ez = pmt::plan::estimate(p, machine(4), z4),
+             ea = pmt::plan::estimate(p, machine(4), a4);
+  CHECK(ez.memory[0].optimizer + ez.memory[0].buckets <
+        ea.memory[0].optimizer + ea.memory[0].buckets);
+}
+
+namespace {
+
+/// Builds the layout's model, optimizer and trainer on this job's ranks, runs 2 steps and returns
+/// {parameter elements, peak bytes} of this rank (Kokkos allocations since the start).
+template <bool Zero>
+std::pair<double, double> measure(const pmt::plan::Problem& pr, const pmt::plan::Layout& l) {
+  using T     = float;
+  using Model = pmt::nn::Gpt<T, Host, Backend>;
+  using Ids   = typename Model::Ids;
+  using Opt =
+      std::conditional_t<Zero, pmt::optim::ZeroAdamW<T, Host, Backend>, pmt::optim::AdamW<T, Host>>;
+  using Policy    = pmt::Hybrid<pmt::DataParallel<>, pmt::TensorSplit<>, pmt::Pipeline<>>;
+  auto& mem       = pmt::obs::MemoryTracker::instance();
+  const auto base = static_cast<double>(mem.current_bytes());
+  mem.reset_peak();
+  double params = 0;
+  {
+    pmt::Mesh<Backend> mesh(pmt::test::world(), {l.dp, l.tp, l.pp});
+    Model model(mesh, pr.model);
+    const pmt::ops::AdamWParams hyper{1e-3, 0.9, 0.95, 1e-8, 0.1, 1};
+    Opt opt = [&] {
+      if constexpr (Zero)
+        return Opt(model.parameters(), hyper, mesh.comm(pmt::Axis::dp), mesh.comm(pmt::Axis::tp),
+                   mesh.comm(pmt::Axis::pp));
+      else
+        return Opt(model.parameters(), hyper);
+    }();
+    pmt::train::Trainer<Model, Opt, Host, Backend, Policy> tr(mesh, model, opt);
+    tr.set_schedule(l.schedule);
+    for (auto* p : model.parameters()) params += static_cast<double>(p->size());
+    const std::size_t T_ = pr.model.context, local = pr.batch / static_cast<std::size_t>(l.dp);
+    const std::size_t per   = local / static_cast<std::size_t>(l.microbatches);
+    const std::size_t first = local * static_cast<std::size_t>(mesh.coord(pmt::Axis::dp));
+    for (int step = 0; step < 2; ++step) {
+      std::vector<pmt::train::Microbatch<Ids>> mbs;
+      for (int i = 0; i < l.microbatches; ++i)
+        mbs.push_back(pmt::test::synthetic_batch<Ids>(
+            step, first + static_cast<std::size_t>(i) * per, per, T_, pr.model.vocab));
+      tr.step(mbs, {pmt::test::valid_targets(step, pr.batch, T_, pr.model.vocab), 1e-3, 1.0});
+    }
+  }
+  return {params, static_cast<double>(mem.peak_bytes()) - base};
+}
+
+}  // namespace
+
+TEST_CASE("the planner's memory model matches what every layout allocates", "[plan][mpi]") {
+  auto& mem = pmt::obs::MemoryTracker::instance();
+  mem.enable();
+  const int n   = pmt::test::world().size();
+  const auto pr = problem(96, 4, 64, 4, 8);
+  const auto mc = machine(n);
+  for (int tp = 1; tp <= n; tp *= 2)
+    for (int pp = 1; pp <= n / tp; pp *= 2) {
+      const int dp = n / tp / pp;
+      std::vector<pmt::plan::Layout> layouts;
+      for (int m : {1, 2}) {
+        layouts.push_back({dp, tp, pp, m, pmt::parallel::ScheduleKind::OneFOneB, false});
+        if (pp > 1) layouts.push_back({dp, tp, pp, m, pmt::parallel::ScheduleKind::GPipe, false});
+        if (dp > 1) layouts.push_back({dp, tp, pp, m, pmt::parallel::ScheduleKind::OneFOneB, true});
+      }
+      for (const auto& l : layouts) {
+        if (!pmt::plan::why_invalid(pr, l, n).empty()) continue;
+        DYNAMIC_SECTION(l.describe()) {
+          const auto e              = pmt::plan::estimate(pr, mc, l);
+          const auto [params, peak] = l.zero ? measure<true>(pr, l) : measure<false>(pr, l);
+          const int stage =
+              pmt::test::world().rank() / (l.dp * l.tp);  // the Mesh's order: tp fastest, then dp
+          const auto& want = e.memory[static_cast<std::size_t>(stage)];
+          const double err = (want.total() - peak) / peak;
+          INFO("rank " << pmt::test::world().rank() << " stage " << stage << ": predicted "
+                       << want.total() / 1048576.0 << " MiB, measured " << peak / 1048576.0
+                       << " MiB; parameters predicted " << want.parameters / 4 << ", the model's "
+                       << params);
+          CHECK(pmt::test::all_ranks(params * 4.0 == want.parameters));
+          CHECK(pmt::test::all_ranks(std::abs(err) <= 0.2));
+          if (pmt::test::world().rank() == 0)
+            WARN(l.describe() << ": rank 0 predicted " << want.total() / 1048576.0
+                              << " MiB, measured " << peak / 1048576.0 << " MiB (" << 100 * err
+                              << " %)");
+        }
+      }
+    }
+  mem.enable(false);
+}
