@@ -53,17 +53,28 @@ def spearman(a, b):
     return cov / (va * vb) if va > 0 and vb > 0 else 1.0
 
 
-# 1. predictions
+# 1. predictions: one calibration per round (the median of each prediction is used: a calibration
+#    on a noisy machine is a measurement too)
 pred_csv = os.path.join(tmp, "pred.csv")
-out = subprocess.run(mpi + [os.path.join(build, "examples", "pmt-plan"), "--csv", pred_csv, "--top", "5",
-                            "--kokkos-disable-warnings"] + model, env=env, capture_output=True, text=True, check=True).stdout
-machine = next(l for l in out.splitlines() if l.startswith("machine:"))
-pred = {}
-with open(pred_csv) as f:
-    for r in csv.DictReader(f):
-        key = (int(r["dp"]), int(r["tp"]), int(r["pp"]), int(r["microbatches"]), r["schedule"], int(r["zero"]))
-        pred[key] = (float(r["step_ms"]), [float(x) for x in r["stage_peak_mib"].split(";")])
-best = next(iter(pred))  # the csv is ranked
+predictions = {}  # key -> list of (step ms, stage peaks)
+machine = ""
+
+
+def predict():
+    global machine
+    out = subprocess.run(mpi + [os.path.join(build, "examples", "pmt-plan"), "--csv", pred_csv, "--top", "5",
+                                "--kokkos-disable-warnings"] + model, env=env, capture_output=True, text=True,
+                         check=True).stdout
+    machine = next(l for l in out.splitlines() if l.startswith("machine:"))
+    with open(pred_csv) as f:
+        for r in csv.DictReader(f):
+            key = (int(r["dp"]), int(r["tp"]), int(r["pp"]), int(r["microbatches"]), r["schedule"], int(r["zero"]))
+            predictions.setdefault(key, []).append((float(r["step_ms"]),
+                                                    [float(x) for x in r["stage_peak_mib"].split(";")]))
+
+
+predict()
+pred = {k: v[0] for k, v in predictions.items()}
 
 # 2. the configurations to measure: every (dp, tp, pp) layout of N ranks with every microbatch
 #    count, 1F1B, ZeRO off (the ranking); and each layout's ZeRO-1 and GPipe variants at train_gpt's
@@ -97,7 +108,9 @@ def name(c):
 
 
 results = []
-for rep in range(repeats):  # interleaved rounds
+for rep in range(repeats):  # interleaved rounds, each with its own calibration
+    if rep > 0:
+        predict()
     for i, c in enumerate(configs):
         t, mem = measure(c)
         if rep == 0:
@@ -106,10 +119,11 @@ for rep in range(repeats):  # interleaved rounds
             results[i]["times"].append(t)
 
 print(f"planner vs measurement on {np_} ranks: GPT {' '.join(model)}; {steps} steps, median after {skip}, "
-      f"median of {repeats} runs")
+      f"median of {repeats} runs; predictions: median of {repeats} calibrations")
 print(machine)
 print(f"{'configuration':36s} {'pred ms':>8s} {'meas ms':>8s} {'pred rank':>9s} {'meas rank':>9s}  "
       f"{'stage peak MiB: predicted / measured (error)'}")
+pred = {k: (statistics.median(t for t, _ in v), v[0][1]) for k, v in predictions.items()}
 pt = [pred[r["config"]][0] for r in results]
 mt = [statistics.median(r["times"]) for r in results]
 n_rank = ranked_count

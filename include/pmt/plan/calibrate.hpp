@@ -1,18 +1,20 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Calibration: the planner's Machine measured on the ranks that will train, for one Problem:
-//   - pmt's own transformer block (nn::GptBlock) split over each tp the search will try, forward
-//     and backward of each microbatch size, with every rank running it at once, back to back for
-//     0.15 s (so the ranks' contention for cores and memory and the tp all-reduces are in it);
-//   - on rank 0 alone (the others wait): the last stage's head and loss per microbatch size, the
-//     optimizer per parameter, a triad's bandwidth and a kernel launch; the model scales these by
-//     the core share, cores / (ranks on the node x threads per rank), when all ranks compute;
+//   - pmt's own transformer blocks (nn::GptBlock, a stack of up to 4) split over each tp the
+//     search will try, forward and backward of each microbatch size, and pmt's whole Gpt of up to
+//     4 layers (forward_backward: the rest of a microbatch is its time minus the blocks'), with
+//     every rank running them at once, back to back for 0.1 s, in 3 rounds over all shapes (the
+//     median): the ranks' contention for cores and memory and the tp all-reduces are in them;
+//   - on rank 0 alone (the others wait): the optimizer per parameter, a GEMM, a triad and a
+//     kernel launch; the model scales these by the core share, cores / (ranks on the node x
+//     threads per rank), when all ranks compute;
 //   - all-reduces of 8 B and 256 KiB in groups of g consecutive ranks (every group at once), each
-//     after a small GEMM, against the same GEMMs alone: latency and bandwidth per group size;
+//     after a small GEMM, against the same GEMMs alone: latency and bandwidth per group size
+//     (the dp gradient all-reduce, the pipeline's p2p);
 //   - the memory per rank: MemAvailable of /proc/meminfo over the ranks of this node (or given).
 // Collective: every rank calls it with the same problem; every rank returns the same Machine
-// (Machine::details lists what each piece took). About 2-3 s for train_gpt's default model on 4
-// ranks.
+// (Machine::details lists what each piece took). 5-10 s for train_gpt's default model.
 //   auto machine = pmt::plan::calibrate(world, problem);
 //   auto plan    = pmt::plan::search(problem, machine);
 
@@ -23,6 +25,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <thread>
@@ -119,67 +122,79 @@ inline double compute_share(int threads_per_rank) {
   return std::min(1.0, double(cores) / (double(local_ranks()) * std::max(1, threads_per_rank)));
 }
 
-/// pmt's own transformer block (nn::GptBlock) split over tp, forward and backward of a microbatch
-/// of b sequences, with every rank of `world` doing the same at once (dp x tp = all ranks),
-/// back to back for about `window` seconds (long against the scheduler's time slices when ranks
-/// share cores): the slowest rank's mean forward and backward, tp all-reduces and the ranks'
-/// contention included.
+/// pmt's own transformer blocks (nn::GptBlock) split over tp: a stack of up to 4 (as in the model:
+/// each block's weights and activations leave the cache before its backward), forward and
+/// backward of a microbatch of b sequences, with every rank of `world` doing the same at once
+/// (dp x tp = all ranks), back to back for about `window` seconds (long against the scheduler's
+/// time slices when ranks share cores). Returns the slowest rank's mean forward and backward per
+/// block, tp all-reduces and the ranks' contention included.
 template <class Backend, class Exec>
 std::vector<double> block_on_mesh(const comm::Communicator<Backend>& world, const Exec& exec,
                                   const nn::GptConfig& c, std::size_t b, int tp, double window) {
   using T = float;
   const Mesh<Backend> mesh(world, MeshShape{world.size() / tp, tp, 1});
-  nn::GptBlock<T, Exec, Backend> block(mesh, c, 0);
+  std::vector<std::unique_ptr<nn::GptBlock<T, Exec, Backend>>> stack;
+  for (std::size_t i = 0; i < std::min<std::size_t>(c.layers, 4); ++i)
+    stack.push_back(std::make_unique<nn::GptBlock<T, Exec, Backend>>(mesh, c, i));
   const std::size_t N = b * c.context;
   Tensor<T, 2, Exec> x("pmt::plan::calibrate::x", N, c.width);
   Kokkos::deep_copy(x, T(0.1));
   double t_f = 0, t_b = 0;
   const auto run = [&] {
     Kokkos::Timer timer;
-    auto y = block.forward(exec, x, b, c.context);
+    auto y = x;
+    for (auto& blk : stack) y = blk->forward(exec, y, b, c.context);
     exec.fence();
     t_f += timer.seconds();
     timer.reset();
-    block.backward(exec, y);
+    for (auto it = stack.rbegin(); it != stack.rend(); ++it) y = (*it)->backward(exec, y);
     exec.fence();
     t_b += timer.seconds();
   };
   run();  // warm-up; it also sizes the run (the same count on every rank: tp groups stay in step)
   const int reps = static_cast<int>(
-      std::clamp(window / std::max(1e-6, max_over(world, t_f + t_b)), 3.0, 1000.0));
+      std::clamp(window / std::max(1e-6, max_over(world, t_f + t_b)), 2.0, 1000.0));
   t_f = t_b = 0;
   comm::barrier(world);
   for (int r = 0; r < reps; ++r) run();
-  return {max_over(world, t_f / reps), max_over(world, t_b / reps)};
+  const double per = double(reps) * double(stack.size());
+  return {max_over(world, t_f / per), max_over(world, t_b / per)};
 }
 
-/// The last stage's final LayerNorm, logits, softmax cross-entropy traffic and the LM head's
-/// backward (two GEMMs) for N tokens and Vl vocabulary entries. Returns {seconds}.
-template <class Exec>
-std::vector<double> head_once(const Exec& exec, std::size_t N, std::size_t C, std::size_t Vl) {
-  using T = float;
-  nn::LayerNorm<T, Exec> lnf("pmt::plan::calibrate::lnf", C);
-  Tensor<T, 2, Exec> x("pmt::plan::calibrate::x", N, C),
-      table("pmt::plan::calibrate::table", Vl, C), grad("pmt::plan::calibrate::grad", Vl, C);
-  Kokkos::deep_copy(x, T(0.1));
-  Kokkos::deep_copy(table, T(0.01));
-  exec.fence();
-  Kokkos::Timer timer;
-  auto h = lnf.forward(exec, x);
-  Tensor<T, 2, Exec> logits(
-      Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("pmt::plan::calibrate::logits")),
-      N, Vl);
-  ops::matmul(exec, ops::Trans::N, ops::Trans::T, T(1), h, table, T(0), logits);
-  Tensor<T, 2, Exec> dlogits("pmt::plan::calibrate::dlogits", N, Vl);
-  ops::softmax(exec, logits, dlogits);  // stands for the cross-entropy's passes over the logits
-  Tensor<T, 2, Exec> dh(
-      Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("pmt::plan::calibrate::dh")), N,
-      C);
-  ops::matmul(exec, ops::Trans::N, ops::Trans::N, T(1), dlogits, table, T(0), dh);
-  ops::matmul(exec, ops::Trans::T, ops::Trans::N, T(1), dlogits, h, T(1), grad);
-  lnf.backward(exec, dh);
-  exec.fence();
-  return {timer.seconds()};
+/// pmt's whole Gpt (nn::Gpt, up to 4 layers, split over tp, no pipeline): forward_backward of a
+/// microbatch of b sequences with every rank at once, back to back for about `window` seconds.
+/// Returns the slowest rank's mean seconds.
+template <class Backend, class Exec>
+double model_on_mesh(const comm::Communicator<Backend>& world, const Exec& exec, nn::GptConfig c,
+                     std::size_t b, int tp, double window) {
+  c.layers = std::min<std::size_t>(c.layers, 4);
+  const Mesh<Backend> mesh(world, MeshShape{world.size() / tp, tp, 1});
+  nn::Gpt<float, Exec, Backend> model(mesh, c);
+  using Ids           = typename nn::Gpt<float, Exec, Backend>::Ids;
+  const std::size_t N = b * c.context;
+  Ids ids("pmt::plan::calibrate::ids", N), targets("pmt::plan::calibrate::targets", N);
+  auto hi = Kokkos::create_mirror_view(ids);
+  auto ht = Kokkos::create_mirror_view(targets);
+  for (std::size_t n = 0; n < N; ++n) {
+    hi(n) = static_cast<std::int32_t>((n * 7 + 3) % c.vocab);
+    ht(n) = static_cast<std::int32_t>((n * 7 + 10) % c.vocab);
+  }
+  Kokkos::deep_copy(ids, hi);
+  Kokkos::deep_copy(targets, ht);
+  double t       = 0;
+  const auto run = [&] {
+    Kokkos::Timer timer;
+    model.forward_backward(exec, ids, targets, b, c.context, double(N));
+    exec.fence();
+    t += timer.seconds();
+  };
+  run();
+  const int reps =
+      static_cast<int>(std::clamp(window / std::max(1e-6, max_over(world, t)), 2.0, 1000.0));
+  t = 0;
+  comm::barrier(world);
+  for (int r = 0; r < reps; ++r) run();
+  return max_over(world, t / reps);
 }
 
 }  // namespace calibrate_detail
@@ -193,17 +208,14 @@ Machine calibrate(const comm::Communicator<Backend>& world, const Problem& probl
   mc.ranks = world.size();
   // 1. what the search will ask for (blocks and heads per microbatch size and tp): run it once
   //    with a recording machine, then measure exactly those
-  std::set<std::pair<std::size_t, int>> blocks, heads;
+  std::set<std::pair<std::size_t, int>> blocks;
   {
     Machine rec       = mc;
     rec.block_seconds = [&blocks](std::size_t b, int tp) {
       blocks.insert({b, tp});
       return std::pair<double, double>(1e-3, 2e-3);
     };
-    rec.head_seconds = [&heads](std::size_t b, int tp) {
-      heads.insert({b, tp});
-      return 1e-3;
-    };
+    rec.head_seconds = [](std::size_t, int) { return 1e-3; };
     search(problem, rec);
   }
   const auto& c      = problem.model;
@@ -212,28 +224,30 @@ Machine calibrate(const comm::Communicator<Backend>& world, const Problem& probl
   std::map<std::pair<std::size_t, int>, std::pair<double, double>> block_table;
   std::map<std::pair<std::size_t, int>, double> head_table;
   {  // rounds over all shapes (a slow moment of the machine hits one round of each, not one shape)
-    std::map<std::pair<std::size_t, int>, std::vector<double>> fs, bs;
+    std::map<std::pair<std::size_t, int>, std::vector<double>> fs, bs, ms;
+    const std::size_t L = std::min<std::size_t>(c.layers, 4);
     for (int round = 0; round < o.block_rounds; ++round)
       for (const auto& [b, tp] : blocks) {
         const auto t = block_on_mesh(world, exec, c, b, tp, o.block_window_seconds);
         fs[{b, tp}].push_back(t[0]), bs[{b, tp}].push_back(t[1]);
+        ms[{b, tp}].push_back(model_on_mesh(world, exec, c, b, tp, o.block_window_seconds));
       }
+    const auto median = [](std::vector<double>& v) {
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
+    };
     for (const auto& key : blocks) {
-      auto &f = fs[key], &bw = bs[key];
-      std::sort(f.begin(), f.end());
-      std::sort(bw.begin(), bw.end());
-      block_table[key] = {f[f.size() / 2], bw[bw.size() / 2]};
+      block_table[key] = {median(fs[key]), median(bs[key])};
+      // the rest of a microbatch: embeddings, final norm, LM head, loss, and what surrounds them
+      const double whole = median(ms[key]);
+      const double rest  = whole - double(L) * (block_table[key].first + block_table[key].second);
+      head_table[key]    = std::max(0.05 * whole, rest);
       mc.details +=
-          detail::str("block b ", key.first, " tp ", key.second, " (all ranks at once, median of ",
-                      f.size(), "): forward ", 1e3 * block_table[key].first, " ms, backward ",
-                      1e3 * block_table[key].second, " ms\n");
+          detail::str("b ", key.first, " tp ", key.second, " (all ranks at once, median of ",
+                      fs[key].size(), "): block forward ", 1e3 * block_table[key].first,
+                      " ms, backward ", 1e3 * block_table[key].second, " ms; a ", L, "-layer Gpt ",
+                      1e3 * whole, " ms, the rest ", 1e3 * head_table[key], " ms\n");
     }
-  }
-  for (const auto& [b, tp] : heads) {
-    head_table[{b, tp}] = timed_alone(world, o.window_seconds, [&] {
-      return head_once(exec, b * c.context, c.width, c.vocab / static_cast<std::size_t>(tp));
-    })[0];
-    mc.details += detail::str("head b ", b, " tp ", tp, ": ", 1e3 * head_table[{b, tp}], " ms\n");
   }
   mc.block_seconds = [block_table](std::size_t b, int tp) { return block_table.at({b, tp}); };
   mc.head_seconds  = [head_table](std::size_t b, int tp) { return head_table.at({b, tp}); };
@@ -347,9 +361,9 @@ Machine calibrate(const comm::Communicator<Backend>& world, const Problem& probl
     }
   }
   mc.memory_bytes = o.memory_bytes > 0 ? o.memory_bytes : mem_available() / local_ranks();
-  mc.source =
-      detail::str("calibrated: ", blocks.size(), " block shapes with all ranks at once, ",
-                  heads.size(), " head shapes, a GEMM, AdamW, triad, launch on rank 0 alone");
+  mc.source       = detail::str("calibrated: ", blocks.size(),
+                                " block and model shapes with all ranks at once; a GEMM, AdamW, triad, "
+                                      "launch on rank 0 alone");
   return mc;
 }
 

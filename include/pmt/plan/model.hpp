@@ -60,8 +60,9 @@ struct Machine {
   /// included (plan/calibrate.hpp runs pmt's GptBlock); empty: from the GEMMs, the memory traffic
   /// and the links
   std::function<std::pair<double, double>(std::size_t b, int tp)> block_seconds;
-  /// seconds of the last stage's final norm, LM head, cross-entropy and the head's backward per
-  /// microbatch; empty: from the GEMMs and memory traffic
+  /// seconds of the rest of a microbatch: the embeddings, final norm, LM head, loss and their
+  /// backward with their tp all-reduces, measured like block_seconds (with every rank at once;
+  /// counted on the last stage); empty: from the GEMMs, memory traffic and links
   std::function<double(std::size_t b, int tp)> head_seconds;
   double optimizer_seconds_per_value =
       0;                         ///< zero_grad + norm + AdamW per parameter; 0: from memory_gbps
@@ -266,18 +267,21 @@ inline StageCost forward_cost(const Problem& pr, const Machine& mc, const Layout
         L * 2 *
         mc.all_reduce(sb * N * C, l.tp);  // attention and MLP outputs (backward: their inputs)
   }
+  if (mc.head_seconds) {
+    // measured with all ranks at once (the embeddings, final norm, LM head, loss and their tp
+    // all-reduces): on the last stage, as work alone
+    if (s + 1 == plan.stages()) k.forward += mc.head_seconds(b, l.tp) * share;
+    return k;
+  }
   if (s == 0) {  // token + position embeddings; the vocab-parallel lookup's all-reduce
     k.forward += mc.memory(sb * 3.0 * N * C) + 4 * mc.kernel_seconds;
     k.backward += mc.memory(sb * 4.0 * N * C) + 4 * mc.kernel_seconds;
     k.tp_comm += mc.all_reduce(sb * N * C, l.tp);
   }
   if (s + 1 == plan.stages()) {
-    // final LayerNorm, logits, cross-entropy, and the LM head's backward done right away (two
-    // GEMMs)
-    k.forward += mc.head_seconds
-                     ? mc.head_seconds(b, l.tp)
-                     : mc.gemm(N, Vl, C) + mc.gemm(N, C, Vl) + mc.gemm(Vl, C, N) +
-                           mc.memory(sb * (2.0 * N * C + 4.0 * N * Vl)) + 10 * mc.kernel_seconds;
+    // final LayerNorm, logits, cross-entropy, and the LM head's backward done right away
+    k.forward += mc.gemm(N, Vl, C) + mc.gemm(N, C, Vl) + mc.gemm(Vl, C, N) +
+                 mc.memory(sb * (2.0 * N * C + 4.0 * N * Vl)) + 10 * mc.kernel_seconds;
     k.tp_comm += mc.all_reduce(sb * N * C, l.tp) + 3 * mc.all_reduce(8.0 * N, l.tp);
   }
   return k;
