@@ -79,9 +79,8 @@ struct Machine {
   };
   std::vector<Link> links;
   /// the share of its speed alone a rank keeps when every rank computes at once (cores / (ranks x
-  /// threads), at most 1). Compute times above are per rank alone; with share < 1 a step is the
-  /// longer of the critical path and the mean rank's work / share (a rank waiting in a pipeline
-  /// bubble leaves its share to the others)
+  /// threads), at most 1): the simulation runs a rank at min(1, cores / ranks computing), so a
+  /// rank waiting in a pipeline bubble lends its share to the others
   double core_share  = 1;
   std::string source = "given";  ///< "given", or how it was calibrated
   std::string details;           ///< calibration: what each measured piece took
@@ -116,7 +115,7 @@ inline std::string describe(const Machine& m) {
   char line[512];
   std::snprintf(
       line, sizeof line,
-      "%d ranks; per rank alone: GEMM %.1f GFLOP/s (mean over shapes), memory %.1f GB/s, kernel "
+      "%d ranks; per rank alone: GEMM %.1f GFLOP/s, memory %.1f GB/s, kernel "
       "launch %.1f us; "
       "core share %.2f; all-reduce %.2f GB/s + %.1f us (2 ranks), %.2f GB/s + %.1f us (all); "
       "memory %.0f MiB (%s)",
