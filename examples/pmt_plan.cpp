@@ -26,7 +26,6 @@ std::string own(const std::string& message) {
   return message.rfind(mine, 0) == 0 ? message.substr(mine.size()) : message;
 }
 
-
 struct Options {
   pmt::plan::Problem problem;
   int ranks = 0, top = 10;

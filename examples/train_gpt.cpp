@@ -15,11 +15,11 @@
 #include <cstdlib>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <type_traits>
-#include <optional>
 #include <vector>
 
 #ifndef PMT_DEFAULT_DATA_DIR
@@ -42,7 +42,6 @@ std::string own(const std::string& message) {
   const std::string mine = std::string(prog) + ": ";
   return message.rfind(mine, 0) == 0 ? message.substr(mine.size()) : message;
 }
-
 
 struct Options {
   int dp = 0, tp = 1, pp = 1, microbatches = 0, layers = 4, width = 128, heads = 4, context = 64, batch = 8;

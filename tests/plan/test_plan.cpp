@@ -136,6 +136,20 @@ TEST_CASE(
           lb.schedule == pmt::parallel::ScheduleKind::GPipe)
         CHECK(a.peak_bytes() <= b.peak_bytes());
     }
+  // communication volume: only on the axes a layout splits; ZeRO-1 moves the gradients and the
+  // values
+  for (const auto& e : plan.ranked) {
+    CHECK((e.bytes.tp > 0) == (e.layout.tp > 1));
+    CHECK((e.bytes.pp > 0) == (e.layout.pp > 1));
+    CHECK((e.bytes.dp > 0) == (e.layout.dp > 1));
+  }
+  {  // tp 4: per microbatch 4 all-reduces of (N, C) per block, the embedding's and the head's, and
+     // 3 of N values; N = 16 / m sequences x 32 tokens
+    const pmt::plan::Layout t4{1, 4, 1, 2, pmt::parallel::ScheduleKind::OneFOneB, false};
+    const double N = 8 * 32, C = 128;
+    CHECK(pmt::plan::estimate(problem(256, 4, 128, 4, 16), machine(4), t4).bytes.tp ==
+          2 * (4 * N * C * (4 * 4 + 2) + 24 * N));
+  }
   // ZeRO-1 holds less optimizer state from dp 4 on, more at dp 2 (its flat buffer; zero.hpp)
   const pmt::plan::Layout z4{4, 1, 1, 1, pmt::parallel::ScheduleKind::OneFOneB, true},
       a4{4, 1, 1, 1, pmt::parallel::ScheduleKind::OneFOneB, false};

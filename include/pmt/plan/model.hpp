@@ -52,9 +52,7 @@ namespace pmt::plan {
 struct Machine {
   int ranks           = 1;
   double memory_bytes = 0;   ///< usable per rank (0: unlimited)
-  double gemm_gflops  = 50;  ///< fp32 GEMM rate per rank, when gemm_seconds is not set
-  /// seconds of C (M x N) += A (M x K) B (K x N) on one rank; empty: 2 M N K / gemm_gflops
-  std::function<double(std::size_t M, std::size_t N, std::size_t K)> gemm_seconds;
+  double gemm_gflops  = 50;  ///< fp32 GEMM rate per rank alone (blocks not measured)
   /// seconds of one transformer block's forward and backward for a microbatch of b sequences on a
   /// tp group, measured with every rank of the machine doing the same at once, the tp all-reduces
   /// included (plan/calibrate.hpp runs pmt's GptBlock); empty: from the GEMMs, the memory traffic
@@ -85,8 +83,8 @@ struct Machine {
   std::string source = "given";  ///< "given", or how it was calibrated
   std::string details;           ///< calibration: what each measured piece took
 
+  /// seconds of C (M x N) += A (M x K) B (K x N) on one rank alone
   double gemm(std::size_t M, std::size_t N, std::size_t K) const {
-    if (gemm_seconds) return gemm_seconds(M, N, K);
     return 2.0 * double(M) * double(N) * double(K) / (gemm_gflops * 1e9);
   }
   double memory(double bytes) const { return bytes / (memory_gbps * 1e9); }
@@ -115,16 +113,18 @@ inline std::string describe(const Machine& m) {
   char line[512];
   std::snprintf(
       line, sizeof line,
-      "%d ranks; per rank alone: GEMM %.1f GFLOP/s, memory %.1f GB/s, kernel "
+      "%d ranks; per rank alone: GEMM %.1f GFLOP/s, bandwidth %.1f GB/s, kernel "
       "launch %.1f us; "
       "core share %.2f; all-reduce %.2f GB/s + %.1f us (2 ranks), %.2f GB/s + %.1f us (all); "
-      "memory %.0f MiB (%s)",
+      "memory %s (%s)",
       m.ranks, m.gemm_gflops, m.memory_gbps, 1e6 * m.kernel_seconds, m.core_share,
       m.link(2) ? m.link(2)->gbps : m.link_gbps,
       1e6 * (m.link(2) ? m.link(2)->latency : 2 * m.link_latency),
       m.link(m.ranks) ? m.link(m.ranks)->gbps : m.link_gbps,
       1e6 * (m.link(m.ranks) ? m.link(m.ranks)->latency : 2 * (m.ranks - 1) * m.link_latency),
-      m.memory_bytes / 1048576.0, m.source.c_str());
+      m.memory_bytes > 0 ? detail::str(std::round(m.memory_bytes / 1048576.0), " MiB").c_str()
+                         : "unlimited",
+      m.source.c_str());
   return line;
 }
 
@@ -171,10 +171,18 @@ struct StepTime {
   double total() const { return compute + tp_comm + pp_comm + bubble + dp_comm + optimizer; }
 };
 
+/// \brief Bytes one rank sends per step on each axis (all-reduces counted by their buffer).
+struct Volume {
+  double tp = 0;  ///< the tp all-reduces of all microbatches (forward and backward)
+  double pp = 0;  ///< activations and gradients to and from the neighbouring stages
+  double dp = 0;  ///< the gradients (all-reduced, or reduce-scattered and the values all-gathered)
+};
+
 /// \brief A layout's prediction.
 struct Estimate {
   Layout layout;
   StepTime time;
+  Volume bytes;                ///< of the busiest stage's ranks
   std::vector<Memory> memory;  ///< per pipeline stage (every rank of a stage holds the same)
   parallel::StagePlan stages;
   double step_seconds() const { return time.total(); }
@@ -233,14 +241,14 @@ inline double stage_parameters(const nn::GptConfig& c, const parallel::StagePlan
   return p;
 }
 
-/// Forward seconds of one microbatch on stage s, split into compute, tp communication and the
-/// number of memory-bound kernels (for the launch cost).
+/// One microbatch on stage s: forward and backward work (seconds alone) and the communication
+/// each of them waits for (tp all-reduces not inside measured blocks).
 struct StageCost {
   double forward = 0, backward = 0, tp_comm = 0;  // tp_comm: forward's; backward's is as much
 };
 
-inline StageCost forward_cost(const Problem& pr, const Machine& mc, const Layout& l,
-                              const parallel::StagePlan& plan, int s, std::size_t b) {
+inline StageCost stage_cost(const Problem& pr, const Machine& mc, const Layout& l,
+                            const parallel::StagePlan& plan, int s, std::size_t b) {
   const auto& c        = pr.model;
   const std::size_t tp = static_cast<std::size_t>(l.tp), T = c.context, N = b * T, C = c.width,
                     Cl = C / tp, Hl = c.heads / tp, hs = C / c.heads, Vl = c.vocab / tp;
@@ -291,7 +299,9 @@ inline StageCost forward_cost(const Problem& pr, const Machine& mc, const Layout
 /// its work (seconds alone) at the rate min(1, cores / ranks computing), then waits its
 /// communication (`wait`, no CPU); an activation or gradient reaches the next stage `hop` after
 /// its action ends. Processor sharing: a rank waiting in the pipeline's bubble leaves its share
-/// of the cores to the others. With cores >= ranks it is the usual critical path.
+/// of the cores to the others. With cores >= ranks it is the usual critical path. (It runs the
+/// same tables as parallel::check, which proves them and counts live microbatches, but there an
+/// action's time is fixed; here it depends on how many ranks compute at once.)
 inline double simulate(parallel::ScheduleKind kind, int p, int m, const std::vector<double>& work_f,
                        const std::vector<double>& work_b, const std::vector<double>& wait,
                        double hop, double cores, int per_stage) {
@@ -388,7 +398,7 @@ inline Estimate estimate(const Problem& pr, const Machine& mc, const Layout& l) 
   std::vector<plan_detail::StageCost> cost(static_cast<std::size_t>(p));
   const double hop = p > 1 ? mc.p2p(sb * dN * dC) : 0.0;
   for (int s = 0; s < p; ++s) {
-    cost[s] = plan_detail::forward_cost(pr, mc, l, e.stages, s, b);
+    cost[s] = plan_detail::stage_cost(pr, mc, l, e.stages, s, b);
     tf[s]   = cost[s].forward + cost[s].tp_comm + (s > 0 ? hop : 0.0);
     tb[s]   = cost[s].backward + cost[s].tp_comm + (s + 1 < p ? hop : 0.0);
   }
@@ -412,6 +422,14 @@ inline Estimate estimate(const Problem& pr, const Machine& mc, const Layout& l) 
   e.time.tp_comm = 2.0 * m * cost[busiest].tp_comm;
   e.time.pp_comm = p > 1 ? m * hop * ((busiest > 0) + (busiest + 1 < p)) : 0.0;
   e.time.bubble  = makespan - e.time.compute - e.time.tp_comm - e.time.pp_comm;
+  if (l.tp > 1) {  // per block 4 all-reduces of (N, C); embedding 1; LM head 1 and 3 of N values
+    e.bytes.tp = m * sb * dN * dC *
+                 (4.0 * double(e.stages.count(busiest)) + (busiest == 0) + (busiest + 1 == p));
+    if (busiest + 1 == p) e.bytes.tp += m * 3.0 * 8.0 * dN;
+  }
+  e.bytes.pp = m * 2.0 * sb * dN * dC * ((busiest > 0) + (busiest + 1 < p));
+  if (l.dp > 1)
+    e.bytes.dp = sb * plan_detail::stage_parameters(c, e.stages, busiest, l.tp) * (l.zero ? 2 : 1);
   if (e.time.bubble < 0) {  // ranks waiting elsewhere left the busiest more than its share
     e.time.compute += e.time.bubble;
     e.time.bubble = 0;

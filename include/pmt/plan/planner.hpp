@@ -69,7 +69,7 @@ struct Plan {
     std::string out = detail::str(
         "rank  layout                                  step ms  compute   tp comm   pp comm    "
         "bubble   dp comm  optim   "
-        "peak MiB (stage)  params+grads+optim  activations\n");
+        "peak MiB (stage)  params+grads+optim  activations   sent MiB tp/pp/dp\n");
     char line[512];
     for (std::size_t i = 0; i < ranked.size() && i < top; ++i) {
       const auto& e = ranked[i];
@@ -77,12 +77,12 @@ struct Plan {
       const auto& m = e.memory[static_cast<std::size_t>(e.heaviest_stage())];
       std::snprintf(line, sizeof line,
                     "%4zu  %-38s %8.2f %8.2f %9.2f %9.2f %9.2f %9.2f %6.2f   %8.1f (%d)      %8.1f "
-                    "           %8.1f (x%d)\n",
+                    "           %8.1f (x%d)   %6.1f/%.1f/%.1f\n",
                     i + 1, e.layout.describe().c_str(), 1e3 * e.step_seconds(), 1e3 * t.compute,
                     1e3 * t.tp_comm, 1e3 * t.pp_comm, 1e3 * t.bubble, 1e3 * t.dp_comm,
                     1e3 * t.optimizer, mib(e.peak_bytes()), e.heaviest_stage(),
                     mib(m.parameters + m.gradients + m.optimizer + m.buckets), mib(m.activations),
-                    m.live_microbatches);
+                    m.live_microbatches, mib(e.bytes.tp), mib(e.bytes.pp), mib(e.bytes.dp));
       out += line;
     }
     if (ranked.size() > top)
