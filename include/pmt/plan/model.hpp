@@ -15,8 +15,10 @@
 //   activations per block and live microbatch s (4 N C + 4 N + 19 N Cl + 2 b Hl T^2); the stage's
 //               input N C; the last stage's LM-head gradient N C; live microbatches: the
 //               schedule's count per stage (parallel::check: 1F1B p - s, GPipe m; pp = 1: 1)
-//   transient   the larger of a block's backward (7 N Cl + 5 N C) and the last stage's logits and
-//               their gradient (2 N Vl + N C), times s
+//   transient   the larger of a block's backward (4 N Cl + 2 N C: the incoming gradient, one
+//               MLP-sized gradient and a residual's; each layer's saved activations are freed as
+//               its backward returns, so the rest fits in what they free) and the last stage's
+//               logits and their gradient (2 N Vl + N C), times s
 //   time        per microbatch and stage: its blocks' forward and backward (measured: pmt's
 //               GptBlock over tp with every rank at once, tp all-reduces included; or from the
 //               GEMMs at the machine's rate for each shape, the memory-bound kernels' bytes and a
@@ -453,7 +455,7 @@ inline Estimate estimate(const Problem& pr, const Machine& mc, const Layout& l) 
     if (s + 1 == p) per_mb += sb * (dN * dC + 2 * dN);  // LM-head gradient, final norm's stats
     mem.live_microbatches = live[static_cast<std::size_t>(s)];
     mem.activations       = mem.live_microbatches * per_mb;
-    double transient      = sb * (7 * dN * dCl + 5 * dN * dC);
+    double transient      = sb * (4 * dN * dCl + 2 * dN * dC);
     if (s + 1 == p) transient = std::max(transient, sb * (2 * dN * double(Vl) + dN * dC));
     mem.transient = transient;
     e.memory.push_back(mem);
