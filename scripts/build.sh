@@ -6,8 +6,10 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${PMT_BUILD_DIR:-$root/build}
 kokkos_prefix=$("$root/scripts/deps.sh" | sed -n 's/^KOKKOS_PREFIX=//p')
+# the headers of a newer Kokkos (5.x) for the compile-only checks in tests/kokkos_next/
+kokkos_next=$("$root/scripts/kokkos_next.sh" | sed -n 's/^KOKKOS_NEXT_INCLUDE=//p')
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DPMT_WARNINGS_AS_ERRORS=ON \
-  -DCMAKE_PREFIX_PATH="$kokkos_prefix" "$@" >"$build.configure.log" 2>&1 \
+  -DCMAKE_PREFIX_PATH="$kokkos_prefix" -DPMT_KOKKOS_NEXT_INCLUDE="$kokkos_next" "$@" >"$build.configure.log" 2>&1 \
   || { cat "$build.configure.log"; exit 1; }
 grep -E "^-- pmt " "$build.configure.log" || true
 cmake --build "$build" -j "$(nproc)"

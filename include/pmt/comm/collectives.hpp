@@ -140,6 +140,29 @@ void all_reduce(const Communicator<B>& c, const Exec& exec, const V& buf, Reduce
   all_reduce(c, exec, buf, buf, op);
 }
 
+/// \brief In-place all_reduce of a few values in host memory (a loss, a norm's partial sums),
+/// whatever the backend: Self and MPI reduce them where they are; NCCL, which reads device memory
+/// only, reduces a device copy on `exec`'s stream and copies the result back (fenced).
+template <class B, class Exec, class V>
+void all_reduce_host_values(const Communicator<B>& c, const Exec& exec, const V& values, ReduceOp op = ReduceOp::Sum) {
+  static_assert(Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename V::memory_space>::accessible,
+                "pmt::comm::all_reduce_host_values: the values must be in host memory");
+  using T = typename V::non_const_value_type;
+  Kokkos::View<T*, Kokkos::LayoutRight, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> host(values.data(),
+                                                                                                         values.size());
+  if constexpr (std::is_same_v<B, Nccl>) {
+    Kokkos::View<T*, Kokkos::LayoutRight, typename Exec::memory_space> dev(
+        Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::comm::host_values"), host.size());
+    Kokkos::deep_copy(exec, dev, host);
+    all_reduce(c, exec, dev, op);
+    Kokkos::deep_copy(exec, host, dev);
+    exec.fence("pmt::comm::all_reduce_host_values");
+  } else {
+    (void)exec;
+    all_reduce(c, Kokkos::DefaultHostExecutionSpace(), host, op);
+  }
+}
+
 /// \brief Block r of send (send.size() / size() elements), reduced over ranks, lands in recv on rank r.
 /// \throws pmt::ShapeError unless send.size() == size() * recv.size().
 template <class B, class Exec, class SV, class RV>

@@ -122,9 +122,13 @@ template <class View>
 std::string shape_str(const View& v) {
   static_assert(Kokkos::is_view<View>::value, "pmt::shape_str: the argument must be a Kokkos::View");
   std::string out = "(";
-  for (std::size_t i = 0; i < static_cast<std::size_t>(View::rank); ++i) {
-    if (i > 0) out += ", ";
-    out += std::to_string(v.extent(i));
+  if constexpr (View::rank > 0) {  // no `i < 0` loop for rank 0 (nvcc warns of it)
+    for (std::size_t i = 0; i < static_cast<std::size_t>(View::rank); ++i) {
+      if (i > 0) out += ", ";
+      out += std::to_string(v.extent(i));
+    }
+  } else {
+    (void)v;
   }
   return out + ")";
 }

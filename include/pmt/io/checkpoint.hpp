@@ -255,13 +255,19 @@ std::string save_checkpoint(const std::string& dir, const Mesh<Backend>& mesh, c
     for (std::size_t i : index) {
       const auto& p = *ps[i];
       const auto sh = checkpoint_detail::shape_of(p);
-      for (const auto& [prefix, view] : {std::pair<std::string, Tensor<T, 1, Exec>>{"param/", p.value},
-                                         {"exp_avg/", opt.exp_avg(i)}, {"exp_avg_sq/", opt.exp_avg_sq(i)}}) {
+      using Entry = std::pair<std::string, Tensor<T, 1, Exec>>;  // no braced list in a range-for: nvcc's front end trips on it
+      const Entry entries[] = {Entry("param/", p.value), Entry("exp_avg/", opt.exp_avg(i)),
+                               Entry("exp_avg_sq/", opt.exp_avg_sq(i))};
+      for (const auto& [prefix, view] : entries) {
         const std::string name = prefix + p.name;
         checkpoint_detail::put(bytes, static_cast<std::uint32_t>(name.size()));
         bytes += name;
         checkpoint_detail::put(bytes, static_cast<std::uint32_t>(sizeof(T)));
-        for (const auto* a : {sh.g, sh.o, sh.l}) checkpoint_detail::put(bytes, a[0]), checkpoint_detail::put(bytes, a[1]);
+        for (int d = 0; d < 3; ++d) {
+          const auto* a = d == 0 ? sh.g : d == 1 ? sh.o : sh.l;  // global, offset, local
+          checkpoint_detail::put(bytes, a[0]);
+          checkpoint_detail::put(bytes, a[1]);
+        }
         checkpoint_detail::put(bytes, static_cast<std::uint64_t>(view.size() * sizeof(T)));
         auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), view);
         bytes.append(reinterpret_cast<const char*>(host.data()), host.size() * sizeof(T));

@@ -100,6 +100,16 @@ class GptBlock {
 
 // ---------------------------------------------------------------------------------------------
 
+namespace gpt_detail {
+/// pos(n) = n mod Tn: the position of each of N = B Tn tokens. A free function: CUDA's extended
+/// lambdas may not sit in a class's private member functions.
+template <class Exec, class Ids>
+void fill_positions(const Exec& exec, const Ids& pos, std::size_t Tn) {
+  Kokkos::parallel_for("pmt::nn::Gpt::positions", Kokkos::RangePolicy<Exec>(exec, 0, pos.extent(0)),
+                       KOKKOS_LAMBDA(std::size_t n) { pos(n) = static_cast<typename Ids::value_type>(n % Tn); });
+}
+}  // namespace gpt_detail
+
 /// \brief GPT language model spread over the tp and pp axes of a Mesh (see the file comment).
 /// \code
 /// pmt::nn::Gpt<float, Kokkos::OpenMP> model(mesh, {/*vocab=*/256, /*context=*/128, /*layers=*/4, /*width=*/256, /*heads=*/4});
@@ -312,9 +322,7 @@ class Gpt {
     if (m_pos.extent(0) == N && m_pos_T == Tn) return;
     m_pos   = Ids("pmt::nn::Gpt::positions", N);
     m_pos_T = Tn;
-    auto pos = m_pos;
-    Kokkos::parallel_for("pmt::nn::Gpt::positions", Kokkos::RangePolicy<Exec>(exec, 0, N),
-                         KOKKOS_LAMBDA(std::size_t n) { pos(n) = static_cast<std::int32_t>(n % Tn); });
+    gpt_detail::fill_positions(exec, m_pos, Tn);
   }
 
   GptConfig m_cfg;

@@ -74,7 +74,7 @@ double vocab_parallel_cross_entropy(const comm::Communicator<Backend>& tp, const
     stats(n, 1) = (t >= v0 && t < v0 + Vl) ? logits(n, t - v0) : T(0);
   });
   comm::all_reduce(tp, exec, stats);
-  Kokkos::View<double*, Mem> row_loss("pmt::nn::ce::row_loss", N);
+  Kokkos::View<double*, Kokkos::LayoutRight, Mem> row_loss("pmt::nn::ce::row_loss", N);
   const T scale = static_cast<T>(1.0 / normaliser);
   Kokkos::parallel_for(op, Kokkos::RangePolicy<Exec>(exec, 0, N), KOKKOS_LAMBDA(std::int64_t n) {
     const auto t   = static_cast<std::int64_t>(targets(n));
@@ -87,7 +87,7 @@ double vocab_parallel_cross_entropy(const comm::Communicator<Backend>& tp, const
       dlogits(n, j) = use ? (p - (j + v0 == t ? T(1) : T(0))) * scale : T(0);
     }
   });
-  Kokkos::View<double, Mem> loss("pmt::nn::ce::loss");
+  Kokkos::View<double, Kokkos::LayoutRight, Mem> loss("pmt::nn::ce::loss");
   detail::chunked_reduce<detail::ReduceKind::Sum>(exec, row_loss, loss, 1.0 / normaliser, op);
   return detail::read_scalar(loss);
 }

@@ -62,7 +62,7 @@ void softmax_cross_entropy(const Exec& exec, const LV& logits, const TV& targets
                        ignore_index, "); logits is ", shape_str(logits));
   });
   using T = typename LV::non_const_value_type;
-  Kokkos::View<double*, typename Exec::memory_space> row_loss(
+  Kokkos::View<double*, Kokkos::LayoutRight, typename Exec::memory_space> row_loss(
       Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::ops::softmax_cross_entropy::row_loss"),
       static_cast<std::size_t>(N));
   const T gscale = static_cast<T>(dloss / normaliser);

@@ -104,13 +104,13 @@ void embedding_backward(const Exec& exec, const IV& ids, const DOV& dout, const 
   detail::check_ids(exec, ids, V, ignore_id, op, "dtable is " + shape_str(dtable));
   using Mem = typename Exec::memory_space;
   // Bucket rows by id: counts (integer atomics are exact), exclusive scan, scatter, sort buckets.
-  Kokkos::View<std::int64_t*, Mem> start("pmt::ops::embedding_backward::start", static_cast<std::size_t>(V + 1));
-  Kokkos::View<std::int64_t*, Mem> fill("pmt::ops::embedding_backward::fill", static_cast<std::size_t>(V));
-  Kokkos::View<std::int64_t*, Mem> rows(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::ops::embedding_backward::rows"),
+  Kokkos::View<std::int64_t*, Kokkos::LayoutRight, Mem> start("pmt::ops::embedding_backward::start", static_cast<std::size_t>(V + 1));
+  Kokkos::View<std::int64_t*, Kokkos::LayoutRight, Mem> fill("pmt::ops::embedding_backward::fill", static_cast<std::size_t>(V));
+  Kokkos::View<std::int64_t*, Kokkos::LayoutRight, Mem> rows(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::ops::embedding_backward::rows"),
                                         static_cast<std::size_t>(N));
   Kokkos::parallel_for(op, Kokkos::RangePolicy<Exec>(exec, 0, N), KOKKOS_LAMBDA(std::int64_t n) {
     if (static_cast<std::int64_t>(ids(n)) != ignore_id)
-      Kokkos::atomic_increment(&start(static_cast<std::int64_t>(ids(n)) + 1));
+      Kokkos::atomic_add(&start(static_cast<std::int64_t>(ids(n)) + 1), std::int64_t(1));
   });
   Kokkos::parallel_scan(op, Kokkos::RangePolicy<Exec>(exec, 0, V + 1),
                         KOKKOS_LAMBDA(std::int64_t v, std::int64_t& partial, bool final) {

@@ -34,7 +34,7 @@ void chunked_reduce(const Exec& exec, const XV& x, const OV& out, double post_sc
   auto fx          = flat(x);
   const auto n     = static_cast<std::int64_t>(fx.extent(0));
   const auto parts = (n + reduce_chunk - 1) / reduce_chunk;
-  Kokkos::View<double*, typename Exec::memory_space> partial(
+  Kokkos::View<double*, Kokkos::LayoutRight, typename Exec::memory_space> partial(
       Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::ops::reduce::partial"),
       static_cast<std::size_t>(parts));
   Kokkos::parallel_for(label, Kokkos::RangePolicy<Exec>(exec, 0, parts), KOKKOS_LAMBDA(std::int64_t c) {
@@ -103,13 +103,13 @@ void squared_norm(const Exec& exec, const XV& x, const OV& out) {
 /// \brief Host-value forms: run the reduction, fence, return the number.
 template <class Exec, class XV>
 double sum_value(const Exec& exec, const XV& x) {
-  Kokkos::View<double, typename Exec::memory_space> out("pmt::ops::sum::out");
+  Kokkos::View<double, Kokkos::LayoutRight, typename Exec::memory_space> out("pmt::ops::sum::out");
   sum(exec, x, out);
   return detail::read_scalar(out);
 }
 template <class Exec, class XV>
 double squared_norm_value(const Exec& exec, const XV& x) {
-  Kokkos::View<double, typename Exec::memory_space> out("pmt::ops::squared_norm::out");
+  Kokkos::View<double, Kokkos::LayoutRight, typename Exec::memory_space> out("pmt::ops::squared_norm::out");
   squared_norm(exec, x, out);
   return detail::read_scalar(out);
 }

@@ -33,12 +33,12 @@ double global_grad_norm(const Exec& exec, const std::vector<nn::Parameter<T, Exe
     if (!p->pp_copy) sums(p->tp_replicated ? 1 : 0) += ops::squared_norm_value(exec, p->grad);
   if (tp.size() > 1) {
     Kokkos::View<double*, Kokkos::HostSpace> sharded(sums.data(), 1);
-    comm::all_reduce(tp, Kokkos::DefaultHostExecutionSpace(), sharded);
+    comm::all_reduce_host_values(tp, exec, sharded);
   }
   sums(0) += sums(1);
   if (pp != nullptr && pp->size() > 1) {
     Kokkos::View<double*, Kokkos::HostSpace> stage(sums.data(), 1);
-    comm::all_reduce(*pp, Kokkos::DefaultHostExecutionSpace(), stage);
+    comm::all_reduce_host_values(*pp, exec, stage);
   }
   return std::sqrt(sums(0));
 }

@@ -53,7 +53,7 @@ class ZeroAdamW {
     m_v          = Tensor<T, 1, Exec>("pmt::optim::ZeroAdamW::v", m_shard);
     // Per element of my shard: 0 tp-sharded, 1 tp-replicated (counted once in the norm), 2 a
     // pipeline copy (not counted).
-    m_replicated = Kokkos::View<std::uint8_t*, typename Exec::memory_space>("pmt::optim::ZeroAdamW::replicated", m_shard);
+    m_replicated = Kokkos::View<std::uint8_t*, Kokkos::LayoutRight, typename Exec::memory_space>("pmt::optim::ZeroAdamW::replicated", m_shard);
     auto host    = Kokkos::create_mirror_view(m_replicated);
     const std::size_t lo = m_shard * static_cast<std::size_t>(m_dp.rank());
     std::size_t offset = 0;
@@ -86,11 +86,11 @@ class ZeroAdamW {
     Kokkos::parallel_reduce("pmt::optim::ZeroAdamW::norm", Kokkos::RangePolicy<Exec>(exec, 0, m_shard),
                             KOKKOS_LAMBDA(std::size_t i, double& a) { a += rep(i) == 1 ? double(g(i)) * double(g(i)) : 0.0; }, s_rep);
     sums(0) = s_sh, sums(1) = s_rep;
-    comm::all_reduce(m_dp, Kokkos::DefaultHostExecutionSpace(), sums);
+    comm::all_reduce_host_values(m_dp, exec, sums);
     Kokkos::View<double*, Kokkos::HostSpace> sharded(sums.data(), 1);
-    if (m_tp.size() > 1) comm::all_reduce(m_tp, Kokkos::DefaultHostExecutionSpace(), sharded);
+    if (m_tp.size() > 1) comm::all_reduce_host_values(m_tp, exec, sharded);
     sums(0) += sums(1);
-    if (m_pp && m_pp->size() > 1) comm::all_reduce(*m_pp, Kokkos::DefaultHostExecutionSpace(), sharded);
+    if (m_pp && m_pp->size() > 1) comm::all_reduce_host_values(*m_pp, exec, sharded);
     const double norm = std::sqrt(sums(0));
     if (max_norm > 0 && norm > max_norm) ops::scale(exec, m_g, static_cast<T>(max_norm / (norm + 1e-6)));
     // AdamW on my part of the flat values; the flat gradient buffer, free after the
@@ -135,7 +135,7 @@ class ZeroAdamW {
   std::size_t m_shard = 0;
   std::int64_t m_step = 0;
   Tensor<T, 1, Exec> m_flat_g, m_g, m_w, m_m, m_v;
-  Kokkos::View<std::uint8_t*, typename Exec::memory_space> m_replicated;
+  Kokkos::View<std::uint8_t*, Kokkos::LayoutRight, typename Exec::memory_space> m_replicated;
 };
 
 }  // namespace pmt::optim

@@ -192,8 +192,8 @@ class Trainer {
   double global_loss(double local) const {
     Kokkos::View<double, Kokkos::HostSpace> total("pmt::train::loss");
     total() = local;
-    comm::all_reduce(m_mesh.comm(Axis::dp), Kokkos::DefaultHostExecutionSpace(), total);
-    if (m_mesh.degree(Axis::pp) > 1) comm::all_reduce(m_mesh.comm(Axis::pp), Kokkos::DefaultHostExecutionSpace(), total);
+    comm::all_reduce_host_values(m_mesh.comm(Axis::dp), m_exec, total);
+    if (m_mesh.degree(Axis::pp) > 1) comm::all_reduce_host_values(m_mesh.comm(Axis::pp), m_exec, total);
     return total();
   }
   static const Mesh<Backend>& checked(const Mesh<Backend>& mesh) {
