@@ -17,6 +17,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <string>
 
 namespace pmt::ops {
 
@@ -42,15 +43,21 @@ AttentionCache<T, Exec> make_attention_cache(std::int64_t B, std::int64_t T_, st
   const std::int64_t hs = C / H;
   AttentionCache<T, Exec> c;
   c.B = B, c.T_ = T_, c.C = C, c.H = H;
-  c.q    = make_tensor<T, Exec>("pmt::ops::attention::q", B, H, T_, hs);
-  c.k    = make_tensor<T, Exec>("pmt::ops::attention::k", B, H, T_, hs);
-  c.v    = make_tensor<T, Exec>("pmt::ops::attention::v", B, H, T_, hs);
-  c.att  = make_tensor<T, Exec>("pmt::ops::attention::att", B, H, T_, T_);
-  c.y    = make_tensor<T, Exec>("pmt::ops::attention::y", B, H, T_, hs);
-  c.dq   = make_tensor<T, Exec>("pmt::ops::attention::dq", B, H, T_, hs);
-  c.dk   = make_tensor<T, Exec>("pmt::ops::attention::dk", B, H, T_, hs);
-  c.dv   = make_tensor<T, Exec>("pmt::ops::attention::dv", B, H, T_, hs);
-  c.datt = make_tensor<T, Exec>("pmt::ops::attention::datt", B, H, T_, T_);
+  // every buffer is written in full before it is read (the head split, or a product with beta 0)
+  const auto buffer = [&](const char* label, std::int64_t rows, std::int64_t cols) {
+    return Tensor<T, 4, Exec>(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)),
+                              static_cast<std::size_t>(B), static_cast<std::size_t>(H),
+                              static_cast<std::size_t>(rows), static_cast<std::size_t>(cols));
+  };
+  c.q    = buffer("pmt::ops::attention::q", T_, hs);
+  c.k    = buffer("pmt::ops::attention::k", T_, hs);
+  c.v    = buffer("pmt::ops::attention::v", T_, hs);
+  c.att  = buffer("pmt::ops::attention::att", T_, T_);
+  c.y    = buffer("pmt::ops::attention::y", T_, hs);
+  c.dq   = buffer("pmt::ops::attention::dq", T_, hs);
+  c.dk   = buffer("pmt::ops::attention::dk", T_, hs);
+  c.dv   = buffer("pmt::ops::attention::dv", T_, hs);
+  c.datt = buffer("pmt::ops::attention::datt", T_, T_);
   return c;
 }
 

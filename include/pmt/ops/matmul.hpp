@@ -95,7 +95,16 @@ void matmul_dispatch(const Exec& exec, std::int64_t batch, ops::Trans ta, ops::T
   if constexpr (!std::is_same_v<Backend, ops::MatmulPortable> && vendor_ok) {
     if constexpr (is_host_space_v<Exec>) {
 #if PMT_ENABLE_CBLAS
-      (void)exec;
+      if (batch > 1 && batch >= exec.concurrency() && exec.concurrency() > 1) {
+        // Many products (attention's B·H heads): one single-threaded BLAS call per product, the
+        // products spread over the space's threads (OpenMP OpenBLAS runs one thread when called
+        // inside a parallel region), instead of B·H small calls each split over all threads.
+        Kokkos::parallel_for(label, Kokkos::RangePolicy<Exec>(exec, 0, batch), [=](std::int64_t b) {
+          matmul_cblas<T>(1, at, bt, M, N, K, alpha, A + b * sa, lda, sa, B + b * sb, ldb, sb, beta,
+                          C + b * sc, N, sc);
+        });
+        return;
+      }
       (void)label;
       matmul_cblas<T>(batch, at, bt, M, N, K, alpha, A, lda, sa, B, ldb, sb, beta, C, N, sc);
       return;
