@@ -209,9 +209,12 @@ std::pair<double, double> measure(const pmt::plan::Problem& pr, const pmt::plan:
 TEST_CASE("the planner's memory model matches what every layout allocates", "[plan][mpi]") {
   auto& mem = pmt::obs::MemoryTracker::instance();
   mem.enable();
-  const int n   = pmt::test::world().size();
-  const auto pr = problem(96, 4, 64, 4, 8);
-  const auto mc = machine(n);
+  const int n = pmt::test::world().size();
+  // a short context (activations ~ N C) and a long one (the T x T attention matrices dominate)
+  auto long_context          = problem(96, 2, 32, 4, 4);
+  long_context.model.context = 256;
+  const auto mc              = machine(n);
+  for (const auto& pr : {problem(96, 4, 64, 4, 8), long_context})
   for (int tp = 1; tp <= n; tp *= 2)
     for (int pp = 1; pp <= n / tp; pp *= 2) {
       const int dp = n / tp / pp;
@@ -223,7 +226,7 @@ TEST_CASE("the planner's memory model matches what every layout allocates", "[pl
       }
       for (const auto& l : layouts) {
         if (!pmt::plan::why_invalid(pr, l, n).empty()) continue;
-        DYNAMIC_SECTION(l.describe()) {
+        DYNAMIC_SECTION("context " << pr.model.context << ": " << l.describe()) {
           const auto e              = pmt::plan::estimate(pr, mc, l);
           const auto [params, peak] = l.zero ? measure<true>(pr, l) : measure<false>(pr, l);
           const int stage =

@@ -19,17 +19,32 @@
 #include <cstdint>
 #include <string>
 
+namespace pmt::detail {
+
+/// A (B, H, rows, cols) attention buffer, not zero-filled: each is written in full before it is
+/// read (the head split, or a product with beta 0).
+template <class T, class Exec>
+Tensor<T, 4, Exec> attention_buffer(const char* label, std::int64_t B, std::int64_t H, std::int64_t rows,
+                                    std::int64_t cols) {
+  return Tensor<T, 4, Exec>(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)),
+                            static_cast<std::size_t>(B), static_cast<std::size_t>(H),
+                            static_cast<std::size_t>(rows), static_cast<std::size_t>(cols));
+}
+
+}  // namespace pmt::detail
+
 namespace pmt::ops {
 
-/// \brief What attention's backward needs, plus its work buffers; make_attention_cache sizes it.
+/// \brief What attention's backward needs from its forward; make_attention_cache sizes it.
+/// Backward's own work buffers (dq, dk, dv and the (B, H, T, T) score gradient) are allocated by
+/// attention_backward and freed when it returns: a microbatch waiting for its backward holds one
+/// T x T matrix per head, not two.
 template <class T, class Exec>
 struct AttentionCache {
   std::int64_t B = 0, T_ = 0, C = 0, H = 0;
-  Tensor<T, 4, Exec> q, k, v;     // (B, H, T, hs)
-  Tensor<T, 4, Exec> att;         // (B, H, T, T) softmax output
-  Tensor<T, 4, Exec> y;           // (B, H, T, hs) att v, before the head merge
-  Tensor<T, 4, Exec> dq, dk, dv;  // backward work buffers (B, H, T, hs)
-  Tensor<T, 4, Exec> datt;        // (B, H, T, T)
+  Tensor<T, 4, Exec> q, k, v;  // (B, H, T, hs)
+  Tensor<T, 4, Exec> att;      // (B, H, T, T) softmax output
+  Tensor<T, 4, Exec> y;        // (B, H, T, hs) att v, before the head merge; backward's dy
 };
 
 /// \brief Allocates an AttentionCache for (B, T, C) inputs with H heads.
@@ -43,21 +58,11 @@ AttentionCache<T, Exec> make_attention_cache(std::int64_t B, std::int64_t T_, st
   const std::int64_t hs = C / H;
   AttentionCache<T, Exec> c;
   c.B = B, c.T_ = T_, c.C = C, c.H = H;
-  // every buffer is written in full before it is read (the head split, or a product with beta 0)
-  const auto buffer = [&](const char* label, std::int64_t rows, std::int64_t cols) {
-    return Tensor<T, 4, Exec>(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)),
-                              static_cast<std::size_t>(B), static_cast<std::size_t>(H),
-                              static_cast<std::size_t>(rows), static_cast<std::size_t>(cols));
-  };
-  c.q    = buffer("pmt::ops::attention::q", T_, hs);
-  c.k    = buffer("pmt::ops::attention::k", T_, hs);
-  c.v    = buffer("pmt::ops::attention::v", T_, hs);
-  c.att  = buffer("pmt::ops::attention::att", T_, T_);
-  c.y    = buffer("pmt::ops::attention::y", T_, hs);
-  c.dq   = buffer("pmt::ops::attention::dq", T_, hs);
-  c.dk   = buffer("pmt::ops::attention::dk", T_, hs);
-  c.dv   = buffer("pmt::ops::attention::dv", T_, hs);
-  c.datt = buffer("pmt::ops::attention::datt", T_, T_);
+  c.q   = detail::attention_buffer<T, Exec>("pmt::ops::attention::q", B, H, T_, hs);
+  c.k   = detail::attention_buffer<T, Exec>("pmt::ops::attention::k", B, H, T_, hs);
+  c.v   = detail::attention_buffer<T, Exec>("pmt::ops::attention::v", B, H, T_, hs);
+  c.att = detail::attention_buffer<T, Exec>("pmt::ops::attention::att", B, H, T_, T_);
+  c.y   = detail::attention_buffer<T, Exec>("pmt::ops::attention::y", B, H, T_, hs);
   return c;
 }
 
@@ -150,14 +155,18 @@ void attention_backward(const Exec& exec, const DOV& dout, const DQKV& dqkv, Att
                          const auto* src = &dout(b, t, h * hs);
                          for (std::int64_t d = 0; d < hs; ++d) dy(b, h, t, d) = src[d];
                        });
-  auto att = detail::as_batched(c.att), datt = detail::as_batched(c.datt);
+  // backward's work buffers, freed on return
+  auto dq = detail::attention_buffer<T, Exec>("pmt::ops::attention::dq", B, H, Tn, hs);
+  auto dk = detail::attention_buffer<T, Exec>("pmt::ops::attention::dk", B, H, Tn, hs);
+  auto dv = detail::attention_buffer<T, Exec>("pmt::ops::attention::dv", B, H, Tn, hs);
+  auto datt4 = detail::attention_buffer<T, Exec>("pmt::ops::attention::datt", B, H, Tn, Tn);
+  auto att = detail::as_batched(c.att), datt = detail::as_batched(datt4);
   matmul_batched(exec, Trans::N, Trans::T, T(1), detail::as_batched(dy), detail::as_batched(c.v), T(0), datt);
-  matmul_batched(exec, Trans::T, Trans::N, T(1), att, detail::as_batched(dy), T(0), detail::as_batched(c.dv));
+  matmul_batched(exec, Trans::T, Trans::N, T(1), att, detail::as_batched(dy), T(0), detail::as_batched(dv));
   softmax_backward(exec, att, datt, datt, Mask::Causal);  // d(scores)
   const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(hs)));
-  matmul_batched(exec, Trans::N, Trans::N, scale, datt, detail::as_batched(c.k), T(0), detail::as_batched(c.dq));
-  matmul_batched(exec, Trans::T, Trans::N, scale, datt, detail::as_batched(c.q), T(0), detail::as_batched(c.dk));
-  auto dq = c.dq, dk = c.dk, dv = c.dv;
+  matmul_batched(exec, Trans::N, Trans::N, scale, datt, detail::as_batched(c.k), T(0), detail::as_batched(dq));
+  matmul_batched(exec, Trans::T, Trans::N, scale, datt, detail::as_batched(c.q), T(0), detail::as_batched(dk));
   Kokkos::parallel_for("pmt::ops::attention_backward::merge_heads",
                        Kokkos::RangePolicy<Exec>(exec, 0, B * H * Tn), KOKKOS_LAMBDA(std::int64_t i) {
                          const std::int64_t t = i % Tn, h = i / Tn % H, b = i / (Tn * H);

@@ -12,13 +12,15 @@
 //               pp > 1)
 //   gradients   as many; optimizer AdamW 2 P; ZeRO-1 P (flat buffer) + 4 P / dp + P / dp bytes
 //   dp buckets  P with dp > 1 and no ZeRO (parallel/grad_sync.hpp)
-//   activations per block and live microbatch s (4 N C + 4 N + 19 N Cl + 2 b Hl T^2); the stage's
-//               input N C; the last stage's LM-head gradient N C; live microbatches: the
-//               schedule's count per stage (parallel::check: 1F1B p - s, GPipe m; pp = 1: 1)
-//   transient   the larger of a block's backward (4 N Cl + 2 N C: the incoming gradient, one
+//   activations per block and live microbatch s (4 N C + 4 N + 16 N Cl + b Hl T^2: one T x T
+//               matrix per head, the softmax output); the stage's input N C; the last stage's
+//               LM-head gradient N C; live microbatches: the schedule's count per stage
+//               (parallel::check: 1F1B p - s, GPipe m; pp = 1: 1)
+//   transient   the largest of a block's backward (4 N Cl + 2 N C: the incoming gradient, one
 //               MLP-sized gradient and a residual's; each layer's saved activations are freed as
-//               its backward returns, so the rest fits in what they free) and the last stage's
-//               logits and their gradient (2 N Vl + N C), times s
+//               its backward returns, so the rest fits in what they free), its attention's score
+//               gradient (b Hl T^2, allocated by the backward only) and the last stage's logits
+//               and their gradient (2 N Vl + N C), times s
 //   time        per microbatch and stage: its blocks' forward and backward (measured: pmt's
 //               GptBlock over tp with every rank at once, tp all-reduces included; or from the
 //               GEMMs at the machine's rate for each shape, the memory-bound kernels' bytes and a
@@ -449,13 +451,14 @@ inline Estimate estimate(const Problem& pr, const Machine& mc, const Layout& l) 
     mem.data =
         8.0 * double(pr.batch / static_cast<std::size_t>(l.dp) * T);  // ids and targets, int32
     const double block =
-        sb * (4 * dN * dC + 4 * dN + 19 * dN * dCl + 2.0 * double(b * Hl) * double(T) * double(T));
+        sb * (4 * dN * dC + 4 * dN + 16 * dN * dCl + double(b * Hl) * double(T) * double(T));
     double per_mb = double(e.stages.count(s)) * block + sb * dN * dC;  // the stage's input
     if (s == 0) per_mb += 8.0 * dN;                                    // the embeddings' saved ids
     if (s + 1 == p) per_mb += sb * (dN * dC + 2 * dN);  // LM-head gradient, final norm's stats
     mem.live_microbatches = live[static_cast<std::size_t>(s)];
     mem.activations       = mem.live_microbatches * per_mb;
-    double transient      = sb * (4 * dN * dCl + 2 * dN * dC);
+    // a block's backward: its MLP part, or its attention's score gradient (b Hl T x T)
+    double transient = sb * std::max(4 * dN * dCl + 2 * dN * dC, double(b * Hl) * double(T) * double(T));
     if (s + 1 == p) transient = std::max(transient, sb * (2 * dN * double(Vl) + dN * dC));
     mem.transient = transient;
     e.memory.push_back(mem);
