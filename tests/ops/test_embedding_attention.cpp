@@ -136,6 +136,47 @@ TEST_CASE("causal attention backward matches finite differences", "[ops][attenti
                                                 "but the cache was made for B = 2, T = 5, C = 8, H = 2"));
 }
 
+TEMPLATE_TEST_CASE("attention on separate q, k, v equals attention on the packed qkv, bitwise", "[ops][attention]",
+                   float, double) {
+  using T = TestType;
+  Host exec;
+  const int B = 2, Tn = 6, C = 8, H = 2;
+  auto qkv = pmt::make_tensor<T, Host>("qkv", B, Tn, 3 * C), dout = pmt::make_tensor<T, Host>("dout", B, Tn, C);
+  pmt::test::fill_random(qkv, 11);
+  pmt::test::fill_random(dout, 12);
+  auto part = [&](const char* name, int which) {  // q, k or v as its own (B, T, C) tensor
+    auto t = pmt::make_tensor<T, Host>(name, B, Tn, C);
+    for (int b = 0; b < B; ++b)
+      for (int t_ = 0; t_ < Tn; ++t_)
+        for (int c = 0; c < C; ++c) t(b, t_, c) = qkv(b, t_, which * C + c);
+    return t;
+  };
+  auto q = part("q", 0), k = part("k", 1), v = part("v", 2);
+  auto packed = pmt::ops::make_attention_cache<T, Host>(B, Tn, C, H);
+  auto split  = pmt::ops::make_attention_cache<T, Host>(B, Tn, C, H);
+  auto out1 = pmt::make_tensor<T, Host>("out1", B, Tn, C), out2 = pmt::make_tensor<T, Host>("out2", B, Tn, C);
+  pmt::ops::attention_forward(exec, qkv, out1, packed);
+  pmt::ops::attention_forward(exec, q, k, v, out2, split);
+  auto dqkv = pmt::make_tensor<T, Host>("dqkv", B, Tn, 3 * C);
+  auto dq = pmt::make_tensor<T, Host>("dq", B, Tn, C), dk = pmt::make_tensor<T, Host>("dk", B, Tn, C),
+       dv = pmt::make_tensor<T, Host>("dv", B, Tn, C);
+  pmt::ops::attention_backward(exec, dout, dqkv, packed);
+  pmt::ops::attention_backward(exec, dout, dq, dk, dv, split);
+  exec.fence();
+  CHECK(pmt::test::bitwise_equal(out1, out2));
+  bool same = true;
+  for (int b = 0; b < B; ++b)
+    for (int t_ = 0; t_ < Tn; ++t_)
+      for (int c = 0; c < C; ++c)
+        same = same && dqkv(b, t_, c) == dq(b, t_, c) && dqkv(b, t_, C + c) == dk(b, t_, c) &&
+               dqkv(b, t_, 2 * C + c) == dv(b, t_, c);
+  CHECK(same);
+  auto short_k = pmt::make_tensor<T, Host>("short_k", B, Tn - 1, C);
+  CHECK_THROWS_WITH(pmt::ops::attention_forward(exec, q, short_k, v, out2, split),
+                    Catch::Matchers::StartsWith("pmt::ops::attention_forward: q is (2, 6, 8), k (2, 5, 8), v (2, 6, 8) "
+                                                "and out (2, 6, 8) but the cache was made for B = 2, T = 6, C = 8, H = 2"));
+}
+
 TEST_CASE("the RNG gives an element the same value from any slice of the tensor", "[core][random]") {
   Host exec;
   const pmt::RngKey key{1234, 7};

@@ -62,20 +62,8 @@ class CausalSelfAttention {
       saved.cache = ops::make_attention_cache<T, Exec>(static_cast<std::int64_t>(B), static_cast<std::int64_t>(Tn),
                                                    static_cast<std::int64_t>(Cl), static_cast<std::int64_t>(Hl));
     auto q = m_q.forward(exec, x), k = m_k.forward(exec, x), v = m_v.forward(exec, x);  // (N, C/tp) each
-    saved.qkv = Tensor<T, 3, Exec>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::attention::qkv"), B, Tn, 3 * Cl);
-    auto qkv  = saved.qkv;
-    const std::size_t cl = Cl;
-    Kokkos::parallel_for("pmt::nn::CausalSelfAttention::pack_qkv", Kokkos::RangePolicy<Exec>(exec, 0, B * Tn),
-                         KOKKOS_LAMBDA(std::size_t n) {
-                           auto* dst = &qkv(n / Tn, n % Tn, 0);
-                           for (std::size_t c = 0; c < cl; ++c) {
-                             dst[c]          = q(n, c);
-                             dst[cl + c]     = k(n, c);
-                             dst[2 * cl + c] = v(n, c);
-                           }
-                         });
     Tensor<T, 2, Exec> att(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::attention::out"), B * Tn, Cl);
-    ops::attention_forward(exec, qkv, as3(att, B, Tn), saved.cache);
+    ops::attention_forward(exec, as3(q, B, Tn), as3(k, B, Tn), as3(v, B, Tn), as3(att, B, Tn), saved.cache);
     return m_proj.forward(exec, att);  // (N, C), all-reduced over tp
   }
 
@@ -83,29 +71,19 @@ class CausalSelfAttention {
   Tensor<T, 2, Exec> backward(const Exec& exec, const Tensor<T, 2, Exec>& dy) {
     const Instrument instrument("pmt::nn::CausalSelfAttention::backward");
     auto saved   = m_saved.take();
-    detail::require(saved.qkv.data() != nullptr && dy.extent(0) == saved.qkv.extent(0) * saved.qkv.extent(1),
-                    "pmt::nn::CausalSelfAttention::backward", [&] {
-                      return detail::str("dy is ", shape_str(dy), " but the saved forward is ", shape_str(saved.qkv),
-                                         "; call forward first (each backward consumes its forward's activations)");
-                    });
     const auto B = static_cast<std::size_t>(saved.cache.B), Tn = static_cast<std::size_t>(saved.cache.T_);
+    detail::require(saved.cache.q.data() != nullptr && dy.extent(0) == B * Tn, "pmt::nn::CausalSelfAttention::backward",
+                    [&] {
+                      return detail::str("dy is ", shape_str(dy), " but the saved forward is (B T, C) = (", B * Tn,
+                                         ", ", m_C, "); call forward first (each backward consumes its forward's "
+                                         "activations)");
+                    });
     const std::size_t Cl = m_C / static_cast<std::size_t>(m_tp.size());
     auto datt = m_proj.backward(exec, dy);  // (N, C/tp)
-    Tensor<T, 3, Exec> dqkv(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::attention::dqkv"), B, Tn, 3 * Cl);
-    ops::attention_backward(exec, as3(datt, B, Tn), dqkv, saved.cache);
     const auto uninit = [](const char* label) { return Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)); };
     Tensor<T, 2, Exec> dq(uninit("pmt::nn::attention::dq"), B * Tn, Cl), dk(uninit("pmt::nn::attention::dk"), B * Tn, Cl),
-        dv(uninit("pmt::nn::attention::dv"), B * Tn, Cl);  // every element written below
-    const std::size_t cl = Cl;
-    Kokkos::parallel_for("pmt::nn::CausalSelfAttention::unpack_dqkv", Kokkos::RangePolicy<Exec>(exec, 0, B * Tn),
-                         KOKKOS_LAMBDA(std::size_t n) {
-                           const auto* src = &dqkv(n / Tn, n % Tn, 0);
-                           for (std::size_t c = 0; c < cl; ++c) {
-                             dq(n, c) = src[c];
-                             dk(n, c) = src[cl + c];
-                             dv(n, c) = src[2 * cl + c];
-                           }
-                         });
+        dv(uninit("pmt::nn::attention::dv"), B * Tn, Cl);  // every element written by attention_backward
+    ops::attention_backward(exec, as3(datt, B, Tn), as3(dq, B, Tn), as3(dk, B, Tn), as3(dv, B, Tn), saved.cache);
     auto dx = m_q.backward(exec, dq, /*reduce_dx=*/false);
     ops::add(exec, dx, m_k.backward(exec, dk, false), dx);
     ops::add(exec, dx, m_v.backward(exec, dv, false), dx);
@@ -143,7 +121,6 @@ class CausalSelfAttention {
   Linear<T, TensorSplit<Row>, Exec, Backend> m_proj;
   struct Cache {
     ops::AttentionCache<T, Exec> cache;
-    Tensor<T, 3, Exec> qkv;
   };
   Saved<Cache> m_saved;  // per activation slot
 };

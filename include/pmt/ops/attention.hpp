@@ -6,6 +6,8 @@
 //   forward:  qkv (B, T, 3C) -> q, k, v (B, H, T, hs) -> att = softmax_causal(q k^T / sqrt(hs))
 //             (B, H, T, T) -> y = att v (B, H, T, hs) -> out (B, T, C)
 //   backward: dout (B, T, C) -> dqkv (B, T, 3C), from q, k, v, att kept in AttentionCache.
+// Each also takes q, k, v (and dq, dk, dv) as three separate (B, T, C) tensors: the projections'
+// outputs and input gradients as they are, without packing them into one (B, T, 3C) first.
 // Under tensor parallelism the caller passes the local heads: qkv (B, T, 3 C/tp), H / tp heads.
 
 #include "pmt/core/error.hpp"
@@ -95,6 +97,96 @@ void check_attention(const char* op, const char* qkv_name, const QV& qkv, const 
           });
 }
 
+/// Throws unless q, k and v are each (B, T, C) and out-like is (B, T, C) for the cache's B, T, C.
+template <class T, class Exec, class QV, class KV, class VV, class OV>
+void check_attention_split(const char* op, const char* prefix, const QV& q, const KV& k, const VV& v,
+                           const char* out_name, const OV& out, const ops::AttentionCache<T, Exec>& c) {
+  const auto fits = [&](const auto& x) {
+    return static_cast<std::int64_t>(x.extent(0)) == c.B && static_cast<std::int64_t>(x.extent(1)) == c.T_ &&
+           static_cast<std::int64_t>(x.extent(2)) == c.C;
+  };
+  require(fits(q) && fits(k) && fits(v) && fits(out), op, [&] {
+    return str(prefix, "q is ", shape_str(q), ", ", prefix, "k ", shape_str(k), ", ", prefix, "v ", shape_str(v),
+               " and ", out_name, " ", shape_str(out), " but the cache was made for B = ", c.B, ", T = ", c.T_,
+               ", C = ", c.C, ", H = ", c.H, "; expected each (", c.B, ", ", c.T_, ", ", c.C, ")");
+  });
+}
+
+/// q, k, v rows (b, t) at src + (b T + t) ld (+ h hs for head h) -> the cache's (B, H, T, hs).
+template <class Exec, class T, class S>
+void attention_split_heads(const Exec& exec, const ops::AttentionCache<T, Exec>& c, const S* qp, const S* kp,
+                           const S* vp, std::int64_t ld) {
+  const std::int64_t Tn = c.T_, H = c.H, hs = c.C / c.H;
+  auto q = c.q, k = c.k, v = c.v;
+  Kokkos::parallel_for("pmt::ops::attention_forward::split_heads",
+                       Kokkos::RangePolicy<Exec>(exec, 0, c.B * H * Tn), KOKKOS_LAMBDA(std::int64_t i) {
+                         const std::int64_t t = i % Tn, h = i / Tn % H, b = i / (Tn * H);
+                         const std::int64_t at = (b * Tn + t) * ld + h * hs;
+                         for (std::int64_t d = 0; d < hs; ++d) {
+                           q(b, h, t, d) = qp[at + d];
+                           k(b, h, t, d) = kp[at + d];
+                           v(b, h, t, d) = vp[at + d];
+                         }
+                       });
+}
+
+/// att = softmax_causal(q k^T / sqrt(hs)), y = att v, out (B, T, C) = y with the heads merged.
+template <class Exec, class OV, class T>
+void attention_forward_core(const Exec& exec, const OV& out, ops::AttentionCache<T, Exec>& c) {
+  using ops::Trans;
+  const std::int64_t Tn = c.T_, H = c.H, hs = c.C / c.H;
+  const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(hs)));
+  auto att = as_batched(c.att);
+  ops::matmul_batched(exec, Trans::N, Trans::T, scale, as_batched(c.q), as_batched(c.k), T(0), att);
+  ops::softmax(exec, att, att, ops::Mask::Causal);  // (BH, T, T)
+  ops::matmul_batched(exec, Trans::N, Trans::N, T(1), att, as_batched(c.v), T(0), as_batched(c.y));
+  auto y = c.y;
+  Kokkos::parallel_for("pmt::ops::attention_forward::merge_heads",
+                       Kokkos::RangePolicy<Exec>(exec, 0, c.B * H * Tn), KOKKOS_LAMBDA(std::int64_t i) {
+                         const std::int64_t t = i % Tn, h = i / Tn % H, b = i / (Tn * H);
+                         auto* dst = &out(b, t, h * hs);
+                         for (std::int64_t d = 0; d < hs; ++d) dst[d] = y(b, h, t, d);
+                       });
+}
+
+/// From dout (B, T, C) and the cache: dq, dk, dv rows written at dst + (b T + t) ld (+ h hs),
+/// every element of them overwritten.
+template <class Exec, class DOV, class T>
+void attention_backward_core(const Exec& exec, const DOV& dout, ops::AttentionCache<T, Exec>& c, T* dqp, T* dkp,
+                             T* dvp, std::int64_t ld) {
+  using ops::Trans;
+  const std::int64_t B = c.B, Tn = c.T_, H = c.H, hs = c.C / c.H;
+  auto dy = c.y;  // reuse: the head-split gradient of y, (B, H, T, hs)
+  Kokkos::parallel_for("pmt::ops::attention_backward::split_heads",
+                       Kokkos::RangePolicy<Exec>(exec, 0, B * H * Tn), KOKKOS_LAMBDA(std::int64_t i) {
+                         const std::int64_t t = i % Tn, h = i / Tn % H, b = i / (Tn * H);
+                         const auto* src = &dout(b, t, h * hs);
+                         for (std::int64_t d = 0; d < hs; ++d) dy(b, h, t, d) = src[d];
+                       });
+  // backward's work buffers, freed on return
+  auto dq    = attention_buffer<T, Exec>("pmt::ops::attention::dq", B, H, Tn, hs);
+  auto dk    = attention_buffer<T, Exec>("pmt::ops::attention::dk", B, H, Tn, hs);
+  auto dv    = attention_buffer<T, Exec>("pmt::ops::attention::dv", B, H, Tn, hs);
+  auto datt4 = attention_buffer<T, Exec>("pmt::ops::attention::datt", B, H, Tn, Tn);
+  auto att = as_batched(c.att), datt = as_batched(datt4);
+  ops::matmul_batched(exec, Trans::N, Trans::T, T(1), as_batched(dy), as_batched(c.v), T(0), datt);
+  ops::matmul_batched(exec, Trans::T, Trans::N, T(1), att, as_batched(dy), T(0), as_batched(dv));
+  ops::softmax_backward(exec, att, datt, datt, ops::Mask::Causal);  // d(scores)
+  const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(hs)));
+  ops::matmul_batched(exec, Trans::N, Trans::N, scale, datt, as_batched(c.k), T(0), as_batched(dq));
+  ops::matmul_batched(exec, Trans::T, Trans::N, scale, datt, as_batched(c.q), T(0), as_batched(dk));
+  Kokkos::parallel_for("pmt::ops::attention_backward::merge_heads",
+                       Kokkos::RangePolicy<Exec>(exec, 0, B * H * Tn), KOKKOS_LAMBDA(std::int64_t i) {
+                         const std::int64_t t = i % Tn, h = i / Tn % H, b = i / (Tn * H);
+                         const std::int64_t at = (b * Tn + t) * ld + h * hs;
+                         for (std::int64_t d = 0; d < hs; ++d) {
+                           dqp[at + d] = dq(b, h, t, d);
+                           dkp[at + d] = dk(b, h, t, d);
+                           dvp[at + d] = dv(b, h, t, d);
+                         }
+                       });
+}
+
 }  // namespace pmt::detail
 
 namespace pmt::ops {
@@ -109,33 +201,26 @@ void attention_forward(const Exec& exec, const QKV& qkv, const OV& out, Attentio
   static_check_view<Exec, QKV>();
   static_check_view<Exec, OV>();
   static_assert(QKV::rank == 3 && OV::rank == 3, "pmt::ops::attention_forward: qkv (B, T, 3C), out (B, T, C)");
-  constexpr const char* op = "pmt::ops::attention_forward";
-  detail::check_attention(op, "qkv", qkv, "out", out, c);
-  const std::int64_t B = c.B, Tn = c.T_, C = c.C, H = c.H, hs = C / H;
-  auto q = c.q, k = c.k, v = c.v;
-  // (B, T, 3, H, hs) -> 3 x (B, H, T, hs)
-  Kokkos::parallel_for("pmt::ops::attention_forward::split_heads",
-                       Kokkos::RangePolicy<Exec>(exec, 0, B * H * Tn), KOKKOS_LAMBDA(std::int64_t i) {
-                         const std::int64_t t = i % Tn, h = i / Tn % H, b = i / (Tn * H);
-                         const auto* src = &qkv(b, t, h * hs);
-                         for (std::int64_t d = 0; d < hs; ++d) {
-                           q(b, h, t, d) = src[d];
-                           k(b, h, t, d) = src[C + d];
-                           v(b, h, t, d) = src[2 * C + d];
-                         }
-                       });
-  const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(hs)));
-  auto att = detail::as_batched(c.att);
-  matmul_batched(exec, Trans::N, Trans::T, scale, detail::as_batched(q), detail::as_batched(k), T(0), att);
-  softmax(exec, att, att, Mask::Causal);  // (BH, T, T)
-  matmul_batched(exec, Trans::N, Trans::N, T(1), att, detail::as_batched(v), T(0), detail::as_batched(c.y));
-  auto y = c.y;
-  Kokkos::parallel_for("pmt::ops::attention_forward::merge_heads",
-                       Kokkos::RangePolicy<Exec>(exec, 0, B * H * Tn), KOKKOS_LAMBDA(std::int64_t i) {
-                         const std::int64_t t = i % Tn, h = i / Tn % H, b = i / (Tn * H);
-                         auto* dst = &out(b, t, h * hs);
-                         for (std::int64_t d = 0; d < hs; ++d) dst[d] = y(b, h, t, d);
-                       });
+  detail::check_attention("pmt::ops::attention_forward", "qkv", qkv, "out", out, c);
+  const auto* p = qkv.data();
+  detail::attention_split_heads(exec, c, p, p + c.C, p + 2 * c.C, 3 * c.C);
+  detail::attention_forward_core(exec, out, c);
+}
+
+/// \brief The same from separate q, k, v (B, T, C) (the projections' outputs, not packed first).
+/// \throws pmt::ShapeError when q, k, v, out and the cache disagree.
+template <class Exec, class QV, class KV, class VV, class OV, class T>
+void attention_forward(const Exec& exec, const QV& q, const KV& k, const VV& v, const OV& out,
+                       AttentionCache<T, Exec>& c) {
+  static_check_view<Exec, QV>();
+  static_check_view<Exec, KV>();
+  static_check_view<Exec, VV>();
+  static_check_view<Exec, OV>();
+  static_assert(QV::rank == 3 && KV::rank == 3 && VV::rank == 3 && OV::rank == 3,
+                "pmt::ops::attention_forward: q, k, v and out (B, T, C)");
+  detail::check_attention_split("pmt::ops::attention_forward", "", q, k, v, "out", out, c);
+  detail::attention_split_heads(exec, c, q.data(), k.data(), v.data(), c.C);
+  detail::attention_forward_core(exec, out, c);
 }
 
 /// \brief Causal self-attention backward: dqkv (B, T, 3C) (overwritten) from dout (B, T, C) and the
@@ -145,38 +230,22 @@ template <class Exec, class DOV, class DQKV, class T>
 void attention_backward(const Exec& exec, const DOV& dout, const DQKV& dqkv, AttentionCache<T, Exec>& c) {
   static_check_view<Exec, DOV>();
   static_check_view<Exec, DQKV>();
-  constexpr const char* op = "pmt::ops::attention_backward";
-  detail::check_attention(op, "dqkv", dqkv, "dout", dout, c);
-  const std::int64_t B = c.B, Tn = c.T_, C = c.C, H = c.H, hs = C / H;
-  auto dy = c.y;  // reuse: the head-split gradient of y, (B, H, T, hs)
-  Kokkos::parallel_for("pmt::ops::attention_backward::split_heads",
-                       Kokkos::RangePolicy<Exec>(exec, 0, B * H * Tn), KOKKOS_LAMBDA(std::int64_t i) {
-                         const std::int64_t t = i % Tn, h = i / Tn % H, b = i / (Tn * H);
-                         const auto* src = &dout(b, t, h * hs);
-                         for (std::int64_t d = 0; d < hs; ++d) dy(b, h, t, d) = src[d];
-                       });
-  // backward's work buffers, freed on return
-  auto dq = detail::attention_buffer<T, Exec>("pmt::ops::attention::dq", B, H, Tn, hs);
-  auto dk = detail::attention_buffer<T, Exec>("pmt::ops::attention::dk", B, H, Tn, hs);
-  auto dv = detail::attention_buffer<T, Exec>("pmt::ops::attention::dv", B, H, Tn, hs);
-  auto datt4 = detail::attention_buffer<T, Exec>("pmt::ops::attention::datt", B, H, Tn, Tn);
-  auto att = detail::as_batched(c.att), datt = detail::as_batched(datt4);
-  matmul_batched(exec, Trans::N, Trans::T, T(1), detail::as_batched(dy), detail::as_batched(c.v), T(0), datt);
-  matmul_batched(exec, Trans::T, Trans::N, T(1), att, detail::as_batched(dy), T(0), detail::as_batched(dv));
-  softmax_backward(exec, att, datt, datt, Mask::Causal);  // d(scores)
-  const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(hs)));
-  matmul_batched(exec, Trans::N, Trans::N, scale, datt, detail::as_batched(c.k), T(0), detail::as_batched(dq));
-  matmul_batched(exec, Trans::T, Trans::N, scale, datt, detail::as_batched(c.q), T(0), detail::as_batched(dk));
-  Kokkos::parallel_for("pmt::ops::attention_backward::merge_heads",
-                       Kokkos::RangePolicy<Exec>(exec, 0, B * H * Tn), KOKKOS_LAMBDA(std::int64_t i) {
-                         const std::int64_t t = i % Tn, h = i / Tn % H, b = i / (Tn * H);
-                         auto* dst = &dqkv(b, t, h * hs);
-                         for (std::int64_t d = 0; d < hs; ++d) {
-                           dst[d]         = dq(b, h, t, d);
-                           dst[C + d]     = dk(b, h, t, d);
-                           dst[2 * C + d] = dv(b, h, t, d);
-                         }
-                       });
+  detail::check_attention("pmt::ops::attention_backward", "dqkv", dqkv, "dout", dout, c);
+  auto* p = dqkv.data();
+  detail::attention_backward_core(exec, dout, c, p, p + c.C, p + 2 * c.C, 3 * c.C);
+}
+
+/// \brief The same into separate dq, dk, dv (B, T, C) (each overwritten).
+/// \throws pmt::ShapeError when dout, dq, dk, dv and the cache disagree.
+template <class Exec, class DOV, class DQV, class DKV, class DVV, class T>
+void attention_backward(const Exec& exec, const DOV& dout, const DQV& dq, const DKV& dk, const DVV& dv,
+                        AttentionCache<T, Exec>& c) {
+  static_check_view<Exec, DOV>();
+  static_check_view<Exec, DQV>();
+  static_check_view<Exec, DKV>();
+  static_check_view<Exec, DVV>();
+  detail::check_attention_split("pmt::ops::attention_backward", "d", dq, dk, dv, "dout", dout, c);
+  detail::attention_backward_core(exec, dout, c, dq.data(), dk.data(), dv.data(), c.C);
 }
 
 }  // namespace pmt::ops

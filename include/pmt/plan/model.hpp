@@ -12,7 +12,7 @@
 //               pp > 1)
 //   gradients   as many; optimizer AdamW 2 P; ZeRO-1 P (flat buffer) + 4 P / dp + P / dp bytes
 //   dp buckets  P with dp > 1 and no ZeRO (parallel/grad_sync.hpp)
-//   activations per block and live microbatch s (4 N C + 4 N + 16 N Cl + b Hl T^2: one T x T
+//   activations per block and live microbatch s (4 N C + 4 N + 13 N Cl + b Hl T^2: one T x T
 //               matrix per head, the softmax output); the stage's input N C; the last stage's
 //               LM-head gradient N C; live microbatches: the schedule's count per stage
 //               (parallel::check: 1F1B p - s, GPipe m; pp = 1: 1)
@@ -451,7 +451,7 @@ inline Estimate estimate(const Problem& pr, const Machine& mc, const Layout& l) 
     mem.data =
         8.0 * double(pr.batch / static_cast<std::size_t>(l.dp) * T);  // ids and targets, int32
     const double block =
-        sb * (4 * dN * dC + 4 * dN + 16 * dN * dCl + double(b * Hl) * double(T) * double(T));
+        sb * (4 * dN * dC + 4 * dN + 13 * dN * dCl + double(b * Hl) * double(T) * double(T));
     double per_mb = double(e.stages.count(s)) * block + sb * dN * dC;  // the stage's input
     if (s == 0) per_mb += 8.0 * dN;                                    // the embeddings' saved ids
     if (s + 1 == p) per_mb += sb * (dN * dC + 2 * dN);  // LM-head gradient, final norm's stats
