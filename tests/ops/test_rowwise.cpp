@@ -9,6 +9,8 @@
 #include "pmt/ops/softmax.hpp"
 
 #include <cmath>
+#include <limits>
+#include <vector>
 
 using pmt::ops::Mask;
 using pmt::test::Host;
@@ -47,6 +49,68 @@ TEMPLATE_TEST_CASE("softmax and log_softmax equal the reference, with and withou
                     StartsWith("pmt::ops::softmax: x is (7, 5); a causal mask needs rows <= cols"));
   CHECK_THROWS_WITH(pmt::ops::softmax_backward(exec, tall, tall, tall, Mask::Causal),
                     StartsWith("pmt::ops::softmax_backward: y is (7, 5); a causal mask needs rows <= cols"));
+}
+
+TEMPLATE_TEST_CASE("softmax and log_softmax on long rows (vector body, tails, causal) equal the reference",
+                   "[ops][softmax]", float, double) {
+  // Row lengths 77 (causal: 41 ... 77 visible) cover the 16-wide vector loop, its tail and the
+  // prefetch of the next row; the wide value range reaches exp's underflow below -87.
+  using T = TestType;
+  Host exec;
+  const int B = 2, R = 37, C = 77;
+  auto x = pmt::make_tensor<T, Host>("x", B, R, C), y = pmt::make_tensor<T, Host>("y", B, R, C);
+  auto ly = pmt::make_tensor<T, Host>("ly", B, R, C);
+  pmt::test::fill_random(x, 7, -60, 60);
+  for (Mask mask : {Mask::None, Mask::Causal}) {
+    pmt::ops::softmax(exec, x, y, mask);
+    pmt::ops::log_softmax(exec, x, ly, mask);
+    exec.fence();
+    double worst = 0, worst_log = 0;
+    for (int b = 0; b < B; ++b)
+      for (int i = 0; i < R; ++i) {
+        const int n = mask == Mask::Causal ? i + 1 + (C - R) : C;
+        double mx = -1e300, s = 0;
+        for (int j = 0; j < n; ++j) mx = std::max(mx, double(x(b, i, j)));
+        for (int j = 0; j < n; ++j) s += std::exp(double(x(b, i, j)) - mx);
+        for (int j = 0; j < C; ++j) {
+          const double ref = j < n ? std::exp(double(x(b, i, j)) - mx) / s : 0.0;
+          worst = std::max(worst, std::abs(double(y(b, i, j)) - ref));
+          if (j < n) worst_log = std::max(worst_log, std::abs(ly(b, i, j) - std::log(ref)) / std::max(1.0, std::abs(std::log(ref))));
+          else CHECK(std::isinf(ly(b, i, j)));
+        }
+      }
+    CHECK(worst <= 8 * pmt::test::tol<T>(C));
+    CHECK(worst_log <= 8 * pmt::test::tol<T>(C));
+  }
+}
+
+TEST_CASE("the row exponential sums exp(x - max) to float accuracy, underflows to 0 below -87, keeps NaN",
+          "[ops][softmax]") {
+  // pmt::detail::exp_sum_row is the AVX2 kernel where the build targets AVX2 + FMA (pmt's own
+  // tests do, with -march=native on such a CPU) and the portable loop elsewhere.
+  const int n = 4099;
+  std::vector<float> x(n), e(n);
+  for (int j = 0; j < n; ++j) x[j] = -100.0f * float(j) / float(n - 1);  // 0 ... -100
+  const float s = pmt::detail::exp_sum_row(x.data(), n, 0.0f, e.data(), x.data(), e.data());
+  double ref_sum = 0, worst = 0;
+  for (int j = 0; j < n; ++j) {
+    const double ref = std::exp(double(x[j]));
+    ref_sum += ref;
+    if (x[j] >= -87.0f) worst = std::max(worst, std::abs(e[j] - ref) / ref);
+    else CHECK(e[j] == 0.0f);
+  }
+  CHECK(worst <= 3e-7);
+  CHECK(std::abs(s - ref_sum) <= 1e-6 * ref_sum);
+  INFO("AVX2 row kernel: " << PMT_ROWWISE_AVX2);
+  std::vector<float> z(32, -1.0f), ez(32);
+  z[5] = std::nanf("");
+  z[20] = -std::numeric_limits<float>::infinity();
+  const float sz = pmt::detail::exp_sum_row(z.data(), 32, 0.0f, ez.data(), static_cast<const float*>(nullptr),
+                                            static_cast<float*>(nullptr));
+  CHECK(std::isnan(ez[5]));
+  CHECK(std::isnan(sz));
+  CHECK(ez[20] == 0.0f);
+  CHECK(std::abs(ez[0] - std::exp(-1.0)) <= 3e-7 * std::exp(-1.0));
 }
 
 TEST_CASE("softmax_backward and log_softmax_backward match finite differences", "[ops][softmax][gradient]") {

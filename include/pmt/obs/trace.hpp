@@ -6,9 +6,9 @@
 // each pipeline send to its receive.
 //   pmt::TraceRecorder::instance().enable();   ... train ...
 //   pmt::obs::write_trace(mesh, "run.json");   // collective; rank 0 writes
-// Clock alignment: after a barrier every rank samples its steady clock; rank r's events are
-// shifted by (rank 0's sample - rank r's), so the ranks' time axes agree to the barrier's skew
-// (microseconds on one node, where the clocks are the same anyway).
+// Clock alignment: rank r's events are shifted by its clock's offset to rank 0's, estimated from
+// ping-pongs with rank 0 (the shortest round trip's midpoint), so the ranks' time axes agree to
+// half a round trip (microseconds).
 
 #include "pmt/comm/collectives.hpp"
 #include "pmt/comm/mesh.hpp"
@@ -79,18 +79,48 @@ inline std::vector<TraceEvent> unpack(const char* p, std::size_t n) {
 
 }  // namespace trace_detail
 
+namespace trace_detail {
+
+/// Seconds to add to this rank's clock to get rank 0's (0 on rank 0), from `rounds` ping-pongs
+/// with rank 0, one rank at a time: each gives rank 0's time against the midpoint of the round
+/// trip, and the shortest round trip is kept, so the error is at most half of it (NTP's estimate;
+/// microseconds). A barrier-and-broadcast estimate is off by however late a rank leaves the
+/// barrier, which on an oversubscribed node is a scheduler time slice.
+template <class Comm>
+double clock_offset_to_root(const Comm& world, int rounds = 8) {
+  const auto host = Kokkos::DefaultHostExecutionSpace();
+  Kokkos::View<double, Kokkos::HostSpace> t("pmt::obs::clock");
+  double offset = 0, best = 1e300;
+  for (int q = 1; q < world.size(); ++q)
+    for (int k = 0; k < rounds; ++k) {
+      if (world.rank() == 0) {
+        comm::recv(world, host, t, q, 44);
+        t() = TraceRecorder::now();
+        comm::send(world, host, t, q, 45);
+      } else if (world.rank() == q) {
+        const double sent = TraceRecorder::now();
+        t()               = sent;
+        comm::send(world, host, t, 0, 44);
+        comm::recv(world, host, t, 0, 45);
+        const double back = TraceRecorder::now();
+        if (back - sent < best) {
+          best   = back - sent;
+          offset = t() - 0.5 * (sent + back);
+        }
+      }
+    }
+  return offset;
+}
+
+}  // namespace trace_detail
+
 /// \brief Gathers every rank's recorded events on rank 0, clocks aligned (empty elsewhere).
 /// Collective over the mesh's world.
 template <class Backend>
 std::vector<RankTrace> gather_trace(const Mesh<Backend>& mesh) {
   const auto& world = mesh.world();
   const auto host   = Kokkos::DefaultHostExecutionSpace();
-  comm::barrier(world);
-  Kokkos::View<double, Kokkos::HostSpace> t0("pmt::obs::t0");
-  const double mine_t = TraceRecorder::now();
-  t0()                = mine_t;
-  comm::broadcast(world, host, t0, 0);
-  const double offset = t0() - mine_t;
+  const double offset = trace_detail::clock_offset_to_root(world);
   std::string bytes;
   for (const auto& e : TraceRecorder::instance().events()) {
     TraceEvent a = e;

@@ -64,13 +64,14 @@ void softmax_impl(const Exec& exec, const XV& x, const YV& y, ops::Mask mask, co
     const T mx = lane_max(xr, n);
     // Simple loops over the row (it stays in L1): each vectorizes; exp is computed once.
     if (log_form) {
-      for (std::int64_t j = 0; j < n; ++j) yr[j] = xr[j] - mx;
-      const T lse = math::log(lane_sum<T>(yr, n, [](T v) { return exp_nonpositive(v); }));
-      for (std::int64_t j = 0; j < n; ++j) yr[j] -= lse;
+      const bool more = r + 1 < g.nrows;
+      const T lse = math::log(exp_sum_row(xr, n, mx, static_cast<T*>(nullptr), more ? xr + g.cols : nullptr,
+                                          more ? yr + g.cols : nullptr));
+      for (std::int64_t j = 0; j < n; ++j) yr[j] = (xr[j] - mx) - lse;
       for (std::int64_t j = n; j < g.cols; ++j) yr[j] = -infinity<T>();
     } else {
-      for (std::int64_t j = 0; j < n; ++j) yr[j] = exp_nonpositive(xr[j] - mx);
-      const T inv = T(1) / lane_sum<T>(yr, n, [](T v) { return v; });
+      const bool more = r + 1 < g.nrows;
+      const T inv = T(1) / exp_sum_row(xr, n, mx, yr, more ? xr + g.cols : nullptr, more ? yr + g.cols : nullptr);
       for (std::int64_t j = 0; j < n; ++j) yr[j] *= inv;
       for (std::int64_t j = n; j < g.cols; ++j) yr[j] = T(0);
     }

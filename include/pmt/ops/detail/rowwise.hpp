@@ -14,8 +14,19 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <cstddef>
 #include <cstdint>
 #include <type_traits>
+
+// Explicit AVX2 + FMA code for the float exp rows of softmax, log-softmax and cross-entropy on
+// the host, where the compiler targets such a CPU (-march=native or -mavx2 -mfma). Elsewhere
+// (other CPUs, GPUs) the portable loops below run; both sum in the same 16-lane order.
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__CUDA_ARCH__) && !defined(__HIP_DEVICE_COMPILE__)
+#define PMT_ROWWISE_AVX2 1
+#include <immintrin.h>
+#else
+#define PMT_ROWWISE_AVX2 0
+#endif
 
 namespace pmt::detail {
 
@@ -54,6 +65,26 @@ KOKKOS_INLINE_FUNCTION T lane_max(const T* x, std::int64_t n) {
   for (int w = row_lanes / 2; w > 0; w /= 2)
     for (int l = 0; l < w; ++l) acc[l] = acc[l + w] > acc[l] ? acc[l + w] : acc[l];
   return acc[0];
+}
+
+/// Software prefetch of the cache line at p (read, or write when `write`); nothing on a GPU.
+/// The row-wise kernels fetch row r + 1 while they compute on row r (which sits in L1), so that
+/// memory and arithmetic overlap instead of alternating.
+template <bool write = false>
+KOKKOS_INLINE_FUNCTION void prefetch_line(const void* p) {
+#if !defined(__CUDA_ARCH__) && !defined(__HIP_DEVICE_COMPILE__) && (defined(__GNUC__) || defined(__clang__))
+  __builtin_prefetch(p, write ? 1 : 0, 3);
+#else
+  (void)p;
+#endif
+}
+
+/// Prefetches the cache lines of row_lanes elements from row + j (nothing when row is null).
+template <bool write = false, class T>
+KOKKOS_INLINE_FUNCTION void prefetch_lanes(T* row, std::int64_t j) {
+  if (row == nullptr) return;
+  for (std::size_t b = 0; b < row_lanes * sizeof(T); b += 64)
+    prefetch_line<write>(reinterpret_cast<const char*>(row + j) + b);
 }
 
 /// 2^k for an integer-valued float k in [-126, 127], built from the exponent bits (vectorises).
@@ -109,6 +140,78 @@ KOKKOS_INLINE_FUNCTION T exp_nonpositive(T x) {
   } else {
     return math::exp(x);
   }
+}
+
+#if PMT_ROWWISE_AVX2
+/// exp(x) for eight floats x <= 0, the same algorithm as exp_nonpositive<float> written out for
+/// AVX2 (about 18 instructions per eight): k = ceil(x log2 e - 1/2) by one truncating convert,
+/// r = x - k ln 2 in two parts, the degree-5 polynomial, and 2^k added to the exponent bits.
+/// 0 below -87 (where exp underflows), NaN stays NaN.
+inline __m256 exp_nonpositive8(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(-87.0f);
+  const __m256 xc = _mm256_max_ps(lo, x);  // NaN in x passes through (maxps returns its 2nd operand)
+  const __m256i k = _mm256_cvttps_epi32(_mm256_fmadd_ps(xc, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(-0.5f)));
+  const __m256 kf = _mm256_cvtepi32_ps(k);
+  __m256 r = _mm256_fnmadd_ps(kf, _mm256_set1_ps(0.693359375f), xc);
+  r = _mm256_fmadd_ps(kf, _mm256_set1_ps(2.12194440e-4f), r);
+  __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(1.3981999507e-3f), r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+  // p in [0.7, 1.42] and k >= -126 (x >= -87): the exponent stays in range, no overflow into the sign.
+  const __m256 v = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), _mm256_slli_epi32(k, 23)));
+  return _mm256_andnot_ps(_mm256_cmp_ps(x, lo, _CMP_LT_OQ), v);
+}
+#endif
+
+/// sum_j exp(x[j] - mx) over a row (every x[j] <= mx) in the 16-lane order of lane_sum; with
+/// `y` non-null also y[j] = exp(x[j] - mx). One pass over x: the exponentials are computed once.
+/// While it works on this row it prefetches the next one (`next_x`, and `next_y` for writing;
+/// either may be null), so that the row's arithmetic overlaps the memory traffic of the next.
+template <class T>
+KOKKOS_INLINE_FUNCTION T exp_sum_row(const T* x, std::int64_t n, T mx, T* y, const T* next_x, T* next_y) {
+  T acc[row_lanes];
+  std::int64_t j = 0;
+#if PMT_ROWWISE_AVX2
+  if constexpr (std::is_same_v<T, float> && row_lanes == 16) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    const __m256 m = _mm256_set1_ps(mx);
+    for (; j + 16 <= n; j += 16) {
+      prefetch_lanes(next_x, j);
+      prefetch_lanes<true>(next_y, j);
+      const __m256 e0 = exp_nonpositive8(_mm256_sub_ps(_mm256_loadu_ps(x + j), m));
+      const __m256 e1 = exp_nonpositive8(_mm256_sub_ps(_mm256_loadu_ps(x + j + 8), m));
+      if (y) {
+        _mm256_storeu_ps(y + j, e0);
+        _mm256_storeu_ps(y + j + 8, e1);
+      }
+      a0 = _mm256_add_ps(a0, e0);
+      a1 = _mm256_add_ps(a1, e1);
+    }
+    _mm256_storeu_ps(acc, a0);
+    _mm256_storeu_ps(acc + 8, a1);
+  } else
+#endif
+  {
+    for (int l = 0; l < row_lanes; ++l) acc[l] = T(0);
+    for (; j + row_lanes <= n; j += row_lanes) {
+      prefetch_lanes(next_x, j);
+      prefetch_lanes<true>(next_y, j);
+      for (int l = 0; l < row_lanes; ++l) {
+        const T e = exp_nonpositive(x[j + l] - mx);
+        if (y) y[j + l] = e;
+        acc[l] += e;
+      }
+    }
+  }
+  for (int l = 0; l < row_lanes; ++l)  // tail: fewer than row_lanes elements
+    if (j + l < n) {
+      const T e = exp_nonpositive(x[j + l] - mx);
+      if (y) y[j + l] = e;
+      acc[l] += e;
+    }
+  return combine_lanes<T, T>(acc);
 }
 
 /// tanh(u) = 1 - 2 / (exp(2u) + 1) with exp_fast for float; the library tanh for double.
