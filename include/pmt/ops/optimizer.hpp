@@ -67,8 +67,13 @@ void adamw_update(const Exec& exec, const PV& param, const GV& grad, const SV& m
   auto p = detail::flat(param), g = detail::flat(grad), fm = detail::flat(m), fv = detail::flat(v);
   const S b1 = static_cast<S>(h.beta1), b2 = static_cast<S>(h.beta2), eps = static_cast<S>(h.eps);
   const S lr = static_cast<S>(h.lr), wd = static_cast<S>(h.weight_decay);
-  const S c1 = static_cast<S>(1.0 - std::pow(h.beta1, static_cast<double>(h.step)));
-  const S c2 = static_cast<S>(1.0 - std::pow(h.beta2, static_cast<double>(h.step)));
+  // The bias corrections are folded into two scalars, as PyTorch's AdamW does:
+  //   m^ / (sqrt(v^) + eps) = (1 / c1) m / (sqrt(v) / sqrt(c2) + eps),
+  // so each element costs one sqrt and one division (not three divisions).
+  const double c1 = 1.0 - std::pow(h.beta1, static_cast<double>(h.step));
+  const double c2 = 1.0 - std::pow(h.beta2, static_cast<double>(h.step));
+  const S step_size = static_cast<S>(h.lr / c1), inv_sqrt_c2 = static_cast<S>(1.0 / std::sqrt(c2));
+  const S decay = lr * wd;
   Kokkos::parallel_for(op, Kokkos::RangePolicy<Exec>(exec, 0, p.extent(0)), KOKKOS_LAMBDA(std::size_t i) {
     const S gi = static_cast<S>(g(i));
     const S mi = b1 * fm(i) + (S(1) - b1) * gi;
@@ -76,7 +81,7 @@ void adamw_update(const Exec& exec, const PV& param, const GV& grad, const SV& m
     fm(i) = mi;
     fv(i) = vi;
     const S pi = static_cast<S>(p(i));
-    p(i) = static_cast<T>(pi - lr * ((mi / c1) / (detail::math::sqrt(vi / c2) + eps) + wd * pi));
+    p(i) = static_cast<T>(pi - step_size * mi / (detail::math::sqrt(vi) * inv_sqrt_c2 + eps) - decay * pi);
   });
 }
 

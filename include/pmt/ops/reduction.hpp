@@ -5,7 +5,8 @@
 // fence and return the number on the host.
 //
 // Determinism: a tensor is cut into fixed chunks (reduce_chunk elements, or row_chunk rows),
-// each chunk is summed in index order, then the chunk partials are summed in order by one
+// each chunk is summed in reduce_lanes interleaved partials combined pairwise (a fixed order
+// that vectorises), then the chunk partials are summed in order by one
 // thread. The order depends only on the sizes, never on the thread count or the space.
 // Sums accumulate in double (float inputs too).
 
@@ -20,6 +21,7 @@ namespace pmt::detail {
 
 inline constexpr std::int64_t reduce_chunk = 4096;  // elements per partial
 inline constexpr std::int64_t row_chunk    = 32;    // rows per partial in column sums
+inline constexpr int reduce_lanes          = 16;    // interleaved partial sums within a chunk
 
 enum class ReduceKind { Sum, SumSquares, Max };
 
@@ -39,14 +41,28 @@ void chunked_reduce(const Exec& exec, const XV& x, const OV& out, double post_sc
       static_cast<std::size_t>(parts));
   Kokkos::parallel_for(label, Kokkos::RangePolicy<Exec>(exec, 0, parts), KOKKOS_LAMBDA(std::int64_t c) {
     const std::int64_t lo = c * reduce_chunk, hi = lo + reduce_chunk < n ? lo + reduce_chunk : n;
-    double acc = kind == ReduceKind::Max ? static_cast<double>(fx(lo)) : 0.0;
-    for (std::int64_t i = lo; i < hi; ++i) {
-      const double v = static_cast<double>(fx(i));
-      if (kind == ReduceKind::Sum) acc += v;
-      if (kind == ReduceKind::SumSquares) acc += v * v;
-      if (kind == ReduceKind::Max) acc = v > acc ? v : acc;
+    // reduce_lanes interleaved partials (element i goes to lane (i - lo) % reduce_lanes),
+    // combined pairwise: a fixed order that the compiler maps onto SIMD registers. One running
+    // sum would be a chain of dependent additions, a few cycles per element.
+    double acc[reduce_lanes];
+    for (int l = 0; l < reduce_lanes; ++l) acc[l] = kind == ReduceKind::Max ? static_cast<double>(fx(lo)) : 0.0;
+    std::int64_t i = lo;
+    for (; i + reduce_lanes <= hi; i += reduce_lanes)
+      for (int l = 0; l < reduce_lanes; ++l) {
+        const double v = static_cast<double>(fx(i + l));
+        if (kind == ReduceKind::Sum) acc[l] += v;
+        if (kind == ReduceKind::SumSquares) acc[l] += v * v;
+        if (kind == ReduceKind::Max) acc[l] = v > acc[l] ? v : acc[l];
+      }
+    for (int l = 0; i + l < hi; ++l) {
+      const double v = static_cast<double>(fx(i + l));
+      if (kind == ReduceKind::Sum) acc[l] += v;
+      if (kind == ReduceKind::SumSquares) acc[l] += v * v;
+      if (kind == ReduceKind::Max) acc[l] = v > acc[l] ? v : acc[l];
     }
-    partial(c) = acc;
+    for (int w = reduce_lanes / 2; w > 0; w /= 2)
+      for (int l = 0; l < w; ++l) acc[l] = kind == ReduceKind::Max ? (acc[l + w] > acc[l] ? acc[l + w] : acc[l]) : acc[l] + acc[l + w];
+    partial(c) = acc[0];
   });
   Kokkos::parallel_for(label, Kokkos::RangePolicy<Exec>(exec, 0, 1), KOKKOS_LAMBDA(int) {
     double acc = kind == ReduceKind::Max ? (parts > 0 ? partial(0) : -infinity<double>()) : 0.0;
