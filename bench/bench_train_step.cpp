@@ -18,6 +18,10 @@ using Exec = Kokkos::DefaultHostExecutionSpace;
 
 int main(int argc, char* argv[]) {
   pmt::ScopeGuard guard(argc, argv);
+  // Keep freed activation memory for the next step (pmt/core/host_memory.hpp; printed below);
+  // PMT_KEEP_FREED_HOST_MEMORY=0 measures glibc's default instead.
+  const char* keep_env = std::getenv("PMT_KEEP_FREED_HOST_MEMORY");
+  const bool kept = (keep_env == nullptr || std::string(keep_env) != "0") && pmt::keep_freed_host_memory();
   if (argc == 2 && std::string(argv[1]) == "peak") {
     std::printf("peak gflops=%.1f threads=%d\n", pmt::bench::measured_fp32_peak_gflops(), Exec().concurrency());
     return 0;
@@ -78,7 +82,8 @@ int main(int argc, char* argv[]) {
   const double P = double(L) * 12 * C * C + double(V) * C;
   const double flops = double(B * T) * (6 * P + 6 * double(L) * T * C);
   if (world.rank() == 0)
-    std::printf("pmt_step ms=%.3f tokens_per_s=%.1f flops_per_step=%.6e ranks=%d threads=%d loss=%.4f\n", t * 1e3,
-                double(B * T) * world.size() / t, flops, world.size(), Exec().concurrency(), loss);
+    std::printf("pmt_step ms=%.3f tokens_per_s=%.1f flops_per_step=%.6e ranks=%d threads=%d loss=%.4f "
+                "host_memory_kept=%d\n",
+                t * 1e3, double(B * T) * world.size() / t, flops, world.size(), Exec().concurrency(), loss, kept ? 1 : 0);
   return 0;
 }

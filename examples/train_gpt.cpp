@@ -302,6 +302,8 @@ int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_p
                 data->train_size(), data->val_size());
     if (o.pp > 1) std::printf("stages: %s\n", model.plan().describe().c_str());
     std::printf("measured fp32 peak of all ranks: %.1f GFLOP/s\n", peak() / 1e9);
+    std::printf("host memory: %s\n", pmt::freed_host_memory_kept() ? "freed blocks up to 32 MiB kept for reuse (pmt::keep_freed_host_memory)"
+                                                                   : "the C library's default (pmt::keep_freed_host_memory not available)");
   }
   std::FILE* metrics = nullptr;
   if (root && !o.metrics.empty()) {
@@ -484,6 +486,9 @@ int main(int argc, char* argv[]) {
   if (o.threads > 0) setenv("OMP_NUM_THREADS", std::to_string(o.threads).c_str(), 1);  // the user's explicit choice
   pmt::ScopeGuard guard(argc, argv);
   const bool root = pmt::world_rank() == 0;
+  // Each step frees its activations and allocates them again: keep that memory in the process
+  // instead of faulting fresh pages in every step (pmt/core/host_memory.hpp).
+  pmt::keep_freed_host_memory();
   try {
     if (!parse_error.empty()) throw Agreed{parse_error};
 #if PMT_ENABLE_MPI

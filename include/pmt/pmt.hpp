@@ -8,6 +8,7 @@
 
 #include "pmt/core/environment.hpp"
 #include "pmt/core/error.hpp"
+#include "pmt/core/host_memory.hpp"
 #include "pmt/core/instrument.hpp"
 #include "pmt/policy/axis.hpp"
 #include "pmt/policy/hybrid.hpp"

@@ -11,7 +11,9 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 namespace pmt::ops {
 
@@ -63,25 +65,68 @@ void bias_add(const Exec& exec, const YV& y, const BV& bias) {
                        "; bias must have y's last extent ", C);
   });
   auto fy = detail::flat(y);
-  Kokkos::parallel_for("pmt::ops::bias_add", Kokkos::RangePolicy<Exec>(exec, 0, fy.extent(0)),
-                       KOKKOS_LAMBDA(std::size_t i) { fy(i) += bias(i % C); });
+  const std::size_t rows = C > 0 ? fy.extent(0) / C : 0;
+  // One row per iteration: a contiguous loop over the bias (no i % C per element).
+  Kokkos::parallel_for("pmt::ops::bias_add", Kokkos::RangePolicy<Exec>(exec, 0, rows), KOKKOS_LAMBDA(std::size_t r) {
+    for (std::size_t c = 0; c < C; ++c) fy(r * C + c) += bias(c);
+  });
 }
 
 }  // namespace pmt::ops
 
 namespace pmt::detail {
+// GELU, tanh approximation, written with 0.5 (1 + tanh(u)) = 1 / (1 + exp(-2u)) (one exp and
+// one division; accurate near 0, where 1 - 2 / (exp(2u) + 1) cancels):
+//   gelu(x)  = x s,  s = 1 / (1 + exp(-2u)),  u = sqrt(2/pi) (x + 0.044715 x^3)
+//   gelu'(x) = s + x s (1 - s) 2 du/dx
+inline constexpr double gelu_k = 0.7978845608028654;  // sqrt(2 / pi)
+inline constexpr double gelu_a = 0.044715;
+
+template <class T>
+KOKKOS_INLINE_FUNCTION T gelu_exp_minus_2u(T x) {
+  const T z = T(-2 * gelu_k) * (x + T(gelu_a) * x * x * x);
+  if constexpr (std::is_same_v<T, float>) return exp_fast(z);  // clamps to [-87, 88]
+  else return math::exp(z);
+}
 template <class T>
 KOKKOS_INLINE_FUNCTION T gelu_tanh(T x) {
-  const T k = T(0.7978845608028654);  // sqrt(2 / pi)
-  return T(0.5) * x * (T(1) + tanh_fast(k * (x + T(0.044715) * x * x * x)));
+  return x / (T(1) + gelu_exp_minus_2u(x));
 }
 template <class T>
 KOKKOS_INLINE_FUNCTION T gelu_tanh_grad(T x) {
-  const T k     = T(0.7978845608028654);
-  const T u     = k * (x + T(0.044715) * x * x * x);
-  const T t     = tanh_fast(u);
-  const T du_dx = k * (T(1) + T(3) * T(0.044715) * x * x);
-  return T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * du_dx;
+  const T s = T(1) / (T(1) + gelu_exp_minus_2u(x));
+  return s + x * s * (T(1) - s) * T(2 * gelu_k) * (T(1) + T(3 * gelu_a) * x * x);
+}
+
+#if PMT_ROWWISE_AVX2
+inline __m256 gelu_s8(__m256 x) {  // s = 1 / (1 + exp(-2u)) for eight floats
+  const __m256 z = _mm256_mul_ps(_mm256_set1_ps(static_cast<float>(-2 * gelu_k)),
+                                 _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(static_cast<float>(gelu_a)), x),
+                                                 _mm256_mul_ps(x, x), x));
+  const __m256 zc = _mm256_min_ps(_mm256_max_ps(z, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+  return _mm256_div_ps(_mm256_set1_ps(1.0f), _mm256_add_ps(_mm256_set1_ps(1.0f), exp8_clamped(zc)));
+}
+#endif
+
+/// y[i] = f(x[i]) (and the 2-input form) over contiguous floats with eight-wide AVX2 code on the
+/// host where available: chunks of 64 per iteration, the last chunk's tail element by element.
+/// Returns false when it does not apply (other types, spaces or CPUs): the caller's loop runs.
+template <class Exec, class T, class F8, class F1>
+bool host_simd_map(const Exec& exec, const char* label, std::size_t n, F8 f8, F1 f1) {
+#if PMT_ROWWISE_AVX2
+  if constexpr (std::is_same_v<T, float> && is_host_space_v<Exec>) {
+    constexpr std::size_t chunk = 64;
+    Kokkos::parallel_for(label, Kokkos::RangePolicy<Exec>(exec, 0, (n + chunk - 1) / chunk), [=](std::size_t c) {
+      const std::size_t lo = c * chunk, hi = lo + chunk < n ? lo + chunk : n;
+      std::size_t i = lo;
+      for (; i + 8 <= hi; i += 8) f8(i);
+      for (; i < hi; ++i) f1(i);
+    });
+    return true;
+  }
+#endif
+  (void)exec, (void)label, (void)n, (void)f8, (void)f1;
+  return false;
 }
 }  // namespace pmt::detail
 
@@ -95,6 +140,23 @@ void gelu(const Exec& exec, const XV& x, const YV& y) {
   static_check_view<Exec, YV>();
   detail::require_same_shape("pmt::ops::gelu", "x", x, "y", y);
   auto fx = detail::flat(x), fy = detail::flat(y);
+  using T = typename YV::non_const_value_type;
+  if constexpr (std::is_same_v<typename XV::non_const_value_type, T>) {
+    const auto* xp = fx.data();
+    T* yp          = fy.data();
+    if (detail::host_simd_map<Exec, T>(
+            exec, "pmt::ops::gelu", fy.extent(0),
+            [=]([[maybe_unused]] std::size_t i) {
+#if PMT_ROWWISE_AVX2
+              if constexpr (std::is_same_v<T, float>) {
+                const __m256 xv = _mm256_loadu_ps(xp + i);
+                _mm256_storeu_ps(yp + i, _mm256_mul_ps(xv, detail::gelu_s8(xv)));
+              }
+#endif
+            },
+            [=](std::size_t i) { yp[i] = detail::gelu_tanh(xp[i]); }))
+      return;
+  }
   Kokkos::parallel_for("pmt::ops::gelu", Kokkos::RangePolicy<Exec>(exec, 0, fy.extent(0)),
                        KOKKOS_LAMBDA(std::size_t i) { fy(i) = detail::gelu_tanh(fx(i)); });
 }
@@ -109,6 +171,30 @@ void gelu_backward(const Exec& exec, const XV& x, const DYV& dy, const DXV& dx) 
   detail::require_same_shape("pmt::ops::gelu_backward", "x", x, "dy", dy);
   detail::require_same_shape("pmt::ops::gelu_backward", "dx", dx, "x", x);
   auto fx = detail::flat(x), fdy = detail::flat(dy), fdx = detail::flat(dx);
+  using T = typename DXV::non_const_value_type;
+  if constexpr (std::is_same_v<typename XV::non_const_value_type, T> &&
+                std::is_same_v<typename DYV::non_const_value_type, T>) {
+    const auto* xp  = fx.data();
+    const auto* dyp = fdy.data();
+    T* dxp          = fdx.data();
+    if (detail::host_simd_map<Exec, T>(
+            exec, "pmt::ops::gelu_backward", fx.extent(0),
+            [=]([[maybe_unused]] std::size_t i) {
+#if PMT_ROWWISE_AVX2
+              if constexpr (std::is_same_v<T, float>) {
+                const __m256 xv = _mm256_loadu_ps(xp + i), s = detail::gelu_s8(xv);
+                const __m256 du2 = _mm256_mul_ps(_mm256_set1_ps(static_cast<float>(2 * detail::gelu_k)),
+                                                 _mm256_fmadd_ps(_mm256_set1_ps(static_cast<float>(3 * detail::gelu_a)),
+                                                                 _mm256_mul_ps(xv, xv), _mm256_set1_ps(1.0f)));
+                // s + x s (1 - s) du2
+                const __m256 g = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_mul_ps(xv, s), _mm256_sub_ps(_mm256_set1_ps(1.0f), s)), du2, s);
+                _mm256_storeu_ps(dxp + i, _mm256_mul_ps(_mm256_loadu_ps(dyp + i), g));
+              }
+#endif
+            },
+            [=](std::size_t i) { dxp[i] = dyp[i] * detail::gelu_tanh_grad(xp[i]); }))
+      return;
+  }
   Kokkos::parallel_for("pmt::ops::gelu_backward", Kokkos::RangePolicy<Exec>(exec, 0, fx.extent(0)),
                        KOKKOS_LAMBDA(std::size_t i) { fdx(i) = fdy(i) * detail::gelu_tanh_grad(fx(i)); });
 }

@@ -17,6 +17,7 @@
 // parameters are averaged over dp every H steps; optimizer state stays local, so with plain SGD
 // and H = 1 this is synchronous DP). ZeRO optimizers (shards_over_dp) reduce-scatter themselves.
 
+#include "pmt/core/host_memory.hpp"
 #include "pmt/core/instrument.hpp"
 #include "pmt/comm/collectives.hpp"
 #include "pmt/comm/mesh.hpp"
@@ -127,6 +128,7 @@ class Trainer {
   double step(const std::vector<Microbatch<Ids>>& microbatches, const StepOptions& o) {
     check_batch("pmt::train::Trainer::step", microbatches, o.normaliser);
     const Instrument instrument("pmt::train::Trainer::step");
+    if constexpr (is_host_space_v<Exec>) m_faults.begin();
     m_opt.zero_grad();
     const int dp            = m_mesh.degree(Axis::dp);
     const double normaliser = H > 0 ? o.normaliser / dp : o.normaliser;
@@ -146,6 +148,7 @@ class Trainer {
       if (++m_steps % H == 0 && dp > 1)
         for (auto* p : m_model.parameters()) comm::all_reduce(m_mesh.comm(Axis::dp), m_exec, p->value, comm::ReduceOp::Avg);
     }
+    if constexpr (is_host_space_v<Exec>) m_faults.end("pmt::train::Trainer::step");
     return total;
   }
 
@@ -220,6 +223,7 @@ class Trainer {
   std::optional<parallel::PipelineRunner<Model, Exec, Backend>> m_runner;
   double m_last_norm = 0;
   std::int64_t m_steps = 0;
+  detail::PageFaultWatch m_faults;  // host spaces: warns once about page faults per step
 };
 
 }  // namespace pmt::train

@@ -165,6 +165,24 @@ inline __m256 exp_nonpositive8(__m256 x) {
 }
 #endif
 
+#if PMT_ROWWISE_AVX2
+/// exp(x) for eight floats in [-87, 88] (callers clamp): k = floor(x log2 e + 1/2), then as
+/// exp_nonpositive8 (k in [-126, 127] keeps 2^k p a normal float).
+inline __m256 exp8_clamped(__m256 xc) {
+  const __m256 kf = _mm256_round_ps(_mm256_fmadd_ps(xc, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)),
+                                    _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  const __m256i k = _mm256_cvttps_epi32(kf);
+  __m256 r = _mm256_fnmadd_ps(kf, _mm256_set1_ps(0.693359375f), xc);
+  r = _mm256_fmadd_ps(kf, _mm256_set1_ps(2.12194440e-4f), r);
+  __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(1.3981999507e-3f), r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+  return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), _mm256_slli_epi32(k, 23)));
+}
+#endif
+
 /// sum_j exp(x[j] - mx) over a row (every x[j] <= mx) in the 16-lane order of lane_sum; with
 /// `y` non-null also y[j] = exp(x[j] - mx). One pass over x: the exponentials are computed once.
 /// While it works on this row it prefetches the next one (`next_x`, and `next_y` for writing;
