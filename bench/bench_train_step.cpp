@@ -64,7 +64,10 @@ int main(int argc, char* argv[]) {
   using Opt   = pmt::optim::AdamW<float, Exec>;
   Model model(mesh, pmt::nn::GptConfig{V, T, L, C, H, 7});
   Opt opt(model.parameters(), pmt::ops::AdamWParams{3e-4, 0.9, 0.95, 1e-8, 0.1, 1});
-  pmt::train::Trainer<Model, Opt, Exec, Backend> trainer(mesh, model, opt);
+  const char* bucket_env = std::getenv("PMT_BUCKET_KIB");  // dp bucket size (default: GradSync's)
+  const std::size_t bucket = bucket_env ? std::size_t(std::atol(bucket_env)) << 10
+                                        : pmt::parallel::GradSync<float, Exec, Backend>::default_bucket_bytes;
+  pmt::train::Trainer<Model, Opt, Exec, Backend> trainer(mesh, model, opt, Exec(), bucket);
   pmt::train::Microbatch<Model::Ids> mb{Model::Ids("ids", B * T), Model::Ids("targets", B * T), B, T};
   auto ids = Kokkos::create_mirror_view(mb.ids), tgt = Kokkos::create_mirror_view(mb.targets);
   for (std::size_t n = 0; n < B * T; ++n) {

@@ -30,15 +30,19 @@ def fields(line_tag, text):
 STEPS = 7
 configs = [("width 256", 4, 256, 4, 128, 8, 256), ("width 768", 4, 768, 12, 128, 8, 256)]
 print(f"pmt bench train_step: fp32, one rank, {threads} threads (PyTorch: the same threads)")
-print(f"{'model':<10} {'pmt ms':>9} {'tok/s':>9} {'GFLOP/s':>9} {'torch ms':>9} {'pmt/torch':>10}")
+print(f"{'model':<10} {'pmt ms':>9} {'tok/s':>9} {'GFLOP/s':>9} {'torch ms':>9} {'pmt/torch':>10} "
+      f"{'pmt ms (*)':>12} {'(*)/torch':>10}")
 results = {}
 ROUNDS = 3  # pmt and PyTorch alternate; each figure is the median of the rounds' medians
 for name, L, C, H, T, B, V in configs:
     args = [str(a) for a in (L, C, H, T, B, V, STEPS)]
-    pmt_ms, torch_ms = [], []
+    pmt_ms, torch_ms, default_ms = [], [], []
     for _ in range(ROUNDS):
         p = fields("pmt_step", run([exe] + args, {"OMP_NUM_THREADS": str(threads)}))
         pmt_ms.append(float(p["ms"]))
+        # the same step with the C library's default malloc (no pmt::keep_freed_host_memory)
+        d = fields("pmt_step", run([exe] + args, {"OMP_NUM_THREADS": str(threads), "PMT_KEEP_FREED_HOST_MEMORY": "0"}))
+        default_ms.append(float(d["ms"]))
         if torch_py:
             t = fields("torch_step", run([torch_py, os.path.join(here, "torch_gpt.py")] + args + [str(threads)], {}))
             torch_ms.append(float(t["ms"]))
@@ -47,9 +51,13 @@ for name, L, C, H, T, B, V in configs:
     p["tokens_per_s"] = str(B * T / (ms / 1e3))
     t_ms = sorted(torch_ms)[ROUNDS // 2] if torch_py else None
     results[name] = (ms, flops, t_ms)
+    d_ms = sorted(default_ms)[ROUNDS // 2]
     ratio = f"{ms / t_ms:10.2f}" if t_ms else "       n/a"
+    d_ratio = f"{d_ms / t_ms:10.2f}" if t_ms else "       n/a"
     print(f"{name:<10} {ms:9.1f} {float(p['tokens_per_s']):9.0f} {flops / ms / 1e6:9.1f} "
-          f"{(f'{t_ms:9.1f}' if t_ms else '      n/a')} {ratio}")
+          f"{(f'{t_ms:9.1f}' if t_ms else '      n/a')} {ratio} {d_ms:12.1f} {d_ratio}")
+print("(*) pmt with the C library's default malloc, which returns each step's freed activations to the kernel:\n"
+      "    bench_train_step with PMT_KEEP_FREED_HOST_MEMORY=0 (pmt/core/host_memory.hpp)")
 if torch_py:
     print(f"(PyTorch {torch_version}; each figure: median over {ROUNDS} alternating runs of the median of {STEPS} steps)")
 

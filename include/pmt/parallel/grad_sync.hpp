@@ -77,6 +77,15 @@ class GradSync {
         ++m_launched_early;
       }
     }
+    progress();
+  }
+
+  /// \brief Polls the buckets in flight once. An MPI implementation without a progress thread
+  /// moves a non-blocking all-reduce on only inside MPI calls, so the model's backward hook
+  /// calls this after every layer: the all-reduces then advance while backward still runs.
+  void progress() {
+    for (auto& b : m_buckets)
+      if (b.launched && !b.request.done()) b.request.test();
   }
 
   /// \brief Starts the buckets not yet started, waits for all, and writes the sums back.
