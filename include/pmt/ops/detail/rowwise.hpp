@@ -7,7 +7,7 @@
 // - exp_fast / tanh_fast: for float, a branch-free exp (Cody-Waite range reduction, degree-6
 //   polynomial, 2^k by exponent bits; <= 2 ulp on [-87, 88]) that vectorizes; for double the
 //   library functions. GCC vectorizes these loops only with -fno-trapping-math (pmt's own
-//   targets use it; see docs/performance.md); without it they are correct but scalar.
+//   targets use it; see docs/ops.md, "Build flags"); without it they are correct but scalar.
 
 #include "pmt/core/tensor.hpp"
 #include "pmt/detail/kokkos_compat.hpp"
