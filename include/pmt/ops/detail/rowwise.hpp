@@ -143,35 +143,10 @@ KOKKOS_INLINE_FUNCTION T exp_nonpositive(T x) {
 }
 
 #if PMT_ROWWISE_AVX2
-/// exp(x) for eight floats x <= 0, the same algorithm as exp_nonpositive<float> written out for
-/// AVX2 (about 18 instructions per eight): k = ceil(x log2 e - 1/2) by one truncating convert,
-/// r = x - k ln 2 in two parts, the degree-5 polynomial, and 2^k added to the exponent bits.
-/// 0 below -87 (where exp underflows), NaN stays NaN.
-inline __m256 exp_nonpositive8(__m256 x) {
-  const __m256 lo = _mm256_set1_ps(-87.0f);
-  const __m256 xc = _mm256_max_ps(lo, x);  // NaN in x passes through (maxps returns its 2nd operand)
-  const __m256i k = _mm256_cvttps_epi32(_mm256_fmadd_ps(xc, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(-0.5f)));
-  const __m256 kf = _mm256_cvtepi32_ps(k);
-  __m256 r = _mm256_fnmadd_ps(kf, _mm256_set1_ps(0.693359375f), xc);
-  r = _mm256_fmadd_ps(kf, _mm256_set1_ps(2.12194440e-4f), r);
-  __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(1.3981999507e-3f), r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  p = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
-  // p in [0.7, 1.42] and k >= -126 (x >= -87): the exponent stays in range, no overflow into the sign.
-  const __m256 v = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), _mm256_slli_epi32(k, 23)));
-  return _mm256_andnot_ps(_mm256_cmp_ps(x, lo, _CMP_LT_OQ), v);
-}
-#endif
-
-#if PMT_ROWWISE_AVX2
-/// exp(x) for eight floats in [-87, 88] (callers clamp): k = floor(x log2 e + 1/2), then as
-/// exp_nonpositive8 (k in [-126, 127] keeps 2^k p a normal float).
-inline __m256 exp8_clamped(__m256 xc) {
-  const __m256 kf = _mm256_round_ps(_mm256_fmadd_ps(xc, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)),
-                                    _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  const __m256i k = _mm256_cvttps_epi32(kf);
+/// 2^k p(x - k ln 2) for eight floats, given k (as a float and as an integer): the reduction in
+/// two parts, the degree-5 polynomial, and 2^k added to the exponent bits. For |x - k ln 2| <=
+/// ln 2 / 2, p lies in [0.7, 1.42]; with k in [-126, 127] the result is a normal float.
+inline __m256 exp8_reduced(__m256 xc, __m256 kf, __m256i k) {
   __m256 r = _mm256_fnmadd_ps(kf, _mm256_set1_ps(0.693359375f), xc);
   r = _mm256_fmadd_ps(kf, _mm256_set1_ps(2.12194440e-4f), r);
   __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(1.3981999507e-3f), r, _mm256_set1_ps(8.3334519073e-3f));
@@ -180,6 +155,23 @@ inline __m256 exp8_clamped(__m256 xc) {
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
   p = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
   return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), _mm256_slli_epi32(k, 23)));
+}
+
+/// exp(x) for eight floats x <= 0, the same algorithm as exp_nonpositive<float> written out for
+/// AVX2 (about 18 instructions per eight): k = ceil(x log2 e - 1/2) by one truncating convert
+/// (k >= -126 for x >= -87). 0 below -87 (where exp underflows), NaN stays NaN.
+inline __m256 exp_nonpositive8(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(-87.0f);
+  const __m256 xc = _mm256_max_ps(lo, x);  // NaN in x passes through (maxps returns its 2nd operand)
+  const __m256i k = _mm256_cvttps_epi32(_mm256_fmadd_ps(xc, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(-0.5f)));
+  return _mm256_andnot_ps(_mm256_cmp_ps(x, lo, _CMP_LT_OQ), exp8_reduced(xc, _mm256_cvtepi32_ps(k), k));
+}
+
+/// exp(x) for eight floats in [-87, 88] (callers clamp): k = floor(x log2 e + 1/2), in [-126, 127].
+inline __m256 exp8_clamped(__m256 xc) {
+  const __m256 kf = _mm256_round_ps(_mm256_fmadd_ps(xc, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)),
+                                    _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  return exp8_reduced(xc, kf, _mm256_cvttps_epi32(kf));
 }
 #endif
 
