@@ -6,13 +6,17 @@
 //   pmt-plan --ranks 64 --gemm-gflops 400 --link-gbps 25 --memory-mib 16384 --layers 48 --width
 //   1600
 //                                                           # plans for a machine described by hand
-// `--csv FILE` writes every ranked candidate (bench/plan_check.py compares them with train_gpt
-// runs).
+// `--measure K` then trains pmt's Gpt with each of the K best predicted candidates (`all`: every
+// one), interleaved in rounds (plan/measure.hpp), and prints measured against predicted: the
+// prediction as a shortlist, the measurement as the judge.
+// `--csv FILE` writes every ranked candidate, with its measured step when measured
+// (bench/plan_check.py compares them with train_gpt runs).
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <pmt/plan/calibrate.hpp>
+#include <pmt/plan/measure.hpp>
 #include <pmt/pmt.hpp>
 #include <string>
 
@@ -28,7 +32,7 @@ std::string own(const std::string& message) {
 
 struct Options {
   pmt::plan::Problem problem;
-  int ranks = 0, top = 10;
+  int ranks = 0, top = 10, measure = 0, rounds = 10;  // measure: -1 all
   double gemm_gflops = 0, memory_gbps = 10, link_gbps = 5, latency_us = 5, memory_mib = 0;
   bool no_zero = false, no_gpipe = false, help = false, verbose = false;
   std::string csv;
@@ -47,7 +51,10 @@ const char* usage =
     "  --top N (10)             rows of the table\n"
     "  --verbose                what the calibration measured, piece by piece\n"
     "  --csv FILE               every ranked candidate: layout, predicted step ms and peak MiB per "
-    "stage\n";
+    "stage\n"
+    "measure (under mpiexec, calibrated)\n"
+    "  --measure K|all          train the K best predicted candidates, interleaved, and compare\n"
+    "  --rounds N (10)          visits of each measured candidate (1 warm-up + 2 timed steps each)\n";
 
 Options parse(int argc, char* argv[]) {
   Options o;
@@ -76,6 +83,10 @@ Options parse(int argc, char* argv[]) {
       o.csv = v;
       continue;
     }
+    if (a == "--measure" && v == "all") {
+      o.measure = -1;
+      continue;
+    }
     if (v.empty() || *end != '\0' || errno != 0 || !(x > 0))
       throw pmt::ConfigError(prog, a + " " + v + ": expected a positive number");
     const auto whole = [&] {
@@ -100,6 +111,10 @@ Options parse(int argc, char* argv[]) {
       o.ranks = static_cast<int>(whole());
     else if (a == "--top")
       o.top = static_cast<int>(whole());
+    else if (a == "--measure")
+      o.measure = static_cast<int>(whole());
+    else if (a == "--rounds")
+      o.rounds = static_cast<int>(whole());
     else if (a == "--gemm-gflops")
       o.gemm_gflops = x;
     else if (a == "--memory-gbps")
@@ -118,6 +133,10 @@ Options parse(int argc, char* argv[]) {
         prog,
         "--ranks plans for a machine given by hand: give --gemm-gflops too (or run under "
         "mpiexec without --ranks to calibrate)");
+  if (o.ranks > 0 && o.measure != 0)
+    throw pmt::ConfigError(prog,
+                           "--measure trains on the ranks it runs on: drop --ranks (the machine by "
+                           "hand) and run under mpiexec");
   return o;
 }
 
@@ -163,6 +182,15 @@ int main(int argc, char* argv[]) {
     so.allow_zero   = !o.no_zero;
     so.allow_gpipe  = !o.no_gpipe;
     const auto plan = pmt::plan::search(o.problem, machine, so);
+    std::vector<pmt::plan::Measured> measured;  // of the first measured.size() ranked candidates
+    if (o.measure != 0) {
+      std::vector<pmt::plan::Layout> shortlist;
+      for (const auto& e : plan.ranked)
+        if (o.measure < 0 || static_cast<int>(shortlist.size()) < o.measure) shortlist.push_back(e.layout);
+      pmt::plan::MeasureOptions mo;
+      mo.rounds = o.rounds;
+      measured  = pmt::plan::measure(world, o.problem, shortlist, mo);
+    }
     if (root) {
       const auto& m = o.problem.model;
       std::printf(
@@ -184,18 +212,50 @@ int main(int argc, char* argv[]) {
                 : "",
             b.zero ? " --zero" : "");
       }
+      if (!measured.empty()) {
+        const std::size_t n = measured.size();
+        std::vector<double> predicted(n), median(n);
+        for (std::size_t i = 0; i < n; ++i) {
+          predicted[i] = plan.ranked[i].step_seconds();
+          median[i]    = measured[i].median;
+        }
+        std::vector<std::size_t> order(n);
+        for (std::size_t i = 0; i < n; ++i) order[i] = i;
+        std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return median[a] < median[b]; });
+        std::vector<std::size_t> measured_rank(n);
+        for (std::size_t k = 0; k < n; ++k) measured_rank[order[k]] = k + 1;
+        std::printf("\nmeasured: the %zu best predicted, trained side by side in %d rounds (each visit 1 warm-up + 2 "
+                    "timed steps; median and quartiles of the timed steps)\n",
+                    n, o.rounds);
+        std::printf("pred rank  meas rank  %-38s  predicted ms  measured ms (quartiles)\n", "layout");
+        for (std::size_t i = 0; i < n; ++i)
+          std::printf("%9zu  %9zu  %-38s  %12.2f  %11.2f (%.2f-%.2f)\n", i + 1, measured_rank[i],
+                      plan.ranked[i].layout.describe().c_str(), 1e3 * predicted[i], 1e3 * median[i],
+                      1e3 * measured[i].low, 1e3 * measured[i].high);
+        const auto& f = plan.ranked[order[0]].layout;
+        std::printf("Spearman rank correlation, predicted vs measured: %.3f\n", pmt::plan::spearman(predicted, median));
+        std::printf("fastest measured: %s, %.2f ms (the predicted best measured %.2f ms, %.2fx)\n",
+                    f.describe().c_str(), 1e3 * median[order[0]], 1e3 * median[0], median[0] / median[order[0]]);
+      }
       if (!o.csv.empty()) {
         std::FILE* f = std::fopen(o.csv.c_str(), "w");
         if (!f) throw pmt::IoError(prog, o.csv + ": cannot be written");
-        std::fprintf(f, "dp,tp,pp,microbatches,schedule,zero,step_ms,peak_mib,stage_peak_mib\n");
-        for (const auto& e : plan.ranked) {
+        std::fprintf(f, "dp,tp,pp,microbatches,schedule,zero,step_ms,peak_mib,stage_peak_mib,measured_ms,"
+                        "measured_steps_ms\n");
+        for (std::size_t i = 0; i < plan.ranked.size(); ++i) {
+          const auto& e = plan.ranked[i];
           std::string stages;
           for (const auto& s : e.memory)
             stages += (stages.empty() ? "" : ";") + std::to_string(s.total() / 1048576.0);
-          std::fprintf(f, "%d,%d,%d,%d,%s,%d,%.4f,%.3f,%s\n", e.layout.dp, e.layout.tp, e.layout.pp,
+          std::string meas, meas_steps;
+          if (i < measured.size()) {
+            meas = std::to_string(1e3 * measured[i].median);
+            for (double t : measured[i].steps) meas_steps += (meas_steps.empty() ? "" : ";") + std::to_string(1e3 * t);
+          }
+          std::fprintf(f, "%d,%d,%d,%d,%s,%d,%.4f,%.3f,%s,%s,%s\n", e.layout.dp, e.layout.tp, e.layout.pp,
                        e.layout.microbatches, pmt::parallel::schedule_name(e.layout.schedule),
                        e.layout.zero ? 1 : 0, 1e3 * e.step_seconds(), e.peak_bytes() / 1048576.0,
-                       stages.c_str());
+                       stages.c_str(), meas.c_str(), meas_steps.c_str());
         }
         std::fclose(f);
         std::printf("candidates: %s\n", o.csv.c_str());

@@ -5,9 +5,12 @@
 // both schedules with pp > 1, ZeRO-1 with dp > 1) a real Gpt + optimizer + Trainer runs 2 steps
 // while obs::MemoryTracker counts the Kokkos allocations; each rank's parameters equal the
 // predicted count exactly and its peak is within 20 % of the prediction for its stage.
+// plan::measure (the interleaved measurement of layouts) returns every layout's timed steps, the
+// same on every rank, and rejects what cannot run; plan::spearman ranks with ties.
 // (Step-time predictions are checked against measurement by bench/plan_check.py, not here.)
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
+#include <algorithm>
 #include <cmath>
 #include <set>
 #include <string>
@@ -21,6 +24,7 @@
 #include "pmt/obs/memory.hpp"
 #include "pmt/optim/optimizers.hpp"
 #include "pmt/optim/zero.hpp"
+#include "pmt/plan/measure.hpp"
 #include "pmt/plan/planner.hpp"
 #include "pmt/train/trainer.hpp"
 
@@ -165,7 +169,7 @@ namespace {
 /// Builds the layout's model, optimizer and trainer on this job's ranks, runs 2 steps and returns
 /// {parameter elements, peak bytes} of this rank (Kokkos allocations since the start).
 template <bool Zero>
-std::pair<double, double> measure(const pmt::plan::Problem& pr, const pmt::plan::Layout& l) {
+std::pair<double, double> measure_memory(const pmt::plan::Problem& pr, const pmt::plan::Layout& l) {
   using T     = float;
   using Model = pmt::nn::Gpt<T, Host, Backend>;
   using Ids   = typename Model::Ids;
@@ -228,7 +232,7 @@ TEST_CASE("the planner's memory model matches what every layout allocates", "[pl
         if (!pmt::plan::why_invalid(pr, l, n).empty()) continue;
         DYNAMIC_SECTION("context " << pr.model.context << ": " << l.describe()) {
           const auto e              = pmt::plan::estimate(pr, mc, l);
-          const auto [params, peak] = l.zero ? measure<true>(pr, l) : measure<false>(pr, l);
+          const auto [params, peak] = l.zero ? measure_memory<true>(pr, l) : measure_memory<false>(pr, l);
           const int stage =
               pmt::test::world().rank() / (l.dp * l.tp);  // the Mesh's order: tp fastest, then dp
           const auto& want = e.memory[static_cast<std::size_t>(stage)];
@@ -247,4 +251,71 @@ TEST_CASE("the planner's memory model matches what every layout allocates", "[pl
       }
     }
   mem.enable(false);
+}
+
+TEST_CASE("spearman: rank correlation with ties", "[plan]") {
+  using pmt::plan::spearman;
+  CHECK(spearman({1, 2, 3, 4}, {10, 20, 30, 40}) == 1.0);
+  CHECK(spearman({1, 2, 3, 4}, {4, 3, 2, 1}) == -1.0);
+  // ranks (0, 1.5, 1.5, 3) and (0, 2, 1, 3): cov 4.5, var 4.5 and 5
+  CHECK(std::abs(spearman({1, 2, 2, 3}, {1, 3, 2, 4}) - 4.5 / std::sqrt(4.5 * 5.0)) < 1e-15);
+  // (0, 3, 1, 2) against (0, 1, 2, 3): 1 - 6 * 6 / (4 * 15) = 0.4
+  CHECK(std::abs(spearman({5, 9, 6, 8}, {1, 2, 3, 4}) - 0.4) < 1e-15);
+  CHECK(spearman({1, 1, 1}, {1, 2, 3}) == 1.0);  // constant: no ranking to contradict
+  CHECK_THROWS_WITH(spearman({1, 2}, {1, 2, 3}), ContainsSubstring("pmt::plan::spearman") &&
+                                                     ContainsSubstring("2 and 3 values"));
+}
+
+TEST_CASE("plan::measure trains each layout, interleaved, the same times on every rank", "[plan][mpi]") {
+  const int n   = pmt::test::world().size();
+  const auto pr = problem(96, 2, 32, 4, 8);
+  std::vector<pmt::plan::Layout> layouts{{n, 1, 1, 1, pmt::parallel::ScheduleKind::OneFOneB, false},
+                                         {n, 1, 1, 2, pmt::parallel::ScheduleKind::OneFOneB, false}};
+  if (n > 1) {
+    layouts.push_back({n / 2, 1, 2, 2, pmt::parallel::ScheduleKind::GPipe, false});
+    layouts.push_back({1, 2, n / 2, 1, pmt::parallel::ScheduleKind::OneFOneB, false});
+    if (n > 2) layouts.push_back({n / 2, 2, 1, 1, pmt::parallel::ScheduleKind::OneFOneB, true});
+  }
+  pmt::plan::MeasureOptions o;
+  o.rounds      = 3;
+  o.timed_steps = 2;
+  const auto got = pmt::plan::measure(pmt::test::world(), pr, layouts, o);
+  REQUIRE(got.size() == layouts.size());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    INFO(layouts[i].describe());
+    const auto& m = got[i];
+    REQUIRE(m.steps.size() == 6);
+    double sum = 0;
+    for (double t : m.steps) {
+      CHECK(t > 0);
+      sum += t;
+    }
+    CHECK(m.low <= m.median);
+    CHECK(m.median <= m.high);
+    auto sorted = m.steps;
+    std::sort(sorted.begin(), sorted.end());
+    CHECK(m.median == sorted[3]);
+    // every rank holds rank 0's times
+    Kokkos::View<double[2], Kokkos::HostSpace> v("v");
+    v(0) = sum;
+    v(1) = -sum;
+    pmt::comm::all_reduce(pmt::test::world(), Host(), v, pmt::comm::ReduceOp::Max);
+    CHECK(v(0) == sum);
+    CHECK(-v(1) == sum);
+  }
+}
+
+TEST_CASE("plan::measure rejects what cannot run before it builds anything", "[plan]") {
+  const int n  = pmt::test::world().size();
+  auto pr      = problem(96, 2, 32, 4, 4);
+  const pmt::plan::Layout bad{n, 1, 1, 3, pmt::parallel::ScheduleKind::OneFOneB, false};
+  CHECK_THROWS_WITH(pmt::plan::measure(pmt::test::world(), pr, {bad}),
+                    ContainsSubstring("pmt::plan::measure") && ContainsSubstring("3 microbatches do not divide"));
+  pr.value_bytes = 8;
+  const pmt::plan::Layout good{n, 1, 1, 1, pmt::parallel::ScheduleKind::OneFOneB, false};
+  CHECK_THROWS_WITH(pmt::plan::measure(pmt::test::world(), pr, {good}), ContainsSubstring("8-byte values"));
+  pr.value_bytes = 4;
+  pmt::plan::MeasureOptions o;
+  o.rounds = 0;
+  CHECK_THROWS_WITH(pmt::plan::measure(pmt::test::world(), pr, {good}, o), ContainsSubstring("rounds 0"));
 }
