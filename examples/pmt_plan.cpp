@@ -198,6 +198,7 @@ int main(int argc, char* argv[]) {
           "sequences\n",
           m.layers, m.width, m.heads, m.context, m.vocab, o.problem.batch);
       std::printf("machine: %s\n", pmt::plan::describe(machine).c_str());
+      if (!machine.advice.empty()) std::printf("note: %s\n", machine.advice.c_str());
       if (o.verbose) std::fputs(machine.details.c_str(), stdout);
       std::printf("\n");
       std::fputs(plan.table(static_cast<std::size_t>(o.top)).c_str(), stdout);

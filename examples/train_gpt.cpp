@@ -204,6 +204,7 @@ void choose_layout(Options& o, const Comm& world) {
   pmt::plan::SearchOptions so;
   so.allow_zero   = o.ckpt_dir.empty();  // checkpoints hold AdamW's state
   const auto plan = pmt::plan::search(problem, pmt::plan::calibrate(world, problem), so);
+  if (pmt::world_rank() == 0 && !plan.machine.advice.empty()) std::printf("--auto: note: %s\n", plan.machine.advice.c_str());
   const auto& b   = plan.best().layout;  // raises, with the rejections, when nothing runs
   o.dp = b.dp, o.tp = b.tp, o.pp = b.pp, o.microbatches = b.microbatches, o.zero = b.zero;
   o.schedule = pmt::parallel::schedule_name(b.schedule);

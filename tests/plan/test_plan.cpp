@@ -164,6 +164,26 @@ TEST_CASE(
         ea.memory[0].optimizer + ea.memory[0].buckets);
 }
 
+TEST_CASE("the step simulation: a critical path with a core per rank, work-conserving on shared cores", "[plan]") {
+  using pmt::parallel::ScheduleKind;
+  using pmt::plan::plan_detail::simulate;
+  const std::vector<double> none2(2, 0.0), f2(2, 1.0), b2(2, 2.0), none1(1, 0.0), f1(1, 1.0), b1(1, 2.0);
+  // a core per rank: 2 equal stages, GPipe, 4 microbatches: (m + p - 1)(f + b)
+  CHECK(simulate(ScheduleKind::GPipe, 2, 4, f2, b2, none2, 0.0, 2.0, 1) == 15.0);
+  // one microbatch on 2 stages: forward and backward of each stage in turn, whatever the cores
+  for (double cores : {1.0, 2.0, 4.0}) CHECK(simulate(ScheduleKind::OneFOneB, 2, 1, f2, b2, none2, 0.0, cores, 1) == 6.0);
+  // dp 2 x pp 2 on 2 cores: the ranks of a stage sit on different cores, a stage never waits for a core
+  CHECK(simulate(ScheduleKind::OneFOneB, 2, 1, f2, b2, none2, 0.0, 2.0, 2) == 6.0);
+  // 2 ranks of one stage (dp 2) on one core compute at half speed
+  CHECK(simulate(ScheduleKind::OneFOneB, 1, 1, f1, b1, none1, 0.0, 1.0, 2) == 6.0);
+  // 2 stages on one core: a stage waiting in the bubble leaves the core to the other, so the core
+  // never idles and the step is all the work, 2 stages x 4 microbatches x 3
+  for (auto kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB})
+    CHECK(std::abs(simulate(kind, 2, 4, f2, b2, none2, 0.0, 1.0, 1) - 24.0) < 1e-9);
+  // communication (a hop between stages) is waited for, not computed
+  CHECK(std::abs(simulate(ScheduleKind::OneFOneB, 2, 1, f2, b2, none2, 0.5, 2.0, 1) - 7.0) < 1e-9);
+}
+
 namespace {
 
 /// Builds the layout's model, optimizer and trainer on this job's ranks, runs 2 steps and returns

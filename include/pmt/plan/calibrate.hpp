@@ -22,6 +22,7 @@
 
 #include <Kokkos_Core.hpp>
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -111,13 +112,28 @@ std::vector<double> timed_alone(const comm::Communicator<Backend>& world, double
   return result;
 }
 
-/// The share of its speed alone that a rank keeps when every rank of this node computes at once:
-/// cores / (ranks on the node x threads per rank), at most 1.
-inline double compute_share(int threads_per_rank) {
+/// True when this rank may run on more cores than it has threads (not bound to its own cores).
+inline bool unbound(int threads_per_rank) {
   cpu_set_t set;
+  return sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > std::max(1, threads_per_rank);
+}
+
+/// The share of its speed alone that a rank keeps when every rank of this node computes at once:
+/// cores / (ranks on the node x threads per rank), at most 1. The cores are those any rank may
+/// run on (the union of the ranks' affinity masks: bound one rank per core, or all free on every
+/// core, the node's cores count once), at most the online cores.
+template <class Backend>
+double compute_share(const comm::Communicator<Backend>& world, int threads_per_rank) {
+  constexpr int max_cpus = 1024;
+  Kokkos::View<std::uint8_t*, Kokkos::HostSpace> mask("pmt::plan::calibrate::cpus", max_cpus);
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0)
+    for (int c = 0; c < max_cpus && c < CPU_SETSIZE; ++c) mask(c) = CPU_ISSET(c, &set) ? 1 : 0;
+  comm::all_reduce(world, Kokkos::DefaultHostExecutionSpace(), mask, comm::ReduceOp::Max);
   int cores = 0;
-  if (sched_getaffinity(0, sizeof set, &set) == 0) cores = CPU_COUNT(&set);
-  if (cores <= 0) cores = static_cast<int>(std::thread::hardware_concurrency());
+  for (int c = 0; c < max_cpus; ++c) cores += mask(c);
+  const int online = static_cast<int>(std::thread::hardware_concurrency());
+  if (online > 0) cores = cores > 0 ? std::min(cores, online) : online;
   if (cores <= 0) return 1.0;
   return std::min(1.0, double(cores) / (double(local_ranks()) * std::max(1, threads_per_rank)));
 }
@@ -219,8 +235,14 @@ Machine calibrate(const comm::Communicator<Backend>& world, const Problem& probl
     search(problem, rec);
   }
   const auto& c      = problem.model;
-  const double share = compute_share(exec.concurrency());
+  const double share = compute_share(world, exec.concurrency());
   mc.core_share      = share;  // the pieces are timed alone; the model shares the cores
+  if (share < 1 && max_over(world, unbound(exec.concurrency()) ? 1.0 : 0.0) > 0)
+    mc.advice =
+        "the ranks share cores and may run on any of them: the operating system can leave the ranks of "
+        "one pipeline stage on one core while those of the next wait on the other (steps up to 2x "
+        "slower, from run to run). Bind them, e.g. mpiexec --map-by core --bind-to core:overload-allowed: "
+        "rank r then runs on core r mod cores, as the predictions assume";
   std::map<std::pair<std::size_t, int>, std::pair<double, double>> block_table;
   std::map<std::pair<std::size_t, int>, double> head_table;
   {  // rounds over all shapes (a slow moment of the machine hits one round of each, not one shape)

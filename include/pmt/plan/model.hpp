@@ -27,9 +27,10 @@
 //               launch cost per kernel, and the tp all-reduces: latency + 2 (g - 1) / g bytes /
 //               bandwidth), the first stage's embeddings, the last stage's head and loss.
 //               The step's microbatches are simulated on the schedule's table with processor
-//               sharing (simulate(): a rank computes at min(1, cores / ranks computing), so on
-//               shared cores a rank waiting in the bubble lends its share to the others; with a
-//               core per rank it is the usual critical path), activations and gradients one
+//               sharing (simulate(): rank r on core r mod cores computes at 1 / (ranks
+//               computing on its core), so on shared cores a rank waiting in the bubble lends its
+//               core to its neighbour; with a core per rank it is the usual critical path),
+//               activations and gradients one
 //               p2p hop apart; then the dp gradient all-reduce (overlapping the last backward when
 //               it has more than one bucket) or ZeRO's reduce-scatter + all-gather, and the
 //               optimizer (zero_grad, norm, AdamW on what the rank updates).
@@ -81,11 +82,13 @@ struct Machine {
   };
   std::vector<Link> links;
   /// the share of its speed alone a rank keeps when every rank computes at once (cores / (ranks x
-  /// threads), at most 1): the simulation runs a rank at min(1, cores / ranks computing), so a
-  /// rank waiting in a pipeline bubble lends its share to the others
+  /// threads), at most 1): with less than 1 the simulation places rank r on core r mod cores
+  /// (`mpiexec --map-by core`) and a rank waiting in a pipeline bubble lends its core to the
+  /// other ranks on it
   double core_share  = 1;
   std::string source = "given";  ///< "given", or how it was calibrated
   std::string details;           ///< calibration: what each measured piece took
+  std::string advice;            ///< calibration: what to change in how the ranks run ("" if nothing)
 
   /// seconds of C (M x N) += A (M x K) B (K x N) on one rank alone
   double gemm(std::size_t M, std::size_t N, std::size_t K) const {
@@ -300,10 +303,13 @@ inline StageCost stage_cost(const Problem& pr, const Machine& mc, const Layout& 
 
 /// The makespan of one step's microbatches on p stages (schedule `kind`; p = 1: forward and
 /// backward of each microbatch in turn), each stage run by `per_stage` ranks: an action computes
-/// its work (seconds alone) at the rate min(1, cores / ranks computing), then waits its
-/// communication (`wait`, no CPU); an activation or gradient reaches the next stage `hop` after
-/// its action ends. Processor sharing: a rank waiting in the pipeline's bubble leaves its share
-/// of the cores to the others. With cores >= ranks it is the usual critical path. (It runs the
+/// its work (seconds alone), then waits its communication (`wait`, no CPU); an activation or
+/// gradient reaches the next stage `hop` after its action ends. With cores >= ranks every rank
+/// computes at full speed: the usual critical path. With fewer cores, rank r sits on core
+/// r mod cores (`mpiexec --map-by core`; in the Mesh's order the ranks of one stage are
+/// consecutive, so they spread over the cores and stages share them) and computes at 1 / (ranks
+/// computing on its core): a rank waiting in the pipeline's bubble leaves its core to the rank of
+/// another stage beside it. (It runs the
 /// same tables as parallel::check, which proves them and counts live microbatches, but there an
 /// action's time is fixed; here it depends on how many ranks compute at once.)
 inline double simulate(parallel::ScheduleKind kind, int p, int m, const std::vector<double>& work_f,
@@ -332,6 +338,13 @@ inline double simulate(parallel::ScheduleKind kind, int p, int m, const std::vec
                          0);  // 0 waiting for its input, 1 computing, 2 communicating
   std::vector<double> left(static_cast<std::size_t>(p), 0.0),
       until(static_cast<std::size_t>(p), 0.0);
+  // the ranks on the cores: rank r (stage r / per_stage, the Mesh's order) on core r mod slots,
+  // as `mpiexec --map-by core` places them; with a core (or more) per rank, every rate is 1
+  const int ranks         = p * per_stage;
+  const int slots         = cores >= ranks ? ranks : std::max(1, static_cast<int>(std::lround(cores)));
+  const double slot_speed = cores >= ranks ? 1.0 : std::min(1.0, cores / slots);
+  std::vector<int> load(static_cast<std::size_t>(slots), 0);
+  std::vector<double> rate(static_cast<std::size_t>(p), 1.0);
   double now = 0;
   for (int guard = 0; guard < 64 * (m + 1) * (p + 1); ++guard) {
     bool all_done   = true;
@@ -353,19 +366,25 @@ inline double simulate(parallel::ScheduleKind kind, int p, int m, const std::vec
       }
     }
     if (all_done) return now;
-    int active = 0;
-    for (int ph : phase) active += ph == 1;
-    const double rate = active ? std::min(1.0, cores / (double(active) * per_stage)) : 1.0;
-    double dt         = ready_at - now;
+    // each stage's rate: its slowest rank's share of the core it sits on
+    std::fill(load.begin(), load.end(), 0);
+    for (int r = 0; r < ranks; ++r)
+      if (phase[static_cast<std::size_t>(r / per_stage)] == 1) ++load[static_cast<std::size_t>(r % slots)];
     for (std::size_t s = 0; s < static_cast<std::size_t>(p); ++s) {
-      if (phase[s] == 1) dt = std::min(dt, left[s] / rate);
+      rate[s] = 1.0;
+      for (int r = int(s) * per_stage; r < (int(s) + 1) * per_stage; ++r)
+        rate[s] = std::min(rate[s], slot_speed / std::max(1, load[static_cast<std::size_t>(r % slots)]));
+    }
+    double dt = ready_at - now;
+    for (std::size_t s = 0; s < static_cast<std::size_t>(p); ++s) {
+      if (phase[s] == 1) dt = std::min(dt, left[s] / rate[s]);
       if (phase[s] == 2) dt = std::min(dt, until[s] - now);
     }
     dt = std::max(dt, 0.0);
     now += dt;
     for (std::size_t s = 0; s < static_cast<std::size_t>(p); ++s) {
       if (phase[s] == 1) {
-        left[s] -= dt * rate;
+        left[s] -= dt * rate[s];
         if (left[s] <= 1e-15 * (1 + now)) phase[s] = 2, until[s] = now + wait[s];
       }
       if (phase[s] == 2 && until[s] <= now) {
