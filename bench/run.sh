@@ -36,7 +36,7 @@ echo
 # What the instrumentation costs (compiled out / recorder off / recorder on)
 python3 "$root/bench/trace_overhead.py" "$build" "${PMT_BENCH_ROUNDS_TRACE:-7}"
 echo
-# The planner's predictions against train_gpt runs of every layout (4 ranks: 2 per core; 2 ranks)
-python3 "$root/bench/plan_check.py" "$build" 4 "${PMT_BENCH_REPS_PLAN:-4}" 30
+# The planner's predictions against every candidate trained side by side (4 ranks: 2 per core, bound; 2 ranks)
+python3 "$root/bench/plan_check.py" "$build" 4 "${PMT_BENCH_REPS_PLAN:-3}" 8
 echo
-python3 "$root/bench/plan_check.py" "$build" 2 "${PMT_BENCH_REPS_PLAN:-3}" 30
+python3 "$root/bench/plan_check.py" "$build" 2 "${PMT_BENCH_REPS_PLAN:-3}" 8
