@@ -4,12 +4,16 @@
 // Parameters are grouped in backward order (the reverse of parameters()) into buckets of about
 // `bucket_bytes` (25 MiB by default, as PyTorch DDP). When every gradient of a bucket is final
 // (ready(), called from the model's backward hook), the bucket is packed into one buffer and its
-// all-reduce starts without blocking; finish() starts what is left, waits, and unpacks.
+// all-reduce starts without blocking; finish() waits, and unpacks. The last bucket in backward
+// order completes with the last layer's backward, when nothing is left to overlap: finish() sums
+// it with a blocking all-reduce, which MPI implements faster than a non-blocking one (Open MPI
+// on 12.8 MB between 2 ranks: 7.5 against 10.4 ms; inside a training step the non-blocking one
+// took about 22 ms).
 // Gradients are SUMMED over dp: pmt normalises the loss by the global token count, so each
 // replica's gradient is already its share of the global mean (this also makes synchronous DP
 // equal to one rank on the global batch). Gradient accumulation: arm(false) for all but the
 // last microbatch, so nothing is communicated until the last.
-// Communication: one all_reduce(dp, sum) per bucket, non-blocking.
+// Communication: one all_reduce(dp, sum) per bucket, non-blocking but the last.
 
 #include "pmt/core/instrument.hpp"
 #include "pmt/comm/collectives.hpp"
@@ -72,7 +76,10 @@ class GradSync {
       const auto it = m_bucket_of.find(p);
       if (it == m_bucket_of.end()) continue;
       Bucket& b = m_buckets[it->second];
-      if (++b.ready == b.params.size()) {
+      // the last bucket of backward order has no backward left to overlap: finish() sums it
+      // with a blocking all-reduce (MPI's tuned algorithms: about 30 % faster than the
+      // non-blocking one on 12.8 MB between 2 ranks)
+      if (++b.ready == b.params.size() && &b != &m_buckets.back()) {
         launch(exec, b);
         ++m_launched_early;
       }
@@ -91,10 +98,14 @@ class GradSync {
   /// \brief Starts the buckets not yet started, waits for all, and writes the sums back.
   void finish(const Exec& exec) {
     if (!m_armed) return;
-    for (auto& b : m_buckets)
-      if (!b.launched) launch(exec, b);
+    for (std::size_t i = 0; i + 1 < m_buckets.size(); ++i)
+      if (!m_buckets[i].launched) launch(exec, m_buckets[i]);
     for (auto& b : m_buckets) {
-      {
+      if (!b.launched) {  // the last bucket: nothing left to overlap, a blocking all-reduce
+        pack(exec, b);
+        const Instrument instrument("pmt::parallel::GradSync::wait", Track::Collective, "dp gradient bucket");
+        comm::all_reduce(m_dp, exec, b.buffer, comm::ReduceOp::Sum);
+      } else {
         const Instrument instrument("pmt::parallel::GradSync::wait", Track::Collective, "dp gradient bucket");
         b.request.wait();
       }
@@ -121,12 +132,15 @@ class GradSync {
     comm::Request request;
   };
 
-  void launch(const Exec& exec, Bucket& b) {
+  void pack(const Exec& exec, Bucket& b) {
     std::size_t offset = 0;
     for (auto* p : b.params) {
       Kokkos::deep_copy(exec, Kokkos::subview(b.buffer, std::make_pair(offset, offset + p->size())), p->grad);
       offset += p->size();
     }
+  }
+  void launch(const Exec& exec, Bucket& b) {
+    pack(exec, b);
     b.request  = comm::iall_reduce(m_dp, exec, b.buffer, comm::ReduceOp::Sum);
     b.launched = true;
   }
