@@ -19,6 +19,7 @@
 #include <pmt/plan/measure.hpp>
 #include <pmt/pmt.hpp>
 #include <string>
+#include <vector>
 
 namespace {
 
