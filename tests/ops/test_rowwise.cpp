@@ -113,6 +113,30 @@ TEST_CASE("the row exponential sums exp(x - max) to float accuracy, underflows t
   CHECK(std::abs(ez[0] - std::exp(-1.0)) <= 3e-7 * std::exp(-1.0));
 }
 
+TEMPLATE_TEST_CASE("the row maximum equals std::max over every length, skips NaN in x, is -inf when empty",
+                   "[ops][softmax]", float, double) {
+  // pmt::detail::lane_max is vectorised with maxps/maxpd where the build targets AVX2 and is the
+  // portable loop elsewhere; both keep `x > acc ? x : acc` per lane.
+  using T = TestType;
+  std::vector<T> x(100);
+  for (std::size_t j = 0; j < x.size(); ++j) x[j] = T(-50) + T((j * 37) % 101);
+  for (int n : {0, 1, 7, 15, 16, 17, 31, 32, 33, 64, 100}) {
+    for (int at = 0; at < n; at += 5) {  // the maximum at every fifth position in turn
+      std::vector<T> r(x.begin(), x.begin() + n);
+      r[at] = T(1000) + T(at);
+      CHECK(pmt::detail::lane_max(r.data(), n) == r[at]);
+    }
+    if (n == 0) CHECK(pmt::detail::lane_max(x.data(), 0) == -std::numeric_limits<T>::infinity());
+  }
+  std::vector<T> z(40, T(-3));
+  z[2] = std::numeric_limits<T>::quiet_NaN();
+  z[18] = std::numeric_limits<T>::quiet_NaN();
+  z[33] = T(2);
+  CHECK(pmt::detail::lane_max(z.data(), 40) == T(2));
+  std::vector<T> neg(20, -std::numeric_limits<T>::infinity());
+  CHECK(pmt::detail::lane_max(neg.data(), 20) == -std::numeric_limits<T>::infinity());
+}
+
 TEST_CASE("softmax_backward and log_softmax_backward match finite differences", "[ops][softmax][gradient]") {
   Host exec;
   auto x = pmt::make_tensor<double, Host>("x", 2, 5, 5), y = pmt::make_tensor<double, Host>("y", 2, 5, 5);
