@@ -8,7 +8,9 @@
 //                                send real (64, 256) activations: the schedule and the runtime
 //                                without CPU contention (for pp beyond the cores of a machine)
 // Per run (after a barrier) each stage reports its wall time and compute time (forward +
-// backward, fenced); bubble = 1 - sum(compute) / (p * max wall), the median over `reps` runs.
+// backward, fenced); bubble = 1 - sum(compute) / (p * max wall), the median over `reps` rounds
+// that run every configuration once each, interleaved (a slow phase of the machine hits several
+// configurations once, not one configuration in every run).
 // theory = (p - 1) / (m + p - 1) assumes equal stages; `expected` is the checker's simulation of
 // the same table with each stage's measured mean forward and backward times, which separates
 // unequal or noisy stages (the hardware) from the runtime's own overhead (waiting for messages).
@@ -23,13 +25,16 @@
 
 #include <malloc.h>
 #include <mpi.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 using Exec    = Kokkos::DefaultHostExecutionSpace;
@@ -45,6 +50,18 @@ std::size_t heap_in_use() {
   return mi.uordblks + mi.hblkhd;
 }
 
+/// CPU time the hypervisor gave to other guests ("steal" in /proc/stat, all CPUs), in ms; 0 where
+/// unknown. Read around each run: under load this VM loses 5-12 % of its vCPU time, in bursts.
+double steal_ms() {
+  std::FILE* f = std::fopen("/proc/stat", "r");
+  if (!f) return 0;
+  unsigned long long v[8] = {};
+  const int got = std::fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5],
+                              &v[6], &v[7]);
+  std::fclose(f);
+  return got == 8 ? 1000.0 * double(v[7]) / double(sysconf(_SC_CLK_TCK)) : 0.0;
+}
+
 /// A stage that sleeps instead of computing (the Model interface of PipelineRunner).
 struct SleepStage {
   using value_type = float;
@@ -57,12 +74,16 @@ struct SleepStage {
   int stage() const { return s; }
   int stages() const { return p; }
   std::size_t width() const { return C; }
-  /// Sleeps `seconds` in 0.25 ms pieces, letting pending messages progress in between (as the
-  /// Gpt does between its attention and MLP halves).
+  /// Takes exactly `seconds`: sleeps in 0.25 ms pieces, letting pending messages progress in
+  /// between (as the Gpt does between its attention and MLP halves), and spins, still polling,
+  /// through the last 0.4 ms. Sleeping to the end instead overshot each action by a random
+  /// 0-0.35 ms (the last piece plus the kernel's timer slack); in a tight schedule the slower of
+  /// two such stages sets every step, which is noise of the stand-in, not the runtime's cost.
   static void work(double seconds) {
-    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-    while (std::chrono::steady_clock::now() < end) {
-      std::this_thread::sleep_for(std::chrono::microseconds(250));
+    using clock = std::chrono::steady_clock;
+    const auto end = clock::now() + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(seconds));
+    for (auto now = clock::now(); now < end; now = clock::now()) {
+      if (end - now > std::chrono::microseconds(400)) std::this_thread::sleep_for(std::chrono::microseconds(250));
       pmt::comm::progress();
     }
   }
@@ -103,7 +124,8 @@ struct MeteredGpt {
 
 struct Row {
   double bubble = 0;
-  double expected = 0;  // the checker's bubble for this run's measured per-stage forward and backward times
+  double expected = 0;
+  double steal = 0;     // ms of vCPU time stolen by the hypervisor during a run (median)  // the checker's bubble for this run's measured per-stage forward and backward times
   std::vector<double> busy, idle, peak_mib;  // per stage (medians; peak: the largest)
   std::vector<int> peak_live;                 // per stage, as the runner counted
 };
@@ -119,49 +141,84 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+/// One configuration (schedule, m) with its runner, microbatches and per-run samples.
 template <class Model>
-Row measure(const pmt::Mesh<Backend>& mesh, Model& model, ScheduleKind kind, int m, int reps, std::size_t T) {
-  pmt::parallel::PipelineRunner<Model, Exec, Backend> runner(mesh, model);
+struct Config {
+  ScheduleKind kind;
+  int m;
+  std::unique_ptr<pmt::parallel::PipelineRunner<Model, Exec, Backend>> runner;
   std::vector<pmt::parallel::Microbatch<Ids>> mbs;
-  for (int i = 0; i < m; ++i) {
-    pmt::parallel::Microbatch<Ids> mb{Ids("ids", T), Ids("targets", T), 1, T};
-    for (std::size_t t = 0; t < T; ++t) mb.ids(t) = int((t * 7 + i) % 256), mb.targets(t) = int((t * 7 + i + 1) % 256);
-    mbs.push_back(mb);
-  }
-  const int p = mesh.degree(pmt::Axis::pp);
+  std::vector<double> bubbles, expected, peak_mib, steal;
+  std::vector<std::vector<double>> busy, idle;  // [stage][run]
+};
+
+/// One run of `c` (after a barrier); recorded unless it is a warm-up.
+template <class Model>
+void run_once(Model& model, Config<Model>& c, int p, bool record) {
   const auto P = static_cast<std::size_t>(p);
-  std::vector<double> bubbles, expected, peak_mib;
-  std::vector<std::vector<double>> busy(P), idle(P);
-  for (int rep = -1; rep < reps; ++rep) {  // rep -1 warms up
-    MPI_Barrier(MPI_COMM_WORLD);
-    model.base = model.peak = heap_in_use();
-    runner.run(Exec(), kind, mbs, double(m) * double(T));
-    const auto& st = runner.stats();
-    const auto compute = gather(st.compute, p), wall = gather(st.wall, p);
-    if (rep < 0) continue;
-    const double max_wall = *std::max_element(wall.begin(), wall.end());
-    double sum_busy = 0;
-    for (std::size_t s = 0; s < P; ++s) {
-      sum_busy += compute[s];
-      busy[s].push_back(compute[s]);
-      idle[s].push_back(max_wall - compute[s]);
-    }
-    bubbles.push_back(1.0 - sum_busy / (p * max_wall));
-    double tf = 0, tb = 0;  // this stage's mean forward and backward times
-    for (const auto& e : st.events) {
-      if (e.action.kind == pmt::parallel::Action::Forward) tf += (e.end - e.start) / m;
-      if (e.action.kind == pmt::parallel::Action::Backward) tb += (e.end - e.start) / m;
-    }
-    expected.push_back(pmt::parallel::check(pmt::parallel::make_schedule(kind, p, m), gather(tf, p), gather(tb, p)).bubble);
-    peak_mib.push_back(double(model.peak - model.base) / double(1 << 20));
+  MPI_Barrier(MPI_COMM_WORLD);
+  model.base = model.peak = heap_in_use();
+  const double steal0 = steal_ms();
+  c.runner->run(Exec(), c.kind, c.mbs, double(c.m) * double(c.mbs[0].T));
+  const double stolen = steal_ms() - steal0;
+  const auto& st = c.runner->stats();
+  const auto compute = gather(st.compute, p), wall = gather(st.wall, p);
+  double tf = 0, tb = 0;  // this stage's mean forward and backward times
+  for (const auto& e : st.events) {
+    if (e.action.kind == pmt::parallel::Action::Forward) tf += (e.end - e.start) / c.m;
+    if (e.action.kind == pmt::parallel::Action::Backward) tb += (e.end - e.start) / c.m;
   }
-  Row row;
-  row.bubble   = median(bubbles);
-  row.expected = median(expected);
-  for (std::size_t s = 0; s < P; ++s) row.busy.push_back(median(busy[s])), row.idle.push_back(median(idle[s]));
-  row.peak_mib = gather(*std::max_element(peak_mib.begin(), peak_mib.end()), p);
-  for (double x : gather(runner.stats().peak_live, p)) row.peak_live.push_back(int(x));
-  return row;
+  const auto all_tf = gather(tf, p), all_tb = gather(tb, p);
+  if (!record) return;
+  const double max_wall = *std::max_element(wall.begin(), wall.end());
+  double sum_busy = 0;
+  c.busy.resize(P);
+  c.idle.resize(P);
+  for (std::size_t s = 0; s < P; ++s) {
+    sum_busy += compute[s];
+    c.busy[s].push_back(compute[s]);
+    c.idle[s].push_back(max_wall - compute[s]);
+  }
+  c.bubbles.push_back(1.0 - sum_busy / (p * max_wall));
+  c.expected.push_back(pmt::parallel::check(pmt::parallel::make_schedule(c.kind, p, c.m), all_tf, all_tb).bubble);
+  c.peak_mib.push_back(double(model.peak - model.base) / double(1 << 20));
+  c.steal.push_back(stolen);
+}
+
+/// Every (schedule, m) measured in interleaved rounds: one warm-up round, then `reps` rounds that
+/// run each configuration once, in an order rotated per round, so that a slow phase of the
+/// machine (seconds long on this VM) falls on several configurations once rather than on every
+/// run of one. Each row holds the medians over the rounds.
+template <class Model>
+std::vector<Row> measure(const pmt::Mesh<Backend>& mesh, Model& model, const std::vector<std::pair<ScheduleKind, int>>& configs,
+                         int reps, std::size_t T) {
+  const int p = mesh.degree(pmt::Axis::pp);
+  std::vector<Config<Model>> cs;
+  for (const auto& [kind, m] : configs) {
+    Config<Model> c{kind, m, std::make_unique<pmt::parallel::PipelineRunner<Model, Exec, Backend>>(mesh, model), {}, {}, {}, {}, {}, {}, {}};
+    for (int i = 0; i < m; ++i) {
+      pmt::parallel::Microbatch<Ids> mb{Ids("ids", T), Ids("targets", T), 1, T};
+      for (std::size_t t = 0; t < T; ++t) mb.ids(t) = int((t * 7 + i) % 256), mb.targets(t) = int((t * 7 + i + 1) % 256);
+      c.mbs.push_back(mb);
+    }
+    cs.push_back(std::move(c));
+  }
+  const std::size_t n = cs.size();
+  for (int rep = -1; rep < reps; ++rep)
+    for (std::size_t k = 0; k < n; ++k) run_once(model, cs[(k + static_cast<std::size_t>(rep + 1)) % n], p, rep >= 0);
+  std::vector<Row> rows;
+  for (auto& c : cs) {
+    Row row;
+    row.bubble   = median(c.bubbles);
+    row.expected = median(c.expected);
+    row.steal    = median(c.steal);
+    for (std::size_t s = 0; s < static_cast<std::size_t>(p); ++s)
+      row.busy.push_back(median(c.busy[s])), row.idle.push_back(median(c.idle[s]));
+    row.peak_mib = gather(*std::max_element(c.peak_mib.begin(), c.peak_mib.end()), p);
+    for (double x : gather(c.runner->stats().peak_live, p)) row.peak_live.push_back(int(x));
+    rows.push_back(std::move(row));
+  }
+  return rows;
 }
 
 }  // namespace
@@ -192,7 +249,7 @@ int main(int argc, char* argv[]) {
                   cfg.width, cfg.context, cfg.vocab);
     else
       std::printf("sleep stages: forward 10 ms, backward 20 ms, activations (64, 256) floats\n");
-    std::printf("%-6s %3s %8s %8s %6s %9s %6s | %s\n", "sched", "m", "bubble", "theory", "ratio", "expected", "ratio",
+    std::printf("%-6s %3s %8s %8s %6s %9s %6s %6s | %s\n", "sched", "m", "bubble", "theory", "ratio", "expected", "ratio", "steal",
                 (std::string("per stage: busy/idle ms, peak live microbatches") + (mode == "model" ? ", peak activation MiB" : "")).c_str());
   }
   std::unique_ptr<Gpt> gpt;
@@ -205,20 +262,26 @@ int main(int argc, char* argv[]) {
     double measured, theory, expected;
   };
   std::vector<Target> targets;
-  for (auto kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB}) {
-    for (int m : ms) {
-      Row row;
-      if (mode == "model") {
-        MeteredGpt metered{*gpt};
-        row = measure(mesh, metered, kind, m, reps, T);
-      } else {
-        SleepStage stage{mesh.coord(pmt::Axis::pp), p, 256, 0.010, 0.020};
-        row = measure(mesh, stage, kind, m, reps, T);
-      }
+  std::vector<std::pair<ScheduleKind, int>> configs;
+  for (auto kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB})
+    for (int m : ms) configs.emplace_back(kind, m);
+  std::vector<Row> rows;
+  if (mode == "model") {
+    MeteredGpt metered{*gpt};
+    rows = measure(mesh, metered, configs, reps, T);
+  } else {
+    SleepStage stage{mesh.coord(pmt::Axis::pp), p, 256, 0.010, 0.020};
+    rows = measure(mesh, stage, configs, reps, T);
+  }
+  for (std::size_t c = 0; c < configs.size(); ++c) {
+    {
+      const auto [kind, m] = configs[c];
+      const Row& row = rows[c];
       const double theory = pmt::parallel::ScheduleReport::theory(p, m);
       if (r == 0) {
-        std::printf("%-6s %3d %7.1f%% %7.1f%% %6.3f %8.1f%% %6.3f |", pmt::parallel::schedule_name(kind), m,
-                    100 * row.bubble, 100 * theory, row.bubble / theory, 100 * row.expected, row.bubble / row.expected);
+        std::printf("%-6s %3d %7.1f%% %7.1f%% %6.3f %8.1f%% %6.3f %4.0fms |", pmt::parallel::schedule_name(kind), m,
+                    100 * row.bubble, 100 * theory, row.bubble / theory, 100 * row.expected, row.bubble / row.expected,
+                    row.steal);
         for (std::size_t s = 0; s < static_cast<std::size_t>(p); ++s) {
           std::printf(" s%zu %.0f/%.0f live %d", s, 1e3 * row.busy[s], 1e3 * row.idle[s], row.peak_live[s]);
           if (mode == "model") std::printf(" %.1fMiB", row.peak_mib[s]);

@@ -26,12 +26,14 @@ for np in 2 4; do
   echo
 done
 # Pipeline bubble and activation memory: sleeping stages on 2 and 4 ranks (the runtime without CPU
-# contention), the real Gpt on 2 ranks (one core each on this 2-core machine)
+# contention), the real Gpt on 2 ranks (one core each on this 2-core machine). The ranks are
+# bound round-robin to the cores: unbound, the kernel now and then ran both ranks of a tight
+# schedule on one vCPU for a time slice (a 3-10 ms stall in a 30 ms bubble; docs/benchmarks.md).
 for np in 2 4; do
-  env -u OMP_PLACES OMP_NUM_THREADS=1 OMP_PROC_BIND=false mpiexec -n "$np" --oversubscribe --bind-to none "$build/bench/bench_pipeline" sleep "${PMT_BENCH_REPS_PIPELINE:-3}"
+  env -u OMP_PLACES OMP_NUM_THREADS=1 OMP_PROC_BIND=false mpiexec -n "$np" --oversubscribe --map-by core --bind-to core:overload-allowed "$build/bench/bench_pipeline" sleep "${PMT_BENCH_REPS_PIPELINE:-5}"
   echo
 done
-env -u OMP_PLACES OMP_NUM_THREADS=1 OMP_PROC_BIND=false mpiexec -n 2 --bind-to none "$build/bench/bench_pipeline" model "${PMT_BENCH_REPS_PIPELINE:-5}"
+env -u OMP_PLACES OMP_NUM_THREADS=1 OMP_PROC_BIND=false mpiexec -n 2 --map-by core --bind-to core "$build/bench/bench_pipeline" model "${PMT_BENCH_REPS_PIPELINE:-5}"
 echo
 # What the instrumentation costs (compiled out / recorder off / recorder on)
 python3 "$root/bench/trace_overhead.py" "$build" "${PMT_BENCH_ROUNDS_TRACE:-7}"
