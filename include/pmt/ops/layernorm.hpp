@@ -66,14 +66,34 @@ void layernorm_forward(const Exec& exec, const XV& x, const WV& weight, const WV
     const auto* next_x = n + 1 < N ? &x(n + 1, 0) : nullptr;
     T* next_y          = n + 1 < N ? &y(n + 1, 0) : nullptr;
     S acc[detail::row_lanes];
-    for (int l = 0; l < detail::row_lanes; ++l) acc[l] = S(0);
     std::int64_t c = 0;
-    for (; c + detail::row_lanes <= C; c += detail::row_lanes) {
-      detail::prefetch_lanes(next_x, c);
-      detail::prefetch_lanes<true>(next_y, c);
-      for (int l = 0; l < detail::row_lanes; ++l) {
-        const S d = static_cast<S>(xr[c + l]) - m;
-        acc[l] += d * d;
+#if PMT_ROWWISE_AVX2
+    if constexpr (std::is_same_v<S, float> && std::is_same_v<X, float> && detail::row_lanes == 16) {
+      // The same 16 lanes in two registers: GCC vectorised the portable loop only half-way (one
+      // ymm, two xmm and a scalar lane); about 3 % faster on 64 MiB tensors here.
+      __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+      const __m256 vm = _mm256_set1_ps(m);
+      for (; c + 16 <= C; c += 16) {
+        detail::prefetch_lanes(next_x, c);
+        detail::prefetch_lanes<true>(next_y, c);
+        const __m256 d0 = _mm256_sub_ps(_mm256_loadu_ps(xr + c), vm);
+        const __m256 d1 = _mm256_sub_ps(_mm256_loadu_ps(xr + c + 8), vm);
+        a0 = _mm256_fmadd_ps(d0, d0, a0);
+        a1 = _mm256_fmadd_ps(d1, d1, a1);
+      }
+      _mm256_storeu_ps(acc, a0);
+      _mm256_storeu_ps(acc + 8, a1);
+    } else
+#endif
+    {
+      for (int l = 0; l < detail::row_lanes; ++l) acc[l] = S(0);
+      for (; c + detail::row_lanes <= C; c += detail::row_lanes) {
+        detail::prefetch_lanes(next_x, c);
+        detail::prefetch_lanes<true>(next_y, c);
+        for (int l = 0; l < detail::row_lanes; ++l) {
+          const S d = static_cast<S>(xr[c + l]) - m;
+          acc[l] += d * d;
+        }
       }
     }
     for (int l = 0; l < detail::row_lanes; ++l)
