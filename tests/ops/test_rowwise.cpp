@@ -9,7 +9,9 @@
 #include "pmt/ops/softmax.hpp"
 
 #include <cmath>
+#include <cstdint>
 #include <limits>
+#include <utility>
 #include <vector>
 
 using pmt::ops::Mask;
@@ -168,56 +170,68 @@ TEST_CASE("softmax_backward and log_softmax_backward match finite differences", 
   }
 }
 
-TEMPLATE_TEST_CASE("layernorm forward equals the reference and saves mean and rstd", "[ops][layernorm]", float, double) {
-  using T = TestType;
-  Host exec;
-  const int N = 9, C = 33;
-  auto x = pmt::make_tensor<T, Host>("x", N, C), y = pmt::make_tensor<T, Host>("y", N, C);
-  auto w = pmt::make_tensor<T, Host>("w", C), b = pmt::make_tensor<T, Host>("b", C);
-  auto mean = pmt::make_tensor<double, Host>("mean", N), rstd = pmt::make_tensor<double, Host>("rstd", N);
-  pmt::test::fill_random(x, 4, -2, 5);
-  pmt::test::fill_random(w, 5);
-  pmt::test::fill_random(b, 6);
-  pmt::ops::layernorm_forward(exec, x, w, b, y, mean, rstd, 1e-5);
-  exec.fence();
-  for (int n = 0; n < N; ++n) {
+namespace {
+
+/// layernorm_forward on random (N, C) data: x of type T, statistics of type S.
+template <class T, class S>
+struct LayernormCase {
+  pmt::Tensor<T, 2, Host> x, y;
+  pmt::Tensor<T, 1, Host> w, b;
+  pmt::Tensor<S, 1, Host> mean, rstd;
+  LayernormCase(int N, int C, std::uint32_t seed)
+      : x(pmt::make_tensor<T, Host>("x", N, C)), y(pmt::make_tensor<T, Host>("y", N, C)),
+        w(pmt::make_tensor<T, Host>("w", C)), b(pmt::make_tensor<T, Host>("b", C)),
+        mean(pmt::make_tensor<S, Host>("mean", N)), rstd(pmt::make_tensor<S, Host>("rstd", N)) {
+    pmt::test::fill_random(x, seed, -2, 5);
+    pmt::test::fill_random(w, seed + 1);
+    pmt::test::fill_random(b, seed + 2);
+    Host exec;
+    pmt::ops::layernorm_forward(exec, x, w, b, y, mean, rstd, 1e-5);
+    exec.fence();
+  }
+  /// Row n's mean and 1 / sqrt(variance + 1e-5), in double.
+  std::pair<double, double> reference(int n) const {
+    const auto C = static_cast<int>(x.extent(1));
     double m = 0, v = 0;
     for (int c = 0; c < C; ++c) m += x(n, c);
     m /= C;
     for (int c = 0; c < C; ++c) v += (x(n, c) - m) * (x(n, c) - m);
-    const double rs = 1 / std::sqrt(v / C + 1e-5);
-    CHECK(std::abs(mean(n) - m) <= 1e-12 * std::max(1.0, std::abs(m)) + 4 * pmt::test::tol<T>(C));
-    CHECK(std::abs(rstd(n) - rs) <= 1e-6 * rs);
-    for (int c = 0; c < C; ++c) CHECK(std::abs(y(n, c) - ((x(n, c) - m) * rs * w(c) + b(c))) <= 32 * pmt::test::tol<T>(C));
+    return {m, 1 / std::sqrt(v / C + 1e-5)};
   }
+};
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("layernorm forward equals the reference and saves mean and rstd", "[ops][layernorm]", float, double) {
+  using T = TestType;
+  const int N = 9, C = 33;
+  LayernormCase<T, double> lc(N, C, 4);
+  for (int n = 0; n < N; ++n) {
+    const auto [m, rs] = lc.reference(n);
+    CHECK(std::abs(lc.mean(n) - m) <= 1e-12 * std::max(1.0, std::abs(m)) + 4 * pmt::test::tol<T>(C));
+    CHECK(std::abs(lc.rstd(n) - rs) <= 1e-6 * rs);
+    for (int c = 0; c < C; ++c)
+      CHECK(std::abs(lc.y(n, c) - ((lc.x(n, c) - m) * rs * lc.w(c) + lc.b(c))) <= 32 * pmt::test::tol<T>(C));
+  }
+  Host exec;
   auto wrong = pmt::make_tensor<T, Host>("wrong", C + 1);
-  CHECK_THROWS_WITH(pmt::ops::layernorm_forward(exec, x, wrong, wrong, y, mean, rstd),
+  CHECK_THROWS_WITH(pmt::ops::layernorm_forward(exec, lc.x, wrong, wrong, lc.y, lc.mean, lc.rstd),
                     StartsWith("pmt::ops::layernorm_forward: x is (9, 33) but weight is (34) and bias is (34)"));
 }
 
 TEST_CASE("layernorm forward with fp32 statistics equals the reference (vector body and tail)", "[ops][layernorm]") {
   // float x with float mean/rstd takes the AVX2 variance loop where the build targets AVX2.
-  Host exec;
   for (int C : {16, 33, 64, 100}) {
     const int N = 5;
-    auto x = pmt::make_tensor<float, Host>("x", N, C), y = pmt::make_tensor<float, Host>("y", N, C);
-    auto w = pmt::make_tensor<float, Host>("w", C), b = pmt::make_tensor<float, Host>("b", C);
-    auto mean = pmt::make_tensor<float, Host>("mean", N), rstd = pmt::make_tensor<float, Host>("rstd", N);
-    pmt::test::fill_random(x, 14, -2, 5);
-    pmt::test::fill_random(w, 15);
-    pmt::test::fill_random(b, 16);
-    pmt::ops::layernorm_forward(exec, x, w, b, y, mean, rstd, 1e-5);
-    exec.fence();
+    LayernormCase<float, float> lc(N, C, 14);
     INFO("C = " << C << ", AVX2 row kernels: " << PMT_ROWWISE_AVX2);
     for (int n = 0; n < N; ++n) {
-      double m = 0, v = 0;
-      for (int c = 0; c < C; ++c) m += x(n, c);
-      m /= C;
-      for (int c = 0; c < C; ++c) v += (double(x(n, c)) - m) * (double(x(n, c)) - m);
-      const double rs = 1 / std::sqrt(v / C + 1e-5);
-      CHECK(std::abs(mean(n) - m) <= 1e-5 * std::max(1.0, std::abs(m)));
-      CHECK(std::abs(rstd(n) - rs) <= 1e-5 * rs);
-      for (int c = 0; c < C; ++c) CHECK(std::abs(y(n, c) - ((x(n, c) - m) * rs * w(c) + b(c))) <= 1e-5 * (1 + std::abs(b(c)) + std::abs(w(c)) * 4));
+      const auto [m, rs] = lc.reference(n);
+      CHECK(std::abs(lc.mean(n) - m) <= 1e-5 * std::max(1.0, std::abs(m)));
+      CHECK(std::abs(lc.rstd(n) - rs) <= 1e-5 * rs);
+      for (int c = 0; c < C; ++c)
+        CHECK(std::abs(lc.y(n, c) - ((lc.x(n, c) - m) * rs * lc.w(c) + lc.b(c))) <=
+              1e-5 * (1 + std::abs(lc.b(c)) + std::abs(lc.w(c)) * 4));
     }
   }
 }
