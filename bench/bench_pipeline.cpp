@@ -124,8 +124,8 @@ struct MeteredGpt {
 
 struct Row {
   double bubble = 0;
-  double expected = 0;
-  double steal = 0;     // ms of vCPU time stolen by the hypervisor during a run (median)  // the checker's bubble for this run's measured per-stage forward and backward times
+  double expected = 0;  // the checker's bubble for this run's measured per-stage forward and backward times
+  double steal = 0;     // ms of vCPU time stolen by the hypervisor during a run (median)
   std::vector<double> busy, idle, peak_mib;  // per stage (medians; peak: the largest)
   std::vector<int> peak_live;                 // per stage, as the runner counted
 };
@@ -274,26 +274,24 @@ int main(int argc, char* argv[]) {
     rows = measure(mesh, stage, configs, reps, T);
   }
   for (std::size_t c = 0; c < configs.size(); ++c) {
-    {
-      const auto [kind, m] = configs[c];
-      const Row& row = rows[c];
-      const double theory = pmt::parallel::ScheduleReport::theory(p, m);
-      if (r == 0) {
-        std::printf("%-6s %3d %7.1f%% %7.1f%% %6.3f %8.1f%% %6.3f %4.0fms |", pmt::parallel::schedule_name(kind), m,
-                    100 * row.bubble, 100 * theory, row.bubble / theory, 100 * row.expected, row.bubble / row.expected,
-                    row.steal);
-        for (std::size_t s = 0; s < static_cast<std::size_t>(p); ++s) {
-          std::printf(" s%zu %.0f/%.0f live %d", s, 1e3 * row.busy[s], 1e3 * row.idle[s], row.peak_live[s]);
-          if (mode == "model") std::printf(" %.1fMiB", row.peak_mib[s]);
-          std::printf(s + 1 < static_cast<std::size_t>(p) ? ";" : "\n");
-        }
-        std::fflush(stdout);
+    const auto [kind, m] = configs[c];
+    const Row& row = rows[c];
+    const double theory = pmt::parallel::ScheduleReport::theory(p, m);
+    if (r == 0) {
+      std::printf("%-6s %3d %7.1f%% %7.1f%% %6.3f %8.1f%% %6.3f %4.0fms |", pmt::parallel::schedule_name(kind), m,
+                  100 * row.bubble, 100 * theory, row.bubble / theory, 100 * row.expected, row.bubble / row.expected,
+                  row.steal);
+      for (std::size_t s = 0; s < static_cast<std::size_t>(p); ++s) {
+        std::printf(" s%zu %.0f/%.0f live %d", s, 1e3 * row.busy[s], 1e3 * row.idle[s], row.peak_live[s]);
+        if (mode == "model") std::printf(" %.1fMiB", row.peak_mib[s]);
+        std::printf(s + 1 < static_cast<std::size_t>(p) ? ";" : "\n");
       }
-      if (m >= 4 * p)
-        targets.push_back({std::string("pipeline_bubble_") + mode + "_pp" + std::to_string(p) + "_" +
-                               pmt::parallel::schedule_name(kind) + "_m" + std::to_string(m),
-                           row.bubble, theory, row.expected});
+      std::fflush(stdout);
     }
+    if (m >= 4 * p)
+      targets.push_back({std::string("pipeline_bubble_") + mode + "_pp" + std::to_string(p) + "_" +
+                             pmt::parallel::schedule_name(kind) + "_m" + std::to_string(m),
+                         row.bubble, theory, row.expected});
   }
   if (r == 0) {
     for (const auto& t : targets) {

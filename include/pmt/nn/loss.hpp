@@ -69,8 +69,7 @@ double vocab_parallel_cross_entropy(const comm::Communicator<Backend>& tp, const
   comm::all_reduce(tp, exec, row_max, comm::ReduceOp::Max);
   Kokkos::parallel_for(op, Kokkos::RangePolicy<Exec>(exec, 0, N), KOKKOS_LAMBDA(std::int64_t n) {
     const T mx = row_max(n);
-    stats(n, 0) = detail::exp_sum_row(&logits(n, 0), Vl, mx, static_cast<T*>(nullptr), static_cast<const T*>(nullptr),
-                                      static_cast<T*>(nullptr));
+    stats(n, 0) = detail::row_exp_sum(&logits(n, 0), Vl, mx);
     const auto t = static_cast<std::int64_t>(targets(n));
     stats(n, 1) = (t >= v0 && t < v0 + Vl) ? logits(n, t - v0) : T(0);
   });

@@ -76,7 +76,7 @@ void softmax_cross_entropy(const Exec& exec, const LV& logits, const TV& targets
       return;
     }
     const T mx = detail::lane_max(lr, V);
-    const T s  = detail::exp_sum_row(lr, V, mx, static_cast<T*>(nullptr), static_cast<const T*>(nullptr), static_cast<T*>(nullptr));
+    const T s  = detail::row_exp_sum(lr, V, mx);
     const T lse = mx + detail::math::log(s);
     row_loss(n) = static_cast<double>(lse - lr[t]);
     if (with_grad) {

@@ -247,6 +247,13 @@ KOKKOS_INLINE_FUNCTION T exp_sum_row(const T* x, std::int64_t n, T mx, T* y, con
   return combine_lanes<T, T>(acc);
 }
 
+/// sum_j exp(x[j] - mx) over a row (every x[j] <= mx): exp_sum_row without output or prefetch
+/// (the cross-entropies' normalisers).
+template <class T>
+KOKKOS_INLINE_FUNCTION T row_exp_sum(const T* x, std::int64_t n, T mx) {
+  return exp_sum_row(x, n, mx, static_cast<T*>(nullptr), static_cast<const T*>(nullptr), static_cast<T*>(nullptr));
+}
+
 /// tanh(u) = 1 - 2 / (exp(2u) + 1) with exp_fast for float; the library tanh for double.
 template <class T>
 KOKKOS_INLINE_FUNCTION T tanh_fast(T u) {
