@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// Pipeline bubble and activation memory: pmt's PipelineRunner on pp = world size stages, GPipe and
-// 1F1B, m = 1 ... 16 microbatches, against the theoretical bubble (p - 1) / (m + p - 1).
+// Pipeline bubble and activation memory: pmt's PipelineRunner on pp = world size stages, GPipe,
+// 1F1B and interleaved 1F1B with 2 model chunks per stage ("1f1b-v2"), m = 1 ... 16 microbatches,
+// against the theoretical bubble (p - 1) / (m + p - 1), for 1f1b-v2 (p - 1) / (2 m + p - 1)
+// (m >= p only: interleaving needs m a multiple of p).
 //   bench_pipeline model [reps]  a real Gpt (16 blocks of width 256, context 64, vocabulary 256,
 //                                one sequence per microbatch) balanced over the stages; needs one
 //                                core per rank to mean anything
@@ -14,7 +16,8 @@
 // theory = (p - 1) / (m + p - 1) assumes equal stages; `expected` is the checker's simulation of
 // the same table with each stage's measured mean forward and backward times, which separates
 // unequal or noisy stages (the hardware) from the runtime's own overhead (waiting for messages).
-// Memory: per stage, the peak of live microbatches the runner counted and, in model mode, the
+// Memory: per stage, the peak of live microbatches (1f1b-v2: of live (chunk, microbatch) pairs,
+// each half a stage's activations) the runner counted and, in model mode, the
 // peak of heap bytes in use (glibc mallinfo2, sampled after every forward) above the level before
 // the run. Targets (per schedule and m >= 4p): the measured bubble within 10% of
 // theory, and within 10% of `expected`.
@@ -69,10 +72,12 @@ struct SleepStage {
   using Activation = pmt::Tensor<float, 2, Exec>;
   int s, p;
   std::size_t C;
-  double t_forward, t_backward;
+  double t_forward, t_backward;  // of the whole stage: each of `v` chunks takes 1/v of it
+  int v = 1;
   std::size_t base = 0, peak = 0;
   int stage() const { return s; }
   int stages() const { return p; }
+  int chunks() const { return v; }
   std::size_t width() const { return C; }
   /// Takes exactly `seconds`: sleeps in 0.25 ms pieces, letting pending messages progress in
   /// between (as the Gpt does between its attention and MLP halves), and spins, still polling,
@@ -87,18 +92,18 @@ struct SleepStage {
       pmt::comm::progress();
     }
   }
-  Activation forward_stage(const Exec&, const Ids&, const Ids&, const Activation&, std::size_t B, std::size_t T, double,
-                           double* loss) {
-    work(t_forward);
-    if (s + 1 == p) {
+  Activation forward_chunk(const Exec&, int k, const Ids&, const Ids&, const Activation&, std::size_t B, std::size_t T,
+                           double, double* loss) {
+    work(t_forward / v);
+    if (s + 1 == p && k + 1 == v) {
       *loss += 1.0;
       return Activation();
     }
     return Activation("act", B * T, C);
   }
-  Activation backward_stage(const Exec&, const Activation&) {
-    work(t_backward);
-    return s == 0 ? Activation() : Activation("grad", std::size_t(64), C);
+  Activation backward_chunk(const Exec&, int k, const Activation&) {
+    work(t_backward / v);
+    return s == 0 && k == 0 ? Activation() : Activation("grad", std::size_t(64), C);
   }
 };
 
@@ -111,15 +116,16 @@ struct MeteredGpt {
   std::size_t peak = 0;  // heap in use, sampled after each forward; `base` before the run
   int stage() const { return g.stage(); }
   int stages() const { return g.stages(); }
+  int chunks() const { return g.chunks(); }
   std::size_t width() const { return g.width(); }
-  Activation forward_stage(const Exec& e, const Ids& ids, const Ids& t, const Activation& x, std::size_t B, std::size_t T,
-                           double n, double* loss) {
-    auto y = g.forward_stage(e, ids, t, x, B, T, n, loss);
+  Activation forward_chunk(const Exec& e, int k, const Ids& ids, const Ids& t, const Activation& x, std::size_t B,
+                           std::size_t T, double n, double* loss) {
+    auto y = g.forward_chunk(e, k, ids, t, x, B, T, n, loss);
     peak   = std::max(peak, heap_in_use());
     return y;
   }
   std::size_t base = 0;
-  Activation backward_stage(const Exec& e, const Activation& dy) { return g.backward_stage(e, dy); }
+  Activation backward_chunk(const Exec& e, int k, const Activation& dy) { return g.backward_chunk(e, k, dy); }
 };
 
 struct Row {
@@ -141,11 +147,21 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-/// One configuration (schedule, m) with its runner, microbatches and per-run samples.
+/// What to run: a schedule, m microbatches, model chunks per stage.
+struct Setup {
+  ScheduleKind kind;
+  int m, chunks;
+  std::string name() const {
+    return std::string(pmt::parallel::schedule_name(kind)) + (chunks > 1 ? "-v" + std::to_string(chunks) : "");
+  }
+};
+
+/// One configuration with its model, runner, microbatches and per-run samples.
 template <class Model>
 struct Config {
   ScheduleKind kind;
-  int m;
+  int m, chunks;
+  Model* model;
   std::unique_ptr<pmt::parallel::PipelineRunner<Model, Exec, Backend>> runner;
   std::vector<pmt::parallel::Microbatch<Ids>> mbs;
   std::vector<double> bubbles, expected, peak_mib, steal;
@@ -154,7 +170,8 @@ struct Config {
 
 /// One run of `c` (after a barrier); recorded unless it is a warm-up.
 template <class Model>
-void run_once(Model& model, Config<Model>& c, int p, bool record) {
+void run_once(Config<Model>& c, int p, bool record) {
+  Model& model = *c.model;
   const auto P = static_cast<std::size_t>(p);
   MPI_Barrier(MPI_COMM_WORLD);
   model.base = model.peak = heap_in_use();
@@ -180,7 +197,7 @@ void run_once(Model& model, Config<Model>& c, int p, bool record) {
     c.idle[s].push_back(max_wall - compute[s]);
   }
   c.bubbles.push_back(1.0 - sum_busy / (p * max_wall));
-  c.expected.push_back(pmt::parallel::check(pmt::parallel::make_schedule(c.kind, p, c.m), all_tf, all_tb).bubble);
+  c.expected.push_back(pmt::parallel::check(pmt::parallel::make_schedule(c.kind, p, c.m, c.chunks), all_tf, all_tb).bubble);
   c.peak_mib.push_back(double(model.peak - model.base) / double(1 << 20));
   c.steal.push_back(stolen);
 }
@@ -188,15 +205,17 @@ void run_once(Model& model, Config<Model>& c, int p, bool record) {
 /// Every (schedule, m) measured in interleaved rounds: one warm-up round, then `reps` rounds that
 /// run each configuration once, in an order rotated per round, so that a slow phase of the
 /// machine (seconds long on this VM) falls on several configurations once rather than on every
-/// run of one. Each row holds the medians over the rounds.
+/// run of one. Each row holds the medians over the rounds. models[v - 1] holds v chunks per stage.
 template <class Model>
-std::vector<Row> measure(const pmt::Mesh<Backend>& mesh, Model& model, const std::vector<std::pair<ScheduleKind, int>>& configs,
+std::vector<Row> measure(const pmt::Mesh<Backend>& mesh, const std::vector<Model*>& models, const std::vector<Setup>& configs,
                          int reps, std::size_t T) {
   const int p = mesh.degree(pmt::Axis::pp);
   std::vector<Config<Model>> cs;
-  for (const auto& [kind, m] : configs) {
-    Config<Model> c{kind, m, std::make_unique<pmt::parallel::PipelineRunner<Model, Exec, Backend>>(mesh, model), {}, {}, {}, {}, {}, {}, {}};
-    for (int i = 0; i < m; ++i) {
+  for (const auto& setup : configs) {
+    Model& model = *models.at(static_cast<std::size_t>(setup.chunks - 1));
+    Config<Model> c{setup.kind, setup.m, setup.chunks, &model,
+                    std::make_unique<pmt::parallel::PipelineRunner<Model, Exec, Backend>>(mesh, model), {}, {}, {}, {}, {}, {}, {}};
+    for (int i = 0; i < setup.m; ++i) {
       pmt::parallel::Microbatch<Ids> mb{Ids("ids", T), Ids("targets", T), 1, T};
       for (std::size_t t = 0; t < T; ++t) mb.ids(t) = int((t * 7 + i) % 256), mb.targets(t) = int((t * 7 + i + 1) % 256);
       c.mbs.push_back(mb);
@@ -205,7 +224,7 @@ std::vector<Row> measure(const pmt::Mesh<Backend>& mesh, Model& model, const std
   }
   const std::size_t n = cs.size();
   for (int rep = -1; rep < reps; ++rep)
-    for (std::size_t k = 0; k < n; ++k) run_once(model, cs[(k + static_cast<std::size_t>(rep + 1)) % n], p, rep >= 0);
+    for (std::size_t k = 0; k < n; ++k) run_once(cs[(k + static_cast<std::size_t>(rep + 1)) % n], p, rep >= 0);
   std::vector<Row> rows;
   for (auto& c : cs) {
     Row row;
@@ -249,12 +268,13 @@ int main(int argc, char* argv[]) {
                   cfg.width, cfg.context, cfg.vocab);
     else
       std::printf("sleep stages: forward 10 ms, backward 20 ms, activations (64, 256) floats\n");
-    std::printf("%-6s %3s %8s %8s %6s %9s %6s %6s | %s\n", "sched", "m", "bubble", "theory", "ratio", "expected", "ratio", "steal",
+    std::printf("%-7s %3s %8s %8s %6s %9s %6s %6s | %s\n", "sched", "m", "bubble", "theory", "ratio", "expected", "ratio", "steal",
                 (std::string("per stage: busy/idle ms, peak live microbatches") + (mode == "model" ? ", peak activation MiB" : "")).c_str());
   }
-  std::unique_ptr<Gpt> gpt;
-  if (mode == "model") gpt = std::make_unique<Gpt>(mesh, cfg);
-  if (r == 0 && gpt) std::printf("stages: %s\n", gpt->plan().describe().c_str());
+  std::unique_ptr<Gpt> gpt, gpt2;  // one and two chunks per stage
+  if (mode == "model") gpt = std::make_unique<Gpt>(mesh, cfg), gpt2 = std::make_unique<Gpt>(mesh, cfg, pmt::parallel::StagePlan{}, 2);
+  if (r == 0 && gpt)
+    std::printf("stages: %s; with 2 chunks per stage: %s\n", gpt->plan().describe().c_str(), gpt2->plan().describe().c_str());
   std::vector<int> ms;
   for (int m = 1; m <= 16; m *= 2) ms.push_back(m);
   struct Target {
@@ -262,23 +282,27 @@ int main(int argc, char* argv[]) {
     double measured, theory, expected;
   };
   std::vector<Target> targets;
-  std::vector<std::pair<ScheduleKind, int>> configs;
+  std::vector<Setup> configs;
   for (auto kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB})
-    for (int m : ms) configs.emplace_back(kind, m);
+    for (int m : ms) configs.push_back({kind, m, 1});
+  if (p > 1)
+    for (int m : ms)
+      if (m % p == 0) configs.push_back({ScheduleKind::OneFOneB, m, 2});
   std::vector<Row> rows;
   if (mode == "model") {
-    MeteredGpt metered{*gpt};
-    rows = measure(mesh, metered, configs, reps, T);
+    MeteredGpt metered{*gpt}, metered2{*gpt2};
+    rows = measure(mesh, std::vector<MeteredGpt*>{&metered, &metered2}, configs, reps, T);
   } else {
-    SleepStage stage{mesh.coord(pmt::Axis::pp), p, 256, 0.010, 0.020};
-    rows = measure(mesh, stage, configs, reps, T);
+    SleepStage stage{mesh.coord(pmt::Axis::pp), p, 256, 0.010, 0.020}, stage2 = stage;
+    stage2.v = 2;
+    rows = measure(mesh, std::vector<SleepStage*>{&stage, &stage2}, configs, reps, T);
   }
   for (std::size_t c = 0; c < configs.size(); ++c) {
-    const auto [kind, m] = configs[c];
+    const int m = configs[c].m;
     const Row& row = rows[c];
-    const double theory = pmt::parallel::ScheduleReport::theory(p, m);
+    const double theory = pmt::parallel::ScheduleReport::theory(p, m, configs[c].chunks);
     if (r == 0) {
-      std::printf("%-6s %3d %7.1f%% %7.1f%% %6.3f %8.1f%% %6.3f %4.0fms |", pmt::parallel::schedule_name(kind), m,
+      std::printf("%-7s %3d %7.1f%% %7.1f%% %6.3f %8.1f%% %6.3f %4.0fms |", configs[c].name().c_str(), m,
                   100 * row.bubble, 100 * theory, row.bubble / theory, 100 * row.expected, row.bubble / row.expected,
                   row.steal);
       for (std::size_t s = 0; s < static_cast<std::size_t>(p); ++s) {
@@ -290,7 +314,7 @@ int main(int argc, char* argv[]) {
     }
     if (m >= 4 * p)
       targets.push_back({std::string("pipeline_bubble_") + mode + "_pp" + std::to_string(p) + "_" +
-                             pmt::parallel::schedule_name(kind) + "_m" + std::to_string(m),
+                             configs[c].name() + "_m" + std::to_string(m),
                          row.bubble, theory, row.expected});
   }
   if (r == 0) {

@@ -44,7 +44,7 @@ std::string own(const std::string& message) {
 }
 
 struct Options {
-  int dp = 0, tp = 1, pp = 1, microbatches = 0, layers = 4, width = 128, heads = 4, context = 64, batch = 8;
+  int dp = 0, tp = 1, pp = 1, chunks = 1, microbatches = 0, layers = 4, width = 128, heads = 4, context = 64, batch = 8;
   int steps = 100, warmup = 10, val_every = 50, ckpt_every = 0, threads = 0;
   double lr = 3e-3;
   long seed = 1;
@@ -60,6 +60,8 @@ std::string usage() {
              "  --dp N --tp N --pp N    data x tensor x pipeline degrees; their product must be the number\n"
              "                          of ranks (default: tp 1, pp 1, dp = ranks / (tp pp))\n"
              "  --schedule 1f1b|gpipe   pipeline schedule (default 1f1b)\n"
+             "  --chunks V              model chunks per pipeline stage (default 1); with 1f1b, V > 1 runs\n"
+             "                          interleaved 1F1B (bubble / V; needs microbatches a multiple of pp)\n"
              "  --microbatches N        microbatches per step and dp rank (default 2 pp with pp > 1, else 1);\n"
              "                          must divide batch / dp\n"
              "  --zero                  ZeRO-1: AdamW's state sharded over dp (not with --ckpt-dir)\n"
@@ -112,14 +114,15 @@ Options parse(int argc, char* argv[]) {
       if (a == "--zero") o.layout_flags.push_back(a);
       continue;
     }
-    const auto known = {"--dp", "--tp", "--pp", "--schedule", "--microbatches", "--layers", "--width", "--heads",
+    const auto known = {"--dp", "--tp", "--pp", "--chunks", "--schedule", "--microbatches", "--layers", "--width", "--heads",
                         "--context", "--batch", "--steps", "--lr", "--warmup", "--seed", "--data", "--val-every",
                         "--ckpt-dir", "--ckpt-every", "--metrics", "--trace", "--threads"};
     if (std::find(known.begin(), known.end(), a) == known.end())
       throw pmt::ConfigError(prog, "unknown flag " + a + " (see --help)");
     if (i + 1 >= argc) throw pmt::ConfigError(prog, a + " needs a value (see --help)");
     const std::string v = argv[++i];
-    if (a == "--dp" || a == "--tp" || a == "--pp" || a == "--microbatches" || a == "--schedule") o.layout_flags.push_back(a);
+    if (a == "--dp" || a == "--tp" || a == "--pp" || a == "--chunks" || a == "--microbatches" || a == "--schedule")
+      o.layout_flags.push_back(a);
     const auto as_int = [&](long min) {
       char* end    = nullptr;
       errno        = 0;
@@ -131,6 +134,7 @@ Options parse(int argc, char* argv[]) {
     if (a == "--dp") o.dp = as_int(1);
     else if (a == "--tp") o.tp = as_int(1);
     else if (a == "--pp") o.pp = as_int(1);
+    else if (a == "--chunks") o.chunks = as_int(1);
     else if (a == "--microbatches") o.microbatches = as_int(1);
     else if (a == "--layers") o.layers = as_int(1);
     else if (a == "--width") o.width = as_int(1);
@@ -177,12 +181,19 @@ void validate(Options& o, int ranks) {
     throw pmt::ConfigError(prog, pmt::detail::str("the vocabulary (256 bytes) is not divisible by tp = ", o.tp));
   if (o.layers < o.pp)
     throw pmt::ConfigError(prog, pmt::detail::str("--layers ", o.layers, " < pp = ", o.pp, ": every stage needs a layer"));
+  if (o.chunks > 1 && o.pp == 1) throw pmt::ConfigError(prog, pmt::detail::str("--chunks ", o.chunks, " needs pp > 1"));
+  if (o.layers < o.pp * o.chunks)
+    throw pmt::ConfigError(prog, pmt::detail::str("--layers ", o.layers, " < pp ", o.pp, " x chunks ", o.chunks,
+                                                  ": every chunk needs a layer"));
   if (o.batch % o.dp != 0)
     throw pmt::ConfigError(prog, pmt::detail::str("--batch ", o.batch, " is not divisible by dp = ", o.dp));
   if (o.microbatches == 0) o.microbatches = o.pp > 1 ? std::min(2 * o.pp, o.batch / o.dp) : 1;
   if ((o.batch / o.dp) % o.microbatches != 0)
     throw pmt::ConfigError(prog, pmt::detail::str("--microbatches ", o.microbatches, " does not divide the ", o.batch / o.dp,
                                                   " sequences of each dp rank (batch ", o.batch, " / dp ", o.dp, ")"));
+  if (o.chunks > 1 && o.schedule == "1f1b" && o.microbatches % o.pp != 0)
+    throw pmt::ConfigError(prog, pmt::detail::str("--chunks ", o.chunks, " with 1f1b (interleaved) needs microbatches a multiple of pp = ",
+                                                  o.pp, "; got ", o.microbatches));
   if (o.resume && o.ckpt_dir.empty()) throw pmt::ConfigError(prog, "--resume needs --ckpt-dir");
   if (o.zero && o.dp == 1) throw pmt::ConfigError(prog, "--zero shards the optimizer state over dp, and dp is 1");
   if (o.zero && !o.ckpt_dir.empty())
@@ -242,7 +253,7 @@ int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_p
   const std::size_t T = static_cast<std::size_t>(o.context);
   const pmt::nn::GptConfig cfg{256, T, static_cast<std::size_t>(o.layers), static_cast<std::size_t>(o.width),
                                static_cast<std::size_t>(o.heads), static_cast<std::uint64_t>(o.seed)};
-  Model model(mesh, cfg);
+  Model model(mesh, cfg, {}, o.chunks);
   const pmt::ops::AdamWParams hyper{o.lr, 0.9, 0.95, 1e-8, 0.1, 1};
   Opt opt = [&] {
     if constexpr (std::is_same_v<Opt, Zero>)
@@ -295,9 +306,10 @@ int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_p
   peak() = pmt::obs::measured_fp32_peak_gflops() * 1e9;  // all ranks at once: their share of the node
   pmt::comm::all_reduce(world, Kokkos::DefaultHostExecutionSpace(), peak);
   if (root) {
-    std::printf("pmt train_gpt: %d ranks = dp %d x tp %d x pp %d (%s, %d microbatches); GPT %d layers, width %d, %d heads, "
+    std::printf("pmt train_gpt: %d ranks = dp %d x tp %d x pp %d (%s%s, %d microbatches); GPT %d layers, width %d, %d heads, "
                 "context %zu; batch %d; %d thread(s) per rank\n",
-                world.size(), o.dp, o.tp, o.pp, o.schedule.c_str(), o.microbatches, o.layers, o.width, o.heads, T,
+                world.size(), o.dp, o.tp, o.pp, o.schedule.c_str(),
+                o.chunks > 1 ? pmt::detail::str(", ", o.chunks, " chunks per stage").c_str() : "", o.microbatches, o.layers, o.width, o.heads, T,
                 o.batch, Exec().concurrency());
     std::printf("data: %s, %zu bytes (%zu train, %zu validation)\n", data->path().c_str(), data->size(),
                 data->train_size(), data->val_size());
@@ -434,16 +446,19 @@ int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_p
       auto hi = Kokkos::create_mirror_view(ids);
       for (std::size_t t = 0; t < n; ++t) hi(t) = static_cast<unsigned char>(text[text.size() - n + t]);
       Kokkos::deep_copy(ids, hi);
-      Model::Activation x;
-      if (s > 0) {
-        x = Model::Activation("gen::x", n, static_cast<std::size_t>(o.width));
-        pmt::comm::recv(pp, Exec(), x, s - 1, 21);
+      // the chunks in virtual-stage order, round the ring of stages (one pass with one chunk)
+      Model::Activation out;
+      for (int k = 0; k < model.chunks(); ++k) {
+        Model::Activation x;
+        if (!model.first_chunk(k)) {
+          x = Model::Activation("gen::x", n, static_cast<std::size_t>(o.width));
+          pmt::comm::recv(pp, Exec(), x, (s + P - 1) % P, 21);
+        }
+        out = model.infer_chunk(Exec(), k, ids, x, 1, n);
+        if (!model.last_chunk(k)) pmt::comm::send(pp, Exec(), out, (s + 1) % P, 21);
       }
-      auto out = model.infer_stage(Exec(), ids, x, 1, n);
       Kokkos::View<std::int32_t*, Kokkos::HostSpace> next("gen::next", 1);
-      if (s + 1 < P) {
-        pmt::comm::send(pp, Exec(), out, s + 1, 21);
-      } else {  // the last row's logits, gathered over tp, sampled alike on every tp rank
+      if (s + 1 == P) {  // the last row's logits, gathered over tp, sampled alike on every tp rank
         const std::size_t vl = out.extent(1);
         Kokkos::View<float*, Kokkos::HostSpace> mine("gen::mine", vl), all("gen::all", vl * static_cast<std::size_t>(o.tp));
         auto ho = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out);

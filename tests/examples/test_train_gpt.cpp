@@ -124,6 +124,22 @@ TEST_CASE("one rank and two 4-rank layouts print the same losses", "[examples][t
   CHECK(std::stod(a.at(3)) < std::stod(a.at(0)));  // it learns
 }
 
+TEST_CASE("--chunks 2: interleaved 1F1B on 2 stages prints the one-rank losses and samples", "[examples][train_gpt]") {
+  const auto one = tmp("one_l4.json"), inter = tmp("interleaved.json");
+  const std::string four = small + "--layers 4 --steps 3 ";
+  REQUIRE(run(four + "--metrics " + one).rc == 0);
+  const auto r = run(four + "--pp 2 --chunks 2 --microbatches 4 --metrics " + inter, 2);
+  REQUIRE(r.rc == 0);
+  CHECK_THAT(r.out, ContainsSubstring("1f1b, 2 chunks per stage") && ContainsSubstring("layers [0,1) [1,2) [2,3) [3,4)") &&
+                        ContainsSubstring("sample (prompt"));
+  const auto a = losses(one), b = losses(inter);
+  REQUIRE((a.size() == 3 && b.size() == 3));
+  for (const auto& [step, l] : a) {
+    INFO("step " << step << ": " << l << " / " << b.at(step));
+    CHECK(rel(b.at(step), l) <= 1e-5);
+  }
+}
+
 TEST_CASE("--zero trains like AdamW; --auto runs the planner's best layout; the memory report",
           "[examples][train_gpt][plan]") {
   const auto one = tmp("one_zero_ref.json"), zero = tmp("zero.json"), autom = tmp("auto.json");
@@ -234,6 +250,9 @@ TEST_CASE("bad input: a message on stderr, a non-zero exit, no hang", "[examples
       {"--width 100 --heads 3", 1, "--width 100 is not divisible by --heads 3"},
       {"--tp 3 --heads 3 --width 96", 3, "the vocabulary (256 bytes) is not divisible by tp = 3"},
       {"--pp 2 --layers 1", 2, "--layers 1 < pp = 2"},
+      {"--chunks 2", 1, "--chunks 2 needs pp > 1"},
+      {"--pp 2 --chunks 2", 2, "--layers 2 < pp 2 x chunks 2"},
+      {"--pp 2 --chunks 2 --layers 4 --microbatches 1", 2, "needs microbatches a multiple of pp = 2; got 1"},
       {"--width 0", 1, "--width 0: expected an integer >= 1"},
       {"--steps -3", 1, "--steps -3: expected an integer >= 1"},
       {"--lr -1", 1, "--lr -1: expected a positive number"},

@@ -3,6 +3,9 @@
 // For every stages <= 8 and microbatches <= 16, GPipe and 1F1B pass the checker, their bubble
 // with backward = 2 forward equals (p-1)/(m+p-1), GPipe keeps m microbatches alive on every
 // stage and 1F1B min(p - s, m) on stage s. Hand-made broken tables are rejected with the reason.
+// With v model chunks per stage (m a multiple of p), interleaved 1F1B and chunked GPipe pass the
+// checker with bubble (p-1)/(v m + p-1); interleaved 1F1B keeps 2 (p-s-1) + (v-1) p + 1 (chunk,
+// microbatch) pairs alive on stage s, GPipe all m v.
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
@@ -34,6 +37,70 @@ TEST_CASE("GPipe and 1F1B pass the checker for all stages <= 8 and microbatches 
       checked += 2;
     }
   CHECK(checked == 2 * 8 * 16);
+}
+
+TEST_CASE("interleaved 1F1B and chunked GPipe pass the checker with the interleaved bubble", "[pipeline][schedule]") {
+  int checked = 0;
+  for (int v = 2; v <= 4; ++v)
+    for (int p = 2; p <= 8; ++p)
+      for (int m = p; m <= 16; m += p) {
+        const auto f = check(one_f_one_b(p, m, v)), g = check(gpipe(p, m, v));
+        const double theory = ScheduleReport::theory(p, m, v);
+        INFO("v " << v << ", p " << p << ", m " << m << ": bubble interleaved 1f1b " << f.bubble << ", gpipe " << g.bubble
+                  << ", theory " << theory);
+        CHECK(std::abs(theory - double(p - 1) / double(v * m + p - 1)) < 1e-15);
+        CHECK(std::abs(f.bubble - theory) < 1e-12);
+        CHECK(std::abs(g.bubble - theory) < 1e-12);
+        // stage 0 runs v chunks of 1F1B's actions, and receives and sends for chunks 1 ... v-1 too
+        CHECK(one_f_one_b(p, m, v).per_stage[0].size() ==
+              one_f_one_b(p, m).per_stage[0].size() * std::size_t(v) + 2 * std::size_t(m * (v - 1)));
+        for (int s = 0; s < p; ++s) {
+          // live (chunk, microbatch) pairs: the warm-up plus one (Megatron's interleaved memory)
+          CHECK(f.peak_live[std::size_t(s)] == std::min(2 * (p - s - 1) + (v - 1) * p + 1, m * v));
+          CHECK(g.peak_live[std::size_t(s)] == m * v);
+        }
+        checked += 2;
+      }
+  CHECK(checked > 100);
+  // the same table without chunks is plain 1F1B
+  CHECK(one_f_one_b(4, 8, 1).per_stage == one_f_one_b(4, 8).per_stage);
+  CHECK_THROWS_WITH(one_f_one_b(4, 6, 2), ContainsSubstring("6 microbatches on 4 stages with 2 chunks") && ContainsSubstring("use 8"));
+  CHECK_THROWS_WITH(gpipe(1, 4, 2), ContainsSubstring("at least 2 stages"));
+  CHECK_THROWS_AS(interleaved_one_f_one_b(2, 4, 1), pmt::ConfigError);
+}
+
+TEST_CASE("the checker follows chunks round the ring", "[pipeline][schedule]") {
+  using A = Action;
+  // 2 stages, 2 chunks, 1 microbatch: virtual stages 0 (s0 c0), 1 (s1 c0), 2 (s0 c1), 3 (s1 c1)
+  auto sc = gpipe(2, 1, 2);
+  const std::vector<A> s0{{A::Forward, 0, 0}, {A::SendAct, 0, 0}, {A::RecvAct, 0, 1},  {A::Forward, 0, 1},
+                          {A::SendAct, 0, 1}, {A::RecvGrad, 0, 1}, {A::Backward, 0, 1}, {A::SendGrad, 0, 1},
+                          {A::RecvGrad, 0, 0}, {A::Backward, 0, 0}};
+  CHECK(sc.per_stage[0] == s0);
+  CHECK_NOTHROW(check(sc));
+  SECTION("stage 0's chunk 0 is the first virtual stage: it receives nothing") {
+    sc.per_stage[0][2].chunk = 0;
+    CHECK_THROWS_WITH(check(sc), ContainsSubstring("recv-activation of microbatch 0 in chunk 0") &&
+                                     ContainsSubstring("the first stage has no previous stage"));
+  }
+  SECTION("the last virtual stage sends nothing on") {
+    sc.per_stage[1].insert(sc.per_stage[1].begin() + 4, A{A::SendAct, 0, 1});
+    CHECK_THROWS_WITH(check(sc), ContainsSubstring("the last stage has no next stage"));
+  }
+  SECTION("chunk out of range") {
+    sc.per_stage[1][0].chunk = 2;
+    CHECK_THROWS_WITH(check(sc), ContainsSubstring("chunk out of range"));
+  }
+  SECTION("crossing chunks: stage 1 takes chunk 1's activation before chunk 0's") {
+    auto two = gpipe(2, 2, 2);  // stage 1: chunk 0 of microbatches 0 and 1, then chunk 1
+    auto& s1 = two.per_stage[1];
+    // swap the first forward group (recv, forward, send of chunk 0 mb 0) with chunk 1 mb 0's
+    auto first = std::find(s1.begin(), s1.end(), A{A::RecvAct, 0, 1});
+    REQUIRE(first != s1.end());
+    std::swap(s1[0], *first);
+    std::swap(s1[1], *(first + 1));
+    CHECK_THROWS_WITH(check(two), ContainsSubstring("sends and receives cross") || ContainsSubstring("deadlock"));
+  }
 }
 
 TEST_CASE("the checker rejects a crossing, a deadlock, a missing receive and an action out of order", "[pipeline][schedule]") {

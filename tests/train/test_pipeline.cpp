@@ -11,7 +11,9 @@
 // LayerNorm biases: Adam divides by sqrt(v), and elements whose gradient is near zero carry
 // the rounding of different summation orders into the update; the whole model agrees to
 // ~1e-6.) The first stage's peak of live microbatches is counted: 1F1B min(pp, m), GPipe m.
-// Uneven stage plans (5 layers on 2 stages, explicit and balanced) are checked the same way.
+// Uneven stage plans (5 layers on 2 stages, explicit and balanced) are checked the same way, and
+// so are models of 2 chunks per stage (8 layers, pp 2 and 4) under interleaved 1F1B and chunked
+// GPipe, with the first stage's live (chunk, microbatch) pairs counted.
 #include <catch2/catch_template_test_macros.hpp>
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
@@ -77,14 +79,14 @@ struct Reference {
 /// Zero the optimizer is ZeroAdamW (state sharded over dp, norm summed over tp and pp).
 template <class T, bool Zero = false>
 bool matches(const Reference<T>& ref, const pmt::nn::GptConfig& cfg, pmt::MeshShape shape, pmt::parallel::ScheduleKind kind,
-             pmt::parallel::StagePlan plan, int* peak, int* microbatches) {
+             pmt::parallel::StagePlan plan, int* peak, int* microbatches, int chunks = 1) {
   using Model   = pmt::nn::Gpt<T, Host, Backend>;
   using Ids     = typename Model::Ids;
   using Opt     = std::conditional_t<Zero, pmt::optim::ZeroAdamW<T, Host, Backend>, pmt::optim::AdamW<T, Host>>;
   using Policy  = pmt::Hybrid<pmt::DataParallel<>, pmt::TensorSplit<>, pmt::Pipeline<>>;
   const double tol = std::is_same_v<T, double> ? 1e-10 : 1e-5;
   pmt::Mesh<Backend> mesh(pmt::test::world(), shape);
-  Model par(mesh, cfg, plan);
+  Model par(mesh, cfg, plan, chunks);
   Opt opt = [&] {
     if constexpr (Zero)
       return Opt(par.parameters(), hyper, mesh.comm(pmt::Axis::dp), mesh.comm(pmt::Axis::tp), mesh.comm(pmt::Axis::pp));
@@ -177,6 +179,60 @@ TEMPLATE_TEST_CASE("uneven stage plans: 5 layers on 2 stages", "[train][pipeline
       CHECK(pmt::test::all_ranks(matches(ref, cfg, {dp, tp, 2}, pmt::parallel::ScheduleKind::OneFOneB, plan, &peak, &m)));
     }
   }
+}
+
+TEMPLATE_TEST_CASE("two model chunks per stage: interleaved 1F1B and chunked GPipe train like one rank",
+                   "[train][pipeline][interleaved][mpi]", double, float) {
+  using T     = TestType;
+  const int n = pmt::test::world().size();
+  if (n < 2) return;
+  const pmt::nn::GptConfig cfg{V, /*context=*/16, /*layers=*/8, /*width=*/32, /*heads=*/4, /*seed=*/11};
+  const Reference<T> ref(cfg);
+  for (int pp = 2; pp <= std::min(n, 4); pp *= 2)
+    for (auto kind : {pmt::parallel::ScheduleKind::OneFOneB, pmt::parallel::ScheduleKind::GPipe}) {
+      const int dp = n / pp >= 2 ? 2 : 1, tp = n / pp / dp;
+      DYNAMIC_SECTION("dp " << dp << " x tp " << tp << " x pp " << pp << " x 2 chunks, " << pmt::parallel::schedule_name(kind)) {
+        int peak = 0, m = 0;
+        const bool ok = matches(ref, cfg, {dp, tp, pp}, kind, {}, &peak, &m, /*chunks=*/2);
+        // the first stage's live (chunk, microbatch) pairs: interleaved 2 (pp-1) + pp + 1, GPipe 2 m
+        const pmt::Mesh<Backend> probe(pmt::test::world(), {dp, tp, pp});
+        const int expect = kind == pmt::parallel::ScheduleKind::GPipe ? 2 * m : std::min(2 * (pp - 1) + pp + 1, 2 * m);
+        const bool mem_ok = probe.coord(pmt::Axis::pp) != 0 || peak == expect;
+        UNSCOPED_INFO("first-stage peak of live (chunk, microbatch) pairs " << peak << " (expected " << expect << ") with "
+                                                                         << m << " microbatches");
+        CHECK(pmt::test::all_ranks(ok && mem_ok));
+      }
+    }
+}
+
+TEST_CASE("Interleaved<V> needs a model of V chunks per stage, and microbatches a multiple of the stages",
+          "[train][pipeline][interleaved][mpi]") {
+  using Model   = pmt::nn::Gpt<double, Host, Backend>;
+  using Opt     = pmt::optim::AdamW<double, Host>;
+  const auto& w = pmt::test::world();
+  const int n   = w.size();
+  if (n < 2) return;
+  const pmt::nn::GptConfig four{V, 16, 4, 32, 4, 1};
+  pmt::Mesh<Backend> mesh(w, {n / 2, 1, 2});
+  using Policy = pmt::Hybrid<pmt::DataParallel<>, pmt::Pipeline<2, pmt::Interleaved<2>>>;
+  Model one(mesh, four);
+  Opt opt1(one.parameters(), hyper);
+  CHECK_THROWS_WITH((pmt::train::Trainer<Model, Opt, Host, Backend, Policy>(mesh, one, opt1)),
+                    Catch::Matchers::ContainsSubstring("Interleaved<2> but the model holds 1 chunks per stage"));
+  Model two(mesh, four, {}, 2);
+  CHECK(two.chunks() == 2);
+  CHECK(two.plan().stages() == 4);
+  Opt opt2(two.parameters(), hyper);
+  pmt::train::Trainer<Model, Opt, Host, Backend, Policy> tr(mesh, two, opt2);
+  using Ids = Model::Ids;
+  // 3 microbatches on 2 stages: the interleaved table needs a multiple of 2, raised before any message
+  std::vector<pmt::train::Microbatch<Ids>> three;
+  for (std::size_t i = 0; i < 3; ++i) three.push_back(batch<Ids>(0, i, 1));
+  CHECK_THROWS_WITH(tr.step(three, options(0)), Catch::Matchers::ContainsSubstring("3 microbatches on 2 stages with 2 chunks"));
+  // 4 layers cannot make 3 chunks on 2 stages' worth of virtual stages ... 6 > 4
+  CHECK_THROWS_WITH(Model(mesh, four, {}, 3), Catch::Matchers::ContainsSubstring("4 layers on 6 pipeline stages"));
+  // the single-chunk entry points refuse a chunked model
+  CHECK_THROWS_WITH(two.backward_stage(Host(), Model::Activation()), Catch::Matchers::ContainsSubstring("holds 2 model chunks"));
 }
 
 TEMPLATE_TEST_CASE("ZeRO-1 over dp with pipeline stages trains like one rank", "[train][pipeline][zero][mpi]", double, float) {

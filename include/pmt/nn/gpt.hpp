@@ -14,6 +14,10 @@
 // the two copies' gradients between the first and last stage (as Megatron does), so both take
 // the same optimizer step and stay equal. forward_stage / backward_stage run one microbatch of
 // this stage in the current activation slot (core/activation_slot.hpp); the pipeline runner calls them.
+// Model chunks (interleaved pipeline schedules): with `chunks` = v the plan cuts the blocks into
+// v pp virtual stages and stage s holds v of them, s, pp + s, ..., (v-1) pp + s; forward_chunk /
+// backward_chunk run one of them. The first stage still holds the embeddings (in chunk 0) and
+// the last the final norm and LM head (in chunk v-1).
 // Parameter names are global and layout-free: "wte", "wpe", "block3.attn.2", "lnf.weight".
 
 #include "pmt/core/instrument.hpp"
@@ -124,13 +128,17 @@ class Gpt {
   using Ids        = typename Embedding<T, Exec, Backend>::Ids;
   using Activation = Tensor<T, 2, Exec>;
 
-  /// \param plan the blocks of each pipeline stage; empty: balanced_plan(c, pp).
-  Gpt(const Mesh<Backend>& mesh, const GptConfig& c, parallel::StagePlan plan = {})
+  /// \param plan the blocks of each (virtual) pipeline stage; empty: balanced_plan(c, pp * chunks).
+  /// \param chunks model chunks per stage (virtual stages of interleaved schedules; 1: none).
+  Gpt(const Mesh<Backend>& mesh, const GptConfig& c, parallel::StagePlan plan = {}, int chunks = 1)
       : m_cfg(checked(c)), m_tp(mesh.comm(Axis::tp)), m_pp(mesh.comm(Axis::pp)), m_stage(mesh.coord(Axis::pp)),
-        m_stages(mesh.degree(Axis::pp)), m_plan(plan.empty() ? balanced_plan(c, m_stages) : std::move(plan)) {
-    detail::require<ConfigError>(m_plan.stages() == m_stages && m_plan.layers() == c.layers, "pmt::nn::Gpt", [&] {
+        m_stages(mesh.degree(Axis::pp)), m_chunks(chunks),
+        m_plan(plan.empty() && chunks >= 1 ? balanced_plan(c, m_stages * chunks) : std::move(plan)) {
+    detail::require<ConfigError>(chunks >= 1 && m_plan.stages() == m_stages * chunks && m_plan.layers() == c.layers,
+                                 "pmt::nn::Gpt", [&] {
       return detail::str("the stage plan (", m_plan.describe(), ") is for ", m_plan.stages(), " stages and ",
-                         m_plan.layers(), " layers; the mesh has pp = ", m_stages, " and the model ", c.layers, " layers");
+                         m_plan.layers(), " layers; the mesh has pp = ", m_stages, " with ", chunks,
+                         " chunks per stage (", m_stages * chunks, " virtual stages) and the model ", c.layers, " layers");
     });
     if (first_stage()) {
       m_wte = std::make_unique<Embedding<T, Exec, Backend>>(mesh, "wte", c.vocab, c.width, RngKey{c.seed, 0}, VocabSplit::Yes);
@@ -146,10 +154,12 @@ class Gpt {
       m_lnf = std::make_unique<LayerNorm<T, Exec>>("lnf", c.width);
       m_lnf->parameters()[0]->name = "lnf.weight", m_lnf->parameters()[1]->name = "lnf.bias";
     }
-    for (std::size_t i = m_plan.begin(m_stage); i < m_plan.end(m_stage); ++i) {
-      m_blocks.push_back(std::make_unique<GptBlock<T, Exec, Backend>>(mesh, c, i));
-      m_blocks.back()->name_parameters(i);
-    }
+    m_blocks.resize(static_cast<std::size_t>(chunks));
+    for (int k = 0; k < chunks; ++k)
+      for (std::size_t i = m_plan.begin(k * m_stages + m_stage); i < m_plan.end(k * m_stages + m_stage); ++i) {
+        m_blocks[std::size_t(k)].push_back(std::make_unique<GptBlock<T, Exec, Backend>>(mesh, c, i));
+        m_blocks[std::size_t(k)].back()->name_parameters(i);
+      }
   }
 
   /// \brief The per-block costs (parameters, forward FLOPs per token) and the extra cost of the
@@ -171,33 +181,44 @@ class Gpt {
                          "; run the stages with pmt::train::Trainer (or parallel::PipelineRunner)");
     });
     double loss = 0;
-    forward_stage(exec, ids, targets, Activation(), B, Tn, normaliser, &loss, ignore_index);
-    backward_stage(exec, Activation());
+    Activation x;
+    for (int k = 0; k < m_chunks; ++k) x = forward_chunk(exec, k, ids, targets, x, B, Tn, normaliser, &loss, ignore_index);
+    for (int k = m_chunks - 1; k >= 0; --k) x = backward_chunk(exec, k, x);
     return loss;
   }
 
-  /// \brief This stage's forward of one microbatch, saving into the current activation slot.
-  /// The first stage reads `ids`, the others `x_in` (N, C) from the previous stage. Returns the
-  /// activation (N, C) for the next stage; the last stage instead computes the loss against
-  /// `targets` (added to *loss, divided by `normaliser`), runs the LM head's backward at once
-  /// and keeps its gradient for backward_stage, and returns an empty View.
+  /// \brief This stage's forward of one microbatch (one chunk per stage), saving into the
+  /// current activation slot. The first stage reads `ids`, the others `x_in` (N, C) from the
+  /// previous stage. Returns the activation (N, C) for the next stage; the last stage instead
+  /// computes the loss against `targets` (added to *loss, divided by `normaliser`), runs the LM
+  /// head's backward at once and keeps its gradient for backward_stage, and returns an empty View.
+  /// \throws pmt::ConfigError with more than one chunk per stage (use forward_chunk).
   Activation forward_stage(const Exec& exec, const Ids& ids, const Ids& targets, const Activation& x_in, std::size_t B,
                            std::size_t Tn, double normaliser, double* loss, std::int64_t ignore_index = -100) {
+    single_chunk("pmt::nn::Gpt::forward_stage");
+    return forward_chunk(exec, 0, ids, targets, x_in, B, Tn, normaliser, loss, ignore_index);
+  }
+  /// \brief forward_stage of chunk k (virtual stage k pp + stage()): the first virtual stage
+  /// reads `ids`, the last computes the loss.
+  Activation forward_chunk(const Exec& exec, int k, const Ids& ids, const Ids& targets, const Activation& x_in,
+                           std::size_t B, std::size_t Tn, double normaliser, double* loss, std::int64_t ignore_index = -100) {
     const std::size_t N = B * Tn, C = m_cfg.width;
-    detail::require(Tn <= m_cfg.context && (!first_stage() || ids.extent(0) == N) && (!last_stage() || targets.extent(0) == N) &&
-                        (first_stage() || (x_in.extent(0) == N && x_in.extent(1) == C)),
+    const bool first = first_chunk(k), last = last_chunk(k);
+    detail::require(k >= 0 && k < m_chunks && Tn <= m_cfg.context && (!first || ids.extent(0) == N) &&
+                        (!last || targets.extent(0) == N) && (first || (x_in.extent(0) == N && x_in.extent(1) == C)),
                     "pmt::nn::Gpt", [&] {
-                      return detail::str("stage ", m_stage, "/", m_stages, ": ids is ", shape_str(ids), ", targets ",
-                                         shape_str(targets), " and x ", shape_str(x_in), " for B = ", B, ", T = ", Tn,
+                      return detail::str("stage ", m_stage, "/", m_stages, ", chunk ", k, "/", m_chunks, ": ids is ",
+                                         shape_str(ids), ", targets ", shape_str(targets), " and x ", shape_str(x_in),
+                                         " for B = ", B, ", T = ", Tn,
                                          "; expected ids (B T) on the first stage, targets (B T) on the last, x (B T, ",
                                          C, ") on the others, and T <= context ", m_cfg.context);
                     });
-    Activation x = first_stage() ? embed(exec, ids, N, Tn) : x_in;
-    for (auto& b : m_blocks) {
+    Activation x = first ? embed(exec, ids, N, Tn) : x_in;
+    for (auto& b : m_blocks[std::size_t(k)]) {
       x = b->forward(exec, x, B, Tn);
       comm::progress();  // let pending pipeline sends and receives move (comm/progress.hpp)
     }
-    if (!last_stage()) return x;
+    if (!last) return x;
     const Instrument head_region("pmt::nn::Gpt::head_and_loss");
     auto h = m_lnf->forward(exec, x);
     // Tied LM head: logits (N, V/tp) = h wte_shard^T.
@@ -222,10 +243,18 @@ class Gpt {
   /// \brief Inference: like forward_stage, but the last stage returns this rank's logits
   /// (N, V/tp: vocabulary entries [vocab_offset(), vocab_offset() + V/tp)) and computes no loss
   /// and no gradient. Activations are saved in the current slot (the next forward replaces them).
+  /// \throws pmt::ConfigError with more than one chunk per stage (use infer_chunk).
   Activation infer_stage(const Exec& exec, const Ids& ids, const Activation& x_in, std::size_t B, std::size_t Tn) {
-    if (!last_stage()) return forward_stage(exec, ids, Ids(), x_in, B, Tn, 1.0, nullptr);
-    Activation x = first_stage() ? embed(exec, ids, B * Tn, Tn) : x_in;  // pp = 1: the whole model
-    for (auto& b : m_blocks) x = b->forward(exec, x, B, Tn);
+    if (m_stages > 1) single_chunk("pmt::nn::Gpt::infer_stage");
+    Activation x = x_in;  // pp = 1: the whole model, chunk after chunk
+    for (int k = 0; k + 1 < m_chunks; ++k) x = forward_chunk(exec, k, ids, Ids(), x, B, Tn, 1.0, nullptr);
+    return infer_chunk(exec, m_chunks - 1, ids, x, B, Tn);
+  }
+  /// \brief infer_stage of chunk k.
+  Activation infer_chunk(const Exec& exec, int k, const Ids& ids, const Activation& x_in, std::size_t B, std::size_t Tn) {
+    if (!last_chunk(k)) return forward_chunk(exec, k, ids, Ids(), x_in, B, Tn, 1.0, nullptr);
+    Activation x = first_chunk(k) ? embed(exec, ids, B * Tn, Tn) : x_in;  // pp = 1: the whole model
+    for (auto& b : m_blocks[std::size_t(k)]) x = b->forward(exec, x, B, Tn);
     auto h     = m_lnf->forward(exec, x);
     auto table = head_table().table().value2d();
     Activation logits(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::Gpt::logits"), x.extent(0), table.extent(0));
@@ -238,22 +267,30 @@ class Gpt {
   /// \brief This stage's backward of the microbatch of the current activation slot: `dy` is the
   /// gradient of this stage's output from the next stage (ignored on the last stage, which uses
   /// the LM head's). Returns the gradient for the previous stage (empty on the first stage).
+  /// \throws pmt::ConfigError with more than one chunk per stage (use backward_chunk).
   Activation backward_stage(const Exec& exec, const Activation& dy) {
+    single_chunk("pmt::nn::Gpt::backward_stage");
+    return backward_chunk(exec, 0, dy);
+  }
+  /// \brief backward_stage of chunk k.
+  Activation backward_chunk(const Exec& exec, int k, const Activation& dy) {
     Activation dx;
-    if (last_stage()) {
+    if (last_chunk(k)) {
       dx = m_lnf->backward(exec, m_dh.take());
     } else {
-      detail::require(dy.extent(1) == m_cfg.width, "pmt::nn::Gpt::backward_stage", [&] {
-        return detail::str("stage ", m_stage, ": dy is ", shape_str(dy), "; expected (B T, ", m_cfg.width, ")");
+      detail::require(k >= 0 && k < m_chunks && dy.extent(1) == m_cfg.width, "pmt::nn::Gpt::backward_chunk", [&] {
+        return detail::str("stage ", m_stage, ", chunk ", k, "/", m_chunks, ": dy is ", shape_str(dy),
+                           "; expected (B T, ", m_cfg.width, ")");
       });
       dx = dy;
     }
-    for (auto it = m_blocks.rbegin(); it != m_blocks.rend(); ++it) {
+    auto& blocks = m_blocks[std::size_t(k)];
+    for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) {
       dx = (*it)->backward(exec, dx);
       if (m_on_block_grads) m_on_block_grads((*it)->parameters());
       comm::progress();
     }
-    if (!first_stage()) return dx;
+    if (!first_chunk(k)) return dx;
     m_wpe->backward(exec, dx);
     m_wte->backward(exec, dx);
     return Activation();
@@ -285,8 +322,9 @@ class Gpt {
   std::vector<Parameter<T, Exec>*> parameters() {
     std::vector<Parameter<T, Exec>*> all;
     if (first_stage()) all = {&m_wte->table(), &m_wpe->table()};
-    for (auto& b : m_blocks)
-      for (auto* p : b->parameters()) all.push_back(p);
+    for (auto& chunk : m_blocks)
+      for (auto& b : chunk)
+        for (auto* p : b->parameters()) all.push_back(p);
     if (last_stage()) {
       for (auto* p : m_lnf->parameters()) all.push_back(p);
       if (m_head) all.push_back(&m_head->table());
@@ -297,8 +335,14 @@ class Gpt {
   const parallel::StagePlan& plan() const noexcept { return m_plan; }
   int stage() const noexcept { return m_stage; }
   int stages() const noexcept { return m_stages; }
+  /// \brief Model chunks per stage (virtual stages chunks() * stages()).
+  int chunks() const noexcept { return m_chunks; }
+  /// \brief Whether this stage holds the embeddings (in its chunk 0).
   bool first_stage() const noexcept { return m_stage == 0; }
+  /// \brief Whether this stage holds the final norm and LM head (in its last chunk).
   bool last_stage() const noexcept { return m_stage + 1 == m_stages; }
+  bool first_chunk(int k) const noexcept { return first_stage() && k == 0; }
+  bool last_chunk(int k) const noexcept { return last_stage() && k + 1 == m_chunks; }
   std::size_t width() const noexcept { return m_cfg.width; }
 
  private:
@@ -310,6 +354,11 @@ class Gpt {
     return c;
   }
   Embedding<T, Exec, Backend>& head_table() { return m_head ? *m_head : *m_wte; }
+  void single_chunk(const char* op) const {
+    detail::require<ConfigError>(m_chunks == 1, op, [&] {
+      return detail::str("this stage holds ", m_chunks, " model chunks; run one with the *_chunk function of its index");
+    });
+  }
   /// Token + position embeddings of ids (N = B T) on the first stage.
   Activation embed(const Exec& exec, const Ids& ids, std::size_t N, std::size_t Tn) {
     positions(exec, N, Tn);
@@ -327,10 +376,10 @@ class Gpt {
 
   GptConfig m_cfg;
   comm::Communicator<Backend> m_tp, m_pp;
-  int m_stage, m_stages;
+  int m_stage, m_stages, m_chunks;
   parallel::StagePlan m_plan;
   std::unique_ptr<Embedding<T, Exec, Backend>> m_wte, m_wpe, m_head;
-  std::vector<std::unique_ptr<GptBlock<T, Exec, Backend>>> m_blocks;
+  std::vector<std::vector<std::unique_ptr<GptBlock<T, Exec, Backend>>>> m_blocks;  // per chunk
   std::unique_ptr<LayerNorm<T, Exec>> m_lnf;
   Ids m_pos;
   std::size_t m_pos_T = 0;

@@ -4,20 +4,23 @@
 // pipeline stage of a model. Per action of the table, in order:
 //   RecvAct i / RecvGrad i  wait for the message; its receive was posted one receive ahead
 //                           (a receive of each kind is always in flight, overlapping compute)
-//   Forward i               model.forward_stage in activation slot k (a free slot, taken now)
-//   Backward i              model.backward_stage in the slot of i, which is then free again
+//   Forward i               model.forward_chunk in activation slot k (a free slot, taken now)
+//   Backward i              model.backward_chunk in the slot of i, which is then free again
 //   SendAct i / SendGrad i  non-blocking send; completed sends are reaped as the run goes and
 //                           all are waited for at the end
 // While a forward or backward computes, the model's calls to comm::progress() poll the pending
 // sends and receives, so a large message (MPI's rendezvous protocol) moves during the compute
 // instead of after it.
 // Activations go to stage s+1 (tag 11), their gradients to s-1 (tag 12) on the pp communicator;
-// messages of one kind between two stages are matched in table order, which check() proved
-// consistent and free of deadlock for every stage together before the first run.
-// The model provides: value_type, Ids, Activation, stage(), stages(), width(),
-// forward_stage(exec, ids, targets, x_in, B, T, normaliser, &loss) and backward_stage(exec, dy)
-// (see nn::Gpt). Stats: wall time, compute time (forward + backward, fenced), time waiting in
-// receives, the peak of live microbatches (forward done, backward not) and each action's timing.
+// with model chunks (interleaved schedules) round the ring: the last stage's chunk c feeds the
+// first stage's chunk c+1. Messages of one kind between two stages are matched in table order,
+// which check() proved consistent and free of deadlock for every stage together before the
+// first run. Each live (chunk, microbatch) has its own activation slot.
+// The model provides: value_type, Ids, Activation, stage(), stages(), chunks(), width(),
+// forward_chunk(exec, k, ids, targets, x_in, B, T, normaliser, &loss) and
+// backward_chunk(exec, k, dy) (see nn::Gpt). Stats: wall time, compute time (forward + backward,
+// fenced), time waiting in receives, the peak of live (chunk, microbatch) pairs (forward done,
+// backward not) and each action's timing.
 
 #include "pmt/comm/collectives.hpp"
 #include "pmt/comm/communicator.hpp"
@@ -57,7 +60,7 @@ struct StageEvent {
 /// \brief What the last run of a PipelineRunner measured on this rank.
 struct PipelineStats {
   double wall = 0, compute = 0, recv_wait = 0;  ///< seconds
-  int peak_live = 0;                            ///< most microbatches alive at once (forward done, backward not)
+  int peak_live = 0;  ///< most (chunk, microbatch) pairs alive at once (forward done, backward not)
   std::vector<StageEvent> events;
   /// \brief The idle fraction of this stage: 1 - compute / wall.
   double idle() const { return wall > 0 ? 1.0 - compute / wall : 0.0; }
@@ -68,28 +71,29 @@ class PipelineRunner {
  public:
   using Ids        = typename Model::Ids;
   using Activation = typename Model::Activation;
-  /// \brief Called before each Backward action with the microbatch and whether it is the stage's
-  /// last backward of the run (data-parallel gradient sync arms there).
+  /// \brief Called before each Backward action with the microbatch and whether it is the last
+  /// backward of its chunk in the run (its gradients are then final: data-parallel sync arms there).
   using BackwardHook = std::function<void(int mb, bool last)>;
 
   PipelineRunner(const Mesh<Backend>& mesh, Model& model)
       : m_pp(mesh.comm(Axis::pp)), m_model(model), m_root(mesh.is_root()), m_world(mesh.world().size()),
-        m_me(mesh.world().rank()), m_stride(mesh.degree(Axis::dp) * mesh.degree(Axis::tp)) {
+        m_me(mesh.world().rank()), m_stride(mesh.degree(Axis::dp) * mesh.degree(Axis::tp)), m_chunks(model.chunks()) {
     detail::require<ConfigError>(model.stages() == m_pp.size() && model.stage() == m_pp.rank(), "pmt::parallel::PipelineRunner", [&] {
       return detail::str("the model is stage ", model.stage(), " of ", model.stages(), " but this rank is pp ",
                          m_pp.rank(), " of ", m_pp.size());
     });
   }
 
-  /// \brief The table of `kind` for m microbatches on this model's stages, checked by
+  /// \brief The table of `kind` for m microbatches on this model's stages and chunks, checked by
   /// check() when first asked for (cached). 1F1B with m < stages warns once on the world root:
   /// it runs correctly but with GPipe's bubble and memory.
-  /// \throws pmt::ConfigError from the builders or the checker.
+  /// \throws pmt::ConfigError from the builders (interleaved 1F1B: m a multiple of the stages)
+  /// or the checker.
   const Schedule& schedule(ScheduleKind kind, int m) {
     const auto key = std::make_pair(static_cast<int>(kind), m);
     auto it        = m_tables.find(key);
     if (it == m_tables.end()) {
-      Schedule sc = make_schedule(kind, m_model.stages(), m);
+      Schedule sc = make_schedule(kind, m_model.stages(), m, m_chunks);
       m_reports[key] = check(sc);
       if (kind == ScheduleKind::OneFOneB && m < m_model.stages() && m_root)
         std::fprintf(stderr,
@@ -112,14 +116,19 @@ class PipelineRunner {
     detail::require<ConfigError>(m >= 1, "pmt::parallel::PipelineRunner::run", [&] { return std::string("no microbatch"); });
     const auto& actions = schedule(kind, m).per_stage[static_cast<std::size_t>(m_model.stage())];
     const auto M        = static_cast<std::size_t>(m);
-    const int s         = m_model.stage();
-    std::vector<Activation> in_act(M), out(M), in_grad(M);
-    std::vector<double> losses(M, 0.0);
-    std::vector<std::size_t> slot_of(M, 0), free_slots;
+    const int s         = m_model.stage(), p = m_model.stages();
+    const int prev = (s + p - 1) % p, next = (s + 1) % p;  // the ring of stages (chunks wrap round)
+    // buffers and slots per (chunk, microbatch): index chunk * M + mb
+    const auto at = [M](const Action& a_) { return static_cast<std::size_t>(a_.chunk) * M + static_cast<std::size_t>(a_.mb); };
+    const std::size_t n = M * static_cast<std::size_t>(m_chunks);
+    std::vector<Activation> in_act(n), out(n), in_grad(n);
+    std::vector<double> losses(n, 0.0);
+    std::vector<std::size_t> slot_of(n, 0), free_slots;
     std::size_t slots = 0;
-    int live = 0, last_backward = -1;
-    for (const auto& a : actions)
-      if (a.kind == Action::Backward) last_backward = a.mb;
+    int live = 0;
+    std::vector<std::size_t> last_backward(static_cast<std::size_t>(m_chunks), 0);  // per chunk: its last backward's index
+    for (std::size_t k = 0; k < actions.size(); ++k)
+      if (actions[k].kind == Action::Backward) last_backward[static_cast<std::size_t>(actions[k].chunk)] = k;
     std::vector<comm::Request> sends;
     struct Pending {
       std::size_t at = static_cast<std::size_t>(-1);
@@ -129,11 +138,11 @@ class PipelineRunner {
       p.at = static_cast<std::size_t>(-1);
       for (std::size_t k = from; k < actions.size(); ++k)
         if (actions[k].kind == kind_) {
-          const auto i = static_cast<std::size_t>(actions[k].mb);
-          auto& buf    = kind_ == Action::RecvAct ? in_act[i] : in_grad[i];
+          const auto& mb_ = mbs[static_cast<std::size_t>(actions[k].mb)];
+          auto& buf       = kind_ == Action::RecvAct ? in_act[at(actions[k])] : in_grad[at(actions[k])];
           buf = Activation(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("pmt::parallel::pipeline::recv")),
-                           mbs[i].B * mbs[i].T, m_model.width());
-          p.rq = kind_ == Action::RecvAct ? comm::irecv(m_pp, exec, buf, s - 1, tag_act) : comm::irecv(m_pp, exec, buf, s + 1, tag_grad);
+                           mb_.B * mb_.T, m_model.width());
+          p.rq = kind_ == Action::RecvAct ? comm::irecv(m_pp, exec, buf, prev, tag_act) : comm::irecv(m_pp, exec, buf, next, tag_grad);
           p.at = k;
           return;
         }
@@ -149,23 +158,31 @@ class PipelineRunner {
     const auto t0  = clock::now();
     const auto now = [&] { return std::chrono::duration<double>(clock::now() - t0).count(); };
     ++m_runs;
-    // Trace flow ids: the same on the sending and the receiving rank (run, kind, sender, microbatch).
-    const auto flow = [&](bool act, std::int64_t sender, int mb_) {
-      return ((m_runs * 2 + (act ? 0 : 1)) * m_world + sender) * 1000003 + mb_;
+    // Trace flow ids: the same on the sending and the receiving rank (run, kind, sender, the
+    // sender's chunk and microbatch).
+    const auto flow = [&](bool act, std::int64_t sender, int chunk, int mb_) {
+      return ((m_runs * 2 + (act ? 0 : 1)) * m_world + sender) * 1000003 + chunk * m + mb_;
     };
-    const auto label = [&](const Action& a_) { return [a_] { return std::string(kind_name(a_.kind)) + " " + std::to_string(a_.mb); }; };
+    const auto world_rank = [&](int stage) { return m_me + (stage - s) * m_stride; };  // mesh: pp varies slowest
+    const auto label = [&](const Action& a_) {
+      return [a_, v = m_chunks] {
+        return std::string(kind_name(a_.kind)) + " " + std::to_string(a_.mb) + (v > 1 ? " chunk " + std::to_string(a_.chunk) : "");
+      };
+    };
     for (std::size_t k = 0; k < actions.size(); ++k) {
       const Action a = actions[k];
-      const auto i   = static_cast<std::size_t>(a.mb);
-      const auto& mb = mbs[i];
+      const auto i   = at(a);
+      const auto& mb = mbs[static_cast<std::size_t>(a.mb)];
       const double start = now();
       switch (a.kind) {
         case Action::RecvAct:
         case Action::RecvGrad: {
-          // the sender of an activation is stage s-1, of a gradient stage s+1 (mesh: pp varies slowest)
-          const bool act = a.kind == Action::RecvAct;
+          // the sender of an activation is stage s-1, of a gradient stage s+1 (round the ring:
+          // the last stage's chunk c feeds the first stage's chunk c+1)
+          const bool act   = a.kind == Action::RecvAct;
+          const int sender = act ? a.chunk - (s == 0 ? 1 : 0) : a.chunk + (next == 0 ? 1 : 0);
           const Instrument instrument("pmt::parallel::pipeline::recv", Track::P2P, label(a), -1,
-                                      flow(act, act ? m_me - m_stride : m_me + m_stride, a.mb));
+                                      flow(act, world_rank(act ? prev : next), sender, a.mb));
           auto& p = act ? next_act : next_grad;
           p.rq.wait();
           post(p, k + 1, a.kind);
@@ -180,7 +197,7 @@ class PipelineRunner {
           m_stats.peak_live = std::max(m_stats.peak_live, ++live);
           {
             ActivationSlot slot(slot_of[i]);
-            out[i] = m_model.forward_stage(exec, mb.ids, mb.targets, in_act[i], mb.B, mb.T, normaliser, &losses[i]);
+            out[i] = m_model.forward_chunk(exec, a.chunk, mb.ids, mb.targets, in_act[i], mb.B, mb.T, normaliser, &losses[i]);
           }
           exec.fence();
           in_act[i] = Activation();  // the stage's layers keep what they need in the slot
@@ -189,10 +206,10 @@ class PipelineRunner {
         }
         case Action::Backward: {
           const Instrument instrument("pmt::parallel::pipeline::backward", Track::Compute, label(a));
-          if (before_backward) before_backward(a.mb, a.mb == last_backward);
+          if (before_backward) before_backward(a.mb, k == last_backward[static_cast<std::size_t>(a.chunk)]);
           {
             ActivationSlot slot(slot_of[i]);
-            out[i] = m_model.backward_stage(exec, in_grad[i]);
+            out[i] = m_model.backward_chunk(exec, a.chunk, in_grad[i]);
           }
           exec.fence();
           in_grad[i] = Activation();
@@ -204,9 +221,9 @@ class PipelineRunner {
         case Action::SendAct:
         case Action::SendGrad: {
           const Instrument instrument("pmt::parallel::pipeline::send", Track::P2P, label(a),
-                                      flow(a.kind == Action::SendAct, m_me, a.mb));
-          sends.push_back(a.kind == Action::SendAct ? comm::isend(m_pp, exec, out[i], s + 1, tag_act)
-                                                    : comm::isend(m_pp, exec, out[i], s - 1, tag_grad));
+                                      flow(a.kind == Action::SendAct, m_me, a.chunk, a.mb));
+          sends.push_back(a.kind == Action::SendAct ? comm::isend(m_pp, exec, out[i], next, tag_act)
+                                                    : comm::isend(m_pp, exec, out[i], prev, tag_grad));
           out[i] = Activation();  // the Request keeps the buffer until the send completes
           break;
         }
@@ -233,6 +250,7 @@ class PipelineRunner {
   Model& m_model;
   bool m_root;
   std::int64_t m_world, m_me, m_stride;  // world size, rank, and the world-rank distance between stages
+  int m_chunks;
   std::int64_t m_runs = 0;
   std::map<std::pair<int, int>, Schedule> m_tables;
   std::map<std::pair<int, int>, ScheduleReport> m_reports;

@@ -17,6 +17,16 @@
 // forever. It reports the makespan, each stage's busy time, the bubble (the idle fraction of
 // stages x makespan; for GPipe and 1F1B with t_backward = 2 t_forward it is (p-1)/(m+p-1)) and
 // each stage's peak of microbatches whose forward is done and backward is not.
+// Model chunks (interleaving, Megatron's virtual pipeline stages): with v chunks, rank s holds the
+// v virtual stages s, p + s, ..., (v-1) p + s of a model cut into v p pieces; an action names its
+// chunk. Activations and gradients then go round the ring of ranks (the last rank's chunk c feeds
+// the first rank's chunk c + 1), each action costs 1/v of the stage's time, and:
+//   GPipe, v chunks:  every forward in (chunk, microbatch) order, then every backward in reverse.
+//   1F1B, v chunks:   interleaved 1F1B (Narayanan et al. 2021): microbatches in groups of p, a
+//                     group runs through chunk 0, 1, ..., v-1 (forward; backward v-1, ..., 0);
+//                     warm-up of 2 (p - s - 1) + (v - 1) p forwards on rank s. Bubble
+//                     (p-1)/(v m + p-1), v times smaller than 1F1B's, for m a multiple of p (the
+//                     builder requires it), at the price of v times as many messages.
 
 #include "pmt/core/error.hpp"
 
@@ -24,6 +34,7 @@
 #include <cstddef>
 #include <deque>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace pmt::parallel {
@@ -33,7 +44,8 @@ struct Action {
   enum Kind { Forward, Backward, SendAct, RecvAct, SendGrad, RecvGrad };
   Kind kind;
   int mb;
-  friend bool operator==(const Action& a, const Action& b) { return a.kind == b.kind && a.mb == b.mb; }
+  int chunk = 0;  ///< the model chunk (virtual stage chunk * stages + rank); 0 without interleaving
+  friend bool operator==(const Action& a, const Action& b) { return a.kind == b.kind && a.mb == b.mb && a.chunk == b.chunk; }
 };
 
 inline const char* kind_name(Action::Kind k) {
@@ -53,51 +65,102 @@ enum class ScheduleKind { GPipe, OneFOneB };
 
 inline const char* schedule_name(ScheduleKind k) { return k == ScheduleKind::GPipe ? "gpipe" : "1f1b"; }
 
-/// \brief One action list per stage.
+/// \brief One action list per stage (rank of the pp axis).
 struct Schedule {
   std::string name;
   int stages = 0, microbatches = 0;
   std::vector<std::vector<Action>> per_stage;
+  int chunks = 1;  ///< model chunks per stage (virtual stages: stages * chunks)
 };
 
 namespace schedule_detail {
 
-inline void check_sizes(const char* op, int stages, int microbatches) {
-  pmt::detail::require<ConfigError>(stages >= 1 && microbatches >= 1, op, [&] {
-    return pmt::detail::str("stages ", stages, " and microbatches ", microbatches, ": both must be >= 1");
+inline void check_sizes(const char* op, int stages, int microbatches, int chunks = 1) {
+  pmt::detail::require<ConfigError>(stages >= 1 && microbatches >= 1 && chunks >= 1 && (chunks == 1 || stages >= 2), op, [&] {
+    return pmt::detail::str("stages ", stages, ", microbatches ", microbatches, " and chunks ", chunks,
+                            ": each must be >= 1, and more than one chunk per stage needs at least 2 stages");
   });
 }
 
-inline void push_forward(std::vector<Action>& a, int s, int p, int i) {
-  if (s > 0) a.push_back({Action::RecvAct, i});
-  a.push_back({Action::Forward, i});
-  if (s + 1 < p) a.push_back({Action::SendAct, i});
+// Rank s's forward / backward of microbatch i in chunk c (virtual stage c p + s of p v) with
+// its receive before and its send after.
+inline void push_forward(std::vector<Action>& a, int s, int p, int i, int c = 0, int v = 1) {
+  const int vs = c * p + s;
+  if (vs > 0) a.push_back({Action::RecvAct, i, c});
+  a.push_back({Action::Forward, i, c});
+  if (vs + 1 < p * v) a.push_back({Action::SendAct, i, c});
 }
-inline void push_backward(std::vector<Action>& a, int s, int p, int i) {
-  if (s + 1 < p) a.push_back({Action::RecvGrad, i});
-  a.push_back({Action::Backward, i});
-  if (s > 0) a.push_back({Action::SendGrad, i});
+inline void push_backward(std::vector<Action>& a, int s, int p, int i, int c = 0, int v = 1) {
+  const int vs = c * p + s;
+  if (vs + 1 < p * v) a.push_back({Action::RecvGrad, i, c});
+  a.push_back({Action::Backward, i, c});
+  if (vs > 0) a.push_back({Action::SendGrad, i, c});
+}
+
+// The (chunk, microbatch) order of an interleaved schedule: groups of p microbatches, each group
+// through chunks 0, 1, ..., v-1 (forward) or v-1, ..., 0 (backward).
+inline std::vector<std::pair<int, int>> chunk_order(int p, int m, int v, bool backward) {
+  std::vector<std::pair<int, int>> order;
+  for (int g = 0; g < m; g += p)
+    for (int k = 0; k < v; ++k)
+      for (int i = g; i < std::min(g + p, m); ++i) order.emplace_back(backward ? v - 1 - k : k, i);
+  return order;
 }
 
 }  // namespace schedule_detail
 
-/// \brief GPipe: every forward, then every backward (in the same microbatch order).
-/// \throws pmt::ConfigError for stages or microbatches < 1.
-inline Schedule gpipe(int stages, int microbatches) {
-  schedule_detail::check_sizes("pmt::parallel::gpipe", stages, microbatches);
-  Schedule sc{"gpipe", stages, microbatches, std::vector<std::vector<Action>>(static_cast<std::size_t>(stages))};
+/// \brief GPipe: every forward, then every backward (in the same microbatch order); with
+/// `chunks` > 1 every forward of chunk 0, then of chunk 1, ..., then the backwards in reverse.
+/// \throws pmt::ConfigError for stages, microbatches or chunks < 1, or chunks > 1 on one stage.
+inline Schedule gpipe(int stages, int microbatches, int chunks = 1) {
+  schedule_detail::check_sizes("pmt::parallel::gpipe", stages, microbatches, chunks);
+  Schedule sc{chunks == 1 ? std::string("gpipe") : pmt::detail::str("gpipe-", chunks, "chunks"), stages, microbatches,
+              std::vector<std::vector<Action>>(static_cast<std::size_t>(stages)), chunks};
   for (int s = 0; s < stages; ++s) {
     auto& a = sc.per_stage[static_cast<std::size_t>(s)];
-    for (int i = 0; i < microbatches; ++i) schedule_detail::push_forward(a, s, stages, i);
-    for (int i = 0; i < microbatches; ++i) schedule_detail::push_backward(a, s, stages, i);
+    for (int c = 0; c < chunks; ++c)
+      for (int i = 0; i < microbatches; ++i) schedule_detail::push_forward(a, s, stages, i, c, chunks);
+    for (int c = chunks - 1; c >= 0; --c)
+      for (int i = 0; i < microbatches; ++i) schedule_detail::push_backward(a, s, stages, i, c, chunks);
+  }
+  return sc;
+}
+
+/// \brief Interleaved 1F1B over `chunks` model chunks per stage (see the file comment).
+/// \throws pmt::ConfigError for chunks < 2, stages < 2, or microbatches not a multiple of stages.
+inline Schedule interleaved_one_f_one_b(int stages, int microbatches, int chunks) {
+  const char* op = "pmt::parallel::interleaved_one_f_one_b";
+  schedule_detail::check_sizes(op, stages, microbatches, chunks);
+  pmt::detail::require<ConfigError>(chunks >= 2 && microbatches % stages == 0, op, [&] {
+    return pmt::detail::str(microbatches, " microbatches on ", stages, " stages with ", chunks,
+                            " chunks each: interleaving needs at least 2 chunks and a number of microbatches that is "
+                            "a multiple of the stages (use ",
+                            (microbatches + stages - 1) / stages * stages, ")");
+  });
+  Schedule sc{pmt::detail::str("1f1b-interleaved-", chunks, "chunks"), stages, microbatches,
+              std::vector<std::vector<Action>>(static_cast<std::size_t>(stages)), chunks};
+  const auto fwd = schedule_detail::chunk_order(stages, microbatches, chunks, false);
+  const auto bwd = schedule_detail::chunk_order(stages, microbatches, chunks, true);
+  const int total = microbatches * chunks;
+  for (int s = 0; s < stages; ++s) {
+    auto& a          = sc.per_stage[static_cast<std::size_t>(s)];
+    const int warmup = std::min(2 * (stages - s - 1) + (chunks - 1) * stages, total);
+    const auto F = [&](int k) { schedule_detail::push_forward(a, s, stages, fwd[std::size_t(k)].second, fwd[std::size_t(k)].first, chunks); };
+    const auto B = [&](int k) { schedule_detail::push_backward(a, s, stages, bwd[std::size_t(k)].second, bwd[std::size_t(k)].first, chunks); };
+    int f = 0, b = 0;
+    for (; f < warmup; ++f) F(f);
+    for (; f < total; ++f, ++b) F(f), B(b);
+    for (; b < total; ++b) B(b);
   }
   return sc;
 }
 
 /// \brief 1F1B (PipeDream-flush): warm-up, steady one-forward-one-backward, cool-down. With fewer
 /// microbatches than stages it is still correct (warm-up is cut to m) but its bubble is GPipe's.
-/// \throws pmt::ConfigError for stages or microbatches < 1.
-inline Schedule one_f_one_b(int stages, int microbatches) {
+/// With `chunks` > 1: interleaved_one_f_one_b.
+/// \throws pmt::ConfigError for stages or microbatches < 1 (and see interleaved_one_f_one_b).
+inline Schedule one_f_one_b(int stages, int microbatches, int chunks = 1) {
+  if (chunks != 1) return interleaved_one_f_one_b(stages, microbatches, chunks);
   schedule_detail::check_sizes("pmt::parallel::one_f_one_b", stages, microbatches);
   Schedule sc{"1f1b", stages, microbatches, std::vector<std::vector<Action>>(static_cast<std::size_t>(stages))};
   for (int s = 0; s < stages; ++s) {
@@ -115,9 +178,9 @@ inline Schedule one_f_one_b(int stages, int microbatches) {
   return sc;
 }
 
-/// \brief The schedule of a kind.
-inline Schedule make_schedule(ScheduleKind kind, int stages, int microbatches) {
-  return kind == ScheduleKind::GPipe ? gpipe(stages, microbatches) : one_f_one_b(stages, microbatches);
+/// \brief The schedule of a kind (`chunks` model chunks per stage).
+inline Schedule make_schedule(ScheduleKind kind, int stages, int microbatches, int chunks = 1) {
+  return kind == ScheduleKind::GPipe ? gpipe(stages, microbatches, chunks) : one_f_one_b(stages, microbatches, chunks);
 }
 
 /// \brief What check() proved and measured.
@@ -126,9 +189,10 @@ struct ScheduleReport {
   double bubble   = 0;            ///< 1 - sum(busy) / (stages * makespan)
   std::vector<double> busy;       ///< per stage
   std::vector<int> peak_live;     ///< per stage: most microbatches between forward and backward
-  /// \brief The theoretical bubble of GPipe and 1F1B, (p - 1) / (m + p - 1).
-  static double theory(int stages, int microbatches) {
-    return static_cast<double>(stages - 1) / static_cast<double>(microbatches + stages - 1);
+  /// \brief The theoretical bubble of GPipe and 1F1B, (p - 1) / (m + p - 1); of interleaved
+  /// 1F1B with v chunks, (p - 1) / (v m + p - 1).
+  static double theory(int stages, int microbatches, int chunks = 1) {
+    return static_cast<double>(stages - 1) / static_cast<double>(chunks * microbatches + stages - 1);
   }
 };
 
@@ -137,37 +201,48 @@ struct ScheduleReport {
 /// deadlock, mismatch a send with its receive, run an action before its data exists, or leave
 /// a microbatch without its forward and backward.
 /// Per-stage times: stage s's forward costs t_forward[s] and its backward t_backward[s] (for
-/// the bubble expected from measured, unequal stages).
+/// the bubble expected from measured, unequal stages); with v chunks each chunk's action 1/v.
 inline ScheduleReport check(const Schedule& sc, const std::vector<double>& t_forward, const std::vector<double>& t_backward) {
   const char* op = "pmt::parallel::check(schedule)";
-  const int p = sc.stages, m = sc.microbatches;
-  pmt::detail::require<ConfigError>(p >= 1 && m >= 1 && sc.per_stage.size() == static_cast<std::size_t>(p) &&
+  const int p = sc.stages, m = sc.microbatches, v = sc.chunks;
+  pmt::detail::require<ConfigError>(p >= 1 && m >= 1 && v >= 1 && (v == 1 || p >= 2) &&
+                                        sc.per_stage.size() == static_cast<std::size_t>(p) &&
                                         t_forward.size() == static_cast<std::size_t>(p) &&
                                         t_backward.size() == static_cast<std::size_t>(p),
                                     op, [&] {
                                       return pmt::detail::str(sc.name, ": ", sc.per_stage.size(), " action lists and ",
                                                               t_forward.size(), "/", t_backward.size(),
-                                                              " stage times for ", p, " stages and ", m, " microbatches");
+                                                              " stage times for ", p, " stages, ", m,
+                                                              " microbatches and ", v, " chunks");
                                     });
-  const auto P = static_cast<std::size_t>(p), M = static_cast<std::size_t>(m);
+  const auto P = static_cast<std::size_t>(p), M = static_cast<std::size_t>(m), V = static_cast<std::size_t>(v);
   struct Message {
-    int mb;
+    int mb, chunk;  // the sender's chunk
     double time;
   };
-  // channels[s]: activations s -> s+1; grads[s]: gradients s+1 -> s.
+  // acts[s]: activations from stage s to (s+1) mod p; grads[s]: gradients into stage s from (s+1) mod p.
   std::vector<std::deque<Message>> acts(P), grads(P);
   std::vector<std::size_t> pc(P, 0);
   std::vector<double> clock(P, 0.0);
-  // per stage, per microbatch: 0 nothing, 1 input received, 2 forward done, 3 grad received, 4 backward done
-  std::vector<std::vector<int>> state(P, std::vector<int>(M, 0));
-  std::vector<std::vector<bool>> sent(P, std::vector<bool>(M, false));
+  // per stage, per (chunk, microbatch): 0 nothing, 1 input received, 2 forward done, 3 grad
+  // received, 4 backward done, 5 gradient sent
+  std::vector<std::vector<int>> state(P, std::vector<int>(M * V, 0));
+  std::vector<std::vector<bool>> sent(P, std::vector<bool>(M * V, false));
   std::vector<int> live(P, 0);
   ScheduleReport r;
   r.busy.assign(P, 0.0);
   r.peak_live.assign(P, 0);
   const auto fail = [&](std::size_t s, const Action& a, const std::string& why) {
-    throw ConfigError(op, pmt::detail::str(sc.name, " (", p, " stages, ", m, " microbatches): stage ", s, ", action ",
-                                           pc[s], " (", kind_name(a.kind), " of microbatch ", a.mb, "): ", why));
+    throw ConfigError(op, pmt::detail::str(sc.name, " (", p, " stages, ", m, " microbatches", v > 1 ? pmt::detail::str(", ", v, " chunks") : std::string(),
+                                           "): stage ", s, ", action ", pc[s], " (", kind_name(a.kind), " of microbatch ", a.mb,
+                                           v > 1 ? pmt::detail::str(" in chunk ", a.chunk) : std::string(), "): ", why));
+  };
+  const auto expect_front = [&](std::size_t s, const Action& a, const std::deque<Message>& q, int chunk, std::size_t from,
+                                const char* what) {
+    if (q.front().mb != a.mb || q.front().chunk != chunk)
+      fail(s, a, pmt::detail::str("the next ", what, " from stage ", from, " is microbatch ", q.front().mb,
+                                  v > 1 ? pmt::detail::str(" of its chunk ", q.front().chunk) : std::string(),
+                                  " (sends and receives cross)"));
   };
   bool progress = true;
   while (progress) {
@@ -177,19 +252,20 @@ inline ScheduleReport check(const Schedule& sc, const std::vector<double>& t_for
       while (pc[s] < list.size()) {
         const Action a = list[pc[s]];
         if (a.mb < 0 || a.mb >= m) fail(s, a, "microbatch out of range");
-        const auto i   = static_cast<std::size_t>(a.mb);
-        const bool first = s == 0, last = s + 1 == P;
-        int& st        = state[s][i];
-        bool blocked   = false;
+        if (a.chunk < 0 || a.chunk >= v) fail(s, a, "chunk out of range");
+        const int vs     = a.chunk * p + static_cast<int>(s);  // the virtual stage
+        const auto i     = static_cast<std::size_t>(a.chunk) * M + static_cast<std::size_t>(a.mb);
+        const bool first = vs == 0, last = vs + 1 == p * v;
+        const std::size_t prev = (s + P - 1) % P, next = (s + 1) % P;
+        int& st      = state[s][i];
+        bool blocked = false;
         switch (a.kind) {
           case Action::RecvAct: {
             if (first) fail(s, a, "the first stage has no previous stage to receive from");
             if (st != 0) fail(s, a, "received twice");
-            auto& q = acts[s - 1];
+            auto& q = acts[prev];
             if (q.empty()) { blocked = true; break; }
-            if (q.front().mb != a.mb)
-              fail(s, a, pmt::detail::str("the next activation from stage ", s - 1, " is microbatch ", q.front().mb,
-                                          " (sends and receives cross)"));
+            expect_front(s, a, q, s == 0 ? a.chunk - 1 : a.chunk, prev, "activation");
             clock[s] = std::max(clock[s], q.front().time);
             q.pop_front();
             st = 1;
@@ -197,15 +273,15 @@ inline ScheduleReport check(const Schedule& sc, const std::vector<double>& t_for
           }
           case Action::Forward:
             if (st != (first ? 0 : 1)) fail(s, a, first ? "forward done twice" : "its activation was not received first");
-            clock[s] += t_forward[s];
-            r.busy[s] += t_forward[s];
+            clock[s] += t_forward[s] / v;
+            r.busy[s] += t_forward[s] / v;
             st = 2;
             r.peak_live[s] = std::max(r.peak_live[s], ++live[s]);
             break;
           case Action::SendAct:
             if (last) fail(s, a, "the last stage has no next stage to send to");
             if (st < 2 || sent[s][i]) fail(s, a, "sent before its forward, or sent twice");
-            acts[s].push_back({a.mb, clock[s]});
+            acts[s].push_back({a.mb, a.chunk, clock[s]});
             sent[s][i] = true;
             break;
           case Action::RecvGrad: {
@@ -214,9 +290,7 @@ inline ScheduleReport check(const Schedule& sc, const std::vector<double>& t_for
             if (!sent[s][i]) fail(s, a, "its activation was never sent");
             auto& q = grads[s];
             if (q.empty()) { blocked = true; break; }
-            if (q.front().mb != a.mb)
-              fail(s, a, pmt::detail::str("the next gradient from stage ", s + 1, " is microbatch ", q.front().mb,
-                                          " (sends and receives cross)"));
+            expect_front(s, a, q, next == 0 ? a.chunk + 1 : a.chunk, next, "gradient");
             clock[s] = std::max(clock[s], q.front().time);
             q.pop_front();
             st = 3;
@@ -224,15 +298,15 @@ inline ScheduleReport check(const Schedule& sc, const std::vector<double>& t_for
           }
           case Action::Backward:
             if (st != (last ? 2 : 3)) fail(s, a, last ? "backward before its forward, or twice" : "its gradient was not received first");
-            clock[s] += t_backward[s];
-            r.busy[s] += t_backward[s];
+            clock[s] += t_backward[s] / v;
+            r.busy[s] += t_backward[s] / v;
             st = 4;
             --live[s];
             break;
           case Action::SendGrad:
             if (first) fail(s, a, "the first stage has no previous stage to send a gradient to");
             if (st != 4) fail(s, a, "sent before its backward");
-            grads[s - 1].push_back({a.mb, clock[s]});
+            grads[prev].push_back({a.mb, a.chunk, clock[s]});
             st = 5;
             break;
           default: fail(s, a, "unknown action");
@@ -247,17 +321,21 @@ inline ScheduleReport check(const Schedule& sc, const std::vector<double>& t_for
     if (pc[s] < sc.per_stage[s].size()) {
       std::string waits;
       for (std::size_t t = 0; t < P; ++t)
-        if (pc[t] < sc.per_stage[t].size())
-          waits += pmt::detail::str(waits.empty() ? "" : "; ", "stage ", t, " waits at ",
-                                    kind_name(sc.per_stage[t][pc[t]].kind), " of microbatch ", sc.per_stage[t][pc[t]].mb);
+        if (pc[t] < sc.per_stage[t].size()) {
+          const Action& w = sc.per_stage[t][pc[t]];
+          waits += pmt::detail::str(waits.empty() ? "" : "; ", "stage ", t, " waits at ", kind_name(w.kind), " of microbatch ",
+                                    w.mb, v > 1 ? pmt::detail::str(" in chunk ", w.chunk) : std::string());
+        }
       fail(s, sc.per_stage[s][pc[s]], "deadlock: " + waits);
     }
   for (std::size_t s = 0; s < P; ++s) {
-    const int done = (s == 0) ? 4 : 5;  // the first stage sends no gradient
-    for (std::size_t i = 0; i < M; ++i)
+    for (std::size_t i = 0; i < M * V; ++i) {
+      const int done = (s == 0 && i < M) ? 4 : 5;  // the first virtual stage sends no gradient
       if (state[s][i] != done)
-        throw ConfigError(op, pmt::detail::str(sc.name, ": stage ", s, " leaves microbatch ", i,
+        throw ConfigError(op, pmt::detail::str(sc.name, ": stage ", s, " leaves microbatch ", i % M,
+                                               v > 1 ? pmt::detail::str(" of chunk ", i / M) : std::string(),
                                                " unfinished (every stage must run each microbatch's forward and backward)"));
+    }
     if (!acts[s].empty() || !grads[s].empty())
       throw ConfigError(op, pmt::detail::str(sc.name, ": a message from or to stage ", s, " is never received"));
   }

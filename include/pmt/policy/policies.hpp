@@ -37,17 +37,32 @@ struct DataParallel {
   using mode = Mode;
 };
 
-/// \brief Pipeline schedules.
+/// \brief Pipeline schedules. On a model cut into several chunks per stage (virtual stages),
+/// OneFOneB runs interleaved 1F1B and GPipe runs all chunks' forwards, then their backwards.
+/// Interleaved<V> is OneFOneB that also requires the model to hold V chunks per stage.
 struct OneFOneB {};
 struct GPipe {};
+template <int Chunks>
+struct Interleaved {
+  static_assert(Chunks >= 2, "pmt::Interleaved<Chunks>: interleaving needs at least 2 model chunks per stage");
+  static constexpr int chunks = Chunks;
+};
+
+namespace policy_detail {
+template <class S>
+inline constexpr bool is_interleaved_v = false;
+template <int V>
+inline constexpr bool is_interleaved_v<Interleaved<V>> = true;
+}  // namespace policy_detail
 
 /// \brief Pipeline parallelism over the pp axis with a static (Pipeline<2>) or run-time
 /// (Pipeline<>) number of stages.
 template <int Stages = dynamic, class Schedule = OneFOneB>
 struct Pipeline {
   static_assert(Stages == dynamic || Stages >= 1, "pmt::Pipeline<Stages>: Stages must be >= 1 (or pmt::dynamic)");
-  static_assert(std::is_same_v<Schedule, OneFOneB> || std::is_same_v<Schedule, GPipe>,
-                "pmt::Pipeline: the schedule must be pmt::OneFOneB or pmt::GPipe");
+  static_assert(std::is_same_v<Schedule, OneFOneB> || std::is_same_v<Schedule, GPipe> ||
+                    policy_detail::is_interleaved_v<Schedule>,
+                "pmt::Pipeline: the schedule must be pmt::OneFOneB, pmt::GPipe or pmt::Interleaved<Chunks>");
   static constexpr int stages = Stages;
   using schedule              = Schedule;
 };

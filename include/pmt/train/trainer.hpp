@@ -2,8 +2,9 @@
 #pragma once
 // Trainer: one training step of a model over a dp x tp x pp Mesh:
 //   zero grads -> the microbatches: with pp = 1 forward + loss + backward of each in turn, with
-//   pp > 1 the pipeline schedule (GPipe or 1F1B, parallel/pipeline.hpp) over the stages; the
-//   gradients accumulate and the dp all-reduces of the last microbatch start during its backward
+//   pp > 1 the pipeline schedule (GPipe or 1F1B, interleaved when the model holds several chunks
+//   per stage; parallel/pipeline.hpp) over the stages; the gradients accumulate and the dp
+//   all-reduces of each chunk's last microbatch start during its backward
 //   -> finish the dp sync -> sum the tied embedding's gradients between the first and last stage
 //   -> clip by the global norm (over tp and pp) -> optimizer step with the scheduled learning rate.
 // step() returns the global loss: the sum over dp ranks and microbatches of the per-batch losses,
@@ -64,6 +65,7 @@ struct trainer_policy {  // a bare dp mode: every axis allowed, 1F1B
   using dp_mode                          = Policy;
   static constexpr bool dp = true, tp = true, pp = true;
   static constexpr int stages            = dynamic;
+  static constexpr int chunks            = dynamic;  ///< model chunks per stage the policy requires (dynamic: any)
   static constexpr parallel::ScheduleKind schedule = parallel::ScheduleKind::OneFOneB;
 };
 template <class... Ps>
@@ -81,18 +83,25 @@ struct trainer_policy<Hybrid<Ps...>> {
   };
   template <class P, class = void>
   struct pipeline_of {
-    static constexpr int stages = 1;
+    static constexpr int stages = 1, chunks = dynamic;
     static constexpr parallel::ScheduleKind schedule = parallel::ScheduleKind::OneFOneB;
   };
+  template <class S>
+  static constexpr int chunks_of() {
+    if constexpr (policy_detail::is_interleaved_v<S>) return S::chunks;
+    else return dynamic;
+  }
   template <class P>
   struct pipeline_of<P, std::void_t<typename P::schedule>> {
     static constexpr int stages = P::stages;
+    static constexpr int chunks = chunks_of<typename P::schedule>();
     static constexpr parallel::ScheduleKind schedule =
         std::is_same_v<typename P::schedule, GPipe> ? parallel::ScheduleKind::GPipe : parallel::ScheduleKind::OneFOneB;
   };
   using dp_mode                          = typename mode_of<DpP>::type;
   static constexpr bool dp = H::has(Axis::dp), tp = H::has(Axis::tp), pp = H::has(Axis::pp);
   static constexpr int stages            = pipeline_of<PpP>::stages;
+  static constexpr int chunks            = pipeline_of<PpP>::chunks;
   static constexpr parallel::ScheduleKind schedule = pipeline_of<PpP>::schedule;
 };
 
@@ -115,7 +124,7 @@ class Trainer {
 
   Trainer(const Mesh<Backend>& mesh, Model& model, Optimizer& opt, const Exec& exec = Exec(),
           std::size_t bucket_bytes = parallel::GradSync<T, Exec, Backend>::default_bucket_bytes)
-      : m_mesh(checked(mesh)), m_model(model), m_opt(opt), m_exec(exec),
+      : m_mesh(checked(mesh, model)), m_model(model), m_opt(opt), m_exec(exec),
         m_sync(mesh.comm(Axis::dp), syncs_gradients ? model.parameters() : std::vector<nn::Parameter<T, Exec>*>{}, bucket_bytes), m_schedule(policy::schedule) {
     m_model.on_block_grads([this](const std::vector<nn::Parameter<T, Exec>*>& ps) { m_sync.ready(m_exec, ps); });
     if (mesh.degree(Axis::pp) > 1) m_runner.emplace(mesh, model);
@@ -199,7 +208,14 @@ class Trainer {
     if (m_mesh.degree(Axis::pp) > 1) comm::all_reduce_host_values(m_mesh.comm(Axis::pp), m_exec, total);
     return total();
   }
-  static const Mesh<Backend>& checked(const Mesh<Backend>& mesh) {
+  static const Mesh<Backend>& checked(const Mesh<Backend>& mesh, const Model& model) {
+    if constexpr (policy::chunks != dynamic)
+      detail::require<ConfigError>(model.chunks() == policy::chunks, "pmt::train::Trainer", [&] {
+        return detail::str("the policy's schedule is Interleaved<", policy::chunks, "> but the model holds ",
+                           model.chunks(), " chunks per stage; build it with ", policy::chunks, " chunks");
+      });
+    else
+      (void)model;
     const auto s = mesh.shape();
     const bool ok = (policy::dp || s.dp == 1) && (policy::tp || s.tp == 1) && (policy::pp || s.pp == 1) &&
                     (policy::stages == dynamic || !policy::pp || policy::stages == s.pp);
