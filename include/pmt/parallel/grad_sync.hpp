@@ -62,10 +62,12 @@ class GradSync {
   }
 
   /// \brief Whether this backward pass is the one whose gradients are synchronised (the last
-  /// microbatch of a step); call before each microbatch's backward.
+  /// microbatch of a step); call before each microbatch's backward. A pipeline stage of several
+  /// model chunks arms before each chunk's last backward: a bucket launched for an earlier chunk
+  /// stays in flight until finish().
   void arm(bool sync_this_pass) {
     m_armed = sync_this_pass && m_dp.size() > 1;
-    if (m_armed) m_launched_early = 0;
+    if (m_armed && m_finished) m_launched_early = 0, m_finished = false;
     for (auto& b : m_buckets) b.ready = 0;
   }
 
@@ -116,11 +118,13 @@ class GradSync {
       }
       b.launched = false;
     }
-    m_armed = false;
+    m_armed    = false;
+    m_finished = true;
   }
 
   std::size_t buckets() const noexcept { return m_buckets.size(); }
-  /// \brief How many buckets started during backward (before finish()) in the last synchronised pass.
+  /// \brief How many buckets started during backward (before finish()) in the last synchronised
+  /// step (over all of a stage's chunks).
   std::size_t launched_early() const noexcept { return m_launched_early; }
 
  private:
@@ -150,6 +154,7 @@ class GradSync {
   std::map<const nn::Parameter<T, Exec>*, std::size_t> m_bucket_of;
   bool m_armed                 = false;
   std::size_t m_launched_early = 0;
+  bool m_finished              = true;  // no synchronised pass since the last finish()
 };
 
 }  // namespace pmt::parallel
