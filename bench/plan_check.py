@@ -73,19 +73,23 @@ for rep in range(repeats):
     machine = next(l for l in out.splitlines() if l.startswith("machine:"))
     with open(pred_csv) as f:
         for r in csv.DictReader(f):
-            key = (int(r["dp"]), int(r["tp"]), int(r["pp"]), int(r["microbatches"]), r["schedule"], int(r["zero"]))
+            chunks = int(r.get("chunks") or 1)  # interleaved 1F1B: schedule "1f1b-v2"
+            sched = r["schedule"] + (f"-v{chunks}" if chunks > 1 else "")
+            key = (int(r["dp"]), int(r["tp"]), int(r["pp"]), int(r["microbatches"]), sched, int(r["zero"]))
             predictions.setdefault(key, []).append((float(r["step_ms"]),
                                                     [float(x) for x in r["stage_peak_mib"].split(";")]))
             steps_ms.setdefault(key, []).append([float(x) for x in r["measured_steps_ms"].split(";")])
 
 # 2. the configurations: every (dp, tp, pp) layout of N ranks with every microbatch count, 1F1B,
-#    ZeRO off; then each layout's ZeRO-1 and GPipe variants at train_gpt's default microbatches
+#    ZeRO off; then each layout's ZeRO-1, GPipe and interleaved 1F1B (2 chunks) variants at
+#    train_gpt's default microbatches
 #    (the table shows those; every candidate is ranked in "all candidates")
 configs = sorted(k for k in predictions if k[4] == "1f1b" and k[5] == 0)
 variants = []
 for (dp, tp, pp, m, s, z) in configs:
     if m == (min(2 * pp, 8 // dp) if pp > 1 else 1):
-        variants += [k for k in [(dp, tp, pp, m, s, 1), (dp, tp, pp, m, "gpipe", 0)] if k in predictions]
+        variants += [k for k in [(dp, tp, pp, m, s, 1), (dp, tp, pp, m, "gpipe", 0), (dp, tp, pp, m, "1f1b-v2", 0)]
+                     if k in predictions]
 ranked_count = len(configs)
 configs += variants
 
@@ -94,7 +98,9 @@ def memory(c):
     """Peak Kokkos allocations per rank (MiB) of a short train_gpt run of configuration c."""
     dp, tp, pp, m, s, z = c
     metrics = os.path.join(tmp, "m.json")
-    args = ["--dp", str(dp), "--tp", str(tp), "--pp", str(pp), "--microbatches", str(m), "--schedule", s,
+    sched, _, chunks = s.partition("-v")
+    args = ["--dp", str(dp), "--tp", str(tp), "--pp", str(pp), "--microbatches", str(m), "--schedule", sched,
+            "--chunks", chunks or "1",
             "--steps", str(mem_steps), "--val-every", "0", "--metrics", metrics, "--kokkos-disable-warnings"] + model
     if z:
         args.append("--zero")

@@ -206,13 +206,13 @@ int main(int argc, char* argv[]) {
       if (!plan.ranked.empty()) {
         const auto& b = plan.best().layout;
         std::printf(
-            "\nrun it: mpiexec -n %d train_gpt --dp %d --tp %d --pp %d --microbatches %d%s%s   (or "
+            "\nrun it: mpiexec -n %d train_gpt --dp %d --tp %d --pp %d --microbatches %d%s%s%s   (or "
             "train_gpt --auto)\n",
             machine.ranks, b.dp, b.tp, b.pp, b.microbatches,
             b.pp > 1
                 ? (std::string(" --schedule ") + pmt::parallel::schedule_name(b.schedule)).c_str()
                 : "",
-            b.zero ? " --zero" : "");
+            b.chunks > 1 ? (" --chunks " + std::to_string(b.chunks)).c_str() : "", b.zero ? " --zero" : "");
       }
       if (!measured.empty()) {
         const std::size_t n = measured.size();
@@ -243,7 +243,7 @@ int main(int argc, char* argv[]) {
         std::FILE* f = std::fopen(o.csv.c_str(), "w");
         if (!f) throw pmt::IoError(prog, o.csv + ": cannot be written");
         std::fprintf(f, "dp,tp,pp,microbatches,schedule,zero,step_ms,peak_mib,stage_peak_mib,measured_ms,"
-                        "measured_steps_ms\n");
+                        "measured_steps_ms,chunks\n");
         for (std::size_t i = 0; i < plan.ranked.size(); ++i) {
           const auto& e = plan.ranked[i];
           std::string stages;
@@ -254,10 +254,10 @@ int main(int argc, char* argv[]) {
             meas = std::to_string(1e3 * measured[i].median);
             for (double t : measured[i].steps) meas_steps += (meas_steps.empty() ? "" : ";") + std::to_string(1e3 * t);
           }
-          std::fprintf(f, "%d,%d,%d,%d,%s,%d,%.4f,%.3f,%s,%s,%s\n", e.layout.dp, e.layout.tp, e.layout.pp,
+          std::fprintf(f, "%d,%d,%d,%d,%s,%d,%.4f,%.3f,%s,%s,%s,%d\n", e.layout.dp, e.layout.tp, e.layout.pp,
                        e.layout.microbatches, pmt::parallel::schedule_name(e.layout.schedule),
                        e.layout.zero ? 1 : 0, 1e3 * e.step_seconds(), e.peak_bytes() / 1048576.0,
-                       stages.c_str(), meas.c_str(), meas_steps.c_str());
+                       stages.c_str(), meas.c_str(), meas_steps.c_str(), e.layout.chunks);
         }
         std::fclose(f);
         std::printf("candidates: %s\n", o.csv.c_str());

@@ -2,7 +2,7 @@
 // The planner (plan/): its rejections (sizes that do not divide, memory that does not fit) are
 // right and name the reason; the search covers every factorisation of the ranks; and its memory
 // model matches what pmt allocates: for every layout of the job's ranks (microbatches 1 and 2,
-// both schedules with pp > 1, ZeRO-1 with dp > 1) a real Gpt + optimizer + Trainer runs 2 steps
+// both schedules and interleaved 1F1B with 2 chunks with pp > 1, ZeRO-1 with dp > 1) a real Gpt + optimizer + Trainer runs 2 steps
 // while obs::MemoryTracker counts the Kokkos allocations; each rank's parameters equal the
 // predicted count exactly and its peak is within 20 % of the prediction for its stage.
 // plan::measure (the interleaved measurement of layouts) returns every layout's timed steps, the
@@ -92,7 +92,14 @@ TEST_CASE("the planner rejects layouts that do not divide the problem, naming wh
       CHECK((8 / e.layout.dp) % e.layout.microbatches == 0);
       CHECK((!e.layout.zero || e.layout.dp > 1));
       CHECK((e.layout.schedule == pmt::parallel::ScheduleKind::OneFOneB || e.layout.pp > 1));
+      // model chunks: interleaved 1F1B only, with m a multiple of pp and a layer per chunk
+      CHECK((e.layout.chunks == 1 || (e.layout.chunks == 2 && e.layout.pp > 1 && e.layout.microbatches % e.layout.pp == 0 &&
+                                      e.layout.schedule == pmt::parallel::ScheduleKind::OneFOneB &&
+                                      4 >= e.layout.pp * e.layout.chunks)));
     }
+    bool interleaved = false;
+    for (const auto& e : plan.ranked) interleaved = interleaved || e.layout.chunks == 2;
+    CHECK(interleaved);
   }
   SECTION("memory that does not fit") {
     const auto all = pmt::plan::search(problem(256, 4, 128, 4, 8), machine(4));
@@ -121,6 +128,15 @@ TEST_CASE("the planner rejects layouts that do not divide the problem, naming wh
     const pmt::plan::Layout l{3, 1, 1, 1, pmt::parallel::ScheduleKind::OneFOneB, false};
     CHECK_THROWS_WITH(pmt::plan::estimate(problem(256, 4, 64, 4, 8), machine(4), l),
                       ContainsSubstring("dp 3 x tp 1 x pp 1 = 3 is not 4 ranks"));
+    const pmt::plan::Layout three_mb{2, 1, 2, 1, pmt::parallel::ScheduleKind::OneFOneB, false, 2};
+    CHECK_THROWS_WITH(pmt::plan::estimate(problem(256, 4, 64, 4, 8), machine(4), three_mb),
+                      ContainsSubstring("interleaved 1F1B needs microbatches (1) a multiple of pp 2"));
+    const pmt::plan::Layout four_chunks{2, 1, 2, 2, pmt::parallel::ScheduleKind::OneFOneB, false, 4};
+    CHECK_THROWS_WITH(pmt::plan::estimate(problem(256, 4, 64, 4, 8), machine(4), four_chunks),
+                      ContainsSubstring("4 layers cannot fill pp 2 x 4 chunks"));
+    const pmt::plan::Layout no_pp{4, 1, 1, 2, pmt::parallel::ScheduleKind::OneFOneB, false, 2};
+    CHECK_THROWS_WITH(pmt::plan::estimate(problem(256, 4, 64, 4, 8), machine(4), no_pp),
+                      ContainsSubstring("2 model chunks per stage need pp > 1"));
   }
 }
 
@@ -132,7 +148,7 @@ TEST_CASE(
   for (const auto& a : plan.ranked)
     for (const auto& b : plan.ranked) {
       const auto &la = a.layout, &lb = b.layout;
-      if (la.dp != lb.dp || la.tp != lb.tp || la.pp != lb.pp || la.zero != lb.zero) continue;
+      if (la.dp != lb.dp || la.tp != lb.tp || la.pp != lb.pp || la.zero != lb.zero || la.chunks != lb.chunks) continue;
       if (la.schedule == lb.schedule && la.microbatches < lb.microbatches)
         CHECK(a.memory[0].activations >= b.memory[0].activations);
       if (la.microbatches == lb.microbatches &&
@@ -182,6 +198,17 @@ TEST_CASE("the step simulation: a critical path with a core per rank, work-conse
     CHECK(std::abs(simulate(kind, 2, 4, f2, b2, none2, 0.0, 1.0, 1) - 24.0) < 1e-9);
   // communication (a hop between stages) is waited for, not computed
   CHECK(std::abs(simulate(ScheduleKind::OneFOneB, 2, 1, f2, b2, none2, 0.5, 2.0, 1) - 7.0) < 1e-9);
+  // 2 chunks per stage (work per virtual stage): with a core per rank the critical path is the
+  // checker's makespan of the same table, (v m + p - 1) (f + b) / v for interleaved 1F1B
+  const std::vector<double> none4(4, 0.0), f4(4, 0.5), b4(4, 1.0);
+  for (int m : {2, 4, 8}) {
+    const auto table = pmt::parallel::one_f_one_b(2, m, 2);
+    const double want = pmt::parallel::check(table, f2, b2).makespan;
+    CHECK(std::abs(want - (2.0 * m + 1) * 1.5) < 1e-9);
+    CHECK(std::abs(simulate(ScheduleKind::OneFOneB, 2, m, f4, b4, none4, 0.0, 2.0, 1, 2) - want) < 1e-9);
+    // on one core the two stages share it: all the work, 2 stages x m x 2 chunks x 1.5
+    CHECK(std::abs(simulate(ScheduleKind::OneFOneB, 2, m, f4, b4, none4, 0.0, 1.0, 1, 2) - 6.0 * m) < 1e-9);
+  }
 }
 
 namespace {
@@ -202,7 +229,7 @@ std::pair<double, double> measure_memory(const pmt::plan::Problem& pr, const pmt
   double params = 0;
   {
     pmt::Mesh<Backend> mesh(pmt::test::world(), {l.dp, l.tp, l.pp});
-    Model model(mesh, pr.model);
+    Model model(mesh, pr.model, {}, l.chunks);
     const pmt::ops::AdamWParams hyper{1e-3, 0.9, 0.95, 1e-8, 0.1, 1};
     Opt opt = [&] {
       if constexpr (Zero)
@@ -246,6 +273,7 @@ TEST_CASE("the planner's memory model matches what every layout allocates", "[pl
       for (int m : {1, 2}) {
         layouts.push_back({dp, tp, pp, m, pmt::parallel::ScheduleKind::OneFOneB, false});
         if (pp > 1) layouts.push_back({dp, tp, pp, m, pmt::parallel::ScheduleKind::GPipe, false});
+        if (pp > 1) layouts.push_back({dp, tp, pp, m, pmt::parallel::ScheduleKind::OneFOneB, false, 2});  // interleaved
         if (dp > 1) layouts.push_back({dp, tp, pp, m, pmt::parallel::ScheduleKind::OneFOneB, true});
       }
       for (const auto& l : layouts) {
@@ -288,11 +316,12 @@ TEST_CASE("spearman: rank correlation with ties", "[plan]") {
 
 TEST_CASE("plan::measure trains each layout, interleaved, the same times on every rank", "[plan][mpi]") {
   const int n   = pmt::test::world().size();
-  const auto pr = problem(96, 2, 32, 4, 8);
+  const auto pr = problem(96, 4, 32, 4, 8);
   std::vector<pmt::plan::Layout> layouts{{n, 1, 1, 1, pmt::parallel::ScheduleKind::OneFOneB, false},
                                          {n, 1, 1, 2, pmt::parallel::ScheduleKind::OneFOneB, false}};
   if (n > 1) {
     layouts.push_back({n / 2, 1, 2, 2, pmt::parallel::ScheduleKind::GPipe, false});
+    layouts.push_back({n / 2, 1, 2, 2, pmt::parallel::ScheduleKind::OneFOneB, false, 2});  // interleaved
     layouts.push_back({1, 2, n / 2, 1, pmt::parallel::ScheduleKind::OneFOneB, false});
     if (n > 2) layouts.push_back({n / 2, 2, 1, 1, pmt::parallel::ScheduleKind::OneFOneB, true});
   }

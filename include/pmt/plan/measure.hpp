@@ -90,7 +90,7 @@ struct Run {
 
   Run(const comm::Communicator<Backend>& world, const Problem& pr, const Layout& l)
       : mesh(world, MeshShape{l.dp, l.tp, l.pp}),
-        model(mesh, pr.model),
+        model(mesh, pr.model, {}, l.chunks),
         opt(make_opt(model, mesh, ops::AdamWParams{1e-3, 0.9, 0.95, 1e-8, 0.1, 1})),
         trainer(mesh, model, opt),
         tokens(double(pr.batch) * double(pr.model.context)) {

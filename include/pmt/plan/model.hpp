@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The planner's model of one training step of a Gpt (nn/gpt.hpp) with the Trainer
-// (train/trainer.hpp) on a dp x tp x pp layout, m microbatches, a schedule and ZeRO-1 on or off:
+// (train/trainer.hpp) on a dp x tp x pp layout, m microbatches, a schedule, model chunks per stage
+// (interleaved 1F1B: the plan and the costs below are per virtual stage, a rank adds up its
+// chunks) and ZeRO-1 on or off:
 // predicted step time (compute, tp / pp / dp communication, pipeline bubble) and peak memory per
 // rank, from a Machine (compute, memory and link rates: measured by plan/calibrate.hpp or given).
 // It counts what pmt's code allocates and runs, layer by layer (legend: s bytes per value,
@@ -148,12 +150,13 @@ struct Layout {
   int dp = 1, tp = 1, pp = 1, microbatches = 1;
   parallel::ScheduleKind schedule = parallel::ScheduleKind::OneFOneB;
   bool zero                       = false;  ///< ZeRO-1 (optim::ZeroAdamW) instead of AdamW
-  /// \brief "dp 2 x tp 1 x pp 2, m 4, 1f1b, zero"
+  int chunks                      = 1;      ///< model chunks per stage (with 1F1B: interleaved)
+  /// \brief "dp 2 x tp 1 x pp 2, m 4, 1f1b, zero" ("1f1b x2" with 2 chunks per stage)
   std::string describe() const {
     return detail::str(
         "dp ", dp, " x tp ", tp, " x pp ", pp, ", m ", microbatches,
         pp > 1 ? std::string(", ") + parallel::schedule_name(schedule) : std::string(),
-        zero ? ", zero" : "");
+        chunks > 1 ? detail::str(" x", chunks) : std::string(), zero ? ", zero" : "");
   }
 };
 
@@ -161,7 +164,7 @@ struct Layout {
 struct Memory {
   double parameters = 0, gradients = 0, optimizer = 0, buckets = 0, data = 0, activations = 0,
          transient      = 0;
-  int live_microbatches = 0;
+  int live_microbatches = 0;  ///< (chunk, microbatch) pairs with several chunks per stage
   double total() const {
     return parameters + gradients + optimizer + buckets + data + activations + transient;
   }
@@ -212,9 +215,10 @@ struct Estimate {
 inline std::string why_invalid(const Problem& pr, const Layout& l, int ranks) {
   const auto& c = pr.model;
   const auto tp = static_cast<std::size_t>(l.tp);
-  if (l.dp < 1 || l.tp < 1 || l.pp < 1 || l.microbatches < 1)
+  if (l.dp < 1 || l.tp < 1 || l.pp < 1 || l.microbatches < 1 || l.chunks < 1)
     return detail::str("dp ", l.dp, ", tp ", l.tp, ", pp ", l.pp, ", microbatches ", l.microbatches,
-                       " must all be >= 1");
+                       ", chunks ", l.chunks, " must all be >= 1");
+  if (l.chunks > 1 && l.pp == 1) return detail::str(l.chunks, " model chunks per stage need pp > 1");
   if (static_cast<long>(l.dp) * l.tp * l.pp != ranks)
     return detail::str("dp ", l.dp, " x tp ", l.tp, " x pp ", l.pp, " = ",
                        static_cast<long>(l.dp) * l.tp * l.pp, " is not ", ranks, " ranks");
@@ -226,6 +230,9 @@ inline std::string why_invalid(const Problem& pr, const Layout& l, int ranks) {
   if (c.layers < static_cast<std::size_t>(l.pp))
     return detail::str(c.layers, " layers cannot fill pp ", l.pp,
                        " stages (every stage needs a layer)");
+  if (c.layers < static_cast<std::size_t>(l.pp) * static_cast<std::size_t>(l.chunks))
+    return detail::str(c.layers, " layers cannot fill pp ", l.pp, " x ", l.chunks,
+                       " chunks (every chunk needs a layer)");
   if (pr.batch % static_cast<std::size_t>(l.dp) != 0)
     return detail::str("batch ", pr.batch, " is not divisible by dp ", l.dp);
   const std::size_t local = pr.batch / static_cast<std::size_t>(l.dp);
@@ -233,6 +240,9 @@ inline std::string why_invalid(const Problem& pr, const Layout& l, int ranks) {
     return detail::str(l.microbatches, " microbatches do not divide the ", local,
                        " sequences per dp rank (batch ", pr.batch, " / dp ", l.dp, ")");
   if (l.zero && l.dp == 1) return "ZeRO-1 shards over dp, and dp is 1";
+  if (l.chunks > 1 && l.schedule == parallel::ScheduleKind::OneFOneB && l.microbatches % l.pp != 0)
+    return detail::str("interleaved 1F1B needs microbatches (", l.microbatches,
+                       ") a multiple of pp ", l.pp);
   return "";
 }
 
@@ -312,26 +322,30 @@ inline StageCost stage_cost(const Problem& pr, const Machine& mc, const Layout& 
 /// another stage beside it. (It runs the
 /// same tables as parallel::check, which proves them and counts live microbatches, but there an
 /// action's time is fixed; here it depends on how many ranks compute at once.)
+/// With v `chunks` per stage the work and wait vectors are per virtual stage (c p + s) and
+/// messages go round the ring of stages.
 inline double simulate(parallel::ScheduleKind kind, int p, int m, const std::vector<double>& work_f,
                        const std::vector<double>& work_b, const std::vector<double>& wait,
-                       double hop, double cores, int per_stage) {
+                       double hop, double cores, int per_stage, int chunks = 1) {
   struct Act {
     bool forward;
     int mb;
+    std::size_t vs;  // the virtual stage
   };
+  const auto VS = static_cast<std::size_t>(p * chunks);
   std::vector<std::vector<Act>> order(static_cast<std::size_t>(p));
   if (p == 1) {
-    for (int i = 0; i < m; ++i) order[0].push_back({true, i}), order[0].push_back({false, i});
+    for (int i = 0; i < m; ++i) order[0].push_back({true, i, 0}), order[0].push_back({false, i, 0});
   } else {
-    const auto sc = parallel::make_schedule(kind, p, m);
+    const auto sc = parallel::make_schedule(kind, p, m, chunks);
     for (int s = 0; s < p; ++s)
       for (const auto& a : sc.per_stage[static_cast<std::size_t>(s)])
         if (a.kind == parallel::Action::Forward || a.kind == parallel::Action::Backward)
-          order[static_cast<std::size_t>(s)].push_back({a.kind == parallel::Action::Forward, a.mb});
+          order[static_cast<std::size_t>(s)].push_back(
+              {a.kind == parallel::Action::Forward, a.mb, static_cast<std::size_t>(a.chunk * p + s)});
   }
   const double never = 1e300;
-  std::vector<std::vector<double>> done_f(static_cast<std::size_t>(p),
-                                          std::vector<double>(static_cast<std::size_t>(m), never)),
+  std::vector<std::vector<double>> done_f(VS, std::vector<double>(static_cast<std::size_t>(m), never)),
       done_b = done_f;
   std::vector<std::size_t> next(static_cast<std::size_t>(p), 0);
   std::vector<int> phase(static_cast<std::size_t>(p),
@@ -346,7 +360,7 @@ inline double simulate(parallel::ScheduleKind kind, int p, int m, const std::vec
   std::vector<int> load(static_cast<std::size_t>(slots), 0);
   std::vector<double> rate(static_cast<std::size_t>(p), 1.0);
   double now = 0;
-  for (int guard = 0; guard < 64 * (m + 1) * (p + 1); ++guard) {
+  for (int guard = 0; guard < 64 * (m + 1) * (p + 1) * chunks; ++guard) {
     bool all_done   = true;
     double ready_at = never;
     for (std::size_t s = 0; s < static_cast<std::size_t>(p); ++s) {
@@ -355,12 +369,11 @@ inline double simulate(parallel::ScheduleKind kind, int p, int m, const std::vec
       if (phase[s] != 0) continue;
       const Act a    = order[s][next[s]];
       const auto i   = static_cast<std::size_t>(a.mb);
-      const double r = a.forward ? (s == 0 ? 0.0 : done_f[s - 1][i] + hop)
-                                 : (s + 1 == static_cast<std::size_t>(p) ? done_f[s][i]
-                                                                         : done_b[s + 1][i] + hop);
+      const double r = a.forward ? (a.vs == 0 ? 0.0 : done_f[a.vs - 1][i] + hop)
+                                 : (a.vs + 1 == VS ? done_f[a.vs][i] : done_b[a.vs + 1][i] + hop);
       if (r <= now) {
         phase[s] = 1;
-        left[s]  = a.forward ? work_f[s] : work_b[s];
+        left[s]  = a.forward ? work_f[a.vs] : work_b[a.vs];
       } else {
         ready_at = std::min(ready_at, r);
       }
@@ -385,11 +398,11 @@ inline double simulate(parallel::ScheduleKind kind, int p, int m, const std::vec
     for (std::size_t s = 0; s < static_cast<std::size_t>(p); ++s) {
       if (phase[s] == 1) {
         left[s] -= dt * rate[s];
-        if (left[s] <= 1e-15 * (1 + now)) phase[s] = 2, until[s] = now + wait[s];
+        if (left[s] <= 1e-15 * (1 + now)) phase[s] = 2, until[s] = now + wait[order[s][next[s]].vs];
       }
       if (phase[s] == 2 && until[s] <= now) {
-        const Act a                                                      = order[s][next[s]];
-        (a.forward ? done_f : done_b)[s][static_cast<std::size_t>(a.mb)] = now;
+        const Act a                                                         = order[s][next[s]];
+        (a.forward ? done_f : done_b)[a.vs][static_cast<std::size_t>(a.mb)] = now;
         phase[s]                                                         = 0;
         ++next[s];
       }
@@ -409,50 +422,67 @@ inline Estimate estimate(const Problem& pr, const Machine& mc, const Layout& l) 
   const auto& c = pr.model;
   Estimate e;
   e.layout    = l;
-  e.stages    = nn::gpt_balanced_plan(c, l.pp);
-  const int p = l.pp, m = l.microbatches;
+  const int p = l.pp, m = l.microbatches, v = l.chunks;
+  e.stages    = nn::gpt_balanced_plan(c, p * v);  // per virtual stage c p + s
   const std::size_t b  = pr.batch / static_cast<std::size_t>(l.dp) / static_cast<std::size_t>(m);
   const std::size_t tp = static_cast<std::size_t>(l.tp), T = c.context, N = b * T, C = c.width,
                     Cl = C / tp, Hl = c.heads / tp, Vl = c.vocab / tp;
   const double sb = double(pr.value_bytes), dN = double(N), dC = double(C), dCl = double(Cl);
+  const auto P_ = static_cast<std::size_t>(p), VS = static_cast<std::size_t>(p * v);
+  const auto vstage = [p](int s, int k) { return static_cast<std::size_t>(k * p + s); };
+  // messages a virtual stage receives and sends per microbatch and direction
+  const auto hops_of = [VS](std::size_t vs) { return double(vs > 0) + double(vs + 1 < VS); };
 
   // --- time: per-stage forward / backward of one microbatch, the schedule simulated -----------
-  std::vector<double> tf(static_cast<std::size_t>(p)), tb(static_cast<std::size_t>(p));
-  std::vector<plan_detail::StageCost> cost(static_cast<std::size_t>(p));
+  std::vector<double> tf(P_, 0.0), tb(P_, 0.0);  // per rank, its chunks together
+  std::vector<plan_detail::StageCost> cost(VS);   // per virtual stage
   const double hop = p > 1 ? mc.p2p(sb * dN * dC) : 0.0;
-  for (int s = 0; s < p; ++s) {
-    cost[s] = plan_detail::stage_cost(pr, mc, l, e.stages, s, b);
-    tf[s]   = cost[s].forward + cost[s].tp_comm + (s > 0 ? hop : 0.0);
-    tb[s]   = cost[s].backward + cost[s].tp_comm + (s + 1 < p ? hop : 0.0);
-  }
-  std::vector<int> live(static_cast<std::size_t>(p), 1);
-  if (p > 1)
-    live = parallel::check(parallel::make_schedule(l.schedule, p, m), tf, tb)
-               .peak_live;  // proves the table too
-  std::vector<double> work_f(static_cast<std::size_t>(p)), work_b(static_cast<std::size_t>(p)),
-      wait(static_cast<std::size_t>(p));
   for (int s = 0; s < p; ++s)
-    work_f[s] = cost[s].forward, work_b[s] = cost[s].backward, wait[s] = cost[s].tp_comm;
+    for (int k = 0; k < v; ++k) {
+      const auto vs = vstage(s, k);
+      cost[vs]      = plan_detail::stage_cost(pr, mc, l, e.stages, static_cast<int>(vs), b);
+      tf[std::size_t(s)] += cost[vs].forward + cost[vs].tp_comm + (vs > 0 ? hop : 0.0);
+      tb[std::size_t(s)] += cost[vs].backward + cost[vs].tp_comm + (vs + 1 < VS ? hop : 0.0);
+    }
+  std::vector<int> live(P_, 1);
+  if (p > 1)
+    live = parallel::check(parallel::make_schedule(l.schedule, p, m, v), tf, tb)
+               .peak_live;  // proves the table too
+  std::vector<double> work_f(VS), work_b(VS), wait(VS);
+  for (std::size_t vs = 0; vs < VS; ++vs)
+    work_f[vs] = cost[vs].forward, work_b[vs] = cost[vs].backward, wait[vs] = cost[vs].tp_comm;
   const double share    = std::clamp(mc.core_share, 1e-3, 1.0);
   const double makespan = plan_detail::simulate(l.schedule, p, m, work_f, work_b, wait, hop,
-                                                share * mc.ranks, l.dp * l.tp);
+                                                share * mc.ranks, l.dp * l.tp, v);
   // the parts: the busiest stage's compute (at the cores' share when all ranks compute), its
   // communication; the rest of the simulated makespan is the bubble
   int busiest = 0;
   for (int s = 1; s < p; ++s)
-    if (tf[s] + tb[s] > tf[busiest] + tb[busiest]) busiest = s;
-  e.time.compute = m * (cost[busiest].forward + cost[busiest].backward) / share;
-  e.time.tp_comm = 2.0 * m * cost[busiest].tp_comm;
-  e.time.pp_comm = p > 1 ? m * hop * ((busiest > 0) + (busiest + 1 < p)) : 0.0;
+    if (tf[std::size_t(s)] + tb[std::size_t(s)] > tf[std::size_t(busiest)] + tb[std::size_t(busiest)]) busiest = s;
+  double blocks = 0, hops = 0;
+  bool first = false, last = false;
+  for (int k = 0; k < v; ++k) {
+    const auto vs = vstage(busiest, k);
+    e.time.compute += m * (cost[vs].forward + cost[vs].backward) / share;
+    e.time.tp_comm += 2.0 * m * cost[vs].tp_comm;
+    blocks += double(e.stages.count(static_cast<int>(vs)));
+    hops += hops_of(vs);
+    first = first || vs == 0;
+    last  = last || vs + 1 == VS;
+  }
+  e.time.pp_comm = p > 1 ? m * hop * hops : 0.0;
   e.time.bubble  = makespan - e.time.compute - e.time.tp_comm - e.time.pp_comm;
   if (l.tp > 1) {  // per block 4 all-reduces of (N, C); embedding 1; LM head 1 and 3 of N values
-    e.bytes.tp = m * sb * dN * dC *
-                 (4.0 * double(e.stages.count(busiest)) + (busiest == 0) + (busiest + 1 == p));
-    if (busiest + 1 == p) e.bytes.tp += m * 3.0 * 8.0 * dN;
+    e.bytes.tp = m * sb * dN * dC * (4.0 * blocks + first + last);
+    if (last) e.bytes.tp += m * 3.0 * 8.0 * dN;
   }
-  e.bytes.pp = m * 2.0 * sb * dN * dC * ((busiest > 0) + (busiest + 1 < p));
-  if (l.dp > 1)
-    e.bytes.dp = sb * plan_detail::stage_parameters(c, e.stages, busiest, l.tp) * (l.zero ? 2 : 1);
+  e.bytes.pp = m * 2.0 * sb * dN * dC * hops;
+  const auto rank_parameters = [&](int s) {
+    double P = 0;
+    for (int k = 0; k < v; ++k) P += plan_detail::stage_parameters(c, e.stages, static_cast<int>(vstage(s, k)), l.tp);
+    return P;
+  };
+  if (l.dp > 1) e.bytes.dp = sb * rank_parameters(busiest) * (l.zero ? 2 : 1);
   if (e.time.bubble < 0) {  // ranks waiting elsewhere left the busiest more than its share
     e.time.compute += e.time.bubble;
     e.time.bubble = 0;
@@ -461,7 +491,7 @@ inline Estimate estimate(const Problem& pr, const Machine& mc, const Layout& l) 
   // --- memory and the step's tail per stage --------------------------------------------------
   double tail = 0, tail_dp = 0, tail_opt = 0;
   for (int s = 0; s < p; ++s) {
-    const double P = plan_detail::stage_parameters(c, e.stages, s, l.tp);
+    const double P = rank_parameters(s);
     Memory mem;
     mem.parameters = mem.gradients = sb * P;
     const double shard             = std::ceil(P / l.dp);
@@ -471,9 +501,15 @@ inline Estimate estimate(const Problem& pr, const Machine& mc, const Layout& l) 
         8.0 * double(pr.batch / static_cast<std::size_t>(l.dp) * T);  // ids and targets, int32
     const double block =
         sb * (4 * dN * dC + 4 * dN + 13 * dN * dCl + double(b * Hl) * double(T) * double(T));
-    double per_mb = double(e.stages.count(s)) * block + sb * dN * dC;  // the stage's input
-    if (s == 0) per_mb += 8.0 * dN;                                    // the embeddings' saved ids
-    if (s + 1 == p) per_mb += sb * (dN * dC + 2 * dN);  // LM-head gradient, final norm's stats
+    // one live microbatch of a chunk; with several chunks the live (chunk, microbatch) pairs
+    // count at their chunks' mean
+    double per_mb = 0;
+    for (int k = 0; k < v; ++k) {
+      const auto vs = vstage(s, k);
+      per_mb += (double(e.stages.count(static_cast<int>(vs))) * block + sb * dN * dC) / v;  // + the input
+      if (vs == 0) per_mb += 8.0 * dN / v;                                  // the embeddings' saved ids
+      if (vs + 1 == VS) per_mb += sb * (dN * dC + 2 * dN) / v;  // LM-head gradient, final norm's stats
+    }
     mem.live_microbatches = live[static_cast<std::size_t>(s)];
     mem.activations       = mem.live_microbatches * per_mb;
     // a block's backward: its MLP part, or its attention's score gradient (b Hl T x T)

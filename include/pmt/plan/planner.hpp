@@ -8,8 +8,10 @@
 //   p.best().layout                   // what train_gpt --auto runs
 // Candidates: every factorisation dp x tp x pp of the ranks; microbatches: every divisor of the
 // sequences per dp rank (pp = 1: gradient accumulation, which lowers activation memory); the
-// schedule: GPipe and 1F1B with pp > 1; ZeRO-1 on and off with dp > 1. Ties in predicted time
-// (within 1 %) go to less memory, then fewer microbatches.
+// schedule: GPipe and 1F1B with pp > 1, and interleaved 1F1B with 2 model chunks per stage where
+// the layers (2 pp) and the microbatches (a multiple of pp) allow it; ZeRO-1 on and off with
+// dp > 1. Ties in predicted time (within 1 %) go to less memory, then fewer microbatches, then
+// fewer chunks.
 
 #include <algorithm>
 #include <cstdio>
@@ -42,6 +44,7 @@ struct SearchOptions {
   bool allow_zero      = true;
   bool allow_gpipe     = true;
   int max_microbatches = 64;
+  int max_chunks       = 2;  ///< model chunks per stage tried with 1F1B (1: no interleaving)
 };
 
 /// \brief The ranked candidates and the rejections.
@@ -155,14 +158,14 @@ inline Plan search(const Problem& pr, const Machine& mc, const SearchOptions& o 
       const int local = static_cast<int>(pr.batch) / dp;
       for (int m = 1; m <= std::min(local, o.max_microbatches); ++m) {
         if (local % m) continue;
-        for (int sched = 0; sched < (pp > 1 && o.allow_gpipe ? 2 : 1); ++sched) {
+        // schedules: 1F1B, GPipe, then interleaved 1F1B with 2 ... max_chunks chunks
+        const int schedules = 1 + (pp > 1 && o.allow_gpipe ? 1 : 0) + (pp > 1 ? std::max(0, o.max_chunks - 1) : 0);
+        for (int sched = 0; sched < schedules; ++sched) {
+          const bool gpipe = sched == 1 && pp > 1 && o.allow_gpipe;
+          const int chunks = sched == 0 || gpipe ? 1 : sched - (o.allow_gpipe ? 1 : 0) + 1;
           for (int z = 0; z < (dp > 1 && o.allow_zero ? 2 : 1); ++z) {
-            Layout l{dp,
-                     tp,
-                     pp,
-                     m,
-                     sched ? parallel::ScheduleKind::GPipe : parallel::ScheduleKind::OneFOneB,
-                     z == 1};
+            Layout l{dp, tp, pp, m, gpipe ? parallel::ScheduleKind::GPipe : parallel::ScheduleKind::OneFOneB, z == 1, chunks};
+            if (chunks > 1 && !why_invalid(pr, l, R).empty()) continue;  // too few layers, or m not a multiple of pp
             Estimate e = estimate(pr, mc, l);
             if (mc.memory_bytes > 0 && e.peak_bytes() > mc.memory_bytes) {
               plan.rejected.push_back(
@@ -183,7 +186,8 @@ inline Plan search(const Problem& pr, const Machine& mc, const SearchOptions& o 
                      const double ta = a.step_seconds(), tb = b.step_seconds();
                      if (std::abs(ta - tb) > 0.01 * std::min(ta, tb)) return ta < tb;
                      if (a.peak_bytes() != b.peak_bytes()) return a.peak_bytes() < b.peak_bytes();
-                     return a.layout.microbatches < b.layout.microbatches;
+                     if (a.layout.microbatches != b.layout.microbatches) return a.layout.microbatches < b.layout.microbatches;
+                     return a.layout.chunks < b.layout.chunks;
                    });
   return plan;
 }
