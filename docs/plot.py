@@ -4,9 +4,11 @@
 action) and a loss-curve PNG from its --metrics file. Needs matplotlib (Debian: python3-matplotlib).
 
   python3 docs/plot.py timeline run-trace.json docs/img/timeline_1f1b.png [--steps FIRST LAST]
+  (interleaved schedules: bars labelled microbatch.chunk)
   python3 docs/plot.py loss run-metrics.json docs/img/loss.png
 """
 import json
+import re
 import sys
 
 import matplotlib
@@ -17,6 +19,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 COLOURS = {"forward": "#4c72b0", "backward": "#dd8452", "send-activation": "#55a868", "send-gradient": "#55a868",
            "recv-activation": "#c44e52", "recv-gradient": "#c44e52", "all_reduce": "#8172b3",
            "dp gradient bucket": "#8172b3", "adamw": "#937860", "clip": "#937860", "zero-adamw": "#937860"}
+
+
+# "forward 3", "recv-gradient 2 chunk 1" (interleaved schedules name the model chunk)
+ACTION = re.compile(r"^(.*?) (\d+)(?: chunk (\d+))?$")
 
 
 def timeline(trace_path, png, first=None, last=None):
@@ -31,30 +37,34 @@ def timeline(trace_path, png, first=None, last=None):
     ranks = sorted(names)
     fig, ax = plt.subplots(figsize=(12, 0.55 * len(ranks) + 1.4))
     seen = set()
+    chunked = False
     for row, pid in enumerate(ranks):
         for e in spans:
             if e["pid"] != pid or e["ts"] + e["dur"] < lo or e["ts"] > hi or e["name"].startswith("step "):
                 continue
-            kind = e["name"].rsplit(" ", 1)[0] if e["name"].split()[-1].isdigit() else e["name"]
+            m = ACTION.match(e["name"])
+            kind, mb, chunk = (m.group(1), m.group(2), m.group(3)) if m else (e["name"], None, None)
             colour = COLOURS.get(kind)
+            chunked = chunked or chunk is not None
             if colour is None or e["tid"] not in (0, 1, 3):
                 continue
             height = 0.8 if e["tid"] == 0 else 0.3
             label = kind if kind not in seen else None
             seen.add(kind)
             ax.broken_barh([((e["ts"] - lo) / 1e3, max(e["dur"], 1) / 1e3)], (row - height / 2, height), color=colour,
-                           label=label)
+                           label=label, alpha=0.55 if chunk and int(chunk) % 2 else 1.0)
             if e["tid"] == 0 and e["dur"] / (hi - lo) > 0.02:
-                ax.text((e["ts"] - lo + e["dur"] / 2) / 1e3, row, e["name"].split()[-1], ha="center", va="center",
-                        fontsize=7, color="white")
+                ax.text((e["ts"] - lo + e["dur"] / 2) / 1e3, row, mb if chunk is None else f"{mb}.{chunk}", ha="center",
+                        va="center", fontsize=7, color="white" if not chunk or int(chunk) % 2 == 0 else "black")
     ax.set_xlim(0, (hi - lo) / 1e3)
     ax.set_yticks(range(len(ranks)))
     ax.set_yticklabels([names[p] for p in ranks], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("ms")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=5, fontsize=8, frameon=False)
-    ax.set_title("pmt train_gpt timeline (tall bars: forward / backward with their microbatch; thin: p2p and optimizer)",
-                 fontsize=9)
+    ax.set_title("pmt train_gpt timeline (tall bars: forward / backward with their microbatch"
+                 + ("; m.c: microbatch m of model chunk c, odd chunks lighter" if chunked else "")
+                 + "; thin: p2p and optimizer)", fontsize=9)
     fig.tight_layout()
     fig.savefig(png, dpi=110)
 
