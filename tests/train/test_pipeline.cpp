@@ -233,8 +233,10 @@ TEST_CASE("Interleaved<V> needs a model of V chunks per stage, and microbatches 
   std::vector<pmt::train::Microbatch<Ids>> three;
   for (std::size_t i = 0; i < 3; ++i) three.push_back(batch<Ids>(0, i, 1));
   CHECK_THROWS_WITH(tr.step(three, options(0)), Catch::Matchers::ContainsSubstring("3 microbatches on 2 stages with 2 chunks"));
-  // 4 layers cannot make 3 chunks on 2 stages' worth of virtual stages ... 6 > 4
-  CHECK_THROWS_WITH(Model(mesh, four, {}, 3), Catch::Matchers::ContainsSubstring("4 layers on 6 pipeline stages"));
+  // 4 layers cannot fill 2 stages x 3 chunks = 6 virtual stages
+  CHECK_THROWS_WITH(Model(mesh, four, {}, 3), Catch::Matchers::ContainsSubstring("4 layers cannot fill pp 2 x 3 chunks") &&
+                                                  Catch::Matchers::ContainsSubstring("at most 2 here"));
+  CHECK_THROWS_WITH(Model(mesh, four, {}, 0), Catch::Matchers::ContainsSubstring("chunks must be >= 1"));
   // the single-chunk entry points refuse a chunked model
   CHECK_THROWS_WITH(two.backward_stage(Host(), Model::Activation()), Catch::Matchers::ContainsSubstring("holds 2 model chunks"));
 }

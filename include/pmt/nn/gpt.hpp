@@ -42,6 +42,7 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -132,9 +133,9 @@ class Gpt {
   /// \param chunks model chunks per stage (virtual stages of interleaved schedules; 1: none).
   Gpt(const Mesh<Backend>& mesh, const GptConfig& c, parallel::StagePlan plan = {}, int chunks = 1)
       : m_cfg(checked(c)), m_tp(mesh.comm(Axis::tp)), m_pp(mesh.comm(Axis::pp)), m_stage(mesh.coord(Axis::pp)),
-        m_stages(mesh.degree(Axis::pp)), m_chunks(chunks),
-        m_plan(plan.empty() && chunks >= 1 ? balanced_plan(c, m_stages * chunks) : std::move(plan)) {
-    detail::require<ConfigError>(chunks >= 1 && m_plan.stages() == m_stages * chunks && m_plan.layers() == c.layers,
+        m_stages(mesh.degree(Axis::pp)), m_chunks(checked_chunks(c, m_stages, chunks)),
+        m_plan(plan.empty() ? balanced_plan(c, m_stages * chunks) : std::move(plan)) {
+    detail::require<ConfigError>(m_plan.stages() == m_stages * chunks && m_plan.layers() == c.layers,
                                  "pmt::nn::Gpt", [&] {
       return detail::str("the stage plan (", m_plan.describe(), ") is for ", m_plan.stages(), " stages and ",
                          m_plan.layers(), " layers; the mesh has pp = ", m_stages, " with ", chunks,
@@ -352,6 +353,15 @@ class Gpt {
                          ", heads ", c.heads, ": every size must be positive");
     });
     return c;
+  }
+  static int checked_chunks(const GptConfig& c, int stages, int chunks) {
+    detail::require<ConfigError>(chunks >= 1 && (chunks == 1 || c.layers >= static_cast<std::size_t>(stages) * std::size_t(chunks)),
+                                 "pmt::nn::Gpt", [&] {
+                                   return detail::str(c.layers, " layers cannot fill pp ", stages, " x ", chunks,
+                                                      " chunks: every chunk needs a layer (chunks must be >= 1 and at most ",
+                                                      c.layers / std::size_t(std::max(stages, 1)), " here)");
+                                 });
+    return chunks;
   }
   Embedding<T, Exec, Backend>& head_table() { return m_head ? *m_head : *m_wte; }
   void single_chunk(const char* op) const {
