@@ -13,7 +13,8 @@
 // ~1e-6.) The first stage's peak of live microbatches is counted: 1F1B min(pp, m), GPipe m.
 // Uneven stage plans (5 layers on 2 stages, explicit and balanced) are checked the same way, and
 // so are models of 2 chunks per stage (8 layers, pp 2 and 4) under interleaved 1F1B and chunked
-// GPipe, with the first stage's live (chunk, microbatch) pairs counted.
+// GPipe, with the first stage's live (chunk, microbatch) pairs counted, and ZeRO-1 with 1 and 2
+// chunks per stage.
 #include <catch2/catch_template_test_macros.hpp>
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
@@ -241,17 +242,20 @@ TEST_CASE("Interleaved<V> needs a model of V chunks per stage, and microbatches 
   CHECK_THROWS_WITH(two.backward_stage(Host(), Model::Activation()), Catch::Matchers::ContainsSubstring("holds 2 model chunks"));
 }
 
-TEMPLATE_TEST_CASE("ZeRO-1 over dp with pipeline stages trains like one rank", "[train][pipeline][zero][mpi]", double, float) {
+TEMPLATE_TEST_CASE("ZeRO-1 over dp with pipeline stages (one and two chunks) trains like one rank",
+                   "[train][pipeline][zero][mpi]", double, float) {
   using T     = TestType;
   const int n = pmt::test::world().size();
   if (n < 2) return;
   const pmt::nn::GptConfig cfg{V, /*context=*/16, /*layers=*/4, /*width=*/32, /*heads=*/8, /*seed=*/5};
   const Reference<T> ref(cfg);
   const int dp = n >= 4 ? 2 : 1, pp = 2, tp = n / dp / pp;
-  DYNAMIC_SECTION("dp " << dp << " x tp " << tp << " x pp " << pp << ", ZeroAdamW") {
-    int peak = 0, m = 0;
-    CHECK(pmt::test::all_ranks(matches<T, true>(ref, cfg, {dp, tp, pp}, pmt::parallel::ScheduleKind::OneFOneB, {}, &peak, &m)));
-  }
+  for (int chunks : {1, 2})  // 2: interleaved 1F1B, one layer per virtual stage
+    DYNAMIC_SECTION("dp " << dp << " x tp " << tp << " x pp " << pp << " x " << chunks << " chunks, ZeroAdamW") {
+      int peak = 0, m = 0;
+      CHECK(pmt::test::all_ranks(
+          matches<T, true>(ref, cfg, {dp, tp, pp}, pmt::parallel::ScheduleKind::OneFOneB, {}, &peak, &m, chunks)));
+    }
 }
 
 TEST_CASE("pipeline configuration errors are raised up front with every factor", "[train][pipeline][mpi]") {
