@@ -59,7 +59,8 @@ void check_case(Backend backend, Trans ta, Trans tb, std::size_t batch, std::siz
 template <class T, class Backend>
 void check_backend(Backend backend) {
   struct Size { std::size_t M, N, K; };
-  const std::vector<Size> sizes = {{1, 1, 1}, {37, 53, 29}, {130, 257, 300}, {7, 3, 0}, {0, 5, 4}, {96, 32, 256}};
+  const std::vector<Size> sizes = {{1, 1, 1}, {37, 53, 29}, {130, 257, 300}, {7, 3, 0}, {0, 5, 4}, {96, 32, 256},
+                                    {1500, 20, 270}};  // several row blocks per column panel
   for (Trans ta : {Trans::N, Trans::T})
     for (Trans tb : {Trans::N, Trans::T})
       for (const Size& s : sizes) {

@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// The portable matmul: a Kokkos TeamPolicy kernel, one team per (MC x NC) block of C (per batch),
-// K walked in KC panels. Each panel of op(A) and op(B) is packed into team scratch in micro-panel
-// order (zero-padded), then each team thread computes MR x NR micro-tiles with register
-// accumulators. Tile sizes come from MatmulTiling<Exec, T>; on the host the micro-kernel is
-// written with GCC/Clang vector extensions (512-bit), elsewhere as plain loops.
+// The portable matmul: a Kokkos TeamPolicy kernel, one team per NC-wide column panel of C and
+// run of MC-row blocks (per batch), K walked in KC panels. Each panel of op(A) and op(B) is packed
+// into team scratch in micro-panel order (zero-padded), then each team thread computes MR x NR
+// micro-tiles with register accumulators and adds them into C. Tile sizes come from
+// MatmulTiling<Exec, T>; on the host the micro-kernel is written with GCC/Clang vector extensions
+// (the host's vector width), elsewhere as plain loops.
 // Deterministic: every element of C is summed in a fixed order, independent of thread count.
 
 #include "pmt/core/tensor.hpp"
@@ -42,36 +43,65 @@ struct MatmulTiling<Exec, T, std::enable_if_t<is_host_space_v<Exec>>> {
   static constexpr int team_size = 1;
 };
 
-/// acc[MR][NR] = sum_p a[p][0..MR) (x) b[p][0..NR)   (packed micro-panels, kc steps)
+/// C[0..ie)[0..je) = alpha * sum_p a[p][i] b[p][j] + (first ? beta C : C), for the packed
+/// micro-panels a (kc x MR) and b (kc x NR); C has row stride ldc. With first and beta == 0, C is
+/// not read (it may hold NaN). A whole tile is updated with vector loads and stores on the host.
 template <class T, int MR, int NR>
-KOKKOS_INLINE_FUNCTION void matmul_micro_tile(int kc, const T* a, const T* b, T* acc) {
+KOKKOS_INLINE_FUNCTION void matmul_micro_tile(int kc, const T* a, const T* b, T* c, std::int64_t ldc,
+                                              int ie, int je, T alpha, T beta, bool first) {
+  T acc[MR * NR];
 #if defined(__GNUC__) && !defined(__CUDA_ARCH__) && !defined(__HIP_DEVICE_COMPILE__)
   constexpr int W = static_cast<int>(host_vector_bytes / sizeof(T));
   if constexpr (NR % W == 0) {
     typedef T vec __attribute__((vector_size(host_vector_bytes)));
     constexpr int NV = NR / W;
-    vec c[MR][NV];
+    vec r[MR][NV];
     for (int i = 0; i < MR; ++i)
-      for (int v = 0; v < NV; ++v) c[i][v] = vec{} ;
+      for (int v = 0; v < NV; ++v) r[i][v] = vec{};
+#if !defined(__NVCC__) && !defined(__clang__)
+#pragma GCC unroll 4
+#endif
     for (int p = 0; p < kc; ++p) {
       vec bv[NV];
       for (int v = 0; v < NV; ++v) std::memcpy(&bv[v], b + p * NR + v * W, sizeof(vec));
       for (int i = 0; i < MR; ++i) {
         const T ai = a[p * MR + i];
-        for (int v = 0; v < NV; ++v) c[i][v] += ai * bv[v];
+        for (int v = 0; v < NV; ++v) r[i][v] += ai * bv[v];
       }
     }
-    for (int i = 0; i < MR; ++i)
-      for (int v = 0; v < NV; ++v) std::memcpy(acc + i * NR + v * W, &c[i][v], sizeof(vec));
-    return;
-  }
-#endif
-  for (int i = 0; i < MR * NR; ++i) acc[i] = T(0);
-  for (int p = 0; p < kc; ++p)
-    for (int i = 0; i < MR; ++i) {
-      const T ai = a[p * MR + i];
-      for (int j = 0; j < NR; ++j) acc[i * NR + j] += ai * b[p * NR + j];
+    if (ie == MR && je == NR) {  // whole tile: update C in registers
+      for (int i = 0; i < MR; ++i)
+        for (int v = 0; v < NV; ++v) {
+          T* cp = c + i * ldc + v * W;
+          vec prev{};
+          if (!first || beta != T(0)) {
+            std::memcpy(&prev, cp, sizeof(vec));
+            if (first) prev *= beta;
+          }
+          const vec out = prev + alpha * r[i][v];
+          std::memcpy(cp, &out, sizeof(vec));
+        }
+      return;
     }
+    for (int i = 0; i < MR; ++i)
+      for (int v = 0; v < NV; ++v) std::memcpy(acc + i * NR + v * W, &r[i][v], sizeof(vec));
+  } else
+#endif
+  {
+    for (int i = 0; i < MR * NR; ++i) acc[i] = T(0);
+    for (int p = 0; p < kc; ++p)
+      for (int i = 0; i < MR; ++i) {
+        const T ai = a[p * MR + i];
+        for (int j = 0; j < NR; ++j) acc[i * NR + j] += ai * b[p * NR + j];
+      }
+  }
+  for (int i = 0; i < ie; ++i) {
+    T* c_row = c + i * ldc;
+    for (int j = 0; j < je; ++j) {
+      const T prev = first ? (beta == T(0) ? T(0) : beta * c_row[j]) : c_row[j];
+      c_row[j]     = prev + alpha * acc[i * NR + j];
+    }
+  }
 }
 
 /// Strided, batched description of one operand: element (b, r, c) of op(X) is
@@ -87,6 +117,9 @@ struct MatmulOperand {
 };
 
 /// C[b] = alpha op(A[b]) op(B[b]) + beta C[b] for b < batch; C is (batch, M, N) row-major.
+/// Loop order as in BLIS: a team owns an NC-wide column panel of C and a run of MC-row blocks of
+/// it; per KC panel it packs op(B) once and reuses it over all its row blocks, packing op(A) per
+/// block; within a block the B micro-panel stays in L1 while the A micro-panels stream from L2.
 template <class Exec, class T>
 void matmul_portable(const Exec& exec, std::int64_t batch, std::int64_t M, std::int64_t N,
                      std::int64_t K, T alpha, MatmulOperand<T> A, MatmulOperand<T> B, T beta, T* C,
@@ -97,93 +130,108 @@ void matmul_portable(const Exec& exec, std::int64_t batch, std::int64_t M, std::
   using Member          = typename Policy::member_type;
   using Scratch         = Kokkos::View<T*, typename Exec::scratch_memory_space,
                                        Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
-  // Rows per team block: MC, or fewer (a multiple of MR) when there would be too few blocks to
-  // give every thread of the space two of them (small products).
-  const std::int64_t bn        = (N + NC - 1) / NC;
-  const std::int64_t want      = 2 * static_cast<std::int64_t>(exec.concurrency());
-  std::int64_t rows_per_block  = MC;
-  if (batch * bn * ((M + MC - 1) / MC) < want) {
-    const std::int64_t blocks_m = (want + batch * bn - 1) / (batch * bn);
-    rows_per_block = ((M + blocks_m - 1) / blocks_m + MR - 1) / MR * MR;
-    rows_per_block = rows_per_block < MR ? MR : (rows_per_block > MC ? MC : rows_per_block);
-  }
-  const std::int64_t mcb = rows_per_block;
+  // Column panels and row blocks of even size (at most NC and MC, whole micro-panels), so that
+  // no thread is left with a thin remainder. Fewer rows per block when there would be too few
+  // blocks to give every thread of the space two of them (small products). Then the blocks of a
+  // column panel are grouped into runs, as few as still give every thread two teams.
+  auto even = [](std::int64_t n, std::int64_t parts, std::int64_t unit) {
+    return ((n + parts - 1) / parts + unit - 1) / unit * unit;
+  };
+  const std::int64_t want = 2 * static_cast<std::int64_t>(exec.concurrency());
+  const std::int64_t ncb  = N > 0 ? even(N, (N + NC - 1) / NC, NR) : NC;
+  const std::int64_t bn   = (N + ncb - 1) / ncb;
+  std::int64_t blocks_m   = (M + MC - 1) / MC;
+  if (batch * bn * blocks_m < want) blocks_m = (want + batch * bn - 1) / (batch * bn);
+  const std::int64_t mcb = M > 0 ? even(M, blocks_m, MR) : MC;
   const std::int64_t bm  = (M + mcb - 1) / mcb;
-  const std::int64_t league = batch * bm * bn;
-  if (league == 0) return;
+  std::int64_t runs      = (want + batch * bn - 1) / (batch * bn);
+  runs                   = runs > bm ? bm : (runs < 1 ? 1 : runs);
+  const std::int64_t league = batch * runs * bn;
+  if (league == 0 || M == 0) return;
   const std::size_t scratch_bytes = Scratch::shmem_size(MC * KC + KC * NC);
   Policy policy(exec, static_cast<int>(league), Tiling::team_size);
   policy = policy.set_scratch_size(0, Kokkos::PerTeam(scratch_bytes));
 
   Kokkos::parallel_for(label, policy, KOKKOS_LAMBDA(const Member& team) {
     const std::int64_t id = team.league_rank();
-    const std::int64_t b  = id / (bm * bn);
-    const std::int64_t m0 = (id / bn % bm) * mcb, n0 = (id % bn) * NC;
-    const int mc = static_cast<int>(M - m0 < mcb ? M - m0 : mcb);
-    const int mp = (mc + MR - 1) / MR * MR;  // packed rows: mc rounded up to whole micro-panels
-    const int nc = static_cast<int>(N - n0 < NC ? N - n0 : NC);
+    const std::int64_t b  = id / (runs * bn);
+    const std::int64_t run = id / bn % runs, n0 = (id % bn) * ncb;
+    const std::int64_t blk_lo = run * bm / runs, blk_hi = (run + 1) * bm / runs;
+    const int nc = static_cast<int>(N - n0 < ncb ? N - n0 : ncb);
+    const int np = (nc + NR - 1) / NR * NR;  // packed columns: whole micro-panels
     Scratch Ap(team.team_scratch(0), MC * KC), Bp(team.team_scratch(0), KC * NC);
-    T* c_block = C + b * c_batch_stride + m0 * ldc + n0;
+    const T* a_base = A.ptr + b * A.batch_stride;
+    const T* b_base = B.ptr + b * B.batch_stride;
+    T* c_panel      = C + b * c_batch_stride + n0;
     for (std::int64_t k0 = 0; k0 < (K > 0 ? K : 1); k0 += KC) {
-      const int kc = static_cast<int>(K - k0 < KC ? K - k0 : KC);
-      // Pack op(A)[m0.., k0..] as MC/MR micro-panels of (kc x MR), op(B)[k0.., n0..] as NC/NR
-      // micro-panels of (kc x NR); rows/cols past the edge of C are zeros. The inner loop walks
-      // the operand's contiguous dimension.
-      if (!A.trans) {
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, mp), [&](int i) {
-          T* dst = Ap.data() + (i / MR) * (MR * kc) + i % MR;
-          if (i < mc) {
-            const T* src = A.ptr + b * A.batch_stride + (m0 + i) * A.ld + k0;
-            for (int p = 0; p < kc; ++p) dst[p * MR] = src[p];
-          } else {
-            for (int p = 0; p < kc; ++p) dst[p * MR] = T(0);
-          }
-        });
-      } else {
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, kc), [&](int p) {
-          const T* src = A.ptr + b * A.batch_stride + (k0 + p) * A.ld + m0;
-          T* dst       = Ap.data() + p * MR;
-          for (int ib = 0; ib < mp; ib += MR, dst += MR * kc)  // one micro-panel row per step
-            for (int r = 0; r < MR; ++r) dst[r] = ib + r < mc ? src[ib + r] : T(0);
-        });
-      }
+      const int kc    = static_cast<int>(K - k0 < KC ? K - k0 : KC);
+      const bool first = k0 == 0;
+      // Pack op(B)[k0.., n0..] as micro-panels of (kc x NR), columns past nc zero.
+      team.team_barrier();  // the previous panel's tiles are done with Bp
       if (!B.trans) {
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, kc), [&](int p) {
-          const T* src = B.ptr + b * B.batch_stride + (k0 + p) * B.ld + n0;
-          for (int jb = 0; jb < NC; jb += NR) {
+          const T* src = b_base + (k0 + p) * B.ld + n0;
+          for (int jb = 0; jb < np; jb += NR) {
             T* dst = Bp.data() + jb * kc + p * NR;
-            for (int j = 0; j < NR; ++j) dst[j] = jb + j < nc ? src[jb + j] : T(0);
+            if (jb + NR <= nc) {
+              for (int j = 0; j < NR; ++j) dst[j] = src[jb + j];
+            } else {
+              for (int j = 0; j < NR; ++j) dst[j] = jb + j < nc ? src[jb + j] : T(0);
+            }
           }
         });
       } else {
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, NC), [&](int j) {
-          T* dst = Bp.data() + (j / NR) * (NR * kc) + j % NR;
-          if (j < nc) {
-            const T* src = B.ptr + b * B.batch_stride + (n0 + j) * B.ld + k0;
-            for (int p = 0; p < kc; ++p) dst[p * NR] = src[p];
-          } else {
-            for (int p = 0; p < kc; ++p) dst[p * NR] = T(0);
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, np / NR), [&](int jp) {
+          T* dst = Bp.data() + jp * NR * kc;
+          const int jb = jp * NR, je = nc - jb < NR ? nc - jb : NR;
+          const T* src = b_base + (n0 + jb) * B.ld + k0;
+          for (int p = 0; p < kc; ++p) {
+            for (int j = 0; j < je; ++j) dst[p * NR + j] = src[j * B.ld + p];
+            for (int j = je; j < NR; ++j) dst[p * NR + j] = T(0);
           }
         });
       }
-      team.team_barrier();
-      const bool first = k0 == 0;
-      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, (MC / MR) * (NC / NR)), [&](int t) {
-        const int ti = t % (MC / MR), tj = t / (MC / MR);  // B micro-panel stays in L1
-        if (ti * MR >= mc || tj * NR >= nc) return;
-        T acc[MR * NR];
-        matmul_micro_tile<T, MR, NR>(kc, Ap.data() + ti * MR * kc, Bp.data() + tj * NR * kc, acc);
-        const int ie = mc - ti * MR < MR ? mc - ti * MR : MR;
-        const int je = nc - tj * NR < NR ? nc - tj * NR : NR;
-        for (int i = 0; i < ie; ++i) {
-          T* c_row = c_block + (ti * MR + i) * ldc + tj * NR;
-          for (int j = 0; j < je; ++j) {
-            const T prev = first ? (beta == T(0) ? T(0) : beta * c_row[j]) : c_row[j];
-            c_row[j]     = prev + alpha * acc[i * NR + j];
-          }
+      for (std::int64_t blk = blk_lo; blk < blk_hi; ++blk) {
+        const std::int64_t m0 = blk * mcb;
+        const int mc = static_cast<int>(M - m0 < mcb ? M - m0 : mcb);
+        const int mp = (mc + MR - 1) / MR * MR;  // packed rows: whole micro-panels
+        // Pack op(A)[m0.., k0..] as micro-panels of (kc x MR), rows past mc zero.
+        team.team_barrier();  // the previous block's tiles are done with Ap
+        if (!A.trans) {
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, mp / MR), [&](int ip) {
+            T* dst = Ap.data() + ip * MR * kc;
+            const int ib = ip * MR, ie = mc - ib < MR ? mc - ib : MR;
+            const T* src = a_base + (m0 + ib) * A.ld + k0;
+            for (int p = 0; p < kc; ++p) {
+              for (int r = 0; r < ie; ++r) dst[p * MR + r] = src[r * A.ld + p];
+              for (int r = ie; r < MR; ++r) dst[p * MR + r] = T(0);
+            }
+          });
+        } else {
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, kc), [&](int p) {
+            const T* src = a_base + (k0 + p) * A.ld + m0;
+            T* dst       = Ap.data() + p * MR;
+            for (int ib = 0; ib < mp; ib += MR, dst += MR * kc) {  // one micro-panel row per step
+              if (ib + MR <= mc) {
+                for (int r = 0; r < MR; ++r) dst[r] = src[ib + r];
+              } else {
+                for (int r = 0; r < MR; ++r) dst[r] = ib + r < mc ? src[ib + r] : T(0);
+              }
+            }
+          });
         }
-      });
-      team.team_barrier();
+        team.team_barrier();
+        T* c_block = c_panel + m0 * ldc;
+        const int ti_n = mp / MR;
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, ti_n * (np / NR)), [&](int t) {
+          const int ti = t % ti_n, tj = t / ti_n;  // B micro-panel stays in L1
+          const int ie = mc - ti * MR < MR ? mc - ti * MR : MR;
+          const int je = nc - tj * NR < NR ? nc - tj * NR : NR;
+          matmul_micro_tile<T, MR, NR>(kc, Ap.data() + ti * MR * kc, Bp.data() + tj * NR * kc,
+                                       c_block + ti * MR * ldc + tj * NR, ldc, ie, je, alpha,
+                                       beta, first);
+        });
+      }
     }
   });
 }
