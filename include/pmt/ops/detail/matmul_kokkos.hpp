@@ -181,14 +181,14 @@ void matmul_portable(const Exec& exec, std::int64_t batch, std::int64_t M, std::
           }
         });
       } else {
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, np / NR), [&](int jp) {
-          T* dst = Bp.data() + jp * NR * kc;
+        // One (micro-panel, p) pair per index: NR values gathered from NR rows of B.
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, np / NR * kc), [&](int t) {
+          const int jp = t / kc, p = t % kc;
+          T* dst = Bp.data() + jp * NR * kc + p * NR;
           const int jb = jp * NR, je = nc - jb < NR ? nc - jb : NR;
-          const T* src = b_base + (n0 + jb) * B.ld + k0;
-          for (int p = 0; p < kc; ++p) {
-            for (int j = 0; j < je; ++j) dst[p * NR + j] = src[j * B.ld + p];
-            for (int j = je; j < NR; ++j) dst[p * NR + j] = T(0);
-          }
+          const T* src = b_base + (n0 + jb) * B.ld + k0 + p;
+          for (int j = 0; j < je; ++j) dst[j] = src[j * B.ld];
+          for (int j = je; j < NR; ++j) dst[j] = T(0);
         });
       }
       for (std::int64_t blk = blk_lo; blk < blk_hi; ++blk) {
@@ -198,14 +198,14 @@ void matmul_portable(const Exec& exec, std::int64_t batch, std::int64_t M, std::
         // Pack op(A)[m0.., k0..] as micro-panels of (kc x MR), rows past mc zero.
         team.team_barrier();  // the previous block's tiles are done with Ap
         if (!A.trans) {
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, mp / MR), [&](int ip) {
-            T* dst = Ap.data() + ip * MR * kc;
+          // One (micro-panel, p) pair per index: MR values gathered from MR rows of A.
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, mp / MR * kc), [&](int t) {
+            const int ip = t / kc, p = t % kc;
+            T* dst = Ap.data() + ip * MR * kc + p * MR;
             const int ib = ip * MR, ie = mc - ib < MR ? mc - ib : MR;
-            const T* src = a_base + (m0 + ib) * A.ld + k0;
-            for (int p = 0; p < kc; ++p) {
-              for (int r = 0; r < ie; ++r) dst[p * MR + r] = src[r * A.ld + p];
-              for (int r = ie; r < MR; ++r) dst[p * MR + r] = T(0);
-            }
+            const T* src = a_base + (m0 + ib) * A.ld + k0 + p;
+            for (int r = 0; r < ie; ++r) dst[r] = src[r * A.ld];
+            for (int r = ie; r < MR; ++r) dst[r] = T(0);
           });
         } else {
           Kokkos::parallel_for(Kokkos::TeamThreadRange(team, kc), [&](int p) {
