@@ -104,6 +104,37 @@ KOKKOS_INLINE_FUNCTION void matmul_micro_tile(int kc, const T* a, const T* b, T*
   }
 }
 
+/// Packs X(i, p) (i < rows, p < kc) into micro-panels of (kc x R): dst[(i / R) R kc + p R + i % R],
+/// with zeros for the rows up to a whole panel. `along_i`: X(i, p) = src[p ld + i], contiguous
+/// along i (a team index packs one k step of every panel); else X(i, p) = src[i ld + p] (a team
+/// index packs one (panel, k step) pair: R values gathered from R rows).
+template <int R, class Member, class T>
+KOKKOS_INLINE_FUNCTION void matmul_pack(const Member& team, T* dst, const T* src, std::int64_t ld,
+                                        int rows, int kc, bool along_i) {
+  const int panels = (rows + R - 1) / R;
+  if (along_i) {
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, kc), [&](int p) {
+      const T* s = src + p * ld;
+      T* d       = dst + p * R;
+      for (int ib = 0; ib < panels * R; ib += R, d += R * kc) {
+        if (ib + R <= rows) {
+          for (int r = 0; r < R; ++r) d[r] = s[ib + r];
+        } else {
+          for (int r = 0; r < R; ++r) d[r] = ib + r < rows ? s[ib + r] : T(0);
+        }
+      }
+    });
+  } else {
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, panels * kc), [&](int t) {
+      const int ib = t / kc * R, p = t % kc, e = rows - ib < R ? rows - ib : R;
+      const T* s = src + ib * ld + p;
+      T* d       = dst + ib * kc + p * R;
+      for (int r = 0; r < e; ++r) d[r] = s[r * ld];
+      for (int r = e; r < R; ++r) d[r] = T(0);
+    });
+  }
+}
+
 /// Strided, batched description of one operand: element (b, r, c) of op(X) is
 /// ptr[b*batch_stride + (trans ? c*ld + r : r*ld + c)].
 template <class T>
@@ -168,58 +199,16 @@ void matmul_portable(const Exec& exec, std::int64_t batch, std::int64_t M, std::
       const bool first = k0 == 0;
       // Pack op(B)[k0.., n0..] as micro-panels of (kc x NR), columns past nc zero.
       team.team_barrier();  // the previous panel's tiles are done with Bp
-      if (!B.trans) {
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, kc), [&](int p) {
-          const T* src = b_base + (k0 + p) * B.ld + n0;
-          for (int jb = 0; jb < np; jb += NR) {
-            T* dst = Bp.data() + jb * kc + p * NR;
-            if (jb + NR <= nc) {
-              for (int j = 0; j < NR; ++j) dst[j] = src[jb + j];
-            } else {
-              for (int j = 0; j < NR; ++j) dst[j] = jb + j < nc ? src[jb + j] : T(0);
-            }
-          }
-        });
-      } else {
-        // One (micro-panel, p) pair per index: NR values gathered from NR rows of B.
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, np / NR * kc), [&](int t) {
-          const int jp = t / kc, p = t % kc;
-          T* dst = Bp.data() + jp * NR * kc + p * NR;
-          const int jb = jp * NR, je = nc - jb < NR ? nc - jb : NR;
-          const T* src = b_base + (n0 + jb) * B.ld + k0 + p;
-          for (int j = 0; j < je; ++j) dst[j] = src[j * B.ld];
-          for (int j = je; j < NR; ++j) dst[j] = T(0);
-        });
-      }
+      const std::int64_t b_at = B.trans ? n0 * B.ld + k0 : k0 * B.ld + n0;
+      matmul_pack<NR>(team, Bp.data(), b_base + b_at, B.ld, nc, kc, !B.trans);
       for (std::int64_t blk = blk_lo; blk < blk_hi; ++blk) {
         const std::int64_t m0 = blk * mcb;
         const int mc = static_cast<int>(M - m0 < mcb ? M - m0 : mcb);
         const int mp = (mc + MR - 1) / MR * MR;  // packed rows: whole micro-panels
         // Pack op(A)[m0.., k0..] as micro-panels of (kc x MR), rows past mc zero.
         team.team_barrier();  // the previous block's tiles are done with Ap
-        if (!A.trans) {
-          // One (micro-panel, p) pair per index: MR values gathered from MR rows of A.
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, mp / MR * kc), [&](int t) {
-            const int ip = t / kc, p = t % kc;
-            T* dst = Ap.data() + ip * MR * kc + p * MR;
-            const int ib = ip * MR, ie = mc - ib < MR ? mc - ib : MR;
-            const T* src = a_base + (m0 + ib) * A.ld + k0 + p;
-            for (int r = 0; r < ie; ++r) dst[r] = src[r * A.ld];
-            for (int r = ie; r < MR; ++r) dst[r] = T(0);
-          });
-        } else {
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, kc), [&](int p) {
-            const T* src = a_base + (k0 + p) * A.ld + m0;
-            T* dst       = Ap.data() + p * MR;
-            for (int ib = 0; ib < mp; ib += MR, dst += MR * kc) {  // one micro-panel row per step
-              if (ib + MR <= mc) {
-                for (int r = 0; r < MR; ++r) dst[r] = src[ib + r];
-              } else {
-                for (int r = 0; r < MR; ++r) dst[r] = ib + r < mc ? src[ib + r] : T(0);
-              }
-            }
-          });
-        }
+        const std::int64_t a_at = A.trans ? k0 * A.ld + m0 : m0 * A.ld + k0;
+        matmul_pack<MR>(team, Ap.data(), a_base + a_at, A.ld, mc, kc, A.trans);
         team.team_barrier();
         T* c_block = c_panel + m0 * ldc;
         const int ti_n = mp / MR;
