@@ -162,17 +162,19 @@ void matmul_portable(const Exec& exec, std::int64_t batch, std::int64_t M, std::
   using Scratch         = Kokkos::View<T*, typename Exec::scratch_memory_space,
                                        Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
   // Column panels and row blocks of even size (at most NC and MC, whole micro-panels), so that
-  // no thread is left with a thin remainder. Fewer rows per block when there would be too few
-  // blocks to give every thread of the space two of them (small products). Then the blocks of a
-  // column panel are grouped into runs, as few as still give every thread two teams.
+  // no thread is left with a thin remainder. On the host (one thread per team), fewer rows per
+  // block when there would be too few blocks to give every thread two of them (small products);
+  // a GPU team keeps whole MC-row blocks, which its threads fill. Then the blocks of a column
+  // panel are grouped into runs, as few as still give every team slot of the space two teams.
   auto even = [](std::int64_t n, std::int64_t parts, std::int64_t unit) {
     return ((n + parts - 1) / parts + unit - 1) / unit * unit;
   };
-  const std::int64_t want = 2 * static_cast<std::int64_t>(exec.concurrency());
+  const std::int64_t want = 2 * static_cast<std::int64_t>(exec.concurrency()) / Tiling::team_size;
   const std::int64_t ncb  = N > 0 ? even(N, (N + NC - 1) / NC, NR) : NC;
   const std::int64_t bn   = (N + ncb - 1) / ncb;
   std::int64_t blocks_m   = (M + MC - 1) / MC;
-  if (batch * bn * blocks_m < want) blocks_m = (want + batch * bn - 1) / (batch * bn);
+  if (Tiling::team_size == 1 && batch * bn * blocks_m < want)
+    blocks_m = (want + batch * bn - 1) / (batch * bn);
   const std::int64_t mcb = M > 0 ? even(M, blocks_m, MR) : MC;
   const std::int64_t bm  = (M + mcb - 1) / mcb;
   std::int64_t runs      = (want + batch * bn - 1) / (batch * bn);
