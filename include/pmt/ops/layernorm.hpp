@@ -59,7 +59,7 @@ void layernorm_forward(const Exec& exec, const XV& x, const WV& weight, const WV
     const auto* xr = &x(n, 0);
     T* yr          = &y(n, 0);
     using X = std::remove_const_t<std::remove_reference_t<decltype(xr[0])>>;
-    const S m = detail::lane_sum<S>(xr, C, [](X e) { return static_cast<S>(e); }) / static_cast<S>(C);
+    const S m = detail::row_sum<S>(xr, C) / static_cast<S>(C);
     // Two-pass variance (no cancellation), in lane_sum's order. The row is in L1 now: this pass
     // also prefetches the next row (x to read, y to write), so that its memory traffic overlaps
     // this row's arithmetic (about 15 % faster on 64 MiB tensors here).
@@ -103,8 +103,20 @@ void layernorm_forward(const Exec& exec, const XV& x, const WV& weight, const WV
       }
     const S v  = detail::combine_lanes<S, X>(acc) / static_cast<S>(C);
     const S rs = S(1) / detail::math::sqrt(v + static_cast<S>(eps));
-    for (std::int64_t c = 0; c < C; ++c)
-      yr[c] = static_cast<T>((static_cast<S>(xr[c]) - m) * rs) * weight(c) + bias(c);
+    std::int64_t j = 0;
+#if PMT_ROWWISE_AVX2
+    if constexpr (std::is_same_v<S, float> && std::is_same_v<X, float> && std::is_same_v<T, float>) {
+      // GCC keeps this loop scalar: as far as it knows, y may alias weight and bias.
+      const float* wp = weight.data();
+      const float* bp = bias.data();
+      const __m256 vm = _mm256_set1_ps(m), vr = _mm256_set1_ps(rs);
+      for (; j + 8 <= C; j += 8) {
+        const __m256 h = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(xr + j), vm), vr);
+        _mm256_storeu_ps(yr + j, _mm256_fmadd_ps(h, _mm256_loadu_ps(wp + j), _mm256_loadu_ps(bp + j)));
+      }
+    }
+#endif
+    for (; j < C; ++j) yr[j] = static_cast<T>((static_cast<S>(xr[j]) - m) * rs) * weight(j) + bias(j);
     mean(n) = m;
     rstd(n) = rs;
   });

@@ -52,6 +52,30 @@ KOKKOS_INLINE_FUNCTION S lane_sum(const T* x, std::int64_t n, F f) {
   return combine_lanes<S, T>(acc);
 }
 
+/// sum_j S(x[j]) over a row: lane_sum's lanes, order and result. On AVX2 hosts the float lanes
+/// sit in two registers (GCC vectorises lane_sum's loop only half-way: one ymm, two xmm and a
+/// scalar lane).
+template <class S, class T>
+KOKKOS_INLINE_FUNCTION S row_sum(const T* x, std::int64_t n) {
+#if PMT_ROWWISE_AVX2
+  if constexpr (std::is_same_v<S, float> && std::is_same_v<T, float> && row_lanes == 16) {
+    S acc[row_lanes];
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    std::int64_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+      a0 = _mm256_add_ps(a0, _mm256_loadu_ps(x + j));
+      a1 = _mm256_add_ps(a1, _mm256_loadu_ps(x + j + 8));
+    }
+    _mm256_storeu_ps(acc, a0);
+    _mm256_storeu_ps(acc + 8, a1);
+    for (int l = 0; l < row_lanes; ++l)
+      if (j + l < n) acc[l] += x[j + l];
+    return combine_lanes<S, T>(acc);
+  }
+#endif
+  return lane_sum<S>(x, n, [](T e) { return static_cast<S>(e); });
+}
+
 /// max_j x[j] (-inf for an empty row). Lane l keeps max(x[l], x[l + 16], ...) with
 /// `x > acc ? x : acc` (a NaN in x is skipped, as the scalar form does); on AVX2 hosts the same
 /// lanes in registers: GCC keeps the portable loop scalar (16 vmaxss per 16 elements), which was
