@@ -139,6 +139,19 @@ TEMPLATE_TEST_CASE("the row maximum equals std::max over every length, skips NaN
   CHECK(pmt::detail::lane_max(neg.data(), 20) == -std::numeric_limits<T>::infinity());
 }
 
+TEMPLATE_TEST_CASE("the row sum is lane_sum's result bit for bit, on every length", "[ops][layernorm]", float, double) {
+  // pmt::detail::row_sum keeps the float lanes in two AVX2 registers where the build targets AVX2
+  // and is lane_sum elsewhere; either way the same 16 lanes, summed and combined in the same order.
+  using T = TestType;
+  std::vector<T> x(100);
+  for (std::size_t j = 0; j < x.size(); ++j) x[j] = T(0.1) * T((j * 37) % 101) - T(3.3) + T(1e-3) * T(j);
+  for (int n = 0; n <= 100; ++n) {
+    INFO("n = " << n << ", AVX2 row kernels: " << PMT_ROWWISE_AVX2);
+    const T expect = pmt::detail::lane_sum<T>(x.data(), n, [](T e) { return e; });
+    CHECK(pmt::detail::row_sum<T>(x.data(), n) == expect);
+  }
+}
+
 TEST_CASE("softmax_backward and log_softmax_backward match finite differences", "[ops][softmax][gradient]") {
   Host exec;
   auto x = pmt::make_tensor<double, Host>("x", 2, 5, 5), y = pmt::make_tensor<double, Host>("y", 2, 5, 5);
