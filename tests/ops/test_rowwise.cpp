@@ -8,6 +8,7 @@
 #include "pmt/ops/layernorm.hpp"
 #include "pmt/ops/softmax.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -113,6 +114,37 @@ TEST_CASE("the row exponential sums exp(x - max) to float accuracy, underflows t
   CHECK(std::isnan(sz));
   CHECK(ez[20] == 0.0f);
   CHECK(std::abs(ez[0] - std::exp(-1.0)) <= 3e-7 * std::exp(-1.0));
+}
+
+TEST_CASE("the scalar exponentials: float accuracy, 0 below -87, NaN kept, no undefined conversion",
+          "[ops][softmax]") {
+  // exp_nonpositive (softmax, cross-entropy, the rows' scalar tails) and exp_fast (GELU's portable
+  // path). A NaN passes their clamps; converting it to an integer for 2^k would be undefined
+  // behaviour (scripts/check.sh runs this under UBSan), so the exponent is bounded first.
+  using pmt::detail::exp_fast;
+  using pmt::detail::exp_nonpositive;
+  double worst_np = 0, worst_fast = 0;
+  for (int j = 0; j <= 2000; ++j) {
+    const float x = -87.0f * float(j) / 2000.0f;
+    const double ref = std::exp(double(x));
+    worst_np = std::max(worst_np, std::abs(exp_nonpositive(x) - ref) / ref);
+    const float xp = 88.0f * float(j) / 2000.0f;  // exp_fast covers positive arguments too
+    worst_fast = std::max({worst_fast, std::abs(exp_fast(x) - ref) / ref,
+                           std::abs(exp_fast(xp) - std::exp(double(xp))) / std::exp(double(xp))});
+  }
+  CHECK(worst_np <= 3e-7);
+  CHECK(worst_fast <= 3e-7);
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::nanf("");
+  for (float below : {-87.5f, -1000.0f, -inf}) {
+    CHECK(exp_nonpositive(below) == 0.0f);
+    CHECK(exp_fast(below) == 0.0f);
+  }
+  CHECK(std::isnan(exp_nonpositive(nan)));
+  CHECK(std::isnan(exp_fast(nan)));
+  CHECK(std::isnan(exp_nonpositive(-nan)));
+  CHECK(exp_fast(inf) == exp_fast(88.0f));  // clamped to the largest argument it handles
+  CHECK(exp_nonpositive(-0.0f) == 1.0f);
+  CHECK(exp_nonpositive(double(-2)) == std::exp(-2.0));  // double: the library exp
 }
 
 TEMPLATE_TEST_CASE("the row maximum equals std::max over every length, skips NaN in x, is -inf when empty",

@@ -50,12 +50,15 @@ struct AttentionCache {
 };
 
 /// \brief Allocates an AttentionCache for (B, T, C) inputs with H heads.
-/// \throws pmt::ShapeError when C is not divisible by H.
+/// \throws pmt::ShapeError when C is not a positive multiple of H.
 template <class T, class Exec>
 AttentionCache<T, Exec> make_attention_cache(std::int64_t B, std::int64_t T_, std::int64_t C,
                                              std::int64_t H) {
   detail::require(H > 0 && C % H == 0, "pmt::ops::make_attention_cache", [&] {
     return detail::str("width C = ", C, " is not divisible by heads H = ", H);
+  });
+  detail::require(C > 0 && B >= 0 && T_ >= 0, "pmt::ops::make_attention_cache", [&] {
+    return detail::str("(B, T, C) = (", B, ", ", T_, ", ", C, "); expected C > 0 (a head of at least one feature)");
   });
   const std::int64_t hs = C / H;
   AttentionCache<T, Exec> c;

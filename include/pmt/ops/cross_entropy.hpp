@@ -68,13 +68,13 @@ void softmax_cross_entropy(const Exec& exec, const LV& logits, const TV& targets
   const T gscale = static_cast<T>(dloss / normaliser);
   Kokkos::parallel_for(op, Kokkos::RangePolicy<Exec>(exec, 0, N), KOKKOS_LAMBDA(std::int64_t n) {
     const long t = static_cast<long>(targets(n));
-    const T* lr = &logits(n, 0);
     if (t == ignore_index) {
       row_loss(n) = 0.0;
       if (with_grad)
         for (std::int64_t v = 0; v < V; ++v) dlogits(n, v) = T(0);
       return;
     }
+    const T* lr = &logits(n, 0);  // V > 0 here: the target check passed
     const T mx = detail::lane_max(lr, V);
     const T s  = detail::row_exp_sum(lr, V, mx);
     const T lse = mx + detail::math::log(s);

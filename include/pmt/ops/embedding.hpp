@@ -66,6 +66,7 @@ void embedding(const Exec& exec, const IV& ids, const TV& table, const OV& out,
   detail::check_ids(exec, ids, V, ignore_id, op, "table is " + shape_str(table));
   const auto C     = static_cast<std::int64_t>(table.extent(1));
   const bool accum = acc == Accumulate::Yes;
+  if (C == 0) return;  // rows of no features: nothing to copy (the ids were still checked)
   Kokkos::parallel_for(op, Kokkos::RangePolicy<Exec>(exec, 0, ids.extent(0)), KOKKOS_LAMBDA(std::int64_t n) {
     auto* dst = &out(n, 0);
     if (static_cast<std::int64_t>(ids(n)) == ignore_id) {
@@ -102,6 +103,7 @@ void embedding_backward(const Exec& exec, const IV& ids, const DOV& dout, const 
   const auto V = static_cast<std::int64_t>(dtable.extent(0));
   const auto C = static_cast<std::int64_t>(dtable.extent(1));
   detail::check_ids(exec, ids, V, ignore_id, op, "dtable is " + shape_str(dtable));
+  if (C == 0) return;  // nothing to accumulate (the ids were still checked)
   using Mem = typename Exec::memory_space;
   // Bucket rows by id: counts (integer atomics are exact), exclusive scan, scatter, sort buckets.
   Kokkos::View<std::int64_t*, Kokkos::LayoutRight, Mem> start("pmt::ops::embedding_backward::start", static_cast<std::size_t>(V + 1));

@@ -24,6 +24,9 @@ void check_layernorm(const char* op, const X& x, const W& w, const W& b, const Y
                      const S& rstd) {
   require_same_shape(op, "y", y, "x", x);
   const std::size_t N = x.extent(0), C = x.extent(1);
+  require(C > 0, op, [&] {
+    return str("x is ", shape_str(x), "; a row needs at least one feature to be normalised");
+  });
   require(w.extent(0) == C && b.extent(0) == C, op, [&] {
     return str("x is ", shape_str(x), " but weight is ", shape_str(w), " and bias is ", shape_str(b),
                "; weight and bias must be (", C, ")");

@@ -145,6 +145,7 @@ void column_sum(const Exec& exec, const XV& x, const OV& out, typename OV::non_c
   using T            = typename OV::non_const_value_type;
   const auto R       = static_cast<std::int64_t>(x.extent(0));
   const auto C       = static_cast<std::int64_t>(x.extent(1));
+  if (C == 0) return;
   const auto parts   = (R + detail::row_chunk - 1) / detail::row_chunk;
   Kokkos::View<T**, Kokkos::LayoutRight, typename Exec::memory_space> partial(
       Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::ops::column_sum::partial"),

@@ -151,8 +151,11 @@ KOKKOS_INLINE_FUNCTION T exp_fast(T x) {
     float xc = x > 88.0f ? 88.0f : x;
     xc       = xc < -87.0f ? -87.0f : xc;
     // k = round(x / ln 2): truncation of a positive number (t + 128.5 lies in [3, 256]) is a
-    // floor, one vector convert; no sign-dependent select.
-    const float t  = xc * 1.44269504088896341f;
+    // floor, one vector convert; no sign-dependent select. A NaN passes the clamps above; the
+    // bound on t (127 > 88 / ln 2) maps it into range for the conversion, which would be
+    // undefined behaviour for NaN, and r carries the NaN into the result.
+    float t = xc * 1.44269504088896341f;
+    t       = t < 127.0f ? t : 127.0f;
     const float kf = static_cast<float>(static_cast<std::int32_t>(t + 128.5f)) - 128.0f;
     const float r  = (xc - kf * 0.693359375f) + kf * 2.12194440e-4f;  // x - k ln 2, two parts
     float p = 1.9875691500e-4f;
@@ -174,7 +177,10 @@ template <class T>
 KOKKOS_INLINE_FUNCTION T exp_nonpositive(T x) {
   if constexpr (std::is_same_v<T, float>) {
     const float xc = x < -87.0f ? -87.0f : x;
-    const float t  = xc * 1.44269504088896341f;
+    // Bounded above so that a NaN (or an x > 0 outside the contract, up to +inf) converts to an
+    // integer in range instead of undefined behaviour; r keeps the NaN. No change for x <= 0.
+    float t = xc * 1.44269504088896341f;
+    t       = t < 0.5f ? t : 0.5f;
     const float kf = static_cast<float>(static_cast<std::int32_t>(t + 128.5f)) - 128.0f;
     const float r  = (xc - kf * 0.693359375f) + kf * 2.12194440e-4f;
     float p = 1.3981999507e-3f;
