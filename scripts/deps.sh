@@ -5,6 +5,8 @@
 #     (from bookworm-backports)
 #   - Kokkos 3.4.01 with OpenMP + Serial, built from Debian's trilinos source package into a cache
 #     prefix (default ~/.cache/pmt/kokkos-3.4.01), unless Kokkos_ROOT points at a Kokkos already.
+#     PMT_KOKKOS_CHECKED=1 builds it with Kokkos' debug checks and View bounds checking instead,
+#     into kokkos-3.4.01-checked (for scripts/check.sh).
 # Idempotent and quiet when everything is present. Prints the Kokkos prefix on its last line
 # (`KOKKOS_PREFIX=...`) so callers can pass it to CMake.
 set -euo pipefail
@@ -85,12 +87,19 @@ if [ -n "${Kokkos_ROOT:-}" ]; then
 fi
 CACHE=${PMT_DEPS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/pmt}
 PREFIX="$CACHE/kokkos-3.4.01"
+variant="OpenMP + Serial"
+extra=()
+if [ "${PMT_KOKKOS_CHECKED:-0}" = 1 ]; then
+  PREFIX="$PREFIX-checked"
+  variant="OpenMP + Serial, debug checks and View bounds checking"
+  extra=(-DKokkos_ENABLE_DEBUG=ON -DKokkos_ENABLE_DEBUG_BOUNDS_CHECK=ON)
+fi
 if [ -f "$PREFIX/.pmt-complete" ]; then
   echo "KOKKOS_PREFIX=$PREFIX"
   exit 0
 fi
 
-log "building Kokkos 3.4.01 (OpenMP + Serial) from Debian's trilinos source into $PREFIX"
+log "building Kokkos 3.4.01 ($variant) from Debian's trilinos source into $PREFIX"
 add_sources
 apt_update
 work=$(mktemp -d)
@@ -105,7 +114,7 @@ trap 'rm -rf "$work"' EXIT
 cmake -S "$work/kokkos-src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_INSTALL_PREFIX="$PREFIX" -DCMAKE_CXX_STANDARD=17 -DCMAKE_CXX_EXTENSIONS=OFF \
   -DKokkos_ENABLE_OPENMP=ON -DKokkos_ENABLE_SERIAL=ON -DBUILD_SHARED_LIBS=ON \
-  -DKokkos_ENABLE_TESTS=OFF -DKokkos_ENABLE_EXAMPLES=OFF >"$work/configure.log" 2>&1 \
+  -DKokkos_ENABLE_TESTS=OFF -DKokkos_ENABLE_EXAMPLES=OFF "${extra[@]}" >"$work/configure.log" 2>&1 \
   || { cat "$work/configure.log" >&2; exit 1; }
 cmake --build "$work/build" -j "$(nproc)" >"$work/build.log" 2>&1 || { tail -n 50 "$work/build.log" >&2; exit 1; }
 cmake --install "$work/build" >/dev/null
