@@ -14,7 +14,8 @@
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${PMT_CHECK_BUILD_DIR:-$root/build-check}
-kokkos_prefix=$(PMT_KOKKOS_CHECKED=1 "$root/scripts/deps.sh" | sed -n 's/^KOKKOS_PREFIX=//p')
+# Always the checked build from Debian's source: a Kokkos_ROOT of the user's would lack the bounds checks.
+kokkos_prefix=$(Kokkos_ROOT= PMT_KOKKOS_CHECKED=1 "$root/scripts/deps.sh" | sed -n 's/^KOKKOS_PREFIX=//p')
 flags="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
 flags+=" -D_GLIBCXX_ASSERTIONS -DPMT_DEBUG=1"
 # Not -Werror: GCC 12 warns inside libstdc++'s <regex> under the sanitizers (-Wmaybe-uninitialized);
