@@ -3,7 +3,8 @@
 # The test suite under every runtime check at once, in build-check/ (or $PMT_CHECK_BUILD_DIR):
 #   - AddressSanitizer (out-of-bounds, use after free, leaks: scripts/lsan.supp lists what the
 #     MPI stack, OpenMP and OpenBLAS keep for the process' lifetime),
-#   - UndefinedBehaviorSanitizer (any finding fails the test),
+#   - UndefinedBehaviorSanitizer, with float-to-integer conversions out of range (which GCC leaves
+#     out of -fsanitize=undefined); any finding fails the test,
 #   - libstdc++ assertions (_GLIBCXX_ASSERTIONS),
 #   - Kokkos 3.4 built with its debug checks and View bounds checking (PMT_KOKKOS_CHECKED=1
 #     scripts/deps.sh, a second cache prefix), so every View index is checked,
@@ -16,7 +17,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${PMT_CHECK_BUILD_DIR:-$root/build-check}
 # Always the checked build from Debian's source: a Kokkos_ROOT of the user's would lack the bounds checks.
 kokkos_prefix=$(Kokkos_ROOT= PMT_KOKKOS_CHECKED=1 "$root/scripts/deps.sh" | sed -n 's/^KOKKOS_PREFIX=//p')
-flags="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
+flags="-fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all -fno-omit-frame-pointer"
 flags+=" -D_GLIBCXX_ASSERTIONS -DPMT_DEBUG=1"
 # Not -Werror: GCC 12 warns inside libstdc++'s <regex> under the sanitizers (-Wmaybe-uninitialized);
 # scripts/test.sh is the warnings gate.
