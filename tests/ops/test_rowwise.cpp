@@ -265,9 +265,11 @@ TEMPLATE_TEST_CASE("layernorm forward equals the reference and saves mean and rs
 }
 
 TEST_CASE("layernorm forward with fp32 statistics equals the reference (vector body and tail)", "[ops][layernorm]") {
-  // float x with float mean/rstd takes the AVX2 variance loop where the build targets AVX2.
-  for (int C : {16, 33, 64, 100}) {
-    const int N = 5;
+  // float x, y and statistics take the AVX2 kernel where the build targets AVX2: rows pipelined in
+  // chunks (row n's mean pass stores row n - 1). 203 rows make chunks of several rows and a
+  // partial last one; the widths cover C < 8, vector bodies and both tails (8 and 1 wide).
+  for (int C : {1, 7, 8, 16, 24, 33, 64, 100}) {
+    const int N = 203;
     LayernormCase<float, float> lc(N, C, 14);
     INFO("C = " << C << ", AVX2 row kernels: " << PMT_ROWWISE_AVX2);
     for (int n = 0; n < N; ++n) {
@@ -279,6 +281,37 @@ TEST_CASE("layernorm forward with fp32 statistics equals the reference (vector b
               1e-5 * (1 + std::abs(lc.b(c)) + std::abs(lc.w(c)) * 4));
     }
   }
+}
+
+TEMPLATE_TEST_CASE("layernorm forward is bitwise the same on Serial, on OpenMP and row by row",
+                   "[ops][layernorm][determinism]", float, double) {
+#if defined(KOKKOS_ENABLE_SERIAL) && defined(KOKKOS_ENABLE_OPENMP)
+  using T = TestType;
+  // Rows are independent: a row's result may depend neither on the thread count nor on where it
+  // falls in a chunk of rows (the AVX2 kernel pipelines rows in chunks sized by the thread count).
+  for (int C : {7, 40, 100}) {
+    const int N = 157;
+    LayernormCase<T, T> lc(N, C, 21);
+    auto y1 = pmt::make_tensor<T, Host>("y1", N, C);
+    auto m1 = pmt::make_tensor<T, Host>("m1", N), r1 = pmt::make_tensor<T, Host>("r1", N);
+    pmt::ops::layernorm_forward(Kokkos::Serial(), lc.x, lc.w, lc.b, y1, m1, r1, 1e-5);
+    bool same = true;
+    for (int n = 0; n < N; ++n) {
+      auto rows = std::make_pair(n, n + 1);
+      auto y_row = pmt::make_tensor<T, Host>("y_row", 1, C);
+      auto m_row = pmt::make_tensor<T, Host>("m_row", 1), r_row = pmt::make_tensor<T, Host>("r_row", 1);
+      pmt::ops::layernorm_forward(Kokkos::OpenMP(), Kokkos::subview(lc.x, rows, Kokkos::ALL), lc.w, lc.b, y_row,
+                                  m_row, r_row, 1e-5);
+      Kokkos::OpenMP().fence();
+      same = same && m1(n) == lc.mean(n) && r1(n) == lc.rstd(n) && m_row(0) == lc.mean(n) && r_row(0) == lc.rstd(n);
+      for (int c = 0; c < C; ++c) same = same && y1(n, c) == lc.y(n, c) && y_row(0, c) == lc.y(n, c);
+    }
+    INFO("C = " << C << ", OpenMP threads: " << Kokkos::OpenMP().concurrency());
+    CHECK(same);
+  }
+#else
+  SKIP("needs both Kokkos::Serial and Kokkos::OpenMP");
+#endif
 }
 
 TEST_CASE("layernorm_backward matches finite differences for x, weight and bias", "[ops][layernorm][gradient]") {

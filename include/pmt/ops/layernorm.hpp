@@ -37,6 +37,93 @@ void check_layernorm(const char* op, const X& x, const W& w, const W& b, const Y
   });
 }
 
+#if PMT_ROWWISE_AVX2
+/// y = ((x - m) rs) w + b over [j, C) of one row, eight at a time, then one by one.
+inline void layernorm_normalise_row_avx2(const float* xr, float* yr, const float* wp, const float* bp,
+                                         std::int64_t j, std::int64_t C, float m, float rs) {
+  const __m256 vm = _mm256_set1_ps(m), vr = _mm256_set1_ps(rs);
+  for (; j + 8 <= C; j += 8) {
+    const __m256 h = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(xr + j), vm), vr);
+    _mm256_storeu_ps(yr + j, _mm256_fmadd_ps(h, _mm256_loadu_ps(wp + j), _mm256_loadu_ps(bp + j)));
+  }
+  for (; j < C; ++j) yr[j] = ((xr[j] - m) * rs) * wp[j] + bp[j];
+}
+
+/// layernorm_forward for float x, y and statistics on a host space with AVX2: lane_sum's 16 lanes
+/// in two registers for the mean and the two-pass variance (GCC vectorised the portable loops only
+/// half-way), and rows pipelined in chunks: the mean pass of row n, which reads x from memory,
+/// also normalises and stores row n - 1, whose x is still in L1. The read and the write stream
+/// then run in one loop, which the hardware prefetchers keep busy better than the portable
+/// kernel's software prefetch (on 64 MiB here 8-14 % faster, the same bits).
+template <class Exec, class XV, class WV, class YV, class SV>
+void layernorm_forward_rows_avx2(const Exec& exec, const char* op, const XV& x, const WV& weight, const WV& bias,
+                                 const YV& y, const SV& mean, const SV& rstd, float eps) {
+  const auto N = static_cast<std::int64_t>(x.extent(0));
+  const auto C = static_cast<std::int64_t>(x.extent(1));
+  // Chunks of up to 64 rows, at least eight per thread where there are rows enough for it.
+  const std::int64_t per_thread = N / (8 * static_cast<std::int64_t>(exec.concurrency() > 0 ? exec.concurrency() : 1));
+  const std::int64_t chunk  = per_thread < 1 ? 1 : (per_thread > 64 ? 64 : per_thread);
+  const std::int64_t chunks = (N + chunk - 1) / chunk;
+  const float* wp = weight.data();
+  const float* bp = bias.data();
+  Kokkos::parallel_for(op, Kokkos::RangePolicy<Exec>(exec, 0, chunks), [=](std::int64_t k) {
+    const std::int64_t r0 = k * chunk, r1 = r0 + chunk < N ? r0 + chunk : N;
+    float pm = 0, prs = 0;  // row n - 1's statistics
+    for (std::int64_t n = r0; n < r1; ++n) {
+      const float* xr = &x(n, 0);
+      __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+      std::int64_t j = 0;
+      if (n > r0) {
+        const float* xp = &x(n - 1, 0);
+        float* yp       = &y(n - 1, 0);
+        const __m256 vm = _mm256_set1_ps(pm), vr = _mm256_set1_ps(prs);
+        for (; j + 16 <= C; j += 16) {
+          a0 = _mm256_add_ps(a0, _mm256_loadu_ps(xr + j));
+          a1 = _mm256_add_ps(a1, _mm256_loadu_ps(xr + j + 8));
+          const __m256 h0 = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(xp + j), vm), vr);
+          const __m256 h1 = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(xp + j + 8), vm), vr);
+          _mm256_storeu_ps(yp + j, _mm256_fmadd_ps(h0, _mm256_loadu_ps(wp + j), _mm256_loadu_ps(bp + j)));
+          _mm256_storeu_ps(yp + j + 8, _mm256_fmadd_ps(h1, _mm256_loadu_ps(wp + j + 8), _mm256_loadu_ps(bp + j + 8)));
+        }
+        layernorm_normalise_row_avx2(xp, yp, wp, bp, j, C, pm, prs);
+      } else {
+        for (; j + 16 <= C; j += 16) {
+          a0 = _mm256_add_ps(a0, _mm256_loadu_ps(xr + j));
+          a1 = _mm256_add_ps(a1, _mm256_loadu_ps(xr + j + 8));
+        }
+      }
+      float acc[row_lanes];
+      _mm256_storeu_ps(acc, a0);
+      _mm256_storeu_ps(acc + 8, a1);
+      for (int l = 0; l < row_lanes; ++l)
+        if (j + l < C) acc[l] += xr[j + l];
+      const float m = combine_lanes<float, float>(acc) / static_cast<float>(C);
+      // Two-pass variance (no cancellation) over the row, now in L1.
+      const __m256 vm = _mm256_set1_ps(m);
+      a0 = _mm256_setzero_ps();
+      a1 = _mm256_setzero_ps();
+      for (j = 0; j + 16 <= C; j += 16) {
+        const __m256 d0 = _mm256_sub_ps(_mm256_loadu_ps(xr + j), vm);
+        const __m256 d1 = _mm256_sub_ps(_mm256_loadu_ps(xr + j + 8), vm);
+        a0 = _mm256_fmadd_ps(d0, d0, a0);
+        a1 = _mm256_fmadd_ps(d1, d1, a1);
+      }
+      _mm256_storeu_ps(acc, a0);
+      _mm256_storeu_ps(acc + 8, a1);
+      for (int l = 0; l < row_lanes; ++l)
+        if (j + l < C) {
+          const float d = xr[j + l] - m;
+          acc[l] += d * d;
+        }
+      const float v = combine_lanes<float, float>(acc) / static_cast<float>(C);
+      pm = mean(n) = m;
+      prs = rstd(n) = 1.0f / math::sqrt(v + eps);
+    }
+    if (r1 > r0) layernorm_normalise_row_avx2(&x(r1 - 1, 0), &y(r1 - 1, 0), wp, bp, 0, C, pm, prs);
+  });
+}
+#endif
+
 }  // namespace pmt::detail
 
 namespace pmt::ops {
@@ -58,45 +145,31 @@ void layernorm_forward(const Exec& exec, const XV& x, const WV& weight, const WV
   using S = typename SV::non_const_value_type;
   const auto C = static_cast<std::int64_t>(x.extent(1));
   const auto N = static_cast<std::int64_t>(x.extent(0));
+#if PMT_ROWWISE_AVX2
+  if constexpr (std::is_same_v<typename XV::non_const_value_type, float> && std::is_same_v<T, float> &&
+                std::is_same_v<S, float> && std::is_same_v<typename Exec::memory_space, Kokkos::HostSpace>) {
+    detail::layernorm_forward_rows_avx2(exec, op, x, weight, bias, y, mean, rstd, static_cast<float>(eps));
+    return;
+  }
+#endif
   Kokkos::parallel_for(op, Kokkos::RangePolicy<Exec>(exec, 0, N), KOKKOS_LAMBDA(std::int64_t n) {
     const auto* xr = &x(n, 0);
     T* yr          = &y(n, 0);
-    using X = std::remove_const_t<std::remove_reference_t<decltype(xr[0])>>;
-    const S m = detail::row_sum<S>(xr, C) / static_cast<S>(C);
+    const S m      = detail::row_sum<S>(xr, C) / static_cast<S>(C);
     // Two-pass variance (no cancellation), in lane_sum's order. The row is in L1 now: this pass
     // also prefetches the next row (x to read, y to write), so that its memory traffic overlaps
     // this row's arithmetic (about 15 % faster on 64 MiB tensors here).
     const auto* next_x = n + 1 < N ? &x(n + 1, 0) : nullptr;
     T* next_y          = n + 1 < N ? &y(n + 1, 0) : nullptr;
     S acc[detail::row_lanes];
+    for (int l = 0; l < detail::row_lanes; ++l) acc[l] = S(0);
     std::int64_t c = 0;
-#if PMT_ROWWISE_AVX2
-    if constexpr (std::is_same_v<S, float> && std::is_same_v<X, float> && detail::row_lanes == 16) {
-      // The same 16 lanes in two registers: GCC vectorised the portable loop only half-way (one
-      // ymm, two xmm and a scalar lane); about 3 % faster on 64 MiB tensors here.
-      __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-      const __m256 vm = _mm256_set1_ps(m);
-      for (; c + 16 <= C; c += 16) {
-        detail::prefetch_lanes(next_x, c);
-        detail::prefetch_lanes<true>(next_y, c);
-        const __m256 d0 = _mm256_sub_ps(_mm256_loadu_ps(xr + c), vm);
-        const __m256 d1 = _mm256_sub_ps(_mm256_loadu_ps(xr + c + 8), vm);
-        a0 = _mm256_fmadd_ps(d0, d0, a0);
-        a1 = _mm256_fmadd_ps(d1, d1, a1);
-      }
-      _mm256_storeu_ps(acc, a0);
-      _mm256_storeu_ps(acc + 8, a1);
-    } else
-#endif
-    {
-      for (int l = 0; l < detail::row_lanes; ++l) acc[l] = S(0);
-      for (; c + detail::row_lanes <= C; c += detail::row_lanes) {
-        detail::prefetch_lanes(next_x, c);
-        detail::prefetch_lanes<true>(next_y, c);
-        for (int l = 0; l < detail::row_lanes; ++l) {
-          const S d = static_cast<S>(xr[c + l]) - m;
-          acc[l] += d * d;
-        }
+    for (; c + detail::row_lanes <= C; c += detail::row_lanes) {
+      detail::prefetch_lanes(next_x, c);
+      detail::prefetch_lanes<true>(next_y, c);
+      for (int l = 0; l < detail::row_lanes; ++l) {
+        const S d = static_cast<S>(xr[c + l]) - m;
+        acc[l] += d * d;
       }
     }
     for (int l = 0; l < detail::row_lanes; ++l)
@@ -104,22 +177,10 @@ void layernorm_forward(const Exec& exec, const XV& x, const WV& weight, const WV
         const S d = static_cast<S>(xr[c + l]) - m;
         acc[l] += d * d;
       }
-    const S v  = detail::combine_lanes<S, X>(acc) / static_cast<S>(C);
+    const S v  = detail::combine_lanes<S, T>(acc) / static_cast<S>(C);
     const S rs = S(1) / detail::math::sqrt(v + static_cast<S>(eps));
-    std::int64_t j = 0;
-#if PMT_ROWWISE_AVX2
-    if constexpr (std::is_same_v<S, float> && std::is_same_v<X, float> && std::is_same_v<T, float>) {
-      // GCC keeps this loop scalar: as far as it knows, y may alias weight and bias.
-      const float* wp = weight.data();
-      const float* bp = bias.data();
-      const __m256 vm = _mm256_set1_ps(m), vr = _mm256_set1_ps(rs);
-      for (; j + 8 <= C; j += 8) {
-        const __m256 h = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(xr + j), vm), vr);
-        _mm256_storeu_ps(yr + j, _mm256_fmadd_ps(h, _mm256_loadu_ps(wp + j), _mm256_loadu_ps(bp + j)));
-      }
-    }
-#endif
-    for (; j < C; ++j) yr[j] = static_cast<T>((static_cast<S>(xr[j]) - m) * rs) * weight(j) + bias(j);
+    for (std::int64_t j = 0; j < C; ++j)
+      yr[j] = static_cast<T>((static_cast<S>(xr[j]) - m) * rs) * weight(j) + bias(j);
     mean(n) = m;
     rstd(n) = rs;
   });
