@@ -87,6 +87,42 @@ TEMPLATE_TEST_CASE("softmax and log_softmax on long rows (vector body, tails, ca
   }
 }
 
+TEMPLATE_TEST_CASE("softmax is bitwise the same on Serial, on OpenMP and as its row building blocks",
+                   "[ops][softmax][determinism]", float, double) {
+#if defined(KOKKOS_ENABLE_SERIAL) && defined(KOKKOS_ENABLE_OPENMP)
+  using T = TestType;
+  // A row's result may depend neither on the thread count nor on where it falls in a chunk of
+  // rows (the AVX2 float kernel pipelines rows in chunks sized by the thread count): each row
+  // must be lane_max, exp_sum_row and the scaling, bit for bit. Causal rows of 41 ... 77
+  // visible columns change length across the 16-wide bodies within a chunk.
+  const int B = 3, R = 37, C = 77;
+  auto x  = pmt::make_tensor<T, Host>("x", B, R, C);
+  auto ys = pmt::make_tensor<T, Host>("ys", B, R, C), yo = pmt::make_tensor<T, Host>("yo", B, R, C);
+  pmt::test::fill_random(x, 17, -30, 30);
+  std::vector<T> e(C);
+  for (Mask mask : {Mask::None, Mask::Causal}) {
+    pmt::ops::softmax(Kokkos::Serial(), x, ys, mask);
+    pmt::ops::softmax(Kokkos::OpenMP(), x, yo, mask);
+    Kokkos::OpenMP().fence();
+    bool same = true;
+    for (int b = 0; b < B; ++b)
+      for (int i = 0; i < R; ++i) {
+        const int n    = mask == Mask::Causal ? i + 1 + (C - R) : C;
+        const T* row   = &x(b, i, 0);
+        const T mx     = pmt::detail::lane_max(row, n);
+        const T inv    = T(1) / pmt::detail::exp_sum_row(row, n, mx, e.data(), static_cast<const T*>(nullptr),
+                                                         static_cast<T*>(nullptr));
+        for (int j = 0; j < C; ++j)
+          same = same && ys(b, i, j) == yo(b, i, j) && yo(b, i, j) == (j < n ? e[j] * inv : T(0));
+      }
+    INFO("mask " << (mask == Mask::Causal ? "causal" : "none") << ", OpenMP threads: " << Kokkos::OpenMP().concurrency());
+    CHECK(same);
+  }
+#else
+  SKIP("needs both Kokkos::Serial and Kokkos::OpenMP");
+#endif
+}
+
 TEST_CASE("the row exponential sums exp(x - max) to float accuracy, underflows to 0 below -87, keeps NaN",
           "[ops][softmax]") {
   // pmt::detail::exp_sum_row is the AVX2 kernel where the build targets AVX2 + FMA (pmt's own
