@@ -82,3 +82,28 @@ TEST_CASE("Gpt refuses sizes that do not divide by tp and names them", "[nn][gpt
   CHECK_THROWS_AS((pmt::nn::Gpt<double, Host, Backend>(mesh, zero)), pmt::ShapeError);
   CHECK(pmt::test::all_ranks(true));
 }
+
+TEST_CASE("a target outside the vocabulary raises on every tp rank, before the loss's collectives",
+          "[nn][gpt][errors][mpi]") {
+  // The targets are the same on every tp rank, so every rank raises at the same check and none
+  // is left waiting in the vocab-parallel cross-entropy's all-reduces.
+  const auto& w = pmt::test::world();
+  pmt::Mesh<Backend> mesh(w, pmt::MeshShape{1, w.size(), 1});
+  const pmt::nn::GptConfig cfg{/*vocab=*/96, /*context=*/16, /*layers=*/1, /*width=*/32, /*heads=*/4, /*seed=*/5};
+  pmt::nn::Gpt<float, Host, Backend> gpt(mesh, cfg);
+  const std::size_t B = 2, Tn = 12;
+  typename pmt::nn::Gpt<float, Host, Backend>::Ids ids("ids", B * Tn), targets("targets", B * Tn);
+  for (std::size_t n = 0; n < B * Tn; ++n) targets(n) = static_cast<std::int32_t>(n % cfg.vocab);
+  targets(5) = 96;   // one past the vocabulary
+  targets(7) = -1;   // negative, and not the ignore index (-100)
+  targets(9) = -100;
+  using Catch::Matchers::StartsWith;
+  CHECK_THROWS_WITH(gpt.forward_backward(Host(), ids, targets, B, Tn, 22.0),
+                    StartsWith("pmt::nn::vocab_parallel_cross_entropy: 2 of 24 targets lie outside [0, 96) and are "
+                               "not ignore_index (-100); logits is (24, " +
+                               std::to_string(96 / w.size()) + ")"));
+  targets(5) = 1;
+  targets(7) = 2;
+  CHECK(std::isfinite(gpt.forward_backward(Host(), ids, targets, B, Tn, 22.0)));
+  CHECK(pmt::test::all_ranks(true));
+}

@@ -17,6 +17,7 @@
 #include "pmt/comm/nccl.hpp"
 #include "pmt/core/error.hpp"
 #include "pmt/core/tensor.hpp"
+#include "pmt/ops/cross_entropy.hpp"
 #include "pmt/ops/detail/rowwise.hpp"
 #include "pmt/ops/reduction.hpp"
 
@@ -49,17 +50,7 @@ double vocab_parallel_cross_entropy(const comm::Communicator<Backend>& tp, const
   detail::require<ConfigError>(normaliser > 0, op, [&] {
     return detail::str("normaliser is ", normaliser, "; expected a positive token count");
   });
-  std::int64_t bad = 0;
-  Kokkos::parallel_reduce(
-      "pmt::nn::vocab_parallel_cross_entropy::check", Kokkos::RangePolicy<Exec>(exec, 0, N),
-      KOKKOS_LAMBDA(std::int64_t n, std::int64_t& acc) {
-        const auto t = static_cast<std::int64_t>(targets(n));
-        if (t != ignore_index && (t < 0 || t >= V)) ++acc;
-      },
-      bad);
-  detail::require(bad == 0, op, [&] {
-    return detail::str(bad, " of ", N, " targets lie outside [0, ", V, ") and are not ignore_index (", ignore_index, ")");
-  });
+  detail::check_targets(exec, op, targets, V, ignore_index, logits);
   using Mem = typename Exec::memory_space;
   Kokkos::View<T*, Kokkos::LayoutRight, Mem> row_max("pmt::nn::ce::max", N);
   Kokkos::View<T**, Kokkos::LayoutRight, Mem> stats("pmt::nn::ce::stats", N, 2);  // sum exp, target logit

@@ -20,6 +20,30 @@
 
 #include <cstdint>
 
+namespace pmt::detail {
+
+/// Raises ShapeError naming `op`, the count, V, ignore_index and the logits' shape when a target
+/// lies outside [0, V) and is not ignore_index. The count is read back on the host (one fence).
+template <class Exec, class TV, class LV>
+void check_targets(const Exec& exec, const char* op, const TV& targets, std::int64_t V, std::int64_t ignore_index,
+                   const LV& logits) {
+  const auto N     = static_cast<std::int64_t>(targets.extent(0));
+  std::int64_t bad = 0;
+  Kokkos::parallel_reduce(
+      str(op, "::check_targets"), Kokkos::RangePolicy<Exec>(exec, 0, N),
+      KOKKOS_LAMBDA(std::int64_t n, std::int64_t& acc) {
+        const auto t = static_cast<std::int64_t>(targets(n));
+        if (t != ignore_index && (t < 0 || t >= V)) ++acc;
+      },
+      bad);
+  require(bad == 0, op, [&] {
+    return str(bad, " of ", N, " targets lie outside [0, ", V, ") and are not ignore_index (", ignore_index,
+               "); logits is ", shape_str(logits));
+  });
+}
+
+}  // namespace pmt::detail
+
 namespace pmt::ops {
 
 /// \brief Fused softmax + cross-entropy (see the file comment for the formulas).
@@ -49,18 +73,7 @@ void softmax_cross_entropy(const Exec& exec, const LV& logits, const TV& targets
   detail::require<ConfigError>(normaliser > 0, op, [&] {
     return detail::str("normaliser is ", normaliser, "; expected a positive token count");
   });
-  std::int64_t bad = 0;
-  Kokkos::parallel_reduce(
-      "pmt::ops::softmax_cross_entropy::check_targets", Kokkos::RangePolicy<Exec>(exec, 0, N),
-      KOKKOS_LAMBDA(std::int64_t n, std::int64_t& acc) {
-        const long t = static_cast<long>(targets(n));
-        if (t != ignore_index && (t < 0 || t >= V)) ++acc;
-      },
-      bad);
-  detail::require(bad == 0, op, [&] {
-    return detail::str(bad, " of ", N, " targets lie outside [0, ", V, ") and are not ignore_index (",
-                       ignore_index, "); logits is ", shape_str(logits));
-  });
+  detail::check_targets(exec, op, targets, V, ignore_index, logits);
   using T = typename LV::non_const_value_type;
   Kokkos::View<double*, Kokkos::LayoutRight, typename Exec::memory_space> row_loss(
       Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::ops::softmax_cross_entropy::row_loss"),
