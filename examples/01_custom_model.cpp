@@ -78,7 +78,7 @@ struct Run {
     pmt::Tensor<T, 1, Exec> t("tutorial::t", n);
     batch(exec, step, N, static_cast<std::size_t>(dp_i) * n, x, t);
 
-    opt.zero_grad();
+    opt.zero_grad(exec);
     const pmt::Tensor<T, 2, Exec> p = model.forward(exec, x);  // (n, 1), the same on every tp rank
 
     // Mean squared error over the GLOBAL batch: each rank divides by N, not by its n, so that the

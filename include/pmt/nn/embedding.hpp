@@ -54,6 +54,7 @@ class Embedding {
     s.extent[0] = V, s.extent[1] = C, s.offset[0] = static_cast<std::uint64_t>(m_v0);
     m_table = Parameter<T, Exec>(name + "::table", {Vl, C}, s, !m_split);
     fill_normal(Exec(), m_table.value2d(), key, 0.0, init_std, s);
+    Exec().fence();  // initialised for any instance, like a freshly allocated View
   }
 
   /// \brief out (N, C) = table(ids) (all-reduced over tp when split); `accumulate` adds to out.

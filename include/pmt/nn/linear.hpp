@@ -98,6 +98,7 @@ class Linear {
       bs.offset[0] = std::is_same_v<split, Col> ? tp_i * out_l : 0;
       m_b = Parameter<T, Exec>(op + "::bias", {out_l}, bs, !std::is_same_v<split, Col>);
     }
+    Exec().fence();  // initialised for any instance, like a freshly allocated View
   }
 
   /// \brief y = x W (+ b); keeps x for backward. x: (N, in) or (N, in/tp) for Row.

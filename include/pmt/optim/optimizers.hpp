@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Optimizers over a model's parameter list (each rank updates its own shards; state has the
-// shards' shapes): SGD with momentum and AdamW. zero_grad() clears the gradients before a step's
-// first microbatch. The learning rate is passed to step() so that a schedule can drive it.
+// shards' shapes): SGD with momentum and AdamW. zero_grad(exec) clears the gradients before a
+// step's first microbatch, on the instance the step runs on (on another instance it would not be
+// ordered with the backward that accumulates into them). The learning rate is passed to step()
+// so that a schedule can drive it.
 
 #include "pmt/core/instrument.hpp"
 #include "pmt/core/tensor.hpp"
@@ -16,9 +18,10 @@
 
 namespace pmt::optim {
 
+/// \brief Sets every gradient to zero on `exec` (no fence).
 template <class T, class Exec>
-void zero_grad(const std::vector<nn::Parameter<T, Exec>*>& params) {
-  for (auto* p : params) Kokkos::deep_copy(Exec(), p->grad, T(0));
+void zero_grad(const Exec& exec, const std::vector<nn::Parameter<T, Exec>*>& params) {
+  for (auto* p : params) Kokkos::deep_copy(exec, p->grad, T(0));
 }
 
 /// \brief AdamW (Loshchilov & Hutter) over parameter shards; moments in T.
@@ -42,7 +45,7 @@ class AdamW {
     for (std::size_t i = 0; i < m_params.size(); ++i)
       ops::adamw_update(exec, m_params[i]->value, m_params[i]->grad, m_m[i], m_v[i], h);
   }
-  void zero_grad() { optim::zero_grad(m_params); }
+  void zero_grad(const Exec& exec = Exec()) { optim::zero_grad(exec, m_params); }
   std::int64_t steps() const noexcept { return m_step; }
   /// \brief Sets the step count (bias correction continues from it; for checkpoints).
   void set_steps(std::int64_t n) noexcept { m_step = n; }
@@ -71,7 +74,7 @@ class Sgd {
     h.lr             = lr;
     for (std::size_t i = 0; i < m_params.size(); ++i) ops::sgd_update(exec, m_params[i]->value, m_params[i]->grad, m_vel[i], h);
   }
-  void zero_grad() { optim::zero_grad(m_params); }
+  void zero_grad(const Exec& exec = Exec()) { optim::zero_grad(exec, m_params); }
   const std::vector<nn::Parameter<T, Exec>*>& parameters() const noexcept { return m_params; }
 
  private:

@@ -21,6 +21,7 @@
 #include "pmt/ops/elementwise.hpp"
 #include "pmt/ops/optimizer.hpp"
 #include "pmt/ops/reduction.hpp"
+#include "pmt/optim/optimizers.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -65,9 +66,7 @@ class ZeroAdamW {
     Kokkos::deep_copy(m_replicated, host);
   }
 
-  void zero_grad() {
-    for (auto* p : m_params) Kokkos::deep_copy(Exec(), p->grad, T(0));
-  }
+  void zero_grad(const Exec& exec = Exec()) { optim::zero_grad(exec, m_params); }
 
   /// \brief Reduce-scatter the gradients over dp, clip by the global norm (max_norm <= 0: no
   /// clipping), AdamW on this rank's part, all-gather the values. Returns the norm before clipping.

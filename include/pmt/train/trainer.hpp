@@ -138,7 +138,7 @@ class Trainer {
     check_batch("pmt::train::Trainer::step", microbatches, o.normaliser);
     const Instrument instrument("pmt::train::Trainer::step");
     if constexpr (is_host_space_v<Exec>) m_faults.begin();
-    m_opt.zero_grad();
+    m_opt.zero_grad(m_exec);
     const int dp            = m_mesh.degree(Axis::dp);
     const double normaliser = H > 0 ? o.normaliser / dp : o.normaliser;
     // ZeRO optimizers reduce-scatter the gradients themselves; local SGD does not sync them.
@@ -167,7 +167,7 @@ class Trainer {
   double evaluate(const std::vector<Microbatch<Ids>>& microbatches, double normaliser) {
     check_batch("pmt::train::Trainer::evaluate", microbatches, normaliser);
     const double loss = run_microbatches(microbatches, normaliser, /*dp_sync=*/false);
-    m_opt.zero_grad();
+    m_opt.zero_grad(m_exec);
     return global_loss(loss);
   }
 
