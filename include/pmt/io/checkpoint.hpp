@@ -13,6 +13,8 @@
 // step-N.partial to step-N, fsyncs DIR, and replaces LATEST (temporary, fsync, rename, fsync).
 // A crash at any moment leaves LATEST naming the previous checkpoint, whole; a directory
 // without a MANIFEST, or a .partial one, is never loaded. If any rank fails, every rank raises.
+// Parameters are matched by name (Parameter::name): two of one name are refused, on save before
+// anything is written and on load (pmt::nn::name_parameters gives a model unique names).
 // Loading verifies the CRC-32 of every shard it reads and refuses a damaged or incomplete
 // checkpoint with a message naming the file, or one of another model shape or precision. With
 // the same layout each rank reads its own shard; with another dp x tp x pp each rank reads the
@@ -195,6 +197,23 @@ void agree(const comm::Communicator<Backend>& world, const std::exception_ptr& l
     throw IoError("pmt::io::checkpoint", pmt::detail::str(what, " failed on ", failed(), " other rank(s) (see their messages)"));
 }
 
+/// Checkpoints match parameters by name: two parameters of one name (Linear's default names
+/// repeat for layers of the same policy) would load each other's values. Copies of another
+/// stage's parameter (pp_copy) share its name by design.
+template <class T, class Exec>
+void require_unique_names(const std::vector<nn::Parameter<T, Exec>*>& ps) {
+  std::map<std::string, std::size_t> first;
+  for (std::size_t i = 0; i < ps.size(); ++i) {
+    if (ps[i]->pp_copy) continue;
+    const auto [it, fresh] = first.emplace(ps[i]->name, i);
+    if (!fresh)
+      throw ConfigError("pmt::io::checkpoint",
+                        pmt::detail::str("parameters ", it->second, " and ", i, " are both named \"", ps[i]->name,
+                                         "\"; checkpoints match parameters by name: give each its own, the same on "
+                                         "every layout (pmt::nn::name_parameters)"));
+  }
+}
+
 struct GlobalShape {
   std::uint64_t g[2], o[2], l[2];
 };
@@ -220,7 +239,8 @@ inline std::string latest_checkpoint(const std::string& dir) {
 /// (collective over the mesh's world; see the file comment). Returns the step directory.
 /// Test hook: PMT_CHECKPOINT_TEST_ABORT=r:s makes world rank r abort() halfway through its shard
 /// of step s (a crash during the save).
-/// \throws pmt::IoError on every rank when any rank cannot write.
+/// \throws pmt::IoError on every rank when any rank cannot write; pmt::ConfigError, before
+/// anything is written, when two parameters share a name (the other ranks: pmt::IoError).
 template <class T, class Exec, class Backend>
 std::string save_checkpoint(const std::string& dir, const Mesh<Backend>& mesh, const optim::AdamW<T, Exec>& opt,
                             const CheckpointInfo& info) {
@@ -231,6 +251,7 @@ std::string save_checkpoint(const std::string& dir, const Mesh<Backend>& mesh, c
   const std::string partial   = final_dir + ".partial";
   std::exception_ptr err;
   try {
+    checkpoint_detail::require_unique_names(opt.parameters());  // before anything is written
     if (r == 0) {
       std::error_code ec;
       fs::create_directories(dir, ec);
@@ -323,7 +344,8 @@ std::string save_checkpoint(const std::string& dir, const Mesh<Backend>& mesh, c
 /// of `opt` and its moments, on any layout of the same model (see the file comment). Returns
 /// what the checkpoint recorded. Collective over the mesh's world.
 /// \throws pmt::IoError on every rank for a missing, incomplete or damaged checkpoint (naming the
-/// file), one of another model (`expected_model` differs) or another precision.
+/// file), one of another model (`expected_model` differs) or another precision; pmt::ConfigError
+/// when two parameters share a name.
 template <class T, class Exec, class Backend>
 CheckpointInfo load_checkpoint(const std::string& step_dir, const Mesh<Backend>& mesh, optim::AdamW<T, Exec>& opt,
                                const std::string& expected_model) {
@@ -336,6 +358,7 @@ CheckpointInfo load_checkpoint(const std::string& step_dir, const Mesh<Backend>&
   std::int64_t adam_steps = 0;
   int saved_world = 0;
   try {
+    checkpoint_detail::require_unique_names(opt.parameters());
     const std::string manifest = step_dir + "/MANIFEST";
     std::istringstream in(checkpoint_detail::read_file(manifest));
     std::string line, key;

@@ -88,11 +88,8 @@ class GptBlock {
   /// \brief Gives the parameters their global names ("block3.ln1.0", "block3.attn.2", ...).
   void name_parameters(std::size_t index) {
     const std::string b = "block" + std::to_string(index) + ".";
-    const auto name = [&](const std::vector<Parameter<T, Exec>*>& ps, const char* part) {
-      for (std::size_t j = 0; j < ps.size(); ++j) ps[j]->name = b + part + "." + std::to_string(j);
-    };
-    name(m_ln1.parameters(), "ln1"), name(m_attn.parameters(), "attn"), name(m_ln2.parameters(), "ln2");
-    name(m_mlp.parameters(), "mlp");
+    nn::name_parameters(m_ln1.parameters(), b + "ln1"), nn::name_parameters(m_attn.parameters(), b + "attn");
+    nn::name_parameters(m_ln2.parameters(), b + "ln2"), nn::name_parameters(m_mlp.parameters(), b + "mlp");
   }
 
  private:

@@ -1,0 +1,88 @@
+// SPDX-License-Identifier: Apache-2.0
+// Checkpoints of a model built from layers (not the Gpt, whose checkpoints train_gpt's end-to-end
+// test covers): parameters are matched by name, so two parameters of one name are refused before
+// anything is written, and a model whose parameters have names of their own, saved tp-split on
+// np ranks, loads into the one-rank model with every layer's own values.
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
+
+#include "../comm/comm_test.hpp"
+#include "pmt/io/checkpoint.hpp"
+#include "pmt/nn/activation.hpp"
+#include "pmt/nn/chain.hpp"
+#include "pmt/nn/linear.hpp"
+#include "pmt/optim/optimizers.hpp"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+
+using Host    = Kokkos::DefaultHostExecutionSpace;
+using Backend = pmt::test::World::backend;
+
+namespace {
+
+using Col = pmt::nn::Linear<double, pmt::TensorSplit<pmt::Col>, Host, Backend>;
+using Row = pmt::nn::Linear<double, pmt::TensorSplit<pmt::Row>, Host, Backend>;
+using Act = pmt::nn::Gelu<double, Host>;
+// Two MLP blocks of the same shapes: Linear's default names repeat ("...<TensorSplit<Col>>::weight").
+using TwoBlocks = pmt::nn::Chain<Col, Act, Row, Col, Act, Row>;
+
+TwoBlocks make(const pmt::Mesh<Backend>& mesh, std::uint64_t seed) {
+  const std::size_t d = 8, hidden = 16;
+  return TwoBlocks(Col(mesh, d, hidden, {seed, 1}), Act(), Row(mesh, hidden, d, {seed, 2}), Col(mesh, d, hidden, {seed, 3}),
+                   Act(), Row(mesh, hidden, d, {seed, 4}));
+}
+
+/// A directory every rank agrees on (rank 0's process id), removed at the end of the test.
+std::filesystem::path shared_dir(const pmt::test::World& w) {
+  Kokkos::View<long long*, Kokkos::HostSpace> id("id", 1);
+  id(0) = static_cast<long long>(getpid());
+  pmt::comm::broadcast(w, Host(), id, 0);
+  return std::filesystem::temp_directory_path() / ("pmt-test-checkpoint-" + std::to_string(id(0)));
+}
+
+}  // namespace
+
+TEST_CASE("a checkpoint refuses two parameters of one name and reshards a model with its own names",
+          "[io][checkpoint][mpi]") {
+  const auto& w = pmt::test::world();
+  const int tp  = w.size(), r = w.rank();
+  pmt::Mesh<Backend> mesh(w, pmt::MeshShape{1, tp, 1});
+  pmt::Mesh<Backend> one(w.split(r, 0), pmt::MeshShape{});
+  const auto dir = shared_dir(w);
+  pmt::io::CheckpointInfo info;
+  info.step  = 3;
+  info.model = "two mlp blocks d=8 hidden=16";
+
+  TwoBlocks model = make(mesh, 7);
+  pmt::optim::AdamW<double, Host> opt(model.parameters(), {});
+  // Every rank raises the same error, and no rank leaves a file behind.
+  CHECK_THROWS_WITH(pmt::io::save_checkpoint(dir.string(), mesh, opt, info),
+                    Catch::Matchers::ContainsSubstring("pmt::io::checkpoint: parameters 0 and 4 are both named "
+                                                       "\"pmt::nn::Linear<TensorSplit<Col>>::weight\"; checkpoints "
+                                                       "match parameters by name"));
+  CHECK(pmt::test::all_ranks(!std::filesystem::exists(dir)));
+
+  pmt::nn::name_parameters(model.parameters(), "net");
+  pmt::io::save_checkpoint(dir.string(), mesh, opt, info);
+
+  // Loaded on one rank into a model drawn from another seed: every parameter becomes the one-rank
+  // model's of seed 7, bit for bit. With one name for both blocks, each block would get the same
+  // values (whichever record came last).
+  TwoBlocks whole = make(one, 8), ref = make(one, 7);
+  pmt::nn::name_parameters(whole.parameters(), "net");
+  pmt::optim::AdamW<double, Host> whole_opt(whole.parameters(), {});
+  const auto got = pmt::io::load_checkpoint(pmt::io::latest_checkpoint(dir.string()), one, whole_opt, info.model);
+  CHECK(got.step == 3);
+  CHECK(got.layout.tp == tp);
+  bool equal = true;
+  const auto ps = whole.parameters(), qs = ref.parameters();
+  for (std::size_t k = 0; k < ps.size(); ++k)
+    for (std::size_t i = 0; i < ps[k]->size(); ++i) equal = equal && ps[k]->value(i) == qs[k]->value(i);
+  CHECK(pmt::test::all_ranks(equal));
+
+  pmt::comm::barrier(w);
+  if (r == 0) std::filesystem::remove_all(dir);
+}
