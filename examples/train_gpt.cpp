@@ -64,7 +64,7 @@ std::string usage() {
              "                          interleaved 1F1B (bubble / V; needs microbatches a multiple of pp)\n"
              "  --microbatches N        microbatches per step and dp rank (default 2 pp with pp > 1, else 1);\n"
              "                          must divide batch / dp\n"
-             "  --zero                  ZeRO-1: AdamW's state sharded over dp (not with --ckpt-dir)\n"
+             "  --zero                  ZeRO-1: AdamW's state sharded over dp\n"
              "  --auto                  let the planner choose all of the above: it calibrates on the ranks,\n"
              "                          predicts every layout (pmt-plan prints the same table) and runs the best\n"
              "model (byte-level: vocabulary 256)\n"
@@ -196,8 +196,6 @@ void validate(Options& o, int ranks) {
                                                   o.pp, "; got ", o.microbatches));
   if (o.resume && o.ckpt_dir.empty()) throw pmt::ConfigError(prog, "--resume needs --ckpt-dir");
   if (o.zero && o.dp == 1) throw pmt::ConfigError(prog, "--zero shards the optimizer state over dp, and dp is 1");
-  if (o.zero && !o.ckpt_dir.empty())
-    throw pmt::ConfigError(prog, "--zero with --ckpt-dir: sharded checkpoints hold AdamW's state, not ZeRO-1's shards yet");
 }
 
 /// --auto: the planner's best layout for this model on these ranks (collective: it calibrates).
@@ -213,7 +211,6 @@ void choose_layout(Options& o, const Comm& world) {
                    static_cast<std::size_t>(o.width), static_cast<std::size_t>(o.heads), static_cast<std::uint64_t>(o.seed)};
   problem.batch = static_cast<std::size_t>(o.batch);
   pmt::plan::SearchOptions so;
-  so.allow_zero   = o.ckpt_dir.empty();  // checkpoints hold AdamW's state
   const auto plan = pmt::plan::search(problem, pmt::plan::calibrate(world, problem), so);
   if (pmt::world_rank() == 0 && !plan.machine.advice.empty()) std::printf("--auto: note: %s\n", plan.machine.advice.c_str());
   const auto& b   = plan.best().layout;  // raises, with the rejections, when nothing runs
@@ -265,36 +262,33 @@ int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_p
   pmt::train::Trainer<Model, Opt, Exec, Backend, Policy> trainer(mesh, model, opt);
   trainer.set_schedule(o.schedule == "gpipe" ? pmt::parallel::ScheduleKind::GPipe : pmt::parallel::ScheduleKind::OneFOneB);
   int start = 0;
-  constexpr bool checkpoints = std::is_same_v<Opt, AdamW>;  // sharded checkpoints hold AdamW's state
-  if constexpr (checkpoints) {
-    if (o.resume) {
-      const std::string latest = pmt::io::latest_checkpoint(o.ckpt_dir);
-      if (latest.empty()) {
-        if (root) std::printf("no checkpoint in %s: starting from step 0\n", o.ckpt_dir.c_str());
-      } else {
-        try {
-          const auto info = pmt::io::load_checkpoint(latest, mesh, opt, model_description(o));
-          start           = static_cast<int>(info.step);
-          // a layout-free fingerprint of the loaded parameters: sum over every element of value * f(global index)
-          Kokkos::View<double, Kokkos::HostSpace> fp("fingerprint");
-          for (auto* p : model.parameters()) {
-            if (p->pp_copy || (p->tp_replicated && mesh.coord(pmt::Axis::tp) != 0)) continue;
-            auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), p->value);
-            const std::size_t cols = p->local_shape.size() > 1 ? p->local_shape[1] : 1;
-            const std::size_t gcols = p->local_shape.size() > 1 ? p->slice.extent[1] : 1;
-            for (std::size_t i = 0; i < h.size(); ++i) {
-              const std::size_t g = (p->slice.offset[0] + i / cols) * gcols + (cols > 1 ? p->slice.offset[1] + i % cols : 0);
-              fp() += double(h(i)) * (1.0 + double((g * 2654435761u) % 1000) / 1000.0) * (1.0 + double(p->name.size() % 7));
-            }
+  if (o.resume) {
+    const std::string latest = pmt::io::latest_checkpoint(o.ckpt_dir);
+    if (latest.empty()) {
+      if (root) std::printf("no checkpoint in %s: starting from step 0\n", o.ckpt_dir.c_str());
+    } else {
+      try {
+        const auto info = pmt::io::load_checkpoint(latest, mesh, opt, model_description(o));
+        start           = static_cast<int>(info.step);
+        // a layout-free fingerprint of the loaded parameters: sum over every element of value * f(global index)
+        Kokkos::View<double, Kokkos::HostSpace> fp("fingerprint");
+        for (auto* p : model.parameters()) {
+          if (p->pp_copy || (p->tp_replicated && mesh.coord(pmt::Axis::tp) != 0)) continue;
+          auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), p->value);
+          const std::size_t cols = p->local_shape.size() > 1 ? p->local_shape[1] : 1;
+          const std::size_t gcols = p->local_shape.size() > 1 ? p->slice.extent[1] : 1;
+          for (std::size_t i = 0; i < h.size(); ++i) {
+            const std::size_t g = (p->slice.offset[0] + i / cols) * gcols + (cols > 1 ? p->slice.offset[1] + i % cols : 0);
+            fp() += double(h(i)) * (1.0 + double((g * 2654435761u) % 1000) / 1000.0) * (1.0 + double(p->name.size() % 7));
           }
-          if (mesh.degree(pmt::Axis::dp) > 1 && mesh.coord(pmt::Axis::dp) != 0) fp() = 0;
-          pmt::comm::all_reduce(world, Kokkos::DefaultHostExecutionSpace(), fp);
-          if (root)
-            std::printf("resumed from %s: step %d, saved with dp %d x tp %d x pp %d, parameter fingerprint %.15e\n",
-                        latest.c_str(), start, info.layout.dp, info.layout.tp, info.layout.pp, fp());
-        } catch (const pmt::IoError& e) {
-          throw Agreed{e.what(), false};  // load_checkpoint raises on every rank
         }
+        if (mesh.degree(pmt::Axis::dp) > 1 && mesh.coord(pmt::Axis::dp) != 0) fp() = 0;
+        pmt::comm::all_reduce(world, Kokkos::DefaultHostExecutionSpace(), fp);
+        if (root)
+          std::printf("resumed from %s: step %d, saved with dp %d x tp %d x pp %d, parameter fingerprint %.15e\n",
+                      latest.c_str(), start, info.layout.dp, info.layout.tp, info.layout.pp, fp());
+      } catch (const pmt::IoError& e) {
+        throw Agreed{e.what(), false};  // load_checkpoint raises on every rank
       }
     }
   }
@@ -352,13 +346,11 @@ int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_p
     info.step  = step;
     info.model = model_description(o);
     info.extra = {{"seed", std::to_string(o.seed)}, {"data_position", std::to_string(step)}, {"steps", std::to_string(o.steps)}};
-    if constexpr (checkpoints) {
-      try {
-        const std::string where = pmt::io::save_checkpoint(o.ckpt_dir, mesh, opt, info);
-        if (root) std::printf("checkpoint: %s\n", where.c_str());
-      } catch (const pmt::IoError& e) {
-        throw Agreed{e.what(), false};  // save_checkpoint raises on every rank
-      }
+    try {  // AdamW's or ZeRO-1's state: the same files
+      const std::string where = pmt::io::save_checkpoint(o.ckpt_dir, mesh, opt, info);
+      if (root) std::printf("checkpoint: %s\n", where.c_str());
+    } catch (const pmt::IoError& e) {
+      throw Agreed{e.what(), false};  // save_checkpoint raises on every rank
     }
   };
   if (!o.trace.empty()) pmt::TraceRecorder::instance().enable();

@@ -13,8 +13,6 @@
 #include "pmt/nn/linear.hpp"
 #include "pmt/optim/optimizers.hpp"
 
-#include <unistd.h>
-
 #include <filesystem>
 #include <string>
 
@@ -35,14 +33,6 @@ TwoBlocks make(const pmt::Mesh<Backend>& mesh, std::uint64_t seed) {
                    Act(), Row(mesh, hidden, d, {seed, 4}));
 }
 
-/// A directory every rank agrees on (rank 0's process id), removed at the end of the test.
-std::filesystem::path shared_dir(const pmt::test::World& w) {
-  Kokkos::View<long long*, Kokkos::HostSpace> id("id", 1);
-  id(0) = static_cast<long long>(getpid());
-  pmt::comm::broadcast(w, Host(), id, 0);
-  return std::filesystem::temp_directory_path() / ("pmt-test-checkpoint-" + std::to_string(id(0)));
-}
-
 }  // namespace
 
 TEST_CASE("a checkpoint refuses two parameters of one name and reshards a model with its own names",
@@ -51,7 +41,7 @@ TEST_CASE("a checkpoint refuses two parameters of one name and reshards a model 
   const int tp  = w.size(), r = w.rank();
   pmt::Mesh<Backend> mesh(w, pmt::MeshShape{1, tp, 1});
   pmt::Mesh<Backend> one(w.split(r, 0), pmt::MeshShape{});
-  const auto dir = shared_dir(w);
+  const std::filesystem::path dir = pmt::test::shared_temp_path(w, "pmt-test-checkpoint");
   pmt::io::CheckpointInfo info;
   info.step  = 3;
   info.model = "two mlp blocks d=8 hidden=16";

@@ -1,6 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Sharded checkpoints of a model's parameters and its AdamW state, crash-safe and reshardable.
+// ZeroAdamW (ZeRO-1) writes and reads the same files: its moments are all-gathered over dp for
+// the save, and each rank keeps its part on load, so a checkpoint moves between the two
+// optimizers and between dp degrees.
 //   DIR/step-00000006/shard-00003.bin   one per world rank: that rank's parameter shards and
 //                                        their Adam moments (pipeline copies such as the tied
 //                                        LM head are not written: the owning stage writes them)
@@ -28,6 +31,7 @@
 #include "pmt/core/error.hpp"
 #include "pmt/nn/module.hpp"
 #include "pmt/optim/optimizers.hpp"
+#include "pmt/optim/zero.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -44,6 +48,8 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include <fcntl.h>
@@ -235,15 +241,59 @@ inline std::string latest_checkpoint(const std::string& dir) {
   return dir + "/" + name;
 }
 
-/// \brief Saves the parameters of `opt` and its moments as step `info.step` under `dir`
-/// (collective over the mesh's world; see the file comment). Returns the step directory.
-/// Test hook: PMT_CHECKPOINT_TEST_ABORT=r:s makes world rank r abort() halfway through its shard
-/// of step s (a crash during the save).
-/// \throws pmt::IoError on every rank when any rank cannot write; pmt::ConfigError, before
-/// anything is written, when two parameters share a name (the other ranks: pmt::IoError).
+namespace checkpoint_detail {
+
+/// ZeroAdamW's state seen as plain AdamW's: per-parameter moments, views into full flat moments.
+/// For saving they are all-gathered over dp (every dp rank then writes what plain AdamW would);
+/// for loading they are filled per parameter, and store() keeps the rank's part.
 template <class T, class Exec, class Backend>
-std::string save_checkpoint(const std::string& dir, const Mesh<Backend>& mesh, const optim::AdamW<T, Exec>& opt,
-                            const CheckpointInfo& info) {
+class ZeroAsAdamW {
+ public:
+  using value_type      = T;
+  using execution_space = Exec;
+  using Zero            = optim::ZeroAdamW<T, Exec, Backend>;
+  /// For saving: collective over the dp axis.
+  ZeroAsAdamW(const Zero& opt, const Exec& exec) : m_params(opt.parameters()), m_steps(opt.steps()) {
+    std::tie(m_m, m_v) = opt.gathered_moments(exec);
+    exec.fence();
+    index();
+  }
+  /// For loading into `opt` (then store()).
+  explicit ZeroAsAdamW(Zero& opt)
+      : m_params(opt.parameters()), m_target(&opt), m_m("pmt::io::checkpoint::m", opt.padded_size()),
+        m_v("pmt::io::checkpoint::v", opt.padded_size()) {
+    index();
+  }
+  const std::vector<nn::Parameter<T, Exec>*>& parameters() const noexcept { return m_params; }
+  Tensor<T, 1, Exec> exp_avg(std::size_t i) const { return part(m_m, i); }
+  Tensor<T, 1, Exec> exp_avg_sq(std::size_t i) const { return part(m_v, i); }
+  std::int64_t steps() const noexcept { return m_steps; }
+  void set_steps(std::int64_t n) noexcept { m_steps = n; }
+  void store(const Exec& exec) {
+    m_target->set_moments(exec, m_m, m_v);
+    m_target->set_steps(m_steps);
+    exec.fence();
+  }
+
+ private:
+  void index() {
+    std::size_t offset = 0;
+    for (auto* p : m_params) m_offset.push_back(offset), offset += p->size();
+  }
+  Tensor<T, 1, Exec> part(const Tensor<T, 1, Exec>& flat, std::size_t i) const {
+    return Kokkos::subview(flat, std::make_pair(m_offset.at(i), m_offset[i] + m_params[i]->size()));
+  }
+  std::vector<nn::Parameter<T, Exec>*> m_params;
+  Zero* m_target = nullptr;
+  std::int64_t m_steps = 0;
+  Tensor<T, 1, Exec> m_m, m_v;
+  std::vector<std::size_t> m_offset;
+};
+
+template <class Opt, class Backend>
+std::string save(const std::string& dir, const Mesh<Backend>& mesh, const Opt& opt, const CheckpointInfo& info) {
+  using T                 = typename Opt::value_type;
+  using Exec              = typename Opt::execution_space;
   namespace fs            = std::filesystem;
   const auto& world       = mesh.world();
   const int r             = world.rank();
@@ -267,7 +317,6 @@ std::string save_checkpoint(const std::string& dir, const Mesh<Backend>& mesh, c
   std::uint64_t meta[2] = {0, 0};  // bytes, crc
   try {
     std::string bytes = "PMTSHRD1";
-    std::vector<std::pair<std::string, Tensor<T, 1, Exec>>> records;
     const auto& ps = opt.parameters();
     std::vector<std::size_t> index;
     for (std::size_t i = 0; i < ps.size(); ++i)
@@ -340,15 +389,9 @@ std::string save_checkpoint(const std::string& dir, const Mesh<Backend>& mesh, c
   return final_dir;
 }
 
-/// \brief Loads the checkpoint in `step_dir` (e.g. latest_checkpoint(dir)) into the parameters
-/// of `opt` and its moments, on any layout of the same model (see the file comment). Returns
-/// what the checkpoint recorded. Collective over the mesh's world.
-/// \throws pmt::IoError on every rank for a missing, incomplete or damaged checkpoint (naming the
-/// file), one of another model (`expected_model` differs) or another precision; pmt::ConfigError
-/// when two parameters share a name.
-template <class T, class Exec, class Backend>
-CheckpointInfo load_checkpoint(const std::string& step_dir, const Mesh<Backend>& mesh, optim::AdamW<T, Exec>& opt,
-                               const std::string& expected_model) {
+template <class Opt, class Backend>
+CheckpointInfo load(const std::string& step_dir, const Mesh<Backend>& mesh, Opt& opt, const std::string& expected_model) {
+  using T           = typename Opt::value_type;
   const auto& world = mesh.world();
   CheckpointInfo info;
   info.path = step_dir;
@@ -471,6 +514,53 @@ CheckpointInfo load_checkpoint(const std::string& step_dir, const Mesh<Backend>&
     err = std::current_exception();
   }
   checkpoint_detail::agree(world, err, "loading " + step_dir);
+  return info;
+}
+
+}  // namespace checkpoint_detail
+
+/// \brief Saves the parameters of `opt` and its moments as step `info.step` under `dir`
+/// (collective over the mesh's world; see the file comment). Returns the step directory.
+/// Test hook: PMT_CHECKPOINT_TEST_ABORT=r:s makes world rank r abort() halfway through its shard
+/// of step s (a crash during the save).
+/// \throws pmt::IoError on every rank when any rank cannot write; pmt::ConfigError, before
+/// anything is written, when two parameters share a name (the other ranks: pmt::IoError).
+template <class T, class Exec, class Backend>
+std::string save_checkpoint(const std::string& dir, const Mesh<Backend>& mesh, const optim::AdamW<T, Exec>& opt,
+                            const CheckpointInfo& info) {
+  return checkpoint_detail::save(dir, mesh, opt, info);
+}
+
+/// \brief ZeroAdamW (ZeRO-1): the same checkpoint as plain AdamW's, so either optimizer and any
+/// dp degree can load it. Each dp group first all-gathers its moments (2 P values per rank for
+/// the time of the save).
+template <class T, class Exec, class Backend>
+std::string save_checkpoint(const std::string& dir, const Mesh<Backend>& mesh,
+                            const optim::ZeroAdamW<T, Exec, Backend>& opt, const CheckpointInfo& info) {
+  const checkpoint_detail::ZeroAsAdamW<T, Exec, Backend> state(opt, Exec());
+  return checkpoint_detail::save(dir, mesh, state, info);
+}
+
+/// \brief Loads the checkpoint in `step_dir` (e.g. latest_checkpoint(dir)) into the parameters
+/// of `opt` and its moments, on any layout of the same model (see the file comment). Returns
+/// what the checkpoint recorded. Collective over the mesh's world.
+/// \throws pmt::IoError on every rank for a missing, incomplete or damaged checkpoint (naming the
+/// file), one of another model (`expected_model` differs) or another precision; pmt::ConfigError
+/// when two parameters share a name.
+template <class T, class Exec, class Backend>
+CheckpointInfo load_checkpoint(const std::string& step_dir, const Mesh<Backend>& mesh, optim::AdamW<T, Exec>& opt,
+                               const std::string& expected_model) {
+  return checkpoint_detail::load(step_dir, mesh, opt, expected_model);
+}
+
+/// \brief ZeroAdamW (ZeRO-1): loads a checkpoint of either optimizer and of any dp degree; each
+/// rank keeps its part of the moments.
+template <class T, class Exec, class Backend>
+CheckpointInfo load_checkpoint(const std::string& step_dir, const Mesh<Backend>& mesh,
+                               optim::ZeroAdamW<T, Exec, Backend>& opt, const std::string& expected_model) {
+  checkpoint_detail::ZeroAsAdamW<T, Exec, Backend> state(opt);
+  CheckpointInfo info = checkpoint_detail::load(step_dir, mesh, state, expected_model);
+  state.store(Exec());
   return info;
 }
 

@@ -28,6 +28,8 @@ void zero_grad(const Exec& exec, const std::vector<nn::Parameter<T, Exec>*>& par
 template <class T, class Exec>
 class AdamW {
  public:
+  using value_type                     = T;
+  using execution_space                = Exec;
   static constexpr bool shards_over_dp = false;
   AdamW(std::vector<nn::Parameter<T, Exec>*> params, ops::AdamWParams hyper) : m_params(std::move(params)), m_h(hyper) {
     for (auto* p : m_params) {

@@ -16,6 +16,7 @@
 #include "pmt/core/instrument.hpp"
 #include "pmt/comm/collectives.hpp"
 #include "pmt/comm/communicator.hpp"
+#include "pmt/core/error.hpp"
 #include "pmt/core/tensor.hpp"
 #include "pmt/nn/module.hpp"
 #include "pmt/ops/elementwise.hpp"
@@ -109,6 +110,30 @@ class ZeroAdamW {
   const std::vector<nn::Parameter<T, Exec>*>& parameters() const noexcept { return m_params; }
   /// \brief Bytes of optimizer state this rank holds (Adam's two moments for its part).
   std::size_t state_bytes() const noexcept { return 2 * m_shard * sizeof(T); }
+  std::int64_t steps() const noexcept { return m_step; }
+  /// \brief Sets the step count (bias correction continues from it; for checkpoints).
+  void set_steps(std::int64_t n) noexcept { m_step = n; }
+  /// \brief The length of the flat vector of all this rank's parameters, padded to a multiple of dp.
+  std::size_t padded_size() const noexcept { return m_shard * static_cast<std::size_t>(m_dp.size()); }
+  /// \brief Adam's first and second moments of all of this rank's parameters, flat in
+  /// parameters() order (padded_size() long): all-gathered over dp, so collective over the dp
+  /// axis. Checkpoints write them per parameter, as they write plain AdamW's.
+  std::pair<Tensor<T, 1, Exec>, Tensor<T, 1, Exec>> gathered_moments(const Exec& exec) const {
+    Tensor<T, 1, Exec> m("pmt::optim::ZeroAdamW::gathered_m", padded_size()), v("pmt::optim::ZeroAdamW::gathered_v", padded_size());
+    comm::all_gather(m_dp, exec, m_m, m);
+    comm::all_gather(m_dp, exec, m_v, v);
+    return {m, v};
+  }
+  /// \brief Keeps this rank's part of full moments laid out as gathered_moments() gives them.
+  /// \throws pmt::ShapeError when `m` or `v` is not padded_size() long.
+  void set_moments(const Exec& exec, const Tensor<T, 1, Exec>& m, const Tensor<T, 1, Exec>& v) {
+    detail::require(m.size() == padded_size() && v.size() == padded_size(), "pmt::optim::ZeroAdamW::set_moments", [&] {
+      return detail::str("m has ", m.size(), " and v ", v.size(), " elements; expected padded_size() = ", padded_size());
+    });
+    const std::size_t lo = m_shard * static_cast<std::size_t>(m_dp.rank());
+    Kokkos::deep_copy(exec, m_m, Kokkos::subview(m, std::make_pair(lo, lo + m_shard)));
+    Kokkos::deep_copy(exec, m_v, Kokkos::subview(v, std::make_pair(lo, lo + m_shard)));
+  }
 
  private:
   template <class Member>
