@@ -8,7 +8,8 @@
 //     checkpoint loadable, and the resumed run continues like an uninterrupted one; a flipped
 //     byte in a shard is refused with the file's name;
 //   - a checkpoint saved at dp2 x tp2 loads at tp4, at tp2 x pp2, at dp4 and into ZeRO-1 at dp4 with the same
-//     parameters (a layout-free fingerprint, 1e-12) and the same next-step loss;
+//     parameters (a layout-free fingerprint, 1e-12) and the same next-step loss; a ZeRO-1
+//     checkpoint with pipeline stages resumes as ZeRO-1 and as AdamW at tp2 x pp2 alike;
 //   - --zero (ZeRO-1) gives AdamW's losses; --auto calibrates, prints the planner's table and
 //     trains with its best layout; the report and the metrics carry each rank's peak memory;
 //   - each bad input gives its message on stderr and a non-zero exit, within a time limit.
@@ -231,6 +232,28 @@ TEST_CASE("a checkpoint saved at dp2 x tp2 loads at other layouts and into ZeRO-
     CHECK(std::abs(fp - fp0) <= 1e-12 * std::abs(fp0));
     CHECK(rel(l.at(3), loss0) <= 1e-5);
   }
+}
+
+TEST_CASE("a ZeRO-1 checkpoint with pipeline stages resumes as ZeRO-1 and as AdamW at another layout",
+          "[examples][train_gpt][checkpoint]") {
+  const auto dir = tmp("zero_pp");
+  REQUIRE(run(small + "--steps 3 --dp 2 --pp 2 --zero --ckpt-dir " + dir, 4).rc == 0);
+  std::vector<double> fps;
+  std::vector<std::string> next;
+  for (const std::string layout : {"--dp 2 --pp 2 --zero", "--tp 2 --pp 2"}) {
+    const auto copy = dir + "_" + std::to_string(std::hash<std::string>{}(layout));
+    fs::remove_all(copy);
+    fs::copy(dir, copy, fs::copy_options::recursive);
+    const auto r = run(small + "--steps 4 --resume " + layout + " --ckpt-dir " + copy + " --metrics " + copy + ".json", 4);
+    REQUIRE(r.rc == 0);
+    fps.push_back(fingerprint(r.out));
+    const auto l = losses(copy + ".json");
+    REQUIRE(l.count(3) == 1);
+    next.push_back(l.at(3));
+  }
+  INFO("fingerprints " << fps[0] << " / " << fps[1] << ", next losses " << next[0] << " / " << next[1]);
+  CHECK(std::abs(fps[1] - fps[0]) <= 1e-12 * std::abs(fps[0]));
+  CHECK(rel(next[1], next[0]) <= 1e-5);
 }
 
 TEST_CASE("bad input: a message on stderr, a non-zero exit, no hang", "[examples][train_gpt][errors]") {
