@@ -2,7 +2,7 @@
 // Tutorial (docs/tutorial.md): your own model, not a GPT, spread over dp x tp ranks with pmt's
 // layers, and checked against the one-rank run in the same job (design invariant 4).
 //
-//   mpiexec -n 4 ./01_custom_model --dp 2 --tp 2 [--steps 40] [--ckpt DIR]
+//   mpiexec -n 4 ./01_custom_model --dp 2 --tp 2 [--zero] [--steps 40] [--ckpt DIR]
 //   (or -n 1, -n 2 --tp 2, -n 8 --dp 2 --tp 4, ...)
 //
 // The model is a small regressor, x (N, 16) -> Linear<Col> -> Gelu -> Linear<Row> -> Gelu ->
@@ -13,6 +13,7 @@
 // It exits with 1 when they differ by more than 1e-10 (relative, double). With --ckpt DIR it
 // also saves the layout's model and optimizer state as a sharded checkpoint, loads it into a
 // fresh one-rank model, trains one more step there and compares that with the one-rank run.
+// --zero trains the layout with ZeRO-1 (optim::ZeroAdamW) instead of AdamW + GradSync.
 #include <pmt/pmt.hpp>
 
 #include <algorithm>
@@ -61,20 +62,33 @@ void batch(const Exec& exec, int step, std::size_t N, std::size_t row0, const pm
       KOKKOS_LAMBDA(std::size_t i) { t(i) = std::sin(x(i, 0) + x(i, 1)) + 0.5 * x(i, 2) * x(i, 3); });
 }
 
+using AdamW = pmt::optim::AdamW<T, Exec>;
+using Zero  = pmt::optim::ZeroAdamW<T, Exec, Backend>;  // ZeRO-1: AdamW's state sharded over dp
+const pmt::ops::AdamWParams hyper{/*lr: per step*/ 0, 0.9, 0.999, 1e-8, /*weight decay=*/0.01, 1};
+
 // Everything one layout needs to train: the same code runs the requested layout and the one-rank
-// reference, with a different mesh.
+// reference, with a different mesh (and, with --zero, another optimizer).
+template <class Opt>
 struct Run {
   pmt::Mesh<Backend> mesh;
   Model model;
-  pmt::optim::AdamW<T, Exec> opt;
-  pmt::parallel::GradSync<T, Exec, Backend> sync;  // dp gradient all-reduce, in buckets
+  Opt opt;
+  pmt::parallel::GradSync<T, Exec, Backend> sync;  // dp gradient all-reduce, in buckets (not for ZeRO-1)
 
   explicit Run(const pmt::Mesh<Backend>& m)
-      : mesh(m), model(make_model(mesh)), opt(model.parameters(), {/*lr=*/0, 0.9, 0.999, 1e-8, /*wd=*/0.01, 1}),
-        sync(mesh.comm(pmt::Axis::dp), model.parameters()) {
+      : mesh(m), model(make_model(mesh)), opt(make_optimizer()),
+        sync(mesh.comm(pmt::Axis::dp),
+             Opt::shards_over_dp ? std::vector<pmt::nn::Parameter<T, Exec>*>{} : model.parameters()) {
     // Checkpoints match parameters by name; Linear's default names repeat for layers of one
     // policy. These names ("regressor.0", ...) are the same on every layout.
     pmt::nn::name_parameters(model.parameters(), "regressor");
+  }
+
+  Opt make_optimizer() {
+    if constexpr (Opt::shards_over_dp)
+      return Opt(model.parameters(), hyper, mesh.comm(pmt::Axis::dp), mesh.comm(pmt::Axis::tp));
+    else
+      return Opt(model.parameters(), hyper);
   }
 
   /// One step on this rank's rows of the global batch; returns the global loss.
@@ -101,14 +115,21 @@ struct Run {
         },
         loss(0));
 
-    sync.arm(true);  // this backward's gradients are the step's last: synchronise them
-    model.backward(exec, dpred);
-    sync.ready(exec, model.parameters());  // a model with per-layer hooks calls this per layer
-    sync.finish(exec);                     // gradients now summed over dp
+    if constexpr (Opt::shards_over_dp) {
+      // ZeRO-1 reduce-scatters the gradients over dp itself, clips by the global norm, updates
+      // this rank's part and all-gathers the values.
+      model.backward(exec, dpred);
+      opt.step(exec, lr, /*max_norm=*/1.0);
+    } else {
+      sync.arm(true);  // this backward's gradients are the step's last: synchronise them
+      model.backward(exec, dpred);
+      sync.ready(exec, model.parameters());  // a model with per-layer hooks calls this per layer
+      sync.finish(exec);                     // gradients now summed over dp
 
-    // The global norm: tp shards summed over tp, tp-replicated parameters counted once.
-    pmt::optim::clip_grad_norm(exec, model.parameters(), mesh.comm(pmt::Axis::tp), /*max_norm=*/1.0);
-    opt.step(exec, lr);
+      // The global norm: tp shards summed over tp, tp-replicated parameters counted once.
+      pmt::optim::clip_grad_norm(exec, model.parameters(), mesh.comm(pmt::Axis::tp), /*max_norm=*/1.0);
+      opt.step(exec, lr);
+    }
 
     pmt::comm::all_reduce(mesh.comm(pmt::Axis::dp), exec, loss);  // the dp ranks' shares of the mean
     exec.fence();
@@ -144,13 +165,9 @@ int flag(int argc, char* argv[], const std::string& name, int fallback) {
 
 }  // namespace
 
-int main(int argc, char* argv[]) {
-  pmt::ScopeGuard guard(argc, argv);
-#if PMT_ENABLE_MPI
-  pmt::comm::Communicator<Backend> world(MPI_COMM_WORLD);
-#else
-  pmt::comm::Communicator<Backend> world;
-#endif
+/// Trains dp x tp with Opt beside the one-rank run (plain AdamW) and compares; 0 when equal.
+template <class Opt>
+int train(const pmt::comm::Communicator<Backend>& world, int argc, char* argv[]) {
   // --dp and --tp: either one alone takes the rest of the world for the other; neither: all tp.
   const int dp_flag = flag(argc, argv, "--dp", 0), tp_flag = flag(argc, argv, "--tp", 0);
   const int tp = tp_flag > 0 ? tp_flag : (dp_flag > 0 ? std::max(1, world.size() / dp_flag) : world.size());
@@ -167,11 +184,11 @@ int main(int argc, char* argv[]) {
     if (N % static_cast<std::size_t>(dp) != 0)
       throw pmt::ConfigError("01_custom_model", "dp = " + std::to_string(dp) + " must divide the batch of " +
                                                     std::to_string(N) + " rows");
-    Run layout(mesh);
-    Run one(pmt::Mesh<Backend>(world.split(world.rank(), 0), pmt::MeshShape{}));  // this rank alone
+    Run<Opt> layout(mesh);
+    Run<AdamW> one(pmt::Mesh<Backend>(world.split(world.rank(), 0), pmt::MeshShape{}));  // this rank alone
 
-    if (root) std::printf("01_custom_model: %d rank(s) = dp %d x tp %d; batch %zu, width %zu, hidden %zu\n",
-                          world.size(), dp, tp, N, d, hidden);
+    if (root) std::printf("01_custom_model: %d rank(s) = dp %d x tp %d%s; batch %zu, width %zu, hidden %zu\n",
+                          world.size(), dp, tp, Opt::shards_over_dp ? ", ZeRO-1" : "", N, d, hidden);
     Exec exec;
     double loss_diff = 0;
     for (int s = 0; s < steps; ++s) {
@@ -190,7 +207,8 @@ int main(int argc, char* argv[]) {
                   worst(1), equal ? "equal within 1e-10" : "DIFFERENT");
 
     if (!ckpt.empty()) {
-      // Every rank writes its shards (and AdamW's moments); any layout can load them.
+      // Every rank writes its shards (and AdamW's moments; ZeRO-1 gathers its parts of them first):
+      // any layout, with either optimizer, can load them.
       pmt::io::CheckpointInfo info;
       info.step  = steps;
       info.model = "01_custom_model d=16 hidden=64";
@@ -198,7 +216,7 @@ int main(int argc, char* argv[]) {
       // A fresh model on one rank (initialised from another seed would do as well) takes them,
       // then trains one more step beside the one-rank run: equal only if the moments and the
       // step count came back too.
-      Run resumed(pmt::Mesh<Backend>(world.split(world.rank(), 0), pmt::MeshShape{}));
+      Run<AdamW> resumed(pmt::Mesh<Backend>(world.split(world.rank(), 0), pmt::MeshShape{}));
       pmt::io::load_checkpoint(saved, resumed.mesh, resumed.opt, info.model);
       const double a = resumed.step(exec, steps, N, 3e-3), b = one.step(exec, steps, N, 3e-3);
       worst(0) = std::abs(a - b) / std::abs(b), worst(1) = shard_difference(resumed.model, one.model);
@@ -215,4 +233,15 @@ int main(int argc, char* argv[]) {
     if (root) std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
   }
+}
+
+int main(int argc, char* argv[]) {
+  pmt::ScopeGuard guard(argc, argv);
+#if PMT_ENABLE_MPI
+  pmt::comm::Communicator<Backend> world(MPI_COMM_WORLD);
+#else
+  pmt::comm::Communicator<Backend> world;
+#endif
+  const bool zero = std::find(argv + 1, argv + argc, std::string("--zero")) != argv + argc;
+  return zero ? train<Zero>(world, argc, argv) : train<AdamW>(world, argc, argv);
 }
