@@ -3,15 +3,19 @@
 // - ZeRO-1 (AdamW state sharded over dp) equals plain synchronous DP (losses and parameters),
 //   with clipping on, at dp = np and (np = 4) dp 2 x tp 2; its state is 1/dp of plain AdamW's.
 // - A ZeRO-1 checkpoint resumes bit for bit, and plain AdamW on one rank resumes it as well.
+// - GradSync sums gradients over dp once armed, and refuses a finish() without arm().
 // - Local SGD with H = 1 and plain SGD equals synchronous DP with plain SGD.
 // - Local SGD with H = 3 keeps replicas apart between averages and equal right after them.
 // - Gpt<double, Kokkos::Serial> computes what Gpt<double, Kokkos::OpenMP> does.
 #include <catch2/catch_template_test_macros.hpp>
 #include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
 
 #include "../comm/comm_test.hpp"
 #include "pmt/io/checkpoint.hpp"
 #include "pmt/nn/gpt.hpp"
+#include "pmt/nn/linear.hpp"
+#include "pmt/parallel/grad_sync.hpp"
 #include "pmt/optim/optimizers.hpp"
 #include "pmt/optim/zero.hpp"
 #include "pmt/train/trainer.hpp"
@@ -149,6 +153,31 @@ TEST_CASE("a ZeRO-1 checkpoint resumes exactly, and plain AdamW on one rank resu
 
   pmt::comm::barrier(w);
   if (w.rank() == 0) std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("GradSync sums over dp once armed, and finish() without arm() raises instead of skipping", "[train][dp][mpi]") {
+  using Catch::Matchers::ContainsSubstring;
+  const auto& w = pmt::test::world();
+  const int dp  = w.size();
+  pmt::Mesh<Backend> mesh(w, pmt::MeshShape{dp, 1, 1});
+  pmt::nn::Linear<double, pmt::Replicate, Host, Backend> layer(mesh, 4, 3, {5, 1});
+  const auto ps = layer.parameters();
+  pmt::parallel::GradSync<double, Host, Backend> sync(mesh.comm(pmt::Axis::dp), ps, /*bucket_bytes=*/64);  // 2 buckets
+  for (auto* p : ps) Kokkos::deep_copy(p->grad, double(w.rank() + 1));
+  const std::string forgot = "pmt::parallel::GradSync::finish: arm() was not called since the last finish(), so nothing was "
+                             "summed over the " + std::to_string(dp) + " dp ranks";
+  if (dp > 1) CHECK_THROWS_WITH(sync.finish(Host()), ContainsSubstring(forgot));
+  else CHECK_NOTHROW(sync.finish(Host()));  // one rank: nothing to sum
+  bool ok = true;
+  for (auto* p : ps)
+    for (std::size_t i = 0; i < p->size(); ++i) ok = ok && p->grad(i) == double(w.rank() + 1);  // untouched
+  sync.arm(true);
+  sync.ready(Host(), ps);
+  sync.finish(Host());
+  for (auto* p : ps)
+    for (std::size_t i = 0; i < p->size(); ++i) ok = ok && p->grad(i) == dp * (dp + 1) / 2.0;  // summed, not averaged
+  CHECK(pmt::test::all_ranks(ok));
+  if (dp > 1) CHECK_THROWS_WITH(sync.finish(Host()), ContainsSubstring(forgot));  // every step arms again
 }
 
 TEST_CASE("local SGD with H = 1 and plain SGD equals synchronous data parallelism", "[train][localsgd][dp][mpi]") {

@@ -19,6 +19,7 @@
 #include "pmt/comm/collectives.hpp"
 #include "pmt/comm/communicator.hpp"
 #include "pmt/comm/request.hpp"
+#include "pmt/core/error.hpp"
 #include "pmt/core/tensor.hpp"
 #include "pmt/nn/module.hpp"
 
@@ -66,7 +67,8 @@ class GradSync {
   /// model chunks arms before each chunk's last backward: a bucket launched for an earlier chunk
   /// stays in flight until finish().
   void arm(bool sync_this_pass) {
-    m_armed = sync_this_pass && m_dp.size() > 1;
+    m_arm_called = true;
+    m_armed      = sync_this_pass && m_dp.size() > 1;
     if (m_armed && m_finished) m_launched_early = 0, m_finished = false;
     for (auto& b : m_buckets) b.ready = 0;
   }
@@ -98,7 +100,16 @@ class GradSync {
   }
 
   /// \brief Starts the buckets not yet started, waits for all, and writes the sums back.
+  /// \throws pmt::ConfigError (on every rank alike, before any communication) when arm() was not
+  /// called since the last finish() and there is something to synchronise: the gradients would
+  /// silently stay unsummed.
   void finish(const Exec& exec) {
+    detail::require<ConfigError>(m_arm_called || m_dp.size() == 1 || m_buckets.empty(), "pmt::parallel::GradSync::finish", [&] {
+      return detail::str("arm() was not called since the last finish(), so nothing was summed over the ", m_dp.size(),
+                         " dp ranks; call arm(true) before the backward whose gradients to synchronise (arm(false) "
+                         "before the microbatches before it)");
+    });
+    m_arm_called = false;
     if (!m_armed) return;
     for (std::size_t i = 0; i + 1 < m_buckets.size(); ++i)
       if (!m_buckets[i].launched) launch(exec, m_buckets[i]);
@@ -153,6 +164,7 @@ class GradSync {
   std::vector<Bucket> m_buckets;
   std::map<const nn::Parameter<T, Exec>*, std::size_t> m_bucket_of;
   bool m_armed                 = false;
+  bool m_arm_called            = false;  // arm() since the last finish()
   std::size_t m_launched_early = 0;
   bool m_finished              = true;  // no synchronised pass since the last finish()
 };
