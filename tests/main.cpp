@@ -58,7 +58,8 @@ int main(int argc, char* argv[]) {
   for (int r = 0; r < size; ++r) {
     if (all_rc[static_cast<std::size_t>(r)] != 0) {
       combined = combined != 0 ? combined : all_rc[static_cast<std::size_t>(r)];
-      failed += " " + std::to_string(r);
+      failed += ' ';  // not " " + std::to_string(r): GCC 12 warns falsely in C++20 (-Wrestrict)
+      failed += std::to_string(r);
     }
   }
   if (rank == 0 && size > 1) {

@@ -15,17 +15,22 @@ TEST_CASE("keep_freed_host_memory: a block freed and allocated again is not faul
   CHECK_FALSE(pmt::keep_freed_host_memory());
   CHECK_FALSE(pmt::freed_host_memory_kept());
 #elif defined(__GLIBC__)
-  REQUIRE(pmt::keep_freed_host_memory());
-  CHECK(pmt::freed_host_memory_kept());
   // A step's worth of buffers: four blocks of 16 MiB (4096 pages of 4 KiB each) allocated,
-  // touched and freed together, ten times over. With the C library's default, every round faults
-  // all of them in again (once that much is free at the top of the heap, glibc trims it); kept,
-  // only the first round does.
+  // touched and freed together, ten rounds at a time, first with the C library's default, then
+  // kept. By default every round faults all of them in again (once that much is free at the top
+  // of the heap, glibc trims it). Kept, the heap stops shrinking, but a block may still land on
+  // fresh pages now and then, depending on where the allocator puts Kokkos' small allocation
+  // records between the blocks: with Kokkos 5.2 and glibc 2.43, measured alone in a process that
+  // had run other tests, up to three blocks in ten rounds (none with Kokkos 3.4 and Debian 12's
+  // glibc). So the test asks for what the setting is for: at most a quarter of the default's
+  // faults (measured here: 163 520 by default, 0 kept), after three warm-up rounds each, as a
+  // training loop's first steps.
   constexpr std::size_t n = (16u << 20) / sizeof(float);
   using V = Kokkos::View<float*, Kokkos::HostSpace>;
   auto round = [&] {
     float s = 0;
     std::vector<V> blocks;
+    blocks.reserve(4);
     for (int b = 0; b < 4; ++b) {
       blocks.emplace_back(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::test::block"), n);
       for (std::size_t i = 0; i < n; i += 1024) blocks.back()(i) = 1.0f;
@@ -33,14 +38,23 @@ TEST_CASE("keep_freed_host_memory: a block freed and allocated again is not faul
     }
     return s;
   };
-  round();
-  const long before = pmt::minor_page_faults();
+  auto ten_rounds = [&](float& s) {
+    for (int warm_up = 0; warm_up < 3; ++warm_up) round();
+    const long before = pmt::minor_page_faults();
+    for (int r = 0; r < 10; ++r) s += round();
+    return pmt::minor_page_faults() - before;
+  };
+  REQUIRE_FALSE(pmt::freed_host_memory_kept());  // nothing in this binary kept it before
   float s = 0;
-  for (int r = 0; r < 10; ++r) s += round();
-  const long faults = pmt::minor_page_faults() - before;
-  CHECK(s == 40.0f);
-  INFO("page faults in 10 rounds of 4 x 4096 pages: " << faults);
-  CHECK(faults < 4096);
+  const long by_default = ten_rounds(s);
+  REQUIRE(pmt::keep_freed_host_memory());
+  CHECK(pmt::freed_host_memory_kept());
+  const long kept = ten_rounds(s);
+  CHECK(s == 80.0f);
+  INFO("page faults in 10 rounds of 4 x 4096 pages: " << by_default << " by default, " << kept
+                                                       << " kept");
+  CHECK(by_default > 10 * 4096);  // the default really does fault the blocks in again
+  CHECK(kept * 4 < by_default);
 #else
   CHECK_FALSE(pmt::keep_freed_host_memory());
 #endif

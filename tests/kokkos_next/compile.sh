@@ -1,11 +1,9 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# Compile-only checks of pmt against a newer Kokkos than the one the build uses (the headers of
-# Debian unstable's libkokkos-dev, fetched by scripts/kokkos_next.sh: Kokkos 5.x, C++20).
+# Compile-only check of pmt on Kokkos::Cuda with a newer Kokkos than the one the build uses (the
+# headers of Debian unstable's libkokkos-dev, fetched by scripts/kokkos_next.sh: Kokkos 5.x, C++20).
+# (On OpenMP the whole suite is built and run against that Kokkos: scripts/test_kokkos_next.sh.)
 #
-#   compile.sh openmp OUT FLAGS KOKKOS_INCLUDE files...
-#     g++ -std=c++20, warnings as errors, the package's own OpenMP configuration: every template
-#     the files instantiate must compile (and is code-generated: -c, not only parsed).
 #   compile.sh cuda OUT FLAGS KOKKOS_INCLUDE files...
 #     nvcc for sm_90 (Hopper) against a copy of the same headers whose configuration turns on
 #     Kokkos' CUDA backend (KokkosCore_config.h and the backend lists, as Kokkos' CMake writes
@@ -23,17 +21,6 @@ version=$(sed -n 's/^#define KOKKOS_VERSION \([0-9]*\)$/\1/p' "$kinc/KokkosCore_
 [ -n "$version" ] || { echo "no KOKKOS_VERSION in $kinc/KokkosCore_config.h" >&2; exit 1; }
 
 case "$mode" in
-  openmp)
-    grep -q '^#define KOKKOS_ENABLE_OPENMP$' "$kinc/KokkosCore_config.h" \
-      || { echo "$kinc: Kokkos without OpenMP" >&2; exit 1; }
-    echo "Kokkos $version (OpenMP), g++ -std=c++20"
-    for f in "$@"; do
-      start=$(date +%s)
-      g++ -std=c++20 -fopenmp -O0 -Wall -Wextra -Wpedantic -Werror "${flags[@]}" -isystem "$kinc" \
-        -c "$f" -o "$out/$(basename "$f").o"
-      echo "compiled $f ($(( $(date +%s) - start )) s)"
-    done
-    ;;
   cuda)
     command -v nvcc >/dev/null || { echo "nvcc not found" >&2; exit 1; }
     cfg="$out/kokkos-cuda"
@@ -65,7 +52,7 @@ case "$mode" in
     done
     ;;
   *)
-    echo "usage: compile.sh openmp|cuda OUT FLAGS KOKKOS_INCLUDE files..." >&2
+    echo "usage: compile.sh cuda OUT FLAGS KOKKOS_INCLUDE files..." >&2
     exit 2
     ;;
 esac

@@ -181,9 +181,13 @@ void matmul_portable(const Exec& exec, std::int64_t batch, std::int64_t M, std::
   runs                   = runs > bm ? bm : (runs < 1 ? 1 : runs);
   const std::int64_t league = batch * runs * bn;
   if (league == 0 || M == 0) return;
+  // The host's packed panels (about 1 MiB) exceed the level-0 limit that newer Kokkos enforces
+  // (32 KiB on OpenMP, "roughly L1"); they go to level 1, which on the host is the same
+  // thread-private memory. A GPU team's panels (16 KiB) fit level 0: shared memory.
   const std::size_t scratch_bytes = Scratch::shmem_size(MC * KC + KC * NC);
+  const int level = scratch_bytes <= static_cast<std::size_t>(Policy::scratch_size_max(0)) ? 0 : 1;
   Policy policy(exec, static_cast<int>(league), Tiling::team_size);
-  policy = policy.set_scratch_size(0, Kokkos::PerTeam(scratch_bytes));
+  policy = policy.set_scratch_size(level, Kokkos::PerTeam(scratch_bytes));
 
   Kokkos::parallel_for(label, policy, KOKKOS_LAMBDA(const Member& team) {
     const std::int64_t id = team.league_rank();
@@ -192,7 +196,7 @@ void matmul_portable(const Exec& exec, std::int64_t batch, std::int64_t M, std::
     const std::int64_t blk_lo = run * bm / runs, blk_hi = (run + 1) * bm / runs;
     const int nc = static_cast<int>(N - n0 < ncb ? N - n0 : ncb);
     const int np = (nc + NR - 1) / NR * NR;  // packed columns: whole micro-panels
-    Scratch Ap(team.team_scratch(0), MC * KC), Bp(team.team_scratch(0), KC * NC);
+    Scratch Ap(team.team_scratch(level), MC * KC), Bp(team.team_scratch(level), KC * NC);
     const T* a_base = A.ptr + b * A.batch_stride;
     const T* b_base = B.ptr + b * B.batch_stride;
     T* c_panel      = C + b * c_batch_stride + n0;
