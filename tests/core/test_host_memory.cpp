@@ -18,13 +18,12 @@ TEST_CASE("keep_freed_host_memory: a block freed and allocated again is not faul
   // A step's worth of buffers: four blocks of 16 MiB (4096 pages of 4 KiB each) allocated,
   // touched and freed together, ten rounds at a time, first with the C library's default, then
   // kept. By default every round faults all of them in again (once that much is free at the top
-  // of the heap, glibc trims it). Kept, the heap stops shrinking, but a block may still land on
-  // fresh pages now and then, depending on where the allocator puts Kokkos' small allocation
-  // records between the blocks: with Kokkos 5.2 and glibc 2.43, measured alone in a process that
-  // had run other tests, up to three blocks in ten rounds (none with Kokkos 3.4 and Debian 12's
-  // glibc). So the test asks for what the setting is for: at most a quarter of the default's
-  // faults (measured here: 163 520 by default, 0 kept), after three warm-up rounds each, as a
-  // training loop's first steps.
+  // of the heap, glibc trims it). Kept, the heap stops shrinking and the blocks are reused. The
+  // kept rounds come second, on the heap the default rounds grew: measured alone in a process
+  // that had run other tests, the kept rounds of Kokkos 5.2 with glibc 2.43 still put up to three
+  // blocks on fresh pages in ten rounds while the heap settled around Kokkos' small allocation
+  // records (Kokkos 3.4 with Debian 12's glibc: none). In this order both measure 163 520 faults
+  // by default and 0 kept. Three warm-up rounds each, as a training loop's first steps.
   constexpr std::size_t n = (16u << 20) / sizeof(float);
   using V = Kokkos::View<float*, Kokkos::HostSpace>;
   auto round = [&] {
@@ -54,7 +53,7 @@ TEST_CASE("keep_freed_host_memory: a block freed and allocated again is not faul
   INFO("page faults in 10 rounds of 4 x 4096 pages: " << by_default << " by default, " << kept
                                                        << " kept");
   CHECK(by_default > 10 * 4096);  // the default really does fault the blocks in again
-  CHECK(kept * 4 < by_default);
+  CHECK(kept < 4096);             // kept: not one block's worth in ten rounds
 #else
   CHECK_FALSE(pmt::keep_freed_host_memory());
 #endif
