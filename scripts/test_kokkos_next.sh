@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# pmt's tests built against the newest Kokkos Debian packages (Kokkos 5.x, OpenMP + Serial, C++20)
+# pmt's tests built against the newest Kokkos Debian packages (Kokkos 5.x, OpenMP, C++20)
 # and run: the proof that pmt works on a current Kokkos, not only on Debian 12's 3.4.
 #
 # scripts/kokkos_next.sh unpacks Debian unstable's Kokkos and the C/C++ runtimes it was built
