@@ -27,10 +27,10 @@ inline double median_seconds(int reps, const std::function<void()>& fn) {
   return t[t.size() / 2];
 }
 
-/// Median seconds of each of `fns` over `reps` rounds, timed interleaved (one run of each per
+/// Seconds of each of `fns` in each of `reps` rounds, timed interleaved (one run of each per
 /// round, the order rotating each round) after one warm-up run of each: slow phases of a shared
-/// machine then hit every contestant alike, which keeps their ratios honest.
-inline std::vector<double> interleaved_medians(int reps, const std::vector<std::function<void()>>& fns) {
+/// machine then hit every contestant alike, which keeps their ratios honest. t[f][r].
+inline std::vector<std::vector<double>> interleaved_times(int reps, const std::vector<std::function<void()>>& fns) {
   const std::size_t k = fns.size();
   std::vector<std::vector<double>> t(k);
   for (const auto& fn : fns) fn();
@@ -41,12 +41,30 @@ inline std::vector<double> interleaved_medians(int reps, const std::vector<std::
       fns[f]();
       t[f].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
-  std::vector<double> med(k);
-  for (std::size_t f = 0; f < k; ++f) {
-    std::sort(t[f].begin(), t[f].end());
-    med[f] = t[f][t[f].size() / 2];
-  }
+  return t;
+}
+
+/// The median of a non-empty sample (by value: it sorts a copy).
+inline double median(std::vector<double> x) {
+  std::sort(x.begin(), x.end());
+  return x[x.size() / 2];
+}
+
+/// Median seconds of each of `fns` over `reps` interleaved rounds (interleaved_times).
+inline std::vector<double> interleaved_medians(int reps, const std::vector<std::function<void()>>& fns) {
+  const std::vector<std::vector<double>> t = interleaved_times(reps, fns);
+  std::vector<double> med;
+  for (const auto& tf : t) med.push_back(median(tf));
   return med;
+}
+
+/// How much faster `a` ran than `b` (b's time / a's time), as the median over the rounds of each
+/// round's own ratio: a round's two runs are adjacent in time, so a slow phase of the machine
+/// weighs on both sides of its ratio (the same estimator as bench/train_step.py).
+inline double median_round_speedup(const std::vector<double>& a, const std::vector<double>& b) {
+  std::vector<double> r;
+  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) r.push_back(b[i] / a[i]);
+  return median(r);
 }
 
 /// fp32 FMA throughput of all host threads together, in GFLOP/s (pmt/obs/peak.hpp), the best of
