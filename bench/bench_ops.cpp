@@ -4,9 +4,12 @@
 // GB/s counts the bytes an op must move at least once: layernorm forward reads x and writes y
 // (weights and the saved mean/rstd are negligible); softmax reads x, writes y; GELU reads x, writes
 // y; AdamW reads param, grad, m, v and writes param, m, v. Triad a = b + s c moves 3 arrays.
+// Then causal attention forward + backward, pmt's fused host path against its generic one.
 #include "bench_common.hpp"
 
+#include <array>
 #include <cstdlib>
+#include <string>
 
 using Exec = Kokkos::DefaultHostExecutionSpace;
 
@@ -66,6 +69,31 @@ int main(int argc, char* argv[]) {
   for (const Row& r : table)
     std::printf("%-20s %10.2f %10.1f %12.2f\n", r.name, r.t * 1e3, r.bytes / r.t / 1e9, r.bytes / r.t / 1e9 / stream);
   std::printf("\n(median of %d interleaved rounds: one run of each per round; STREAM triad measured in the same rounds)\n", reps);
+
+  // Causal attention, forward + backward, at bench/train_step's shapes: the fused host path (one
+  // task per head, causal panels) against the generic one (batched products over all heads).
+  std::printf("\n%-34s %12s %12s %9s\n", "attention fwd+bwd (B, T, C, H)", "fused ms", "generic ms", "speed-up");
+  for (const auto& [B, T, C, H] : {std::array<int, 4>{8, 128, 256, 4}, std::array<int, 4>{8, 128, 768, 12}}) {
+    auto qkv = pmt::make_tensor<float, Exec>("qkv", B, T, 3 * C), dqkv = pmt::make_tensor<float, Exec>("dqkv", B, T, 3 * C);
+    auto out = pmt::make_tensor<float, Exec>("out", B, T, C), dout = pmt::make_tensor<float, Exec>("dout", B, T, C);
+    pmt::fill_uniform(exec, qkv, {3, 0}, -1, 1);
+    pmt::fill_uniform(exec, dout, {3, 1}, -1, 1);
+    auto cache = pmt::ops::make_attention_cache<float, Exec>(B, T, C, H);
+    auto step = [&](bool generic) {
+      pmt::detail::attention_force_generic() = generic;
+      pmt::ops::attention_forward(exec, qkv, out, cache);
+      pmt::ops::attention_backward(exec, dout, dqkv, cache);
+      exec.fence();
+      pmt::detail::attention_force_generic() = false;
+    };
+    const std::vector<std::vector<double>> rounds =
+        pmt::bench::interleaved_times(reps, {[&] { step(false); }, [&] { step(true); }});
+    const std::string shape = "(" + std::to_string(B) + ", " + std::to_string(T) + ", " + std::to_string(C) + ", " +
+                              std::to_string(H) + ")";
+    std::printf("%-34s %12.2f %12.2f %8.2fx\n", shape.c_str(), 1e3 * pmt::bench::median(rounds[0]),
+                1e3 * pmt::bench::median(rounds[1]), pmt::bench::median_round_speedup(rounds[0], rounds[1]));
+  }
+  std::printf("(each: median of %d interleaved rounds; speed-up = the median of the rounds' generic / fused)\n", reps);
   pmt::bench::target_line("layernorm_vs_stream", 2.0 * 4 * n / t_ln / 1e9 / stream, 0.6);
   pmt::bench::target_line("softmax_vs_stream", 2.0 * 4 * n / t_sm / 1e9 / stream, 0.6);
   return 0;

@@ -8,7 +8,9 @@
 #include "pmt/ops/attention.hpp"
 #include "pmt/ops/embedding.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <tuple>
 #include <vector>
 
 using pmt::test::Host;
@@ -99,41 +101,104 @@ void attention_reference(const Q& qkv, const O& out, int H) {
 }
 }  // namespace
 
+namespace {
+// While alive, attention takes its generic path (batched matmuls) instead of the fused host one.
+struct ForceGenericAttention {
+  explicit ForceGenericAttention(bool on) : saved(pmt::detail::attention_force_generic()) {
+    pmt::detail::attention_force_generic() = on;
+  }
+  ~ForceGenericAttention() { pmt::detail::attention_force_generic() = saved; }
+  bool saved;
+};
+const char* path_name(bool generic) { return generic ? "generic" : "fused where the build has CBLAS"; }
+}  // namespace
+
+// T = 7 fits in one causal panel of the fused path; T = 70 takes three (32, 32, 6 rows).
 TEMPLATE_TEST_CASE("causal attention forward equals the naive reference", "[ops][attention]", float, double) {
   using T = TestType;
   Host exec;
-  const int B = 2, Tn = 7, C = 12, H = 3;
-  auto qkv = pmt::make_tensor<T, Host>("qkv", B, Tn, 3 * C), out = pmt::make_tensor<T, Host>("out", B, Tn, C);
-  auto ref = pmt::make_tensor<double, Host>("ref", B, Tn, C);
-  pmt::test::fill_random(qkv, 4);
-  auto cache = pmt::ops::make_attention_cache<T, Host>(B, Tn, C, H);
-  pmt::ops::attention_forward(exec, qkv, out, cache);
-  exec.fence();
-  attention_reference(qkv, ref, H);
-  CHECK(pmt::test::max_rel_diff(out, ref) <= 16 * pmt::test::tol<T>(C));
-  CHECK_THROWS_WITH((pmt::ops::make_attention_cache<T, Host>(B, Tn, 10, 3)),
+  for (const bool generic : {false, true})
+    for (const int Tn : {7, 70}) {
+      INFO(path_name(generic) << ", T = " << Tn);
+      const ForceGenericAttention force(generic);
+      const int B = 2, C = 12, H = 3;
+      auto qkv = pmt::make_tensor<T, Host>("qkv", B, Tn, 3 * C), out = pmt::make_tensor<T, Host>("out", B, Tn, C);
+      auto ref = pmt::make_tensor<double, Host>("ref", B, Tn, C);
+      pmt::test::fill_random(qkv, 4);
+      auto cache = pmt::ops::make_attention_cache<T, Host>(B, Tn, C, H);
+      pmt::ops::attention_forward(exec, qkv, out, cache);
+      exec.fence();
+      attention_reference(qkv, ref, H);
+      CHECK(pmt::test::max_rel_diff(out, ref) <= 16 * pmt::test::tol<T>(C));
+      // the softmax output kept for backward: rows sum to 1, zeros past the diagonal
+      double worst = 0;
+      for (int b = 0; b < B; ++b)
+        for (int h = 0; h < H; ++h)
+          for (int t = 0; t < Tn; ++t) {
+            double sum = 0;
+            for (int u = 0; u < Tn; ++u) {
+              if (u > t) worst = std::max(worst, std::abs(double(cache.att(b, h, t, u))));
+              sum += cache.att(b, h, t, u);
+            }
+            worst = std::max(worst, std::abs(sum - 1));
+          }
+      CHECK(worst <= 16 * pmt::test::tol<T>(Tn));
+      auto wrong = pmt::make_tensor<T, Host>("wrong", B, Tn + 1, 3 * C);
+      CHECK_THROWS_AS(pmt::ops::attention_forward(exec, wrong, out, cache), pmt::ShapeError);
+    }
+  CHECK_THROWS_WITH((pmt::ops::make_attention_cache<T, Host>(2, 7, 10, 3)),
                     Catch::Matchers::StartsWith("pmt::ops::make_attention_cache: width C = 10 is not divisible by heads H = 3"));
-  auto wrong = pmt::make_tensor<T, Host>("wrong", B, Tn + 1, 3 * C);
-  CHECK_THROWS_AS(pmt::ops::attention_forward(exec, wrong, out, cache), pmt::ShapeError);
 }
 
 TEST_CASE("causal attention backward matches finite differences", "[ops][attention][gradient]") {
   Host exec;
+  for (const bool generic : {false, true})
+    for (const int Tn : {5, 40}) {
+      INFO(path_name(generic) << ", T = " << Tn);
+      const ForceGenericAttention force(generic);
+      const int B = 2, C = 8, H = 2;
+      auto qkv = pmt::make_tensor<double, Host>("qkv", B, Tn, 3 * C), out = pmt::make_tensor<double, Host>("out", B, Tn, C);
+      auto w = pmt::make_tensor<double, Host>("w", B, Tn, C), dqkv = pmt::make_tensor<double, Host>("dqkv", B, Tn, 3 * C);
+      pmt::test::fill_random(qkv, 5);
+      pmt::test::fill_random(w, 6);
+      auto cache = pmt::ops::make_attention_cache<double, Host>(B, Tn, C, H);
+      auto loss = [&] { pmt::ops::attention_forward(exec, qkv, out, cache); exec.fence(); return pmt::test::weighted_sum(w, out); };
+      loss();
+      pmt::test::fill_random(dqkv, 7);  // every element is overwritten
+      pmt::ops::attention_backward(exec, w, dqkv, cache);
+      exec.fence();
+      CHECK(pmt::test::finite_difference_error(qkv, dqkv, loss) <= 1e-6);
+    }
   const int B = 2, Tn = 5, C = 8, H = 2;
-  auto qkv = pmt::make_tensor<double, Host>("qkv", B, Tn, 3 * C), out = pmt::make_tensor<double, Host>("out", B, Tn, C);
-  auto w = pmt::make_tensor<double, Host>("w", B, Tn, C), dqkv = pmt::make_tensor<double, Host>("dqkv", B, Tn, 3 * C);
-  pmt::test::fill_random(qkv, 5);
-  pmt::test::fill_random(w, 6);
+  auto dqkv = pmt::make_tensor<double, Host>("dqkv", B, Tn, 3 * C);
   auto cache = pmt::ops::make_attention_cache<double, Host>(B, Tn, C, H);
-  auto loss = [&] { pmt::ops::attention_forward(exec, qkv, out, cache); exec.fence(); return pmt::test::weighted_sum(w, out); };
-  loss();
-  pmt::ops::attention_backward(exec, w, dqkv, cache);
-  exec.fence();
-  CHECK(pmt::test::finite_difference_error(qkv, dqkv, loss) <= 1e-6);
   auto short_dout = pmt::make_tensor<double, Host>("short_dout", B, Tn, C / 2);
   CHECK_THROWS_WITH(pmt::ops::attention_backward(exec, short_dout, dqkv, cache),
                     Catch::Matchers::StartsWith("pmt::ops::attention_backward: dqkv is (2, 5, 24) and dout is (2, 5, 4) "
                                                 "but the cache was made for B = 2, T = 5, C = 8, H = 2"));
+}
+
+TEMPLATE_TEST_CASE("the fused host attention equals the generic one", "[ops][attention]", float, double) {
+  using T = TestType;
+  Host exec;
+  const int B = 2, Tn = 70, C = 12, H = 3;
+  auto qkv = pmt::make_tensor<T, Host>("qkv", B, Tn, 3 * C), dout = pmt::make_tensor<T, Host>("dout", B, Tn, C);
+  pmt::test::fill_random(qkv, 21);
+  pmt::test::fill_random(dout, 22);
+  auto run = [&](bool generic) {
+    const ForceGenericAttention force(generic);
+    auto cache = pmt::ops::make_attention_cache<T, Host>(B, Tn, C, H);
+    auto out = pmt::make_tensor<T, Host>("out", B, Tn, C), dqkv = pmt::make_tensor<T, Host>("dqkv", B, Tn, 3 * C);
+    pmt::ops::attention_forward(exec, qkv, out, cache);
+    pmt::ops::attention_backward(exec, dout, dqkv, cache);
+    exec.fence();
+    return std::make_tuple(out, dqkv, cache.att);
+  };
+  const auto [out_f, dqkv_f, att_f] = run(false);
+  const auto [out_g, dqkv_g, att_g] = run(true);
+  CHECK(pmt::test::max_rel_diff(out_f, out_g) <= 4 * pmt::test::tol<T>(Tn));
+  CHECK(pmt::test::max_rel_diff(att_f, att_g) <= 4 * pmt::test::tol<T>(Tn));
+  CHECK(pmt::test::max_rel_diff(dqkv_f, dqkv_g) <= 16 * pmt::test::tol<T>(Tn));
 }
 
 TEMPLATE_TEST_CASE("attention on separate q, k, v equals attention on the packed qkv, bitwise", "[ops][attention]",

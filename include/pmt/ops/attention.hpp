@@ -9,6 +9,14 @@
 // Each also takes q, k, v (and dq, dk, dv) as three separate (B, T, C) tensors: the projections'
 // outputs and input gradients as they are, without packing them into one (B, T, 3C) first.
 // Under tensor parallelism the caller passes the local heads: qkv (B, T, 3 C/tp), H / tp heads.
+// Two implementations, the same arithmetic per element up to the order of the products' sums:
+//   fused (host memory with CBLAS, at least as many heads B*H as threads): one task per (b, h)
+//     does that head's whole forward or backward in cache, reading q, k, v, dout and writing out,
+//     dq, dk, dv in place (no head split or merge passes), and computes each product only over
+//     the causal (lower) part: row panels of `attention_panel` rows take the columns up to the
+//     panel's end (for T = 128, 62.5 % of the full products' work);
+//   generic (any space, or fewer heads than threads): batched matmuls over all B*H heads and the
+//     masked row-wise softmax, with explicit head split and merge.
 
 #include "pmt/core/error.hpp"
 #include "pmt/core/tensor.hpp"
@@ -190,6 +198,142 @@ void attention_backward_core(const Exec& exec, const DOV& dout, ops::AttentionCa
                        });
 }
 
+/// Rows per panel of the fused host attention's causal products.
+inline constexpr std::int64_t attention_panel = 32;
+
+/// Whether attention on Exec in T can take the fused host path (CBLAS on host memory).
+template <class Exec, class T>
+inline constexpr bool attention_fused_v = ops::has_vendor_matmul_v<Exec, T> && is_host_space_v<Exec>;
+
+#if PMT_ENABLE_CBLAS
+/// The fused host forward: per head (b, h), q, k, v rows (b, t) at src + (b T + t) ld + h hs
+/// are copied into the cache, then per row panel [r0, r1): att[r0, r1)[0, r1) = scale q k^T, the
+/// causal softmax of each row (zeros past the diagonal, to the end of the row), and
+/// out[b, r0..r1, h hs..] = att[r0, r1)[0, r1) v[0, r1), written in place.
+template <class Exec, class OV, class T, class S>
+void attention_forward_fused(const Exec& exec, const OV& out, ops::AttentionCache<T, Exec>& c, const S* qp,
+                             const S* kp, const S* vp, std::int64_t ld) {
+  const std::int64_t Tn = c.T_, H = c.H, hs = c.C / c.H, P = attention_panel;
+  const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(hs)));
+  auto q = c.q, k = c.k, v = c.v, att = c.att;
+  T* const op = out.data();
+  const std::int64_t ldo = static_cast<std::int64_t>(out.stride(1));
+  Kokkos::parallel_for("pmt::ops::attention_forward", Kokkos::RangePolicy<Exec>(exec, 0, c.B * H),
+                       [=](std::int64_t bh) {
+                         const std::int64_t b = bh / H, h = bh % H;
+                         T* const Q = &q(b, h, 0, 0);
+                         T* const K = &k(b, h, 0, 0);
+                         T* const V = &v(b, h, 0, 0);
+                         T* const A = &att(b, h, 0, 0);
+                         for (std::int64_t t = 0; t < Tn; ++t) {
+                           const std::int64_t at = (b * Tn + t) * ld + h * hs;
+                           for (std::int64_t d = 0; d < hs; ++d) {
+                             Q[t * hs + d] = qp[at + d];
+                             K[t * hs + d] = kp[at + d];
+                             V[t * hs + d] = vp[at + d];
+                           }
+                         }
+                         for (std::int64_t r0 = 0; r0 < Tn; r0 += P) {
+                           const std::int64_t r1 = r0 + P < Tn ? r0 + P : Tn;
+                           matmul_cblas<T>(1, false, true, r1 - r0, r1, hs, scale, Q + r0 * hs, hs, 0, K, hs, 0,
+                                           T(0), A + r0 * Tn, Tn, 0);
+                           for (std::int64_t t = r0; t < r1; ++t)
+                             softmax_row(A + t * Tn, A + t * Tn, t + 1, Tn, static_cast<const T*>(nullptr),
+                                         static_cast<T*>(nullptr));
+                           matmul_cblas<T>(1, false, false, r1 - r0, hs, r1, T(1), A + r0 * Tn, Tn, 0, V, hs, 0,
+                                           T(0), op + (b * Tn + r0) * ldo + h * hs, ldo, 0);
+                         }
+                       });
+}
+
+/// The fused host backward, per head: row panels give d(att) = dy v^T, the softmax backward
+/// (zeros past the diagonal to the panel's end) and dq = scale d(scores) k; then column panels
+/// [c0, c1) give dv = att[c0, T)[c0, c1)^T dy[c0, T) and dk = scale d(scores)[c0, T)[c0, c1)^T
+/// q[c0, T): the rows above c0 hold only zeros there. dq, dk, dv rows (b, t) at
+/// dst + (b T + t) ld + h hs, every element of them overwritten.
+template <class Exec, class DOV, class T>
+void attention_backward_fused(const Exec& exec, const DOV& dout, ops::AttentionCache<T, Exec>& c, T* dqp, T* dkp,
+                              T* dvp, std::int64_t ld) {
+  const std::int64_t B = c.B, Tn = c.T_, H = c.H, hs = c.C / c.H, P = attention_panel;
+  const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(hs)));
+  auto q = c.q, k = c.k, v = c.v, att = c.att;
+  auto datt = attention_buffer<T, Exec>("pmt::ops::attention::datt", B, H, Tn, Tn);  // freed on return
+  const T* const dop = dout.data();
+  const std::int64_t ldo = static_cast<std::int64_t>(dout.stride(1));
+  Kokkos::parallel_for("pmt::ops::attention_backward", Kokkos::RangePolicy<Exec>(exec, 0, B * H),
+                       [=](std::int64_t bh) {
+                         const std::int64_t b = bh / H, h = bh % H;
+                         const T* const Q  = &q(b, h, 0, 0);
+                         const T* const K  = &k(b, h, 0, 0);
+                         const T* const V  = &v(b, h, 0, 0);
+                         const T* const A  = &att(b, h, 0, 0);
+                         T* const D        = &datt(b, h, 0, 0);
+                         const T* const dY = dop + b * Tn * ldo + h * hs;
+                         const std::int64_t at = b * Tn * ld + h * hs;
+                         for (std::int64_t r0 = 0; r0 < Tn; r0 += P) {
+                           const std::int64_t r1 = r0 + P < Tn ? r0 + P : Tn;
+                           matmul_cblas<T>(1, false, true, r1 - r0, r1, hs, T(1), dY + r0 * ldo, ldo, 0, V, hs, 0,
+                                           T(0), D + r0 * Tn, Tn, 0);
+                           for (std::int64_t t = r0; t < r1; ++t)
+                             softmax_backward_row(A + t * Tn, D + t * Tn, D + t * Tn, t + 1, r1);
+                           matmul_cblas<T>(1, false, false, r1 - r0, hs, r1, scale, D + r0 * Tn, Tn, 0, K, hs, 0,
+                                           T(0), dqp + at + r0 * ld, ld, 0);
+                         }
+                         for (std::int64_t c0 = 0; c0 < Tn; c0 += P) {
+                           const std::int64_t c1 = c0 + P < Tn ? c0 + P : Tn;
+                           matmul_cblas<T>(1, true, false, c1 - c0, hs, Tn - c0, T(1), A + c0 * Tn + c0, Tn, 0,
+                                           dY + c0 * ldo, ldo, 0, T(0), dvp + at + c0 * ld, ld, 0);
+                           matmul_cblas<T>(1, true, false, c1 - c0, hs, Tn - c0, scale, D + c0 * Tn + c0, Tn, 0,
+                                           Q + c0 * hs, hs, 0, T(0), dkp + at + c0 * ld, ld, 0);
+                         }
+                       });
+}
+#endif  // PMT_ENABLE_CBLAS
+
+/// Test hook: while true, attention takes the generic path on every space, so that tests can
+/// compare the two implementations on the same inputs.
+inline bool& attention_force_generic() {
+  static bool force = false;
+  return force;
+}
+
+/// Whether this call takes the fused host path: a CBLAS host space with at least as many heads
+/// as threads (each head is one task), unless `generic` forces the batched path (tests).
+template <class Exec, class T>
+bool attention_takes_fused(const Exec& exec, const ops::AttentionCache<T, Exec>& c, bool generic) {
+  if constexpr (attention_fused_v<Exec, T>)
+    return !generic && c.B * c.H >= static_cast<std::int64_t>(exec.concurrency()) && c.T_ > 0;
+  (void)exec, (void)c, (void)generic;
+  return false;
+}
+
+/// Forward from q, k, v rows at src + (b T + t) ld (+ h hs): fused or generic.
+template <class Exec, class OV, class T, class S>
+void attention_forward_any(const Exec& exec, const OV& out, ops::AttentionCache<T, Exec>& c, const S* qp,
+                           const S* kp, const S* vp, std::int64_t ld, bool generic) {
+#if PMT_ENABLE_CBLAS
+  if constexpr (attention_fused_v<Exec, T>) {
+    if (attention_takes_fused(exec, c, generic)) return attention_forward_fused(exec, out, c, qp, kp, vp, ld);
+  }
+#endif
+  (void)generic;
+  attention_split_heads(exec, c, qp, kp, vp, ld);
+  attention_forward_core(exec, out, c);
+}
+
+/// Backward into dq, dk, dv rows at dst + (b T + t) ld (+ h hs): fused or generic.
+template <class Exec, class DOV, class T>
+void attention_backward_any(const Exec& exec, const DOV& dout, ops::AttentionCache<T, Exec>& c, T* dqp, T* dkp,
+                            T* dvp, std::int64_t ld, bool generic) {
+#if PMT_ENABLE_CBLAS
+  if constexpr (attention_fused_v<Exec, T>) {
+    if (attention_takes_fused(exec, c, generic)) return attention_backward_fused(exec, dout, c, dqp, dkp, dvp, ld);
+  }
+#endif
+  (void)generic;
+  attention_backward_core(exec, dout, c, dqp, dkp, dvp, ld);
+}
+
 }  // namespace pmt::detail
 
 namespace pmt::ops {
@@ -206,8 +350,7 @@ void attention_forward(const Exec& exec, const QKV& qkv, const OV& out, Attentio
   static_assert(QKV::rank == 3 && OV::rank == 3, "pmt::ops::attention_forward: qkv (B, T, 3C), out (B, T, C)");
   detail::check_attention("pmt::ops::attention_forward", "qkv", qkv, "out", out, c);
   const auto* p = qkv.data();
-  detail::attention_split_heads(exec, c, p, p + c.C, p + 2 * c.C, 3 * c.C);
-  detail::attention_forward_core(exec, out, c);
+  detail::attention_forward_any(exec, out, c, p, p + c.C, p + 2 * c.C, 3 * c.C, detail::attention_force_generic());
 }
 
 /// \brief The same from separate q, k, v (B, T, C) (the projections' outputs, not packed first).
@@ -222,8 +365,7 @@ void attention_forward(const Exec& exec, const QV& q, const KV& k, const VV& v, 
   static_assert(QV::rank == 3 && KV::rank == 3 && VV::rank == 3 && OV::rank == 3,
                 "pmt::ops::attention_forward: q, k, v and out (B, T, C)");
   detail::check_attention_split("pmt::ops::attention_forward", "", q, k, v, "out", out, c);
-  detail::attention_split_heads(exec, c, q.data(), k.data(), v.data(), c.C);
-  detail::attention_forward_core(exec, out, c);
+  detail::attention_forward_any(exec, out, c, q.data(), k.data(), v.data(), c.C, detail::attention_force_generic());
 }
 
 /// \brief Causal self-attention backward: dqkv (B, T, 3C) (overwritten) from dout (B, T, C) and the
@@ -235,7 +377,7 @@ void attention_backward(const Exec& exec, const DOV& dout, const DQKV& dqkv, Att
   static_check_view<Exec, DQKV>();
   detail::check_attention("pmt::ops::attention_backward", "dqkv", dqkv, "dout", dout, c);
   auto* p = dqkv.data();
-  detail::attention_backward_core(exec, dout, c, p, p + c.C, p + 2 * c.C, 3 * c.C);
+  detail::attention_backward_any(exec, dout, c, p, p + c.C, p + 2 * c.C, 3 * c.C, detail::attention_force_generic());
 }
 
 /// \brief The same into separate dq, dk, dv (B, T, C) (each overwritten).
@@ -248,7 +390,7 @@ void attention_backward(const Exec& exec, const DOV& dout, const DQV& dq, const 
   static_check_view<Exec, DKV>();
   static_check_view<Exec, DVV>();
   detail::check_attention_split("pmt::ops::attention_backward", "d", dq, dk, dv, "dout", dout, c);
-  detail::attention_backward_core(exec, dout, c, dq.data(), dk.data(), dv.data(), c.C);
+  detail::attention_backward_any(exec, dout, c, dq.data(), dk.data(), dv.data(), c.C, detail::attention_force_generic());
 }
 
 }  // namespace pmt::ops

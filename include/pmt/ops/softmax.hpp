@@ -48,6 +48,33 @@ RowGeometry row_geometry(const V& v, const char* name, ops::Mask mask, const cha
   return RowGeometry{cols > 0 ? nrows : 0, rows, cols, mask == ops::Mask::Causal};
 }
 
+/// One softmax row: y[0, n) = softmax(x[0, n)), y[n, cols) = 0; y may alias x. next_x / next_y:
+/// the row to prefetch meanwhile (or null). softmax and the fused host attention both use it.
+template <class T>
+KOKKOS_INLINE_FUNCTION void softmax_row(const T* xr, T* yr, std::int64_t n, std::int64_t cols, const T* next_x,
+                                        T* next_y) {
+  const T mx  = lane_max(xr, n);
+  const T inv = T(1) / exp_sum_row(xr, n, mx, yr, next_x, next_y);
+  for (std::int64_t j = 0; j < n; ++j) yr[j] *= inv;
+  for (std::int64_t j = n; j < cols; ++j) yr[j] = T(0);
+}
+
+/// One softmax-backward row from the softmax output y: dx[0, n) = y (dy - sum(dy y)), the product
+/// summed in lane order; dx[n, cols) = 0. dx may alias dy.
+template <class T>
+KOKKOS_INLINE_FUNCTION void softmax_backward_row(const T* yr, const T* dyr, T* dxr, std::int64_t n, std::int64_t cols) {
+  T acc[row_lanes];
+  for (int l = 0; l < row_lanes; ++l) acc[l] = T(0);
+  std::int64_t j = 0;
+  for (; j + row_lanes <= n; j += row_lanes)
+    for (int l = 0; l < row_lanes; ++l) acc[l] += dyr[j + l] * yr[j + l];
+  for (int l = 0; l < row_lanes; ++l)
+    if (j + l < n) acc[l] += dyr[j + l] * yr[j + l];
+  const T s = combine_lanes<T, T>(acc);
+  for (j = 0; j < n; ++j) dxr[j] = yr[j] * (dyr[j] - s);
+  for (j = n; j < cols; ++j) dxr[j] = T(0);
+}
+
 template <bool log_form, class Exec, class XV, class YV>
 void softmax_impl(const Exec& exec, const XV& x, const YV& y, ops::Mask mask, const char* op) {
   static_check_view<Exec, XV>();
@@ -61,9 +88,9 @@ void softmax_impl(const Exec& exec, const XV& x, const YV& y, ops::Mask mask, co
     const T* xr = xp + r * g.cols;
     T* yr = yp + r * g.cols;
     const std::int64_t n = g.visible(r);
-    const T mx = lane_max(xr, n);
     // Simple loops over the row (it stays in L1): each vectorizes; exp is computed once.
     if (log_form) {
+      const T mx = lane_max(xr, n);
       const bool more = r + 1 < g.nrows;
       const T lse = math::log(exp_sum_row(xr, n, mx, static_cast<T*>(nullptr), more ? xr + g.cols : nullptr,
                                           more ? yr + g.cols : nullptr));
@@ -71,9 +98,7 @@ void softmax_impl(const Exec& exec, const XV& x, const YV& y, ops::Mask mask, co
       for (std::int64_t j = n; j < g.cols; ++j) yr[j] = -infinity<T>();
     } else {
       const bool more = r + 1 < g.nrows;
-      const T inv = T(1) / exp_sum_row(xr, n, mx, yr, more ? xr + g.cols : nullptr, more ? yr + g.cols : nullptr);
-      for (std::int64_t j = 0; j < n; ++j) yr[j] *= inv;
-      for (std::int64_t j = n; j < g.cols; ++j) yr[j] = T(0);
+      softmax_row(xr, yr, n, g.cols, more ? xr + g.cols : nullptr, more ? yr + g.cols : nullptr);
     }
   });
 }
@@ -99,18 +124,10 @@ void softmax_backward_impl(const Exec& exec, const YV& y, const DYV& dy, const D
     if (log_form) {  // dx = dy - softmax * sum(dy)
       const T s = lane_sum<T>(dyr, n, [](T v) { return v; });
       for (std::int64_t j = 0; j < n; ++j) dxr[j] = dyr[j] - exp_nonpositive(yr[j]) * s;
-    } else {         // dx = y * (dy - sum(dy * y)), the product summed in lane order
-      T acc[row_lanes];
-      for (int l = 0; l < row_lanes; ++l) acc[l] = T(0);
-      std::int64_t j = 0;
-      for (; j + row_lanes <= n; j += row_lanes)
-        for (int l = 0; l < row_lanes; ++l) acc[l] += dyr[j + l] * yr[j + l];
-      for (int l = 0; l < row_lanes; ++l)
-        if (j + l < n) acc[l] += dyr[j + l] * yr[j + l];
-      const T s = combine_lanes<T, T>(acc);
-      for (j = 0; j < n; ++j) dxr[j] = yr[j] * (dyr[j] - s);
+      for (std::int64_t j = n; j < g.cols; ++j) dxr[j] = T(0);
+    } else {  // dx = y * (dy - sum(dy * y))
+      softmax_backward_row(yr, dyr, dxr, n, g.cols);
     }
-    for (std::int64_t j = n; j < g.cols; ++j) dxr[j] = T(0);
   });
 }
 
