@@ -85,8 +85,8 @@ class CausalSelfAttention {
         dv(uninit("pmt::nn::attention::dv"), B * Tn, Cl);  // every element written by attention_backward
     ops::attention_backward(exec, as3(datt, B, Tn), as3(dq, B, Tn), as3(dk, B, Tn), as3(dv, B, Tn), saved.cache);
     auto dx = m_q.backward(exec, dq, /*reduce_dx=*/false);
-    ops::add(exec, dx, m_k.backward(exec, dk, false), dx);
-    ops::add(exec, dx, m_v.backward(exec, dv, false), dx);
+    m_k.backward_accumulate(exec, dk, dx);  // dx += dk Wk^T
+    m_v.backward_accumulate(exec, dv, dx);
     comm::all_reduce(m_tp, exec, dx);  // one all-reduce for the three Col layers
     return dx;
   }

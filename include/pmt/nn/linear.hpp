@@ -110,15 +110,57 @@ class Linear {
     const Instrument instrument("pmt::nn::Linear::forward");
     *m_x = x;
     Tensor<T, 2, Exec> y(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::Linear::y"), x.extent(0), out_local());
-    ops::matmul(exec, ops::Trans::N, ops::Trans::N, T(1), x, m_w.value2d(), T(0), y);  // (N, out_l)
-    if constexpr (std::is_same_v<split, Row>) comm::all_reduce(m_tp, exec, y);         // partial sums -> whole
-    if (m_bias) ops::bias_add(exec, y, m_b.value);
+    if (std::is_same_v<split, Row> && m_tp.size() > 1) {
+      ops::matmul(exec, ops::Trans::N, ops::Trans::N, T(1), x, m_w.value2d(), T(0), y);  // (N, out_l)
+      comm::all_reduce(m_tp, exec, y);                                                   // partial sums -> whole
+      if (m_bias) ops::bias_add(exec, y, m_b.value);  // once, after the sum
+    } else if (m_bias) {
+      // y = b broadcast, then y += x W: the product adds onto the bias (beta 1), one pass over y
+      // fewer than a product into zeros (BLAS clears C for beta 0) followed by a bias pass.
+      fill_rows(exec, y, m_b.value);
+      ops::matmul(exec, ops::Trans::N, ops::Trans::N, T(1), x, m_w.value2d(), T(1), y);
+    } else {
+      ops::matmul(exec, ops::Trans::N, ops::Trans::N, T(1), x, m_w.value2d(), T(0), y);
+    }
     return y;
   }
 
   /// \brief dW += x^T dy, db += sum_n dy, returns dx = dy W^T, all-reduced over tp for Col
   /// unless `reduce_dx` is false (the caller sums several partial dx, then reduces once).
   Tensor<T, 2, Exec> backward(const Exec& exec, const Tensor<T, 2, Exec>& dy, bool reduce_dx = true) {
+    return backward_impl(exec, dy, reduce_dx, nullptr);
+  }
+
+  /// \brief The same, adding dy W^T onto `dx` (N, in_l) in place (the product with beta 1) and
+  /// returning it: several layers reading one input (attention's q, k, v) sum their input
+  /// gradients without a buffer and a pass each. Never reduces over tp: the caller reduces the sum.
+  Tensor<T, 2, Exec> backward_accumulate(const Exec& exec, const Tensor<T, 2, Exec>& dy, const Tensor<T, 2, Exec>& dx) {
+    detail::require(dx.extent(0) == dy.extent(0) && dx.extent(1) == in_local(), name() + "::backward_accumulate", [&] {
+      return detail::str("dx is ", shape_str(dx), " but dy is ", shape_str(dy), "; expected dx (", dy.extent(0), ", ",
+                         in_local(), ")");
+    });
+    return backward_impl(exec, dy, false, &dx);
+  }
+
+  std::vector<Parameter<T, Exec>*> parameters() {
+    std::vector<Parameter<T, Exec>*> out{&m_w};
+    if (m_bias) out.push_back(&m_b);
+    return out;
+  }
+
+ private:
+  /// y(n, j) = b(j) for every row n.
+  static void fill_rows(const Exec& exec, const Tensor<T, 2, Exec>& y, const Tensor<T, 1, Exec>& b) {
+    const std::int64_t cols = static_cast<std::int64_t>(y.extent(1));
+    Kokkos::parallel_for("pmt::nn::Linear::fill_bias", Kokkos::RangePolicy<Exec>(exec, 0, static_cast<std::int64_t>(y.extent(0))),
+                         KOKKOS_LAMBDA(std::int64_t n) {
+                           for (std::int64_t j = 0; j < cols; ++j) y(n, j) = b(j);
+                         });
+  }
+
+  /// dW, db and dx = dy W^T into a new tensor, or added onto *into.
+  Tensor<T, 2, Exec> backward_impl(const Exec& exec, const Tensor<T, 2, Exec>& dy, bool reduce_dx,
+                                   const Tensor<T, 2, Exec>* into) {
     const Instrument instrument("pmt::nn::Linear::backward");
     const Tensor<T, 2, Exec> x = m_x.take();
     detail::require(x.data() != nullptr && dy.extent(0) == x.extent(0) && dy.extent(1) == out_local(),
@@ -129,18 +171,17 @@ class Linear {
                     });
     ops::matmul(exec, ops::Trans::T, ops::Trans::N, T(1), x, dy, T(1), m_w.grad2d());  // (in_l, out_l)
     if (m_bias) ops::column_sum(exec, dy, m_b.grad, T(1));
-    Tensor<T, 2, Exec> dx(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::Linear::dx"), dy.extent(0), in_local());
-    ops::matmul(exec, ops::Trans::N, ops::Trans::T, T(1), dy, m_w.value2d(), T(0), dx);  // (N, in_l)
+    const bool accumulate = into != nullptr;
+    Tensor<T, 2, Exec> dx = accumulate ? *into
+                                       : Tensor<T, 2, Exec>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::Linear::dx"),
+                                                            dy.extent(0), in_local());
+    ops::matmul(exec, ops::Trans::N, ops::Trans::T, T(1), dy, m_w.value2d(), accumulate ? T(1) : T(0), dx);  // (N, in_l)
     if constexpr (std::is_same_v<split, Col>)
       if (reduce_dx) comm::all_reduce(m_tp, exec, dx);  // conjugate of the identity forward
     return dx;
   }
 
-  std::vector<Parameter<T, Exec>*> parameters() {
-    std::vector<Parameter<T, Exec>*> out{&m_w};
-    if (m_bias) out.push_back(&m_b);
-    return out;
-  }
+ public:
   Parameter<T, Exec>& weight() { return m_w; }
   Parameter<T, Exec>& bias() { return m_b; }
 
