@@ -30,11 +30,23 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <cstdint>
 #include <string>
 #include <type_traits>
 #include <vector>
 
 namespace pmt::detail {
+
+/// y(n, j) = b(j) for every row n (a free function: CUDA's device lambdas may not sit in a
+/// private member).
+template <class Exec, class YV, class BV>
+void fill_rows(const Exec& exec, const YV& y, const BV& b) {
+  const std::int64_t cols = static_cast<std::int64_t>(y.extent(1));
+  Kokkos::parallel_for("pmt::nn::Linear::fill_bias", Kokkos::RangePolicy<Exec>(exec, 0, static_cast<std::int64_t>(y.extent(0))),
+                       KOKKOS_LAMBDA(std::int64_t n) {
+                         for (std::int64_t j = 0; j < cols; ++j) y(n, j) = b(j);
+                       });
+}
 
 template <class P>
 std::string policy_name() {
@@ -117,7 +129,7 @@ class Linear {
     } else if (m_bias) {
       // y = b broadcast, then y += x W: the product adds onto the bias (beta 1), one pass over y
       // fewer than a product into zeros (BLAS clears C for beta 0) followed by a bias pass.
-      fill_rows(exec, y, m_b.value);
+      detail::fill_rows(exec, y, m_b.value);
       ops::matmul(exec, ops::Trans::N, ops::Trans::N, T(1), x, m_w.value2d(), T(1), y);
     } else {
       ops::matmul(exec, ops::Trans::N, ops::Trans::N, T(1), x, m_w.value2d(), T(0), y);
@@ -149,15 +161,6 @@ class Linear {
   }
 
  private:
-  /// y(n, j) = b(j) for every row n.
-  static void fill_rows(const Exec& exec, const Tensor<T, 2, Exec>& y, const Tensor<T, 1, Exec>& b) {
-    const std::int64_t cols = static_cast<std::int64_t>(y.extent(1));
-    Kokkos::parallel_for("pmt::nn::Linear::fill_bias", Kokkos::RangePolicy<Exec>(exec, 0, static_cast<std::int64_t>(y.extent(0))),
-                         KOKKOS_LAMBDA(std::int64_t n) {
-                           for (std::int64_t j = 0; j < cols; ++j) y(n, j) = b(j);
-                         });
-  }
-
   /// dW, db and dx = dy W^T into a new tensor, or added onto *into.
   Tensor<T, 2, Exec> backward_impl(const Exec& exec, const Tensor<T, 2, Exec>& dy, bool reduce_dx,
                                    const Tensor<T, 2, Exec>* into) {
