@@ -217,7 +217,7 @@ void attention_forward_fused(const Exec& exec, const OV& out, ops::AttentionCach
   const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(hs)));
   auto q = c.q, k = c.k, v = c.v, att = c.att;
   T* const op = out.data();
-  const std::int64_t ldo = static_cast<std::int64_t>(out.stride(1));
+  const std::int64_t sbo = static_cast<std::int64_t>(out.stride(0)), ldo = static_cast<std::int64_t>(out.stride(1));
   Kokkos::parallel_for("pmt::ops::attention_forward", Kokkos::RangePolicy<Exec>(exec, 0, c.B * H),
                        [=](std::int64_t bh) {
                          const std::int64_t b = bh / H, h = bh % H;
@@ -241,7 +241,7 @@ void attention_forward_fused(const Exec& exec, const OV& out, ops::AttentionCach
                              softmax_row(A + t * Tn, A + t * Tn, t + 1, Tn, static_cast<const T*>(nullptr),
                                          static_cast<T*>(nullptr));
                            matmul_cblas<T>(1, false, false, r1 - r0, hs, r1, T(1), A + r0 * Tn, Tn, 0, V, hs, 0,
-                                           T(0), op + (b * Tn + r0) * ldo + h * hs, ldo, 0);
+                                           T(0), op + b * sbo + r0 * ldo + h * hs, ldo, 0);
                          }
                        });
 }
@@ -259,7 +259,7 @@ void attention_backward_fused(const Exec& exec, const DOV& dout, ops::AttentionC
   auto q = c.q, k = c.k, v = c.v, att = c.att;
   auto datt = attention_buffer<T, Exec>("pmt::ops::attention::datt", B, H, Tn, Tn);  // freed on return
   const T* const dop = dout.data();
-  const std::int64_t ldo = static_cast<std::int64_t>(dout.stride(1));
+  const std::int64_t sbo = static_cast<std::int64_t>(dout.stride(0)), ldo = static_cast<std::int64_t>(dout.stride(1));
   Kokkos::parallel_for("pmt::ops::attention_backward", Kokkos::RangePolicy<Exec>(exec, 0, B * H),
                        [=](std::int64_t bh) {
                          const std::int64_t b = bh / H, h = bh % H;
@@ -268,7 +268,7 @@ void attention_backward_fused(const Exec& exec, const DOV& dout, ops::AttentionC
                          const T* const V  = &v(b, h, 0, 0);
                          const T* const A  = &att(b, h, 0, 0);
                          T* const D        = &datt(b, h, 0, 0);
-                         const T* const dY = dop + b * Tn * ldo + h * hs;
+                         const T* const dY = dop + b * sbo + h * hs;
                          const std::int64_t at = b * Tn * ld + h * hs;
                          for (std::int64_t r0 = 0; r0 < Tn; r0 += P) {
                            const std::int64_t r1 = r0 + P < Tn ? r0 + P : Tn;
