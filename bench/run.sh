@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# Builds pmt (scripts/build.sh), fetches MKL's libraries for the side-by-side column, and runs the
+# Builds pmt (scripts/build.sh) and, against MKL, its training step (scripts/build_mkl.sh), fetches
+# MKL's libraries for bench_matmul's side-by-side column, and runs the
 # benchmarks with 2 OpenMP threads bound to cores. Output: the tables and the `target` lines.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 "$root/scripts/build.sh" >/dev/null
 build=${PMT_BUILD_DIR:-$root/build}
 export PMT_MKL_LIB=${PMT_MKL_LIB:-$("$root/bench/fetch_mkl.sh" 2>/dev/null || echo "")}
+# pmt's training step built against MKL too (PyTorch's CPU BLAS), for train_step.py's same-BLAS rows
+if [ -z "${PMT_MKL_BUILD:-}" ] && "$root/scripts/build_mkl.sh" bench_train_step >/dev/null 2>&1; then
+  export PMT_MKL_BUILD=${PMT_BUILD_MKL_DIR:-$root/build-mkl}
+fi
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)} OMP_PROC_BIND=spread OMP_PLACES=threads
 "$build/bench/bench_matmul" "${PMT_BENCH_REPS_MATMUL:-15}"
 echo

@@ -2,7 +2,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """Training-step benchmark driver (issue 5): pmt's Gpt against the same model in PyTorch, same
 threads, in one run; and data-parallel weak scaling at 2 ranks. Prints a table and the target
-lines. Usage: train_step.py BUILD_DIR [TORCH_PYTHON]"""
+lines. Usage: train_step.py BUILD_DIR [TORCH_PYTHON]
+
+With PMT_MKL_BUILD=DIR (a build of pmt against MKL's CBLAS: cmake ... $(bench/fetch_mkl.sh --cmake))
+each round also runs that build's step: pmt and PyTorch then compute their products with the same
+BLAS (PyTorch's CPU build uses MKL), so the ratio measures the frameworks and not the BLAS."""
 import os
 import re
 import subprocess
@@ -11,6 +15,8 @@ import sys
 build, torch_py = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else "")
 here = os.path.dirname(os.path.abspath(__file__))
 exe = os.path.join(build, "bench", "bench_train_step")
+mkl_build = os.environ.get("PMT_MKL_BUILD", "")
+mkl_exe = os.path.join(mkl_build, "bench", "bench_train_step") if mkl_build else ""
 threads = os.cpu_count() or 1
 env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
            OMPI_MCA_btl_vader_single_copy_mechanism="none", OMP_PROC_BIND="false")
@@ -49,10 +55,13 @@ results = {}
 ROUNDS = int(os.environ.get("PMT_TRAIN_STEP_ROUNDS", "5"))
 for name, L, C, H, T, B, V in configs:
     args = [str(a) for a in (L, C, H, T, B, V, STEPS)]
-    pmt_ms, torch_ms, default_ms = [], [], []
+    pmt_ms, torch_ms, default_ms, mkl_ms = [], [], [], []
     for _ in range(ROUNDS):
         p = fields("pmt_step", run([exe] + args, {"OMP_NUM_THREADS": str(threads)}))
         pmt_ms.append(float(p["ms"]))
+        if mkl_exe:
+            m = fields("pmt_step", run([mkl_exe] + args, {"OMP_NUM_THREADS": str(threads)}))
+            mkl_ms.append(float(m["ms"]))
         # the same step with the C library's default malloc (no pmt::keep_freed_host_memory)
         d = fields("pmt_step", run([exe] + args, {"OMP_NUM_THREADS": str(threads), "PMT_KEEP_FREED_HOST_MEMORY": "0"}))
         default_ms.append(float(d["ms"]))
@@ -65,11 +74,19 @@ for name, L, C, H, T, B, V in configs:
     p["tokens_per_s"] = str(B * T / (ms / 1e3))
     t_ms = sorted(torch_ms)[ROUNDS // 2] if torch_py else None
     results[name] = (ms, flops, t_ms, round_ratio)
+    if mkl_exe:
+        mkl_ratio = sorted(a / b for a, b in zip(mkl_ms, torch_ms))[ROUNDS // 2] if torch_py else None
+        results[name + " mkl"] = (sorted(mkl_ms)[ROUNDS // 2], flops, t_ms, mkl_ratio)
     d_ms = sorted(default_ms)[ROUNDS // 2]
     ratio = f"{round_ratio:10.2f}" if t_ms else "       n/a"
     d_ratio = f"{d_ms / t_ms:10.2f}" if t_ms else "       n/a"
     print(f"{name:<10} {ms:9.1f} {float(p['tokens_per_s']):9.0f} {flops / ms / 1e6:9.1f} "
           f"{(f'{t_ms:9.1f}' if t_ms else '      n/a')} {ratio} {d_ms:12.1f} {d_ratio}")
+for name, L, C, H, T, B, V in configs:
+    if name + " mkl" in results:
+        ms, flops, t_ms, r = results[name + " mkl"]
+        print(f"{name + ', MKL':<10} {ms:9.1f} {B * T / (ms / 1e3):9.0f} {flops / ms / 1e6:9.1f} "
+              f"{(f'{t_ms:9.1f}' if t_ms else '      n/a')} {(f'{r:10.2f}' if r else '       n/a')}   (pmt built against MKL's CBLAS)")
 print("(*) pmt with the C library's default malloc, which returns each step's freed activations to the kernel:\n"
       "    bench_train_step with PMT_KEEP_FREED_HOST_MEMORY=0 (pmt/core/host_memory.hpp)")
 if torch_py:
@@ -104,6 +121,11 @@ if torch_py:
     r256 = results["width 256"][3]
     print(f"target train_step_width256_vs_torch measured={r256:.3f} goal=0.700 {'met' if r256 <= 0.7 else 'missed'}")
     print(f"target train_step_width768_vs_torch measured={r768:.3f} goal=1.000 {'met' if r768 <= 1.0 else 'missed'}")
+    if "width 256 mkl" in results:  # the same BLAS on both sides (PyTorch's is MKL)
+        for name, goal in (("width 256", 0.7), ("width 768", 1.0)):
+            r = results[name + " mkl"][3]
+            print(f"target train_step_{name.replace(' ', '')}_vs_torch_same_blas measured={r:.3f} goal={goal:.3f} "
+                  f"{'met' if r <= goal else 'missed'}")
 if peak_gflops > 0:
     mfu = flops768 / ms768 / 1e6 / peak_gflops
     print(f"target train_step_width768_fraction_of_peak measured={mfu:.3f} goal=0.550 {'met' if mfu >= 0.55 else 'missed'}")

@@ -5,7 +5,9 @@
 #
 #   MPI    -> MPI::MPI_CXX                         PMT_ENABLE_MPI=1
 #   CBLAS  -> pmt_deps::cblas (BLAS + cblas.h)     PMT_ENABLE_CBLAS=1 (+ PMT_HAVE_OPENBLAS_INFO);
-#             Debian's OpenMP-threaded OpenBLAS preferred (PMT_PREFER_OPENMP_BLAS)
+#             Debian's OpenMP-threaded OpenBLAS preferred (PMT_PREFER_OPENMP_BLAS), or the
+#             libraries in PMT_CBLAS_LIBRARIES_USER with the header in PMT_CBLAS_INCLUDE_DIR
+#             (any CBLAS; MKL's mkl_cblas.h -> PMT_CBLAS_MKL=1)
 #   CUDA   -> CUDA::cudart, CUDA::cublas           PMT_ENABLE_CUDA=1
 #   NCCL   -> pmt_deps::nccl (under the CUDA toolkit) PMT_ENABLE_NCCL=1
 include_guard(GLOBAL)
@@ -57,7 +59,17 @@ if(NOT DEFINED PMT_PREFER_OPENMP_BLAS)
 endif()
 if(_pmt_try)
   set(_pmt_blas_libs)
-  if(PMT_PREFER_OPENMP_BLAS AND CMAKE_LIBRARY_ARCHITECTURE)
+  if(PMT_CBLAS_LIBRARIES_USER)
+    # Bring your own CBLAS (MKL, BLIS, AOCL, ...): its libraries as given, its header directory
+    # PMT_CBLAS_INCLUDE_DIR with cblas.h, or MKL's mkl_cblas.h (then PMT_CBLAS_MKL=1).
+    set(_pmt_blas_libs ${PMT_CBLAS_LIBRARIES_USER})
+    if(NOT PMT_CBLAS_INCLUDE_DIR OR (NOT EXISTS "${PMT_CBLAS_INCLUDE_DIR}/cblas.h"
+                                     AND NOT EXISTS "${PMT_CBLAS_INCLUDE_DIR}/mkl_cblas.h"))
+      message(FATAL_ERROR "pmt: PMT_CBLAS_LIBRARIES_USER is set, but PMT_CBLAS_INCLUDE_DIR "
+              "('${PMT_CBLAS_INCLUDE_DIR}') holds neither cblas.h nor mkl_cblas.h; point it at the "
+              "directory of that CBLAS' header")
+    endif()
+  elseif(PMT_PREFER_OPENMP_BLAS AND CMAKE_LIBRARY_ARCHITECTURE)
     find_library(PMT_OPENBLAS_OPENMP_LIBRARY openblas
                  PATHS /usr/lib/${CMAKE_LIBRARY_ARCHITECTURE}/openblas-openmp NO_DEFAULT_PATH)
     find_path(PMT_OPENBLAS_OPENMP_INCLUDE_DIR cblas.h
@@ -84,6 +96,9 @@ if(_pmt_try)
       add_library(pmt_deps::cblas INTERFACE IMPORTED GLOBAL)
       target_link_libraries(pmt_deps::cblas INTERFACE ${_pmt_blas_libs})
       target_include_directories(pmt_deps::cblas SYSTEM INTERFACE ${PMT_CBLAS_INCLUDE_DIR})
+      if(NOT EXISTS "${PMT_CBLAS_INCLUDE_DIR}/cblas.h" AND EXISTS "${PMT_CBLAS_INCLUDE_DIR}/mkl_cblas.h")
+        target_compile_definitions(pmt_deps::cblas INTERFACE PMT_CBLAS_MKL=1)
+      endif()
       set(CMAKE_REQUIRED_INCLUDES ${PMT_CBLAS_INCLUDE_DIR})
       set(CMAKE_REQUIRED_LIBRARIES ${_pmt_blas_libs})
       check_symbol_exists(openblas_get_corename "cblas.h" PMT_HAVE_OPENBLAS_INFO)

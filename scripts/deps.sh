@@ -17,7 +17,7 @@ if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 
 # ---------------------------------------------------------------------------------------------
 # apt packages
-APT_PKGS=(g++ make cmake pkg-config openmpi-bin libopenmpi-dev libopenblas-dev libopenblas-openmp-dev dpkg-dev xz-utils)
+APT_PKGS=(g++ make cmake pkg-config openmpi-bin libopenmpi-dev libopenblas-dev libopenblas-openmp-dev dpkg-dev xz-utils unzip python3-pip)
 need=()
 for p in "${APT_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")

@@ -34,6 +34,12 @@ TEST_CASE("environment_report names Kokkos, the spaces and every backend", "[cor
 #if PMT_ENABLE_MPI
   CHECK_THAT(report, ContainsSubstring(std::to_string(pmt::world_size()) + " rank(s)"));
 #endif
+#if PMT_ENABLE_CBLAS && PMT_CBLAS_MKL  // a build against MKL (scripts/test_mkl.sh) says so
+  CHECK_THAT(report, ContainsSubstring("Math Kernel Library"));
+  CHECK(pmt::detail::blas_threads() >= 1);
+#elif PMT_ENABLE_CBLAS && PMT_HAVE_OPENBLAS_INFO
+  CHECK_THAT(report, ContainsSubstring("OpenBLAS, core "));
+#endif
 }
 
 TEST_CASE("a parallel_reduce runs on every enabled space on every rank", "[core][environment][mpi]") {

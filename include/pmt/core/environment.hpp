@@ -16,9 +16,7 @@
 #if PMT_ENABLE_MPI
 #include <mpi.h>
 #endif
-#if PMT_ENABLE_CBLAS
-#include <cblas.h>
-#endif
+#include "pmt/detail/cblas.hpp"  // <cblas.h> or MKL's <mkl_cblas.h>, where the build has a CBLAS
 #if PMT_ENABLE_CUDA
 #include <cuda_runtime_api.h>
 #endif
@@ -63,6 +61,8 @@ inline bool blas_core_is_generic_on_vector_cpu() {
 inline int blas_threads() {
 #if PMT_ENABLE_CBLAS && PMT_HAVE_OPENBLAS_INFO
   return openblas_get_num_threads();
+#elif PMT_ENABLE_CBLAS && PMT_CBLAS_MKL
+  return mkl_get_max_threads();
 #else
   return 0;
 #endif
@@ -71,7 +71,7 @@ inline int blas_threads() {
 inline void warn_about_blas_core(int rank) {
   if (rank != 0) return;
   const int host_threads = Kokkos::DefaultHostExecutionSpace().concurrency();
-  if (blas_threads() > 0 && blas_threads() < host_threads)
+  if (PMT_HAVE_OPENBLAS_INFO && blas_threads() > 0 && blas_threads() < host_threads)
     std::fprintf(stderr,
                  "pmt: warning: OpenBLAS uses %d thread(s) but Kokkos' host space has %d, so "
                  "vendor matmuls use fewer cores. OpenBLAS counted the cores the main thread may "
@@ -200,6 +200,13 @@ inline std::string environment_report() {
 #endif
 #if PMT_ENABLE_CBLAS
   std::string blas = "CBLAS enabled";
+#if PMT_CBLAS_MKL
+  char mkl_version[198] = {};
+  mkl_get_version_string(mkl_version, static_cast<int>(sizeof mkl_version) - 1);
+  std::string mkl(mkl_version);
+  mkl = mkl.substr(0, mkl.find_first_of("-(", mkl.find("Version")));  // "... Version 2026.2"
+  blas = mkl + ", " + std::to_string(detail::blas_threads()) + " thread(s) at most";
+#endif
   const std::string core = detail::blas_core_name();
   if (!core.empty()) {
     blas = "OpenBLAS, core " + core + ", " + std::to_string(detail::blas_threads()) + " thread(s)";

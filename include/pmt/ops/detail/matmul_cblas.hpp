@@ -4,9 +4,9 @@
 // calling thread and Kokkos' host spaces execute synchronously, so no fence is needed.
 
 #include "pmt/config.hpp"
+#include "pmt/detail/cblas.hpp"
 
 #if PMT_ENABLE_CBLAS
-#include <cblas.h>
 
 #include <cstdint>
 #include <type_traits>
