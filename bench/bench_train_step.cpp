@@ -4,6 +4,8 @@
 // under mpiexec for weak scaling: each rank processes its own batch).
 // Usage: bench_train_step LAYERS WIDTH HEADS CONTEXT BATCH VOCAB STEPS   (or: bench_train_step peak)
 // Prints one machine-readable line: "pmt_step ms=.. tokens_per_s=.. flops_per_step=.. ranks=..".
+// With PMT_BENCH_DP_PAIRED=1 (under mpiexec -n N, STEPS = rounds) it measures data-parallel weak
+// scaling as paired rounds instead (dp_paired below): "pmt_dp_paired one_ms=.. dp_ms=.. efficiency=..".
 // FLOPs per step (per rank): tokens * (6 P + 6 L T C) with P the weights of every matmul (the
 // blocks' 12 C^2 per layer and the tied head's V C) and 6 L T C the attention's QK^T and AV products
 // (forward 2 x 2 T C per token per layer with the causal half skipped only in the softmax, times
@@ -11,10 +13,91 @@
 #include "bench_common.hpp"
 
 #include <cstdlib>
+#include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 using Exec = Kokkos::DefaultHostExecutionSpace;
+
+#if PMT_ENABLE_MPI
+namespace {
+
+using Backend = pmt::comm::default_backend_t<Exec>;
+using Model   = pmt::nn::Gpt<float, Exec, Backend>;
+using Opt     = pmt::optim::AdamW<float, Exec>;
+using Train   = pmt::train::Trainer<Model, Opt, Exec, Backend>;
+
+/// A barrier whose waiting ranks sleep (50 us naps) instead of spinning in MPI, so that a rank
+/// that computes alone has the machine to itself.
+void quiet_barrier(const pmt::comm::Communicator<Backend>& c) {
+  MPI_Request r = MPI_REQUEST_NULL;
+  MPI_Ibarrier(c.native(), &r);
+  for (int done = 0;;) {
+    MPI_Test(&r, &done, MPI_STATUS_IGNORE);
+    if (done) return;
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+/// Weak-scaling efficiency as paired measurements (PMT_BENCH_DP_PAIRED=1 under mpiexec -n N).
+/// Each round times one step of rank 0 alone (a one-rank model on a communicator of its own, the
+/// other ranks asleep), one data-parallel step of all N ranks, each rank with its own batch, and
+/// (a diagnostic) every rank's one-rank step at once with no communication, in rotating order. The efficiency is the median of the rounds' ratios: the two steps of a round
+/// are a fraction of a second apart, so a slow phase of a shared machine (seconds long on the VMs
+/// pmt is measured on) weighs on both sides of each ratio instead of on one run of the two.
+int dp_paired(const pmt::comm::Communicator<Backend>& world, const pmt::nn::GptConfig& cfg,
+              const pmt::train::Microbatch<Model::Ids>& mb, const pmt::train::StepOptions& o, std::size_t bucket,
+              int rounds) {
+  const pmt::ops::AdamWParams adam{3e-4, 0.9, 0.95, 1e-8, 0.1, 1};
+  pmt::Mesh<Backend> mesh(world, pmt::MeshShape{world.size(), 1, 1});
+  Model model(mesh, cfg);
+  Opt opt(model.parameters(), adam);
+  Train dp(mesh, model, opt, Exec(), bucket);
+  pmt::Mesh<Backend> alone_mesh(world.split(world.rank(), 0), pmt::MeshShape{1, 1, 1});
+  Model alone_model(alone_mesh, cfg);
+  Opt alone_opt(alone_model.parameters(), adam);
+  Train alone(alone_mesh, alone_model, alone_opt, Exec(), bucket);
+  const pmt::train::StepOptions alone_o{o.normaliser / world.size(), o.lr, o.max_norm};
+  // 0: rank 0 alone; 1: all ranks in data parallelism; 2: every rank its one-rank step at the same
+  // time, without communicating (what the machine's shared memory and cores cost, apart from the
+  // gradient all-reduce and the waits at the step's collectives). Seconds of the slowest rank.
+  auto timed = [&](int mode) {
+    quiet_barrier(world);
+    const auto t0 = std::chrono::steady_clock::now();
+    if (mode == 1) {
+      dp.step({mb}, o);
+    } else if (mode == 2 || world.rank() == 0) {
+      alone.step({mb}, alone_o);
+    }
+    Kokkos::fence();
+    double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, world.native());
+    return t;
+  };
+  for (int mode = 0; mode < 3; ++mode) timed(mode);  // warm-up
+  std::vector<double> t[3], ratio, contention;
+  for (int r = 0; r < rounds; ++r) {
+    double round[3];
+    for (int i = 0; i < 3; ++i) round[(i + r) % 3] = timed((i + r) % 3);  // rotating order
+    for (int m = 0; m < 3; ++m) t[m].push_back(round[m]);
+    ratio.push_back(round[0] / round[1]);
+    contention.push_back(round[0] / round[2]);
+  }
+  if (world.rank() == 0) {
+    using pmt::bench::median;
+    std::printf("pmt_dp_paired one_ms=%.3f dp_ms=%.3f efficiency=%.4f concurrent_ms=%.3f concurrent_efficiency=%.4f "
+                "ranks=%d rounds=%d per_round=",
+                median(t[0]) * 1e3, median(t[1]) * 1e3, median(ratio), median(t[2]) * 1e3, median(contention),
+                world.size(), rounds);
+    for (std::size_t i = 0; i < ratio.size(); ++i) std::printf("%s%.3f", i ? "," : "", ratio[i]);
+    std::printf("\n");
+  }
+  return 0;
+}
+
+}  // namespace
+#endif
 
 int main(int argc, char* argv[]) {
   pmt::ScopeGuard guard(argc, argv);
@@ -77,6 +160,15 @@ int main(int argc, char* argv[]) {
   Kokkos::deep_copy(mb.ids, ids);
   Kokkos::deep_copy(mb.targets, tgt);
   const pmt::train::StepOptions o{double(B * T) * world.size(), 3e-4, 1.0};
+#if PMT_ENABLE_MPI
+  if (const char* paired = std::getenv("PMT_BENCH_DP_PAIRED"); paired != nullptr && std::string(paired) == "1")
+    return dp_paired(world, pmt::nn::GptConfig{V, T, L, C, H, 7}, mb, o, bucket, steps);
+#else
+  if (std::getenv("PMT_BENCH_DP_PAIRED") != nullptr) {
+    std::fprintf(stderr, "bench_train_step: PMT_BENCH_DP_PAIRED needs a build with MPI (PMT_ENABLE_MPI)\n");
+    return 2;
+  }
+#endif
   double loss = 0;
   const double t = pmt::bench::median_seconds(steps, [&] {
     loss = trainer.step({mb}, o);

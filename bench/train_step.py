@@ -93,21 +93,20 @@ if torch_py:
     print(f"(PyTorch {torch_version}; each time: median over {ROUNDS} alternating runs of the median of {STEPS} steps; "
           f"pmt/torch: median of the {ROUNDS} rounds' ratios)")
 
-# Data-parallel weak scaling: each rank its own batch, one thread per rank.
-one_ms, two_ms, steal = [], [], []
-for _ in range(ROUNDS):
-    s0 = steal_s()
-    one_ms.append(float(fields("pmt_step", run([exe, "4", "256", "4", "128", "8", "256", str(STEPS)], {"OMP_NUM_THREADS": "1"}))["ms"]))
-    s1 = steal_s()
-    two_ms.append(float(fields("pmt_step", run(["mpiexec", "-n", "2", "--bind-to", "none", exe, "4", "256", "4", "128", "8", "256",
-                                                str(STEPS)], {"OMP_NUM_THREADS": "1"}))["ms"]))
-    steal.append((s1 - s0, steal_s() - s1))
-one, two = sorted(one_ms)[ROUNDS // 2], sorted(two_ms)[ROUNDS // 2]
-eff = sorted(a / b for a, b in zip(one_ms, two_ms))[ROUNDS // 2]  # the median of the rounds' ratios
+# Data-parallel weak scaling: each rank its own batch, one thread per rank, ranks bound to cores.
+# bench_train_step's paired mode times, in each of DP_ROUNDS rounds, one step of rank 0 alone (the
+# other rank asleep) and one step of both ranks, a fraction of a second apart; the efficiency is
+# the median of the rounds' ratios. (Until the fourteenth session: separate 1-rank and 2-rank runs
+# seconds apart, whose ratio read the VM's slow phases as much as pmt.)
+DP_ROUNDS = int(os.environ.get("PMT_DP_ROUNDS", "15"))
+s0 = steal_s()
+dp = fields("pmt_dp_paired", run(["mpiexec", "-n", "2", "--bind-to", "core", exe, "4", "256", "4", "128", "8", "256",
+                                  str(DP_ROUNDS)], {"OMP_NUM_THREADS": "1", "PMT_BENCH_DP_PAIRED": "1"}))
+one, two, eff = float(dp["one_ms"]), float(dp["dp_ms"]), float(dp["efficiency"])
 print(f"DP weak scaling (width 256, batch 8 per rank, 1 thread per rank): 1 rank {one:.1f} ms/step, "
-      f"2 ranks {two:.1f} ms/step -> efficiency {eff:.2f}")
-print("  per round: efficiency, and the vCPU time stolen by the hypervisor during the 1-rank and the 2-rank run: " +
-      "; ".join(f"{a / b:.2f} ({s1:.2f} s, {s2:.2f} s)" for a, b, (s1, s2) in zip(one_ms, two_ms, steal)))
+      f"2 ranks {two:.1f} ms/step -> efficiency {eff:.2f} (median of {DP_ROUNDS} paired rounds)")
+print(f"  per round: {dp['per_round'].replace(',', ' ')}; vCPU time stolen by the hypervisor meanwhile: "
+      f"{steal_s() - s0:.2f} s")
 
 # The peak is the best of runs at the start and at the end: one slow phase of the VM (a thread
 # descheduled) must not lower the denominator of the MFU.
