@@ -107,6 +107,9 @@ print(f"DP weak scaling (width 256, batch 8 per rank, 1 thread per rank): 1 rank
       f"2 ranks {two:.1f} ms/step -> efficiency {eff:.2f} (median of {DP_ROUNDS} paired rounds)")
 print(f"  per round: {dp['per_round'].replace(',', ' ')}; vCPU time stolen by the hypervisor meanwhile: "
       f"{steal_s() - s0:.2f} s")
+print(f"  both ranks each alone at the same time, without communicating: {float(dp['concurrent_ms']):.1f} ms/step, "
+      f"efficiency {float(dp['concurrent_efficiency']):.2f} (the shared machine's part of the loss; the rest is "
+      f"the gradient all-reduce and the waits at the step's collectives)")
 
 # The peak is the best of runs at the start and at the end: one slow phase of the VM (a thread
 # descheduled) must not lower the denominator of the MFU.

@@ -23,6 +23,16 @@ TEST_CASE("ScopeGuard initialised Kokkos and recorded the world", "[core][enviro
 #endif
 }
 
+TEST_CASE("OMP_WAIT_POLICY=passive with several threads is warned about, nothing else", "[core][environment]") {
+  CHECK(pmt::detail::wait_policy_warning(nullptr, 2).empty());
+  CHECK(pmt::detail::wait_policy_warning("active", 2).empty());
+  CHECK(pmt::detail::wait_policy_warning("PASSIVE", 1).empty());  // one thread never waits for another
+  const std::string w = pmt::detail::wait_policy_warning("PASSIVE", 4);
+  CHECK_THAT(w, ContainsSubstring("OMP_WAIT_POLICY=PASSIVE"));
+  CHECK_THAT(w, ContainsSubstring("4 OpenMP threads"));
+  CHECK_THAT(pmt::detail::wait_policy_warning("passive", 2), ContainsSubstring("Unset it"));
+}
+
 TEST_CASE("environment_report names Kokkos, the spaces and every backend", "[core][environment]") {
   const std::string report = pmt::environment_report();
   CHECK_THAT(report, ContainsSubstring("Kokkos"));
