@@ -73,7 +73,7 @@ inline int blas_threads() {
 /// `host_threads` OpenMP threads, or "" when there is nothing to warn about. With "passive",
 /// libgomp's threads sleep at the end of every parallel loop instead of spinning, and each of
 /// the step's hundreds of loops then starts by waking them: bench_train_step at width 256 took
-/// 178-199 ms against 113-138 ms with the default (2 threads, four alternating pairs).
+/// 178-199 ms against 121-138 ms with the default (2 threads, four alternating pairs).
 inline std::string wait_policy_warning(const char* policy, int host_threads) {
   if (policy == nullptr || host_threads < 2) return {};
   std::string p(policy);
