@@ -12,8 +12,8 @@
 // 3 for forward + backward): the usual 6N rule plus attention.
 #include "bench_common.hpp"
 
-#include <cstdlib>
 #include <chrono>
+#include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
@@ -43,9 +43,10 @@ void quiet_barrier(const pmt::comm::Communicator<Backend>& c) {
 /// Weak-scaling efficiency as paired measurements (PMT_BENCH_DP_PAIRED=1 under mpiexec -n N).
 /// Each round times one step of rank 0 alone (a one-rank model on a communicator of its own, the
 /// other ranks asleep), one data-parallel step of all N ranks, each rank with its own batch, and
-/// (a diagnostic) every rank's one-rank step at once with no communication, in rotating order. The efficiency is the median of the rounds' ratios: the two steps of a round
-/// are a fraction of a second apart, so a slow phase of a shared machine (seconds long on the VMs
-/// pmt is measured on) weighs on both sides of each ratio instead of on one run of the two.
+/// (a diagnostic) every rank's one-rank step at once with no communication, in rotating order.
+/// The efficiency is the median of the rounds' ratios: the steps of a round are a fraction of a
+/// second apart, so a slow phase of a shared machine (seconds long on the VMs pmt is measured on)
+/// weighs on both sides of each ratio instead of on one of two separate runs.
 int dp_paired(const pmt::comm::Communicator<Backend>& world, const pmt::nn::GptConfig& cfg,
               const pmt::train::Microbatch<Model::Ids>& mb, const pmt::train::StepOptions& o, std::size_t bucket,
               int rounds) {
