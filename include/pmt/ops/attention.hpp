@@ -27,7 +27,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <string>
+#include <type_traits>
 
 namespace pmt::detail {
 
@@ -227,10 +229,16 @@ void attention_forward_fused(const Exec& exec, const OV& out, ops::AttentionCach
                          T* const A = &att(b, h, 0, 0);
                          for (std::int64_t t = 0; t < Tn; ++t) {
                            const std::int64_t at = (b * Tn + t) * ld + h * hs;
-                           for (std::int64_t d = 0; d < hs; ++d) {
-                             Q[t * hs + d] = qp[at + d];
-                             K[t * hs + d] = kp[at + d];
-                             V[t * hs + d] = vp[at + d];
+                           if constexpr (std::is_same_v<std::remove_const_t<S>, T>) {  // vectorised row copies
+                             std::memcpy(Q + t * hs, qp + at, static_cast<std::size_t>(hs) * sizeof(T));
+                             std::memcpy(K + t * hs, kp + at, static_cast<std::size_t>(hs) * sizeof(T));
+                             std::memcpy(V + t * hs, vp + at, static_cast<std::size_t>(hs) * sizeof(T));
+                           } else {
+                             for (std::int64_t d = 0; d < hs; ++d) {
+                               Q[t * hs + d] = static_cast<T>(qp[at + d]);
+                               K[t * hs + d] = static_cast<T>(kp[at + d]);
+                               V[t * hs + d] = static_cast<T>(vp[at + d]);
+                             }
                            }
                          }
                          for (std::int64_t r0 = 0; r0 < Tn; r0 += P) {
