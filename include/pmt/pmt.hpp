@@ -38,6 +38,7 @@
 #include "pmt/ops/embedding.hpp"
 #include "pmt/ops/layernorm.hpp"
 #include "pmt/ops/matmul.hpp"
+#include "pmt/ops/multi_tensor.hpp"
 #include "pmt/ops/optimizer.hpp"
 #include "pmt/ops/reduction.hpp"
 #include "pmt/ops/softmax.hpp"

@@ -5,10 +5,15 @@
 
 #include "ops_test.hpp"
 #include "pmt/ops/elementwise.hpp"
+#include "pmt/ops/multi_tensor.hpp"
 #include "pmt/ops/optimizer.hpp"
 #include "pmt/ops/reduction.hpp"
 
 #include <cmath>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
 
 using pmt::test::Host;
 
@@ -176,4 +181,75 @@ TEMPLATE_TEST_CASE("SGD with momentum and AdamW follow their update rules", "[op
   for (int i = 0; i < n; ++i) CHECK(std::abs(p(i) - rp[i]) <= 64 * pmt::test::tol<T>());
   h.step = 0;
   CHECK_THROWS_AS(pmt::ops::adamw_update(exec, p, g, m, v, h), pmt::ConfigError);
+}
+
+TEMPLATE_TEST_CASE("multi-tensor zero, scale, squared norms, AdamW and SGD equal the one-tensor ops bitwise",
+                   "[ops][optimizer][multi_tensor]", float, double) {
+  using T = TestType;
+  using V = pmt::Tensor<T, 1, Host>;
+  Host exec;
+  // sizes around the chunks (4096 for norms, 8192 for the updates), an empty tensor and a large one
+  const std::vector<std::size_t> sizes{1, 0, 4095, 4096, 4097, 8193, 3, 70001};
+  auto make = [&](const char* what, std::uint32_t seed) {
+    std::vector<V> a, b;
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      a.emplace_back(std::string(what), sizes[i]);
+      b.emplace_back(std::string(what), sizes[i]);
+      pmt::test::fill_random(a.back(), seed + 10 * static_cast<std::uint32_t>(i));
+      Kokkos::deep_copy(b.back(), a.back());
+    }
+    return std::pair{a, b};
+  };
+  auto [p1, p2] = make("p", 1);
+  auto [g1, g2] = make("g", 2);
+  auto [m1, m2] = make("m", 3);
+  auto [v1, v2] = make("v", 4);
+  for (auto* vs : {&v1, &v2})
+    for (auto& x : *vs) pmt::ops::scale(exec, x, T(0));  // second moments start at zero, as AdamW's do
+  auto same = [](const std::vector<V>& a, const std::vector<V>& b) {
+    bool ok = true;
+    for (std::size_t i = 0; i < a.size(); ++i) ok = ok && pmt::test::bitwise_equal(a[i], b[i]);
+    return ok;
+  };
+  pmt::ops::AdamWParams h{1e-2, 0.9, 0.95, 1e-8, 0.1, 1};
+  for (int step = 1; step <= 3; ++step) {
+    h.step = step;
+    pmt::ops::adamw_update_all(exec, p1, g1, m1, v1, h);
+    for (std::size_t i = 0; i < sizes.size(); ++i) pmt::ops::adamw_update(exec, p2[i], g2[i], m2[i], v2[i], h);
+  }
+  exec.fence();
+  CHECK(same(p1, p2));
+  CHECK(same(m1, m2));
+  CHECK(same(v1, v2));
+  pmt::ops::sgd_update_all(exec, p1, g1, m1, pmt::ops::SgdParams{0.1, 0.9, 0.01});
+  for (std::size_t i = 0; i < sizes.size(); ++i) pmt::ops::sgd_update(exec, p2[i], g2[i], m2[i], pmt::ops::SgdParams{0.1, 0.9, 0.01});
+  exec.fence();
+  CHECK(same(p1, p2));
+  CHECK(same(m1, m2));
+  const std::vector<double> n2 = pmt::ops::squared_norms(exec, p1);
+  REQUIRE(n2.size() == sizes.size());
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    CHECK(n2[i] == pmt::ops::squared_norm_value(exec, p2[i]));  // bitwise: the same chunks and order
+    double ref = 0;
+    for (std::size_t j = 0; j < sizes[i]; ++j) ref += double(p2[i](j)) * double(p2[i](j));
+    CHECK(std::abs(n2[i] - ref) <= 1e-12 * (1 + ref));
+  }
+  CHECK(n2[1] == 0.0);
+  pmt::ops::scale_all(exec, p1, T(0.5));
+  for (auto& x : p2) pmt::ops::scale(exec, x, T(0.5));
+  exec.fence();
+  CHECK(same(p1, p2));
+  pmt::ops::zero_all(exec, p1);
+  exec.fence();
+  for (const auto& x : p1) CHECK(pmt::ops::squared_norm_value(exec, x) == 0.0);
+  // a list that does not match the parameters is an error naming the list and the tensor
+  std::vector<V> short_m(m1.begin(), m1.end() - 1);
+  CHECK_THROWS_WITH(pmt::ops::adamw_update_all(exec, p1, g1, short_m, v1, h),
+                    Catch::Matchers::StartsWith("pmt::ops::adamw_update_all: m holds 7 tensors but the parameters 8"));
+  std::vector<V> wrong = g1;
+  wrong[3] = V(std::string("wrong"), 5);
+  CHECK_THROWS_WITH(pmt::ops::sgd_update_all(exec, p1, wrong, m1, pmt::ops::SgdParams{}),
+                    Catch::Matchers::StartsWith("pmt::ops::sgd_update_all: grads[3] is (5) but parameter 3 is (4096)"));
+  h.step = 0;
+  CHECK_THROWS_AS(pmt::ops::adamw_update_all(exec, p1, g1, m1, v1, h), pmt::ConfigError);
 }

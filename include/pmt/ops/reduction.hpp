@@ -25,6 +25,34 @@ inline constexpr int reduce_lanes          = 16;    // interleaved partial sums 
 
 enum class ReduceKind { Sum, SumSquares, Max };
 
+/// The reduction of x(lo) .. x(hi - 1) (lo < hi) as one chunk partial: reduce_lanes interleaved
+/// partials (element i goes to lane (i - lo) % reduce_lanes), combined pairwise: a fixed order
+/// that the compiler maps onto SIMD registers (one running sum would be a chain of dependent
+/// additions, a few cycles per element). `x(i)` is any indexable: a View or a pointer.
+/// chunked_reduce and the multi-tensor norms (ops/multi_tensor.hpp) both use it.
+template <ReduceKind kind, class X>
+KOKKOS_INLINE_FUNCTION double reduce_span(const X& x, std::int64_t lo, std::int64_t hi) {
+  double acc[reduce_lanes];
+  for (int l = 0; l < reduce_lanes; ++l) acc[l] = kind == ReduceKind::Max ? static_cast<double>(x[lo]) : 0.0;
+  std::int64_t i = lo;
+  for (; i + reduce_lanes <= hi; i += reduce_lanes)
+    for (int l = 0; l < reduce_lanes; ++l) {
+      const double v = static_cast<double>(x[i + l]);
+      if (kind == ReduceKind::Sum) acc[l] += v;
+      if (kind == ReduceKind::SumSquares) acc[l] += v * v;
+      if (kind == ReduceKind::Max) acc[l] = v > acc[l] ? v : acc[l];
+    }
+  for (int l = 0; i + l < hi; ++l) {
+    const double v = static_cast<double>(x[i + l]);
+    if (kind == ReduceKind::Sum) acc[l] += v;
+    if (kind == ReduceKind::SumSquares) acc[l] += v * v;
+    if (kind == ReduceKind::Max) acc[l] = v > acc[l] ? v : acc[l];
+  }
+  for (int w = reduce_lanes / 2; w > 0; w /= 2)
+    for (int l = 0; l < w; ++l) acc[l] = kind == ReduceKind::Max ? (acc[l + w] > acc[l] ? acc[l + w] : acc[l]) : acc[l] + acc[l + w];
+  return acc[0];
+}
+
 /// out() = reduction of the flat tensor x, computed in fixed chunks (see file comment).
 template <ReduceKind kind, class Exec, class XV, class OV>
 void chunked_reduce(const Exec& exec, const XV& x, const OV& out, double post_scale,
@@ -41,28 +69,7 @@ void chunked_reduce(const Exec& exec, const XV& x, const OV& out, double post_sc
       static_cast<std::size_t>(parts));
   Kokkos::parallel_for(label, Kokkos::RangePolicy<Exec>(exec, 0, parts), KOKKOS_LAMBDA(std::int64_t c) {
     const std::int64_t lo = c * reduce_chunk, hi = lo + reduce_chunk < n ? lo + reduce_chunk : n;
-    // reduce_lanes interleaved partials (element i goes to lane (i - lo) % reduce_lanes),
-    // combined pairwise: a fixed order that the compiler maps onto SIMD registers. One running
-    // sum would be a chain of dependent additions, a few cycles per element.
-    double acc[reduce_lanes];
-    for (int l = 0; l < reduce_lanes; ++l) acc[l] = kind == ReduceKind::Max ? static_cast<double>(fx(lo)) : 0.0;
-    std::int64_t i = lo;
-    for (; i + reduce_lanes <= hi; i += reduce_lanes)
-      for (int l = 0; l < reduce_lanes; ++l) {
-        const double v = static_cast<double>(fx(i + l));
-        if (kind == ReduceKind::Sum) acc[l] += v;
-        if (kind == ReduceKind::SumSquares) acc[l] += v * v;
-        if (kind == ReduceKind::Max) acc[l] = v > acc[l] ? v : acc[l];
-      }
-    for (int l = 0; i + l < hi; ++l) {
-      const double v = static_cast<double>(fx(i + l));
-      if (kind == ReduceKind::Sum) acc[l] += v;
-      if (kind == ReduceKind::SumSquares) acc[l] += v * v;
-      if (kind == ReduceKind::Max) acc[l] = v > acc[l] ? v : acc[l];
-    }
-    for (int w = reduce_lanes / 2; w > 0; w /= 2)
-      for (int l = 0; l < w; ++l) acc[l] = kind == ReduceKind::Max ? (acc[l + w] > acc[l] ? acc[l + w] : acc[l]) : acc[l] + acc[l + w];
-    partial(c) = acc[0];
+    partial(c) = reduce_span<kind>(fx, lo, hi);
   });
   Kokkos::parallel_for(label, Kokkos::RangePolicy<Exec>(exec, 0, 1), KOKKOS_LAMBDA(int) {
     double acc = kind == ReduceKind::Max ? (parts > 0 ? partial(0) : -infinity<double>()) : 0.0;

@@ -11,8 +11,8 @@
 #include "pmt/comm/collectives.hpp"
 #include "pmt/comm/communicator.hpp"
 #include "pmt/nn/module.hpp"
-#include "pmt/ops/elementwise.hpp"
-#include "pmt/ops/reduction.hpp"
+#include "pmt/ops/multi_tensor.hpp"
+#include "pmt/optim/optimizers.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -29,8 +29,11 @@ template <class T, class Exec, class Backend>
 double global_grad_norm(const Exec& exec, const std::vector<nn::Parameter<T, Exec>*>& params,
                         const comm::Communicator<Backend>& tp, const comm::Communicator<Backend>* pp = nullptr) {
   Kokkos::View<double*, Kokkos::HostSpace> sums("pmt::optim::grad_norm::sums", 2);  // sharded, replicated
+  std::vector<nn::Parameter<T, Exec>*> counted;  // without pp copies (counted on their own stage)
   for (auto* p : params)
-    if (!p->pp_copy) sums(p->tp_replicated ? 1 : 0) += ops::squared_norm_value(exec, p->grad);
+    if (!p->pp_copy) counted.push_back(p);
+  const std::vector<double> norms2 = ops::squared_norms(exec, grads_of(counted));  // one loop over all
+  for (std::size_t i = 0; i < counted.size(); ++i) sums(counted[i]->tp_replicated ? 1 : 0) += norms2[i];
   if (tp.size() > 1) {
     Kokkos::View<double*, Kokkos::HostSpace> sharded(sums.data(), 1);
     comm::all_reduce_host_values(tp, exec, sharded);
@@ -53,7 +56,7 @@ double clip_grad_norm(const Exec& exec, const std::vector<nn::Parameter<T, Exec>
   const double norm = global_grad_norm(exec, params, tp, pp);
   if (max_norm > 0 && norm > max_norm) {
     const T factor = static_cast<T>(max_norm / (norm + 1e-6));
-    for (auto* p : params) ops::scale(exec, p->grad, factor);
+    ops::scale_all(exec, grads_of(params), factor);
   }
   return norm;
 }

@@ -9,6 +9,7 @@
 #include "pmt/core/instrument.hpp"
 #include "pmt/core/tensor.hpp"
 #include "pmt/nn/module.hpp"
+#include "pmt/ops/multi_tensor.hpp"
 #include "pmt/ops/optimizer.hpp"
 
 #include <Kokkos_Core.hpp>
@@ -18,10 +19,26 @@
 
 namespace pmt::optim {
 
+/// \brief The gradients (or values) of `params`, in order: the lists of the multi-tensor ops.
+template <class T, class Exec>
+std::vector<Tensor<T, 1, Exec>> grads_of(const std::vector<nn::Parameter<T, Exec>*>& params) {
+  std::vector<Tensor<T, 1, Exec>> out;
+  out.reserve(params.size());
+  for (auto* p : params) out.push_back(p->grad);
+  return out;
+}
+template <class T, class Exec>
+std::vector<Tensor<T, 1, Exec>> values_of(const std::vector<nn::Parameter<T, Exec>*>& params) {
+  std::vector<Tensor<T, 1, Exec>> out;
+  out.reserve(params.size());
+  for (auto* p : params) out.push_back(p->value);
+  return out;
+}
+
 /// \brief Sets every gradient to zero on `exec` (no fence).
 template <class T, class Exec>
 void zero_grad(const Exec& exec, const std::vector<nn::Parameter<T, Exec>*>& params) {
-  for (auto* p : params) Kokkos::deep_copy(exec, p->grad, T(0));
+  ops::zero_all(exec, grads_of(params));
 }
 
 /// \brief AdamW (Loshchilov & Hutter) over parameter shards; moments in T.
@@ -44,8 +61,7 @@ class AdamW {
     ops::AdamWParams h = m_h;
     h.lr               = lr;
     h.step             = m_step;
-    for (std::size_t i = 0; i < m_params.size(); ++i)
-      ops::adamw_update(exec, m_params[i]->value, m_params[i]->grad, m_m[i], m_v[i], h);
+    ops::adamw_update_all(exec, values_of(m_params), grads_of(m_params), m_m, m_v, h);
   }
   void zero_grad(const Exec& exec = Exec()) { optim::zero_grad(exec, m_params); }
   std::int64_t steps() const noexcept { return m_step; }
@@ -74,7 +90,7 @@ class Sgd {
   void step(const Exec& exec, double lr) {
     ops::SgdParams h = m_h;
     h.lr             = lr;
-    for (std::size_t i = 0; i < m_params.size(); ++i) ops::sgd_update(exec, m_params[i]->value, m_params[i]->grad, m_vel[i], h);
+    ops::sgd_update_all(exec, values_of(m_params), grads_of(m_params), m_vel, h);
   }
   void zero_grad(const Exec& exec = Exec()) { optim::zero_grad(exec, m_params); }
   const std::vector<nn::Parameter<T, Exec>*>& parameters() const noexcept { return m_params; }

@@ -1,0 +1,224 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// Multi-tensor ("foreach") forms of the ops an optimizer step runs over every parameter: set to
+// zero, scale, squared norms, AdamW and SGD updates, over a list of 1-D tensors at once (a
+// model's gradients, values and optimizer states).
+//   On host spaces each is ONE parallel loop over fixed chunks of all the tensors, instead of one
+//   loop per tensor (and, for the norms, one result allocation and one fence per tensor). A GPT
+//   has a dozen or more parameter tensors per block, many of them small (biases, LayerNorm
+//   weights), so these launches add up: at width 256 the step ran about 320 of them.
+//   On device spaces they call the one-tensor ops (elementwise.hpp, reduction.hpp,
+//   optimizer.hpp) per tensor.
+// Results are bitwise those of the one-tensor ops on any space: the updates are elementwise with
+// the same arithmetic (ops/optimizer.hpp's element functions), and each tensor's squared norm is
+// summed in reduce_chunk chunks by detail::reduce_span, the chunk partials in order, as
+// ops::squared_norm does.
+//   ops::zero_all(exec, grads);                           // every gradient = 0
+//   std::vector<double> n2 = ops::squared_norms(exec, grads);  // fences
+//   ops::adamw_update_all(exec, values, grads, m, v, hyper);
+
+#include "pmt/core/error.hpp"
+#include "pmt/core/tensor.hpp"
+#include "pmt/ops/elementwise.hpp"
+#include "pmt/ops/optimizer.hpp"
+#include "pmt/ops/reduction.hpp"
+
+#include <Kokkos_Core.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace pmt::detail {
+
+/// Elements per chunk of the multi-tensor elementwise loops.
+inline constexpr std::int64_t multi_tensor_chunk = 8192;
+
+/// One chunk of a multi-tensor loop: elements [lo, hi) of tensor `tensor`.
+struct TensorChunk {
+  std::size_t tensor;
+  std::int64_t lo, hi;
+};
+
+/// The chunks of `chunk` elements that cover tensors of the given sizes, in tensor order.
+inline std::vector<TensorChunk> tensor_chunks(const std::vector<std::int64_t>& sizes, std::int64_t chunk) {
+  std::vector<TensorChunk> out;
+  for (std::size_t t = 0; t < sizes.size(); ++t)
+    for (std::int64_t lo = 0; lo < sizes[t]; lo += chunk) out.push_back({t, lo, lo + chunk < sizes[t] ? lo + chunk : sizes[t]});
+  return out;
+}
+
+/// Runs f(chunk) for every chunk, spread over the host space's threads; returns when done (host
+/// spaces execute synchronously).
+template <class Exec, class F>
+void for_each_chunk(const Exec& exec, const char* label, const std::vector<TensorChunk>& chunks, F f) {
+  static_assert(is_host_space_v<Exec>, "pmt::detail::for_each_chunk runs on host spaces only");
+  const TensorChunk* c = chunks.data();
+  Kokkos::parallel_for(label, Kokkos::RangePolicy<Exec>(exec, 0, static_cast<std::int64_t>(chunks.size())),
+                       [=](std::int64_t i) { f(c[i]); });
+}
+
+template <class V>
+std::vector<std::int64_t> tensor_sizes(const std::vector<V>& xs) {
+  std::vector<std::int64_t> sizes;
+  sizes.reserve(xs.size());
+  for (const auto& x : xs) sizes.push_back(static_cast<std::int64_t>(x.extent(0)));
+  return sizes;
+}
+
+/// The tensors' data pointers (each a contiguous rank-1 View of Exec's memory space).
+template <class Exec, class V>
+std::vector<typename V::pointer_type> tensor_data(const std::vector<V>& xs) {
+  static_check_view<Exec, V>();
+  static_assert(V::rank == 1, "pmt::ops: the multi-tensor ops take lists of rank-1 tensors (Parameter::value, grad)");
+  static_assert(std::is_same_v<typename V::array_layout, Kokkos::LayoutRight> ||
+                    std::is_same_v<typename V::array_layout, Kokkos::LayoutLeft>,
+                "pmt::ops: the multi-tensor ops take contiguous tensors (LayoutRight or LayoutLeft)");
+  std::vector<typename V::pointer_type> ptrs;
+  ptrs.reserve(xs.size());
+  for (const auto& x : xs) ptrs.push_back(x.data());
+  return ptrs;
+}
+
+/// Checks that list `name` has as many tensors as `ref` and tensor i as many elements as ref's.
+template <class V, class R>
+void require_same_sizes(const char* op, const char* name, const std::vector<V>& xs, const std::vector<R>& ref) {
+  require(xs.size() == ref.size(), op, [&] {
+    return str(name, " holds ", xs.size(), " tensors but the parameters ", ref.size());
+  });
+  for (std::size_t i = 0; i < xs.size(); ++i)
+    require(xs[i].extent(0) == ref[i].extent(0), op, [&] {
+      return str(name, "[", i, "] is ", shape_str(xs[i]), " but parameter ", i, " is ", shape_str(ref[i]));
+    });
+}
+
+}  // namespace pmt::detail
+
+namespace pmt::ops {
+
+/// \brief Sets every element of every tensor of `xs` to zero (no fence on device spaces).
+template <class Exec, class V>
+void zero_all(const Exec& exec, const std::vector<V>& xs) {
+  using T = typename V::non_const_value_type;
+  const std::vector<T*> p = detail::tensor_data<Exec>(xs);
+  if constexpr (is_host_space_v<Exec>) {
+    T* const* pp            = p.data();
+    detail::for_each_chunk(exec, "pmt::ops::zero_all", detail::tensor_chunks(detail::tensor_sizes(xs), detail::multi_tensor_chunk),
+                           [=](const detail::TensorChunk& c) {
+                             T* x = pp[c.tensor];
+                             for (std::int64_t i = c.lo; i < c.hi; ++i) x[i] = T(0);
+                           });
+  } else {
+    (void)p;
+    for (const auto& x : xs) Kokkos::deep_copy(exec, x, T(0));
+  }
+}
+
+/// \brief x *= s for every tensor x of `xs` (ops::scale on each).
+template <class Exec, class V>
+void scale_all(const Exec& exec, const std::vector<V>& xs, typename V::non_const_value_type s) {
+  using T = typename V::non_const_value_type;
+  const std::vector<T*> p = detail::tensor_data<Exec>(xs);
+  if constexpr (is_host_space_v<Exec>) {
+    T* const* pp            = p.data();
+    detail::for_each_chunk(exec, "pmt::ops::scale_all", detail::tensor_chunks(detail::tensor_sizes(xs), detail::multi_tensor_chunk),
+                           [=](const detail::TensorChunk& c) {
+                             T* x = pp[c.tensor];
+                             for (std::int64_t i = c.lo; i < c.hi; ++i) x[i] *= s;
+                           });
+  } else {
+    (void)p;
+    for (const auto& x : xs) scale(exec, x, s);
+  }
+}
+
+/// \brief The squared L2 norm of each tensor of `xs`, in double, on the host (fences); each
+/// bitwise equal to ops::squared_norm_value of that tensor.
+template <class Exec, class V>
+std::vector<double> squared_norms(const Exec& exec, const std::vector<V>& xs) {
+  using P = typename V::pointer_type;
+  const std::vector<P> p = detail::tensor_data<Exec>(xs);
+  std::vector<double> out(xs.size(), 0.0);
+  if constexpr (is_host_space_v<Exec>) {
+    // squared_norm's chunks (reduce_chunk elements), so that the partials and their order match
+    const std::vector<detail::TensorChunk> chunks = detail::tensor_chunks(detail::tensor_sizes(xs), detail::reduce_chunk);
+    std::vector<double> partial(chunks.size());
+    const P* pp             = p.data();
+    double* part            = partial.data();
+    const detail::TensorChunk* first = chunks.data();
+    detail::for_each_chunk(exec, "pmt::ops::squared_norms", chunks, [=](const detail::TensorChunk& c) {
+      part[&c - first] = detail::reduce_span<detail::ReduceKind::SumSquares>(pp[c.tensor], c.lo, c.hi);
+    });
+    for (std::size_t c = 0; c < chunks.size(); ++c) out[chunks[c].tensor] += partial[c];
+  } else {
+    (void)p;
+    for (std::size_t i = 0; i < xs.size(); ++i) out[i] = squared_norm_value(exec, xs[i]);
+  }
+  return out;
+}
+
+/// \brief ops::adamw_update on every (values[i], grads[i], m[i], v[i]) (no fence on device spaces).
+/// \throws pmt::ShapeError when the lists differ in length or tensor i in size; pmt::ConfigError
+/// for step < 1.
+template <class Exec, class PV, class GV, class SV>
+void adamw_update_all(const Exec& exec, const std::vector<PV>& values, const std::vector<GV>& grads,
+                      const std::vector<SV>& m, const std::vector<SV>& v, const AdamWParams& h) {
+  constexpr const char* op = "pmt::ops::adamw_update_all";
+  detail::require_same_sizes(op, "grads", grads, values);
+  detail::require_same_sizes(op, "m", m, values);
+  detail::require_same_sizes(op, "v", v, values);
+  if constexpr (is_host_space_v<Exec>) {
+    using S                       = typename SV::non_const_value_type;
+    const detail::AdamWStep<S> st = detail::adamw_step<S>(op, h);
+    const auto pv = detail::tensor_data<Exec>(values);
+    const auto gv = detail::tensor_data<Exec>(grads);
+    const auto mv = detail::tensor_data<Exec>(m), vv = detail::tensor_data<Exec>(v);
+    const auto* P = pv.data();
+    const auto* G = gv.data();
+    const auto* M = mv.data();
+    const auto* V = vv.data();
+    detail::for_each_chunk(exec, op, detail::tensor_chunks(detail::tensor_sizes(values), detail::multi_tensor_chunk),
+                           [=](const detail::TensorChunk& c) {
+                             auto* p = P[c.tensor];
+                             const auto* g = G[c.tensor];
+                             S* mm = M[c.tensor];
+                             S* vv2 = V[c.tensor];
+                             for (std::int64_t i = c.lo; i < c.hi; ++i) detail::adamw_element(st, p[i], g[i], mm[i], vv2[i]);
+                           });
+  } else {
+    for (std::size_t i = 0; i < values.size(); ++i) adamw_update(exec, values[i], grads[i], m[i], v[i], h);
+  }
+}
+
+/// \brief ops::sgd_update on every (values[i], grads[i], velocity[i]) (no fence on device spaces).
+/// \throws pmt::ShapeError when the lists differ in length or tensor i in size.
+template <class Exec, class PV, class GV, class SV>
+void sgd_update_all(const Exec& exec, const std::vector<PV>& values, const std::vector<GV>& grads,
+                    const std::vector<SV>& velocity, const SgdParams& h) {
+  constexpr const char* op = "pmt::ops::sgd_update_all";
+  detail::require_same_sizes(op, "grads", grads, values);
+  detail::require_same_sizes(op, "velocity", velocity, values);
+  if constexpr (is_host_space_v<Exec>) {
+    using T                     = typename PV::non_const_value_type;  // sgd_update's scalars
+    const detail::SgdStep<T> st = detail::sgd_step<T>(h);
+    const auto pv = detail::tensor_data<Exec>(values);
+    const auto gv = detail::tensor_data<Exec>(grads);
+    const auto vv = detail::tensor_data<Exec>(velocity);
+    const auto* P = pv.data();
+    const auto* G = gv.data();
+    const auto* V = vv.data();
+    detail::for_each_chunk(exec, op, detail::tensor_chunks(detail::tensor_sizes(values), detail::multi_tensor_chunk),
+                           [=](const detail::TensorChunk& c) {
+                             auto* p = P[c.tensor];
+                             const auto* g = G[c.tensor];
+                             auto* vel = V[c.tensor];
+                             for (std::int64_t i = c.lo; i < c.hi; ++i) detail::sgd_element(st, p[i], g[i], vel[i]);
+                           });
+  } else {
+    for (std::size_t i = 0; i < values.size(); ++i) sgd_update(exec, values[i], grads[i], velocity[i], h);
+  }
+}
+
+}  // namespace pmt::ops
