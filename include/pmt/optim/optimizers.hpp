@@ -21,18 +21,20 @@ namespace pmt::optim {
 
 /// \brief The gradients (or values) of `params`, in order: the lists of the multi-tensor ops.
 template <class T, class Exec>
-std::vector<Tensor<T, 1, Exec>> grads_of(const std::vector<nn::Parameter<T, Exec>*>& params) {
+std::vector<Tensor<T, 1, Exec>> tensors_of(const std::vector<nn::Parameter<T, Exec>*>& params,
+                                           Tensor<T, 1, Exec> nn::Parameter<T, Exec>::*which) {
   std::vector<Tensor<T, 1, Exec>> out;
   out.reserve(params.size());
-  for (auto* p : params) out.push_back(p->grad);
+  for (auto* p : params) out.push_back(p->*which);
   return out;
 }
 template <class T, class Exec>
+std::vector<Tensor<T, 1, Exec>> grads_of(const std::vector<nn::Parameter<T, Exec>*>& params) {
+  return tensors_of(params, &nn::Parameter<T, Exec>::grad);
+}
+template <class T, class Exec>
 std::vector<Tensor<T, 1, Exec>> values_of(const std::vector<nn::Parameter<T, Exec>*>& params) {
-  std::vector<Tensor<T, 1, Exec>> out;
-  out.reserve(params.size());
-  for (auto* p : params) out.push_back(p->value);
-  return out;
+  return tensors_of(params, &nn::Parameter<T, Exec>::value);
 }
 
 /// \brief Sets every gradient to zero on `exec` (no fence).
