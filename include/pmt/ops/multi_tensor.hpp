@@ -50,14 +50,15 @@ inline std::vector<TensorChunk> tensor_chunks(const std::vector<std::int64_t>& s
   return out;
 }
 
-/// Runs f(chunk) for every chunk, spread over the host space's threads; returns when done (host
-/// spaces execute synchronously).
+/// Runs f(chunks[i]) for every chunk (f gets a reference into `chunks`), spread over the host
+/// space's threads, and returns when all are done: the loops read host vectors of the caller.
 template <class Exec, class F>
 void for_each_chunk(const Exec& exec, const char* label, const std::vector<TensorChunk>& chunks, F f) {
   static_assert(is_host_space_v<Exec>, "pmt::detail::for_each_chunk runs on host spaces only");
   const TensorChunk* c = chunks.data();
   Kokkos::parallel_for(label, Kokkos::RangePolicy<Exec>(exec, 0, static_cast<std::int64_t>(chunks.size())),
                        [=](std::int64_t i) { f(c[i]); });
+  exec.fence();  // a host space may run a parallel_for asynchronously (Kokkos does not promise otherwise)
 }
 
 template <class V>
