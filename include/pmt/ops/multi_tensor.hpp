@@ -170,9 +170,9 @@ void adamw_update_all(const Exec& exec, const std::vector<PV>& values, const std
   detail::require_same_sizes(op, "grads", grads, values);
   detail::require_same_sizes(op, "m", m, values);
   detail::require_same_sizes(op, "v", v, values);
+  using S                       = typename SV::non_const_value_type;
+  const detail::AdamWStep<S> st = detail::adamw_step<S>(op, h);  // checks the step on every space
   if constexpr (is_host_space_v<Exec>) {
-    using S                       = typename SV::non_const_value_type;
-    const detail::AdamWStep<S> st = detail::adamw_step<S>(op, h);
     const auto pv = detail::tensor_data<Exec>(values);
     const auto gv = detail::tensor_data<Exec>(grads);
     const auto mv = detail::tensor_data<Exec>(m), vv = detail::tensor_data<Exec>(v);
@@ -189,6 +189,7 @@ void adamw_update_all(const Exec& exec, const std::vector<PV>& values, const std
                              for (std::int64_t i = c.lo; i < c.hi; ++i) detail::adamw_element(st, p[i], g[i], mm[i], vv2[i]);
                            });
   } else {
+    (void)st;
     for (std::size_t i = 0; i < values.size(); ++i) adamw_update(exec, values[i], grads[i], m[i], v[i], h);
   }
 }
