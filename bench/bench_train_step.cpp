@@ -2,7 +2,8 @@
 // Time of one training step (forward + loss + backward + dp sync + clipping + AdamW) of pmt's Gpt,
 // fp32, on the host execution space, with every rank in data parallelism (dp = world size; run
 // under mpiexec for weak scaling: each rank processes its own batch).
-// Usage: bench_train_step LAYERS WIDTH HEADS CONTEXT BATCH VOCAB STEPS   (or: bench_train_step peak)
+// Usage: bench_train_step LAYERS WIDTH HEADS CONTEXT BATCH VOCAB STEPS   (or: bench_train_step peak;
+//        bench_train_step products LAYERS WIDTH HEADS CONTEXT BATCH VOCAB STEPS: the step's matmuls alone)
 // Prints one machine-readable line: "pmt_step ms=.. tokens_per_s=.. flops_per_step=.. ranks=..".
 // With PMT_BENCH_DP_PAIRED=1 (under mpiexec -n N, STEPS = rounds) it measures data-parallel weak
 // scaling as paired rounds instead (dp_paired below): "pmt_dp_paired one_ms=.. dp_ms=.. efficiency=..".
@@ -13,6 +14,7 @@
 #include "bench_common.hpp"
 
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <string>
 #include <thread>
@@ -100,6 +102,50 @@ int dp_paired(const pmt::comm::Communicator<Backend>& world, const pmt::nn::GptC
 }  // namespace
 #endif
 
+/// The step's Linear and LM-head products alone (`bench_train_step products L C H T B V STEPS`):
+/// the same pmt::ops::matmul calls as the model's forward and backward make (shapes, transposes,
+/// beta), in the same order, on buffers of the same sizes (a separate set per layer, as the model
+/// keeps every layer's activations for backward), and nothing else: no bias, attention, GELU,
+/// LayerNorm, loss or optimizer. Its time is what this BLAS needs for 6 P tokens FLOPs of the step,
+/// a floor for the whole step that no framework on this BLAS goes below.
+int products(std::size_t L, std::size_t C, std::size_t T, std::size_t B, std::size_t V, int steps) {
+  using pmt::ops::Trans;
+  const std::size_t N = B * T;
+  Exec exec;
+  auto tensor = [&](const char* name, std::size_t r, std::size_t c, std::uint64_t key) {
+    auto t = pmt::make_tensor<float, Exec>(name, r, c);
+    pmt::fill_uniform(exec, t, {key, 0}, -0.1f, 0.1f);
+    return t;
+  };
+  using Tensor2 = decltype(tensor("", 1, 1, 0));
+  struct Lin { Tensor2 w, dw, x, y, dy, dx; };
+  std::vector<Lin> lins;
+  const std::size_t shapes[4][2] = {{C, 3 * C}, {C, C}, {C, 4 * C}, {4 * C, C}};  // qkv, proj, fc, fc2
+  for (std::size_t l = 0; l < L; ++l)
+    for (const auto& io : shapes) {
+      const std::uint64_t k = 10 * lins.size();
+      lins.push_back({tensor("w", io[0], io[1], k), tensor("dw", io[0], io[1], k + 1), tensor("x", N, io[0], k + 2),
+                      tensor("y", N, io[1], k + 3), tensor("dy", N, io[1], k + 4), tensor("dx", N, io[0], k + 5)});
+    }
+  auto emb = tensor("E", V, C, 1), demb = tensor("dE", V, C, 2), xf = tensor("xf", N, C, 3),
+       logits = tensor("logits", N, V, 4), dxf = tensor("dxf", N, C, 5);
+  const double t = pmt::bench::median_seconds(steps, [&] {
+    for (auto& l : lins) pmt::ops::matmul(exec, Trans::N, Trans::N, 1.0f, l.x, l.w, 1.0f, l.y);  // y = bias + x W
+    pmt::ops::matmul(exec, Trans::N, Trans::T, 1.0f, xf, emb, 0.0f, logits);                     // x E^T
+    pmt::ops::matmul(exec, Trans::N, Trans::N, 1.0f, logits, emb, 0.0f, dxf);                     // dlogits E
+    pmt::ops::matmul(exec, Trans::T, Trans::N, 1.0f, logits, xf, 1.0f, demb);                     // dE += dlogits^T x
+    for (auto l = lins.rbegin(); l != lins.rend(); ++l) {
+      pmt::ops::matmul(exec, Trans::T, Trans::N, 1.0f, l->x, l->dy, 1.0f, l->dw);  // dW += x^T dy
+      pmt::ops::matmul(exec, Trans::N, Trans::T, 1.0f, l->dy, l->w, 0.0f, l->dx);  // dx = dy W^T
+    }
+    Kokkos::fence();
+  });
+  const double flops = 6.0 * double(N) * (double(L) * 12 * C * C + double(V) * C);
+  std::printf("pmt_products ms=%.3f flops=%.6e gflops=%.1f threads=%d\n", t * 1e3, flops, flops / t / 1e9,
+              exec.concurrency());
+  return 0;
+}
+
 int main(int argc, char* argv[]) {
   pmt::ScopeGuard guard(argc, argv);
   // Keep freed activation memory for the next step (pmt/core/host_memory.hpp; printed below);
@@ -127,6 +173,10 @@ int main(int argc, char* argv[]) {
     const double event = t.seconds() / n * 1e9;
     std::printf("instrument region_ns=%.2f region_and_event_ns=%.2f\n", region, event);
     return 0;
+  }
+  if (argc == 9 && std::string(argv[1]) == "products") {
+    auto arg = [&](int i) { return std::size_t(std::strtoul(argv[i], nullptr, 10)); };
+    return products(arg(2), arg(3), arg(5), arg(6), arg(7), std::atoi(argv[8]));
   }
   if (argc < 8) {
     std::fprintf(stderr, "usage: %s LAYERS WIDTH HEADS CONTEXT BATCH VOCAB STEPS\n", argv[0]);

@@ -48,20 +48,25 @@ configs = [("width 256", 4, 256, 4, 128, 8, 256), ("width 768", 4, 768, 12, 128,
 print(f"pmt bench train_step: fp32, one rank, {threads} threads (PyTorch: the same threads)")
 print(f"{'model':<10} {'pmt ms':>9} {'tok/s':>9} {'GFLOP/s':>9} {'torch ms':>9} {'pmt/torch':>10} "
       f"{'pmt ms (*)':>12} {'(*)/torch':>10}")
-results = {}
+results, products = {}, {}
 # pmt and PyTorch alternate, ROUNDS times; each time is the median of the rounds' medians, and each
 # ratio the median of the rounds' ratios: a round's runs are adjacent in time, so a slow phase of
 # the machine (seconds long on this VM) weighs on both sides of its ratio
 ROUNDS = int(os.environ.get("PMT_TRAIN_STEP_ROUNDS", "5"))
 for name, L, C, H, T, B, V in configs:
     args = [str(a) for a in (L, C, H, T, B, V, STEPS)]
-    pmt_ms, torch_ms, default_ms, mkl_ms = [], [], [], []
+    pmt_ms, torch_ms, default_ms, mkl_ms, prod_ms, mkl_prod_ms = [], [], [], [], [], []
     for _ in range(ROUNDS):
         p = fields("pmt_step", run([exe] + args, {"OMP_NUM_THREADS": str(threads)}))
         pmt_ms.append(float(p["ms"]))
         if mkl_exe:
             m = fields("pmt_step", run([mkl_exe] + args, {"OMP_NUM_THREADS": str(threads)}))
             mkl_ms.append(float(m["ms"]))
+        # the step's matmuls alone (bench_train_step products): what this BLAS needs for them
+        prod_ms.append(float(fields("pmt_products", run([exe, "products"] + args, {"OMP_NUM_THREADS": str(threads)}))["ms"]))
+        if mkl_exe:
+            mkl_prod_ms.append(float(fields("pmt_products", run([mkl_exe, "products"] + args,
+                                                                {"OMP_NUM_THREADS": str(threads)}))["ms"]))
         # the same step with the C library's default malloc (no pmt::keep_freed_host_memory)
         d = fields("pmt_step", run([exe] + args, {"OMP_NUM_THREADS": str(threads), "PMT_KEEP_FREED_HOST_MEMORY": "0"}))
         default_ms.append(float(d["ms"]))
@@ -74,6 +79,12 @@ for name, L, C, H, T, B, V in configs:
     p["tokens_per_s"] = str(B * T / (ms / 1e3))
     t_ms = sorted(torch_ms)[ROUNDS // 2] if torch_py else None
     results[name] = (ms, flops, t_ms, round_ratio)
+    med = lambda xs: sorted(xs)[ROUNDS // 2]
+    products[name] = (med(prod_ms), med([a / b for a, b in zip(prod_ms, torch_ms)]) if torch_py else None,
+                      med([a - b for a, b in zip(pmt_ms, prod_ms)]))
+    if mkl_exe:
+        products[name + ", MKL"] = (med(mkl_prod_ms), med([a / b for a, b in zip(mkl_prod_ms, torch_ms)]) if torch_py else None,
+                                    med([a - b for a, b in zip(mkl_ms, mkl_prod_ms)]))
     if mkl_exe:
         mkl_ratio = sorted(a / b for a, b in zip(mkl_ms, torch_ms))[ROUNDS // 2] if torch_py else None
         results[name + " mkl"] = (sorted(mkl_ms)[ROUNDS // 2], flops, t_ms, mkl_ratio)
@@ -87,6 +98,16 @@ for name, L, C, H, T, B, V in configs:
         ms, flops, t_ms, r = results[name + " mkl"]
         print(f"{name + ', MKL':<10} {ms:9.1f} {B * T / (ms / 1e3):9.0f} {flops / ms / 1e6:9.1f} "
               f"{(f'{t_ms:9.1f}' if t_ms else '      n/a')} {(f'{r:10.2f}' if r else '       n/a')}   (pmt built against MKL's CBLAS)")
+# The floor: the step's Linear and LM-head matmuls alone, with the BLAS pmt was built against
+# (bench_train_step products; 6 P tokens of the step's FLOPs). No framework on that BLAS takes less
+# than this for the step; "the rest" is pmt's step minus it, paired by round (attention, GELU,
+# LayerNorm, bias, loss, clipping, AdamW: everything that is not one of those matmuls).
+for name, (pr_ms, pr_ratio, rest_ms) in products.items():
+    t_ms = results[name.split(",")[0]][2]
+    budget = "" if not t_ms else (f"; the 0.7 x torch goal leaves {0.7 * t_ms - pr_ms:.1f} ms for the rest"
+                                  if name.startswith("width 256") else "")
+    print(f"{name:<10} the step's matmuls alone: {pr_ms:.1f} ms"
+          f"{f' = {pr_ratio:.2f} x torch' if pr_ratio else ''}, the rest of pmt's step {rest_ms:.1f} ms{budget}")
 print("(*) pmt with the C library's default malloc, which returns each step's freed activations to the kernel:\n"
       "    bench_train_step with PMT_KEEP_FREED_HOST_MEMORY=0 (pmt/core/host_memory.hpp)")
 if torch_py:
