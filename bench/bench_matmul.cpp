@@ -70,11 +70,19 @@ int main(int argc, char* argv[]) {
       {"n=1024", 1024, 1024, 1024, Trans::N, Trans::N},  {"n=2048", 2048, 2048, 2048, Trans::N, Trans::N},
       {"gpt fwd x.W", 2048, 3072, 768, Trans::N, Trans::N},
       {"gpt bwd dY.W^T", 2048, 768, 3072, Trans::N, Trans::T},
-      {"gpt bwd X^T.dY", 768, 3072, 2048, Trans::T, Trans::N}};
+      {"gpt bwd X^T.dY", 768, 3072, 2048, Trans::T, Trans::N},
+      // the width-256 training step's block products (bench/train_step.py: 1024 tokens): per Linear
+      // (qkv C->3C, fc C->4C, fc2 4C->C, proj C->C) forward x.W, backward dY.W^T and X^T.dY
+      {"w256 qkv", 1024, 768, 256, Trans::N, Trans::N}, {"w256 qkv dX", 1024, 256, 768, Trans::N, Trans::T},
+      {"w256 qkv dW", 256, 768, 1024, Trans::T, Trans::N}, {"w256 fc", 1024, 1024, 256, Trans::N, Trans::N},
+      {"w256 fc dX", 1024, 256, 1024, Trans::N, Trans::T}, {"w256 fc dW", 256, 1024, 1024, Trans::T, Trans::N},
+      {"w256 fc2", 1024, 256, 1024, Trans::N, Trans::N}, {"w256 fc2 dX", 1024, 1024, 256, Trans::N, Trans::T},
+      {"w256 fc2 dW", 1024, 256, 1024, Trans::T, Trans::N}, {"w256 proj", 1024, 256, 256, Trans::N, Trans::N},
+      {"w256 proj dX", 1024, 256, 256, Trans::N, Trans::T}, {"w256 proj dW", 256, 256, 1024, Trans::T, Trans::N}};
   std::printf("%-16s %5s %5s %5s %2s%2s | %9s %9s %9s %9s | %7s %7s %7s | %6s %s\n", "shape", "M", "N", "K",
               "tA", "tB", "vendor", "portable", "OpenBLAS", "MKL", "vend/OB", "port/OB", "MKL/OB", "%peak",
               "check");
-  double worst_vendor = 1e9, worst_portable = 1e9;
+  double worst_vendor = 1e9, worst_portable = 1e9, w256_ob = 0, w256_flops = 0;
   for (const Shape& s : shapes) {
     auto A  = s.ta == Trans::N ? pmt::make_tensor<float, Exec>("A", s.M, s.K) : pmt::make_tensor<float, Exec>("A", s.K, s.M);
     auto B  = s.tb == Trans::N ? pmt::make_tensor<float, Exec>("B", s.K, s.N) : pmt::make_tensor<float, Exec>("B", s.N, s.K);
@@ -133,6 +141,10 @@ int main(int argc, char* argv[]) {
                 mkl ? std::to_string(g_mkl).substr(0, std::to_string(g_mkl).find('.') + 2).c_str() : "n/a",
                 r_v, r_p, mkl ? std::to_string(r_mkl).substr(0, 4).c_str() : "n/a",
                 100 * std::max(g_v, g_p) / peak, ok ? "ok" : "WRONG");
+    if (s.name.rfind("w256", 0) == 0) {
+      w256_ob += t_ob;
+      w256_flops += flops;
+    }
     if (target_shape) {
       worst_vendor   = std::min(worst_vendor, r_v);
       worst_portable = std::min(worst_portable, r_p);
@@ -141,6 +153,9 @@ int main(int argc, char* argv[]) {
   std::printf("\n(GFLOP/s = 2 M N K / median time of %d interleaved rounds, %d for n=1024 and the GPT shapes;\n"
               " each ratio against OpenBLAS is the median over the rounds of that round's own ratio; targets\n"
               " take the worst ratio over n=1024 and the three GPT shapes)\n", reps, 3 * reps);
+  std::printf("The width-256 step's block products, each shape alone with OpenBLAS: %.1f ms per layer, %.1f GFLOP/s\n"
+              "(x 4 layers + the LM head's three products = bench_train_step products 4 256 4 128 8 256 N in context)\n",
+              w256_ob * 1e3, w256_flops / w256_ob / 1e9);
   pmt::bench::target_line("matmul_vendor_vs_openblas", worst_vendor, 0.95);
   pmt::bench::target_line("matmul_portable_vs_openblas", worst_portable, 0.6);
   return 0;
