@@ -174,7 +174,12 @@ int main(int argc, char* argv[]) {
     std::printf("instrument region_ns=%.2f region_and_event_ns=%.2f\n", region, event);
     return 0;
   }
-  if (argc == 9 && std::string(argv[1]) == "products") {
+  if (argc >= 2 && std::string(argv[1]) == "products") {
+    if (argc != 9) {
+      std::fprintf(stderr, "usage: %s products LAYERS WIDTH HEADS CONTEXT BATCH VOCAB STEPS (got %d arguments after "
+                   "'products', need 7)\n", argv[0], argc - 2);
+      return 2;
+    }
     auto arg = [&](int i) { return std::size_t(std::strtoul(argv[i], nullptr, 10)); };
     return products(arg(2), arg(3), arg(5), arg(6), arg(7), std::atoi(argv[8]));
   }

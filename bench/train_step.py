@@ -36,6 +36,11 @@ def steal_s():
         return 0.0
 
 
+def median(xs):
+    """The middle element (the upper one of an even count), as the rounds' medians below."""
+    return sorted(xs)[len(xs) // 2]
+
+
 def fields(line_tag, text):
     m = re.search(line_tag + r" (.*)", text)
     return dict(kv.split("=") for kv in m.group(1).split())
@@ -62,11 +67,11 @@ for name, L, C, H, T, B, V in configs:
         if mkl_exe:
             m = fields("pmt_step", run([mkl_exe] + args, {"OMP_NUM_THREADS": str(threads)}))
             mkl_ms.append(float(m["ms"]))
-        # the step's matmuls alone (bench_train_step products): what this BLAS needs for them
-        prod_ms.append(float(fields("pmt_products", run([exe, "products"] + args, {"OMP_NUM_THREADS": str(threads)}))["ms"]))
-        if mkl_exe:
-            mkl_prod_ms.append(float(fields("pmt_products", run([mkl_exe, "products"] + args,
-                                                                {"OMP_NUM_THREADS": str(threads)}))["ms"]))
+        # the step's matmuls alone (bench_train_step products): what each BLAS needs for them
+        for binary, times in ((exe, prod_ms), (mkl_exe, mkl_prod_ms)):
+            if binary:
+                times.append(float(fields("pmt_products", run([binary, "products"] + args,
+                                                              {"OMP_NUM_THREADS": str(threads)}))["ms"]))
         # the same step with the C library's default malloc (no pmt::keep_freed_host_memory)
         d = fields("pmt_step", run([exe] + args, {"OMP_NUM_THREADS": str(threads), "PMT_KEEP_FREED_HOST_MEMORY": "0"}))
         default_ms.append(float(d["ms"]))
@@ -79,12 +84,11 @@ for name, L, C, H, T, B, V in configs:
     p["tokens_per_s"] = str(B * T / (ms / 1e3))
     t_ms = sorted(torch_ms)[ROUNDS // 2] if torch_py else None
     results[name] = (ms, flops, t_ms, round_ratio)
-    med = lambda xs: sorted(xs)[ROUNDS // 2]
-    products[name] = (med(prod_ms), med([a / b for a, b in zip(prod_ms, torch_ms)]) if torch_py else None,
-                      med([a - b for a, b in zip(pmt_ms, prod_ms)]))
-    if mkl_exe:
-        products[name + ", MKL"] = (med(mkl_prod_ms), med([a / b for a, b in zip(mkl_prod_ms, torch_ms)]) if torch_py else None,
-                                    med([a - b for a, b in zip(mkl_ms, mkl_prod_ms)]))
+    # per BLAS: (matmuls alone, their ratio to torch's step, pmt's step minus them), each paired by round
+    for label, step_ms, alone_ms in ((name, pmt_ms, prod_ms), (name + ", MKL", mkl_ms, mkl_prod_ms)):
+        if alone_ms:
+            products[label] = (median(alone_ms), median([a / b for a, b in zip(alone_ms, torch_ms)]) if torch_py else None,
+                               median([a - b for a, b in zip(step_ms, alone_ms)]))
     if mkl_exe:
         mkl_ratio = sorted(a / b for a, b in zip(mkl_ms, torch_ms))[ROUNDS // 2] if torch_py else None
         results[name + " mkl"] = (sorted(mkl_ms)[ROUNDS // 2], flops, t_ms, mkl_ratio)
