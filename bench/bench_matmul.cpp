@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // GFLOP/s of C = A B (fp32) for square n = 256..2048 and the GPT-2 small MLP shapes (forward and
 // the two backward products), side by side in one run: pmt's vendor path (CBLAS), pmt's portable
-// Kokkos kernel, OpenBLAS called directly, and MKL called directly (loaded with dlopen from
+// Kokkos kernel, pmt's default MatmulAuto (which times the two on its first call per shape class
+// and keeps the faster; that first call is the untimed warm-up), OpenBLAS called directly, and MKL called directly (loaded with dlopen from
 // $PMT_MKL_LIB; bench/fetch_mkl.sh fetches the PyPI wheel). Every result is checked against
 // OpenBLAS' (ok / WRONG). Peak = the measured fp32 FMA throughput of this machine (see
 // bench_common.hpp); the 345 GFLOP/s figure assumed an AVX-512 Xeon.
@@ -79,10 +80,10 @@ int main(int argc, char* argv[]) {
       {"w256 fc2", 1024, 256, 1024, Trans::N, Trans::N}, {"w256 fc2 dX", 1024, 1024, 256, Trans::N, Trans::T},
       {"w256 fc2 dW", 1024, 256, 1024, Trans::T, Trans::N}, {"w256 proj", 1024, 256, 256, Trans::N, Trans::N},
       {"w256 proj dX", 1024, 256, 256, Trans::N, Trans::T}, {"w256 proj dW", 256, 256, 1024, Trans::T, Trans::N}};
-  std::printf("%-16s %5s %5s %5s %2s%2s | %9s %9s %9s %9s | %7s %7s %7s | %6s %s\n", "shape", "M", "N", "K",
-              "tA", "tB", "vendor", "portable", "OpenBLAS", "MKL", "vend/OB", "port/OB", "MKL/OB", "%peak",
-              "check");
-  double worst_vendor = 1e9, worst_portable = 1e9, w256_ob = 0, w256_flops = 0;
+  std::printf("%-16s %5s %5s %5s %2s%2s | %9s %9s %9s %9s %9s | %7s %7s %7s | %-8s %9s | %6s %s\n", "shape", "M", "N", "K",
+              "tA", "tB", "vendor", "portable", "auto", "OpenBLAS", "MKL", "vend/OB", "port/OB", "MKL/OB", "auto ran",
+              "auto/best", "%peak", "check");
+  double worst_vendor = 1e9, worst_portable = 1e9, worst_auto = 1e9, w256_ob = 0, w256_flops = 0;
   for (const Shape& s : shapes) {
     auto A  = s.ta == Trans::N ? pmt::make_tensor<float, Exec>("A", s.M, s.K) : pmt::make_tensor<float, Exec>("A", s.K, s.M);
     auto B  = s.tb == Trans::N ? pmt::make_tensor<float, Exec>("B", s.K, s.N) : pmt::make_tensor<float, Exec>("B", s.N, s.K);
@@ -105,6 +106,10 @@ int main(int argc, char* argv[]) {
       pmt::ops::matmul(exec, s.ta, s.tb, 1.0f, A, B, 0.0f, C, pmt::ops::MatmulPortable{});
       exec.fence();
     };
+    auto automatic = [&] {
+      pmt::ops::matmul(exec, s.ta, s.tb, 1.0f, A, B, 0.0f, C);
+      exec.fence();
+    };
     auto direct_mkl = [&] {
       mkl(101, s.ta == Trans::N ? 111 : 112, s.tb == Trans::N ? 111 : 112, s.M, s.N, s.K, 1.0f, A.data(), lda,
           B.data(), ldb, 0.0f, C.data(), s.N);
@@ -115,32 +120,42 @@ int main(int argc, char* argv[]) {
         worst = std::max(worst, double(std::abs(C.data()[i] - Cr.data()[i])) / std::max(1.0, double(std::abs(Cr.data()[i]))));
       return worst;
     };
-    std::vector<std::function<void()>> fns = {openblas, vendor, portable};
+    std::vector<std::function<void()>> fns = {openblas, vendor, portable, automatic};
     if (mkl) fns.push_back(direct_mkl);
     // The target shapes get three times the rounds: a single call's time scatters by +-20 % on
     // this shared VM, and the worst ratio of four shapes would otherwise read that noise.
+    // the vendor and portable targets take n=1024 and the GPT shapes; matmul_auto_vs_best every shape
     const bool target_shape = s.name == "n=1024" || s.name.rfind("gpt", 0) == 0;
-    const std::vector<std::vector<double>> rounds = pmt::bench::interleaved_times(target_shape ? 3 * reps : reps, fns);
+    const std::vector<std::vector<double>> rounds = pmt::bench::interleaved_times(3 * reps, fns);
     std::vector<double> t;
     for (const auto& tf : rounds) t.push_back(pmt::bench::median(tf));
-    const double t_ob = t[0], t_v = t[1], t_p = t[2], t_mkl = mkl ? t[3] : 0;
+    const double t_ob = t[0], t_v = t[1], t_p = t[2], t_a = t[3], t_mkl = mkl ? t[4] : 0;
     // ratios against OpenBLAS: the median of the rounds' own ratios
     const double r_v = pmt::bench::median_round_speedup(rounds[1], rounds[0]);
     const double r_p = pmt::bench::median_round_speedup(rounds[2], rounds[0]);
-    const double r_mkl = mkl ? pmt::bench::median_round_speedup(rounds[3], rounds[0]) : 0;
+    const double r_mkl = mkl ? pmt::bench::median_round_speedup(rounds[4], rounds[0]) : 0;
+    // auto against the faster of vendor and portable, round by round
+    std::vector<double> best_round;
+    for (std::size_t i = 0; i < rounds[1].size(); ++i) best_round.push_back(std::min(rounds[1][i], rounds[2][i]));
+    const double r_auto = pmt::bench::median_round_speedup(rounds[3], best_round);
+    worst_auto          = std::min(worst_auto, r_auto);
+    const char* chosen  = "?";
+    const pmt::ChoiceKey key = pmt::ops::matmul_choice_key<Exec, float>(1, s.ta, s.tb, s.M, s.N, s.K);
+    for (const auto& [k, c] : pmt::measured_choices())
+      if (k == key) chosen = c.path == 1 ? "portable" : "vendor";
     bool ok = true;  // every contestant against OpenBLAS' C
     for (std::size_t i = 1; i < fns.size(); ++i) {
       Kokkos::deep_copy(C, 0.0f);
       fns[i]();
       ok = ok && max_diff() < 1e-4;
     }
-    const double g_v = flops / t_v / 1e9, g_p = flops / t_p / 1e9, g_ob = flops / t_ob / 1e9;
+    const double g_v = flops / t_v / 1e9, g_p = flops / t_p / 1e9, g_ob = flops / t_ob / 1e9, g_a = flops / t_a / 1e9;
     const double g_mkl = mkl ? flops / t_mkl / 1e9 : 0;
-    std::printf("%-16s %5d %5d %5d %2s%2s | %9.1f %9.1f %9.1f %9s | %7.2f %7.2f %7s | %5.0f%% %s\n", s.name.c_str(),
-                s.M, s.N, s.K, s.ta == Trans::N ? "N" : "T", s.tb == Trans::N ? "N" : "T", g_v, g_p, g_ob,
-                mkl ? std::to_string(g_mkl).substr(0, std::to_string(g_mkl).find('.') + 2).c_str() : "n/a",
-                r_v, r_p, mkl ? std::to_string(r_mkl).substr(0, 4).c_str() : "n/a",
-                100 * std::max(g_v, g_p) / peak, ok ? "ok" : "WRONG");
+    std::printf("%-16s %5d %5d %5d %2s%2s | %9.1f %9.1f %9.1f %9.1f %9s | %7.2f %7.2f %7s | %-8s %9.2f | %5.0f%% %s\n",
+                s.name.c_str(), s.M, s.N, s.K, s.ta == Trans::N ? "N" : "T", s.tb == Trans::N ? "N" : "T", g_v, g_p,
+                g_a, g_ob, mkl ? std::to_string(g_mkl).substr(0, std::to_string(g_mkl).find('.') + 2).c_str() : "n/a",
+                r_v, r_p, mkl ? std::to_string(r_mkl).substr(0, 4).c_str() : "n/a", chosen, r_auto,
+                100 * g_a / peak, ok ? "ok" : "WRONG");
     if (s.name.rfind("w256", 0) == 0) {
       w256_ob += t_ob;
       w256_flops += flops;
@@ -150,13 +165,17 @@ int main(int argc, char* argv[]) {
       worst_portable = std::min(worst_portable, r_p);
     }
   }
-  std::printf("\n(GFLOP/s = 2 M N K / median time of %d interleaved rounds, %d for n=1024 and the GPT shapes;\n"
+  std::printf("\n%s\n", pmt::ops::matmul_path_summary(peak).c_str());
+  std::printf("\n(GFLOP/s = 2 M N K / median time of %d interleaved rounds;\n"
               " each ratio against OpenBLAS is the median over the rounds of that round's own ratio; targets\n"
-              " take the worst ratio over n=1024 and the three GPT shapes)\n", reps, 3 * reps);
+              " vendor and portable take the worst ratio over n=1024 and the three GPT shapes, auto/best over\n"
+              " every shape; auto/best = the faster of vendor and portable in each round / auto's time)\n", 3 * reps);
   std::printf("The width-256 step's block products, each shape alone with OpenBLAS: %.1f ms per layer, %.1f GFLOP/s\n"
               "(x 4 layers + the LM head's three products = bench_train_step products 4 256 4 128 8 256 N in context)\n",
               w256_ob * 1e3, w256_flops / w256_ob / 1e9);
   pmt::bench::target_line("matmul_vendor_vs_openblas", worst_vendor, 0.95);
   pmt::bench::target_line("matmul_portable_vs_openblas", worst_portable, 0.6);
+  // auto against the faster of vendor and portable, the worst shape of the whole table
+  pmt::bench::target_line("matmul_auto_vs_best", worst_auto, 0.95);
   return 0;
 }

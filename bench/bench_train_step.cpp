@@ -234,7 +234,9 @@ int main(int argc, char* argv[]) {
   const double flops = double(B * T) * (6 * P + 6 * double(L) * T * C);
   if (world.rank() == 0)
     std::printf("pmt_step ms=%.3f tokens_per_s=%.1f flops_per_step=%.6e ranks=%d threads=%d loss=%.4f "
-                "host_memory_kept=%d\n",
-                t * 1e3, double(B * T) * world.size() / t, flops, world.size(), Exec().concurrency(), loss, kept ? 1 : 0);
+                "host_memory_kept=%d matmul=%s blas_core=%s\n",
+                t * 1e3, double(B * T) * world.size() / t, flops, world.size(), Exec().concurrency(), loss, kept ? 1 : 0,
+                pmt::ops::matmul_path_label().c_str(),
+                pmt::detail::blas_core_name().empty() ? "-" : pmt::detail::blas_core_name().c_str());
   return 0;
 }

@@ -96,7 +96,8 @@ for name, L, C, H, T, B, V in configs:
     ratio = f"{round_ratio:10.2f}" if t_ms else "       n/a"
     d_ratio = f"{d_ms / t_ms:10.2f}" if t_ms else "       n/a"
     print(f"{name:<10} {ms:9.1f} {float(p['tokens_per_s']):9.0f} {flops / ms / 1e6:9.1f} "
-          f"{(f'{t_ms:9.1f}' if t_ms else '      n/a')} {ratio} {d_ms:12.1f} {d_ratio}")
+          f"{(f'{t_ms:9.1f}' if t_ms else '      n/a')} {ratio} {d_ms:12.1f} {d_ratio}"
+          f"   pmt matmul: {p.get('matmul', '?')} (OpenBLAS core {p.get('blas_core', '?')})")
 for name, L, C, H, T, B, V in configs:
     if name + " mkl" in results:
         ms, flops, t_ms, r = results[name + " mkl"]

@@ -50,7 +50,7 @@ struct Options {
   long seed = 1;
   bool resume = false, help = false, zero = false, auto_plan = false, memory_report = true;
   std::vector<std::string> layout_flags;  // --dp, --tp, ... as given (--auto chooses them)
-  std::string schedule = "1f1b", data = PMT_DEFAULT_DATA_DIR, ckpt_dir, metrics, trace;
+  std::string schedule = "1f1b", data = PMT_DEFAULT_DATA_DIR, ckpt_dir, metrics, trace, matmul;
 };
 
 std::string usage() {
@@ -73,6 +73,9 @@ std::string usage() {
              "  --batch N (8)           sequences per step, over all dp ranks\n"
              "  --steps N (100)  --lr X (3e-3)  --warmup N (10)  --seed N (1)\n"
              "  --threads N             OpenMP threads per rank (default: OMP_NUM_THREADS)\n"
+             "  --matmul auto|vendor|portable  the matmul path: auto (default, or PMT_MATMUL) times the vendor\n"
+             "                          BLAS and pmt's portable kernel per shape class on first use and keeps\n"
+             "                          the faster, the same on every rank; vendor or portable pins one\n"
              "data\n"
              "  --data PATH             a text file, or a directory whose .md files are concatenated\n"
              "                          (default: ") +
@@ -116,7 +119,7 @@ Options parse(int argc, char* argv[]) {
     }
     const auto known = {"--dp", "--tp", "--pp", "--chunks", "--schedule", "--microbatches", "--layers", "--width", "--heads",
                         "--context", "--batch", "--steps", "--lr", "--warmup", "--seed", "--data", "--val-every",
-                        "--ckpt-dir", "--ckpt-every", "--metrics", "--trace", "--threads"};
+                        "--ckpt-dir", "--ckpt-every", "--metrics", "--trace", "--threads", "--matmul"};
     if (std::find(known.begin(), known.end(), a) == known.end())
       throw pmt::ConfigError(prog, "unknown flag " + a + " (see --help)");
     if (i + 1 >= argc) throw pmt::ConfigError(prog, a + " needs a value (see --help)");
@@ -159,6 +162,10 @@ Options parse(int argc, char* argv[]) {
     else if (a == "--ckpt-dir") o.ckpt_dir = v;
     else if (a == "--metrics") o.metrics = v;
     else if (a == "--trace") o.trace = v;
+    else if (a == "--matmul") {
+      pmt::ops::parse_matmul_path(v, "--matmul");  // throws for another word
+      o.matmul = v;
+    }
   }
   return o;
 }
@@ -270,6 +277,13 @@ int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_p
       try {
         const auto info = pmt::io::load_checkpoint(latest, mesh, opt, model_description(o));
         start           = static_cast<int>(info.step);
+        // the matmul paths the saved run took: the resumed run continues on them (bit for bit)
+        if (const auto it = info.extra.find("matmul_paths"); it != info.extra.end()) {
+          const auto paths = pmt::decode_measured_choices(it->second);
+          pmt::set_measured_choices(paths);
+          if (root && !paths.empty())
+            std::printf("matmul: the paths of %zu shape classes from the checkpoint\n", paths.size());
+        }
         // a layout-free fingerprint of the loaded parameters: sum over every element of value * f(global index)
         Kokkos::View<double, Kokkos::HostSpace> fp("fingerprint");
         for (auto* p : model.parameters()) {
@@ -308,7 +322,10 @@ int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_p
     std::printf("data: %s, %zu bytes (%zu train, %zu validation)\n", data->path().c_str(), data->size(),
                 data->train_size(), data->val_size());
     if (o.pp > 1) std::printf("stages: %s\n", model.plan().describe().c_str());
-    std::printf("measured fp32 peak of all ranks: %.1f GFLOP/s\n", peak() / 1e9);
+    std::printf("measured fp32 peak of all ranks: %.1f GFLOP/s; %s\n", peak() / 1e9,
+                pmt::ops::matmul_path() == pmt::ops::MatmulPath::Auto
+                    ? "matmul auto: vendor BLAS or portable kernel, timed per shape class in the first step and agreed over the ranks"
+                    : pmt::ops::matmul_path_summary().c_str());
     std::printf("host memory: %s\n", pmt::freed_host_memory_kept() ? "freed blocks up to 32 MiB kept for reuse (pmt::keep_freed_host_memory)"
                                                                    : "the C library's default (pmt::keep_freed_host_memory not available)");
   }
@@ -345,7 +362,8 @@ int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_p
     pmt::io::CheckpointInfo info;
     info.step  = step;
     info.model = model_description(o);
-    info.extra = {{"seed", std::to_string(o.seed)}, {"data_position", std::to_string(step)}, {"steps", std::to_string(o.steps)}};
+    info.extra = {{"seed", std::to_string(o.seed)}, {"data_position", std::to_string(step)}, {"steps", std::to_string(o.steps)},
+                  {"matmul_paths", pmt::encode_measured_choices()}};
     try {  // AdamW's or ZeRO-1's state: the same files
       const std::string where = pmt::io::save_checkpoint(o.ckpt_dir, mesh, opt, info);
       if (root) std::printf("checkpoint: %s\n", where.c_str());
@@ -372,9 +390,11 @@ int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_p
     if (root) {
       const double done = double(step + 1 - start) / double(o.steps - start);
       const double left = std::chrono::duration<double>(t1 - run_t0).count() * (1 - done) / done;
-      std::printf("step %5d/%d  loss %.4f  lr %.2e  %7.0f tok/s  MFU %4.1f%%  comm %4.1f%%  [%3.0f%%, %dm%02ds left]\n", step,
-                  o.steps, loss, lr, tokens / s, 100.0 * flops / s / peak(), 100.0 * comm / s, 100.0 * done,
-                  int(left) / 60, int(left) % 60);
+      std::printf("step %5d/%d  loss %.4f  lr %.2e  %7.0f tok/s  MFU %4.1f%% (%s)  comm %4.1f%%  [%3.0f%%, %dm%02ds left]\n",
+                  step, o.steps, loss, lr, tokens / s, 100.0 * flops / s / peak(), pmt::ops::matmul_path_label().c_str(),
+                  100.0 * comm / s, 100.0 * done, int(left) / 60, int(left) % 60);
+      if (step == start && pmt::ops::matmul_path() == pmt::ops::MatmulPath::Auto)
+        std::printf("%s\n", pmt::ops::matmul_path_summary(peak() / 1e9 / world.size()).c_str());
       std::fflush(stdout);
       if (metrics)
         std::fprintf(metrics,
@@ -492,6 +512,7 @@ int main(int argc, char* argv[]) {
     return 0;
   }
   if (o.threads > 0) setenv("OMP_NUM_THREADS", std::to_string(o.threads).c_str(), 1);  // the user's explicit choice
+  if (!o.matmul.empty()) pmt::ops::set_matmul_path(pmt::ops::parse_matmul_path(o.matmul, "--matmul"));
   pmt::ScopeGuard guard(argc, argv);
   const bool root = pmt::world_rank() == 0;
   // Each step frees its activations and allocates them again: keep that memory in the process
@@ -506,6 +527,7 @@ int main(int argc, char* argv[]) {
 #endif
     std::unique_ptr<pmt::io::TokenDataset> data;
     try {
+      pmt::ops::matmul_path();  // a bad PMT_MATMUL fails here, alike on every rank
       if (o.auto_plan) choose_layout(o, world);
       validate(o, world.size());
       data = std::make_unique<pmt::io::TokenDataset>(o.data, static_cast<std::size_t>(o.context));

@@ -30,26 +30,23 @@ fi
 backports_src=/etc/apt/sources.list.d/pmt-bookworm-backports.sources
 debsrc_src=/etc/apt/sources.list.d/pmt-bookworm-src.sources
 add_sources() {
+  # the release's own archive, as this machine's apt configuration names it (scripts/debian_mirror.sh)
+  local mirror uri key
+  mirror=$("$(dirname "${BASH_SOURCE[0]}")/debian_mirror.sh")
+  uri=${mirror% *}
+  key=${mirror#* }
+  local signed=""
+  [ "$key" = "-" ] || signed="Signed-By: $key"
   if [ ! -f "$backports_src" ]; then
-    log "adding bookworm-backports (for Catch2 v3)"
-    $SUDO tee "$backports_src" >/dev/null <<'SRC'
-Types: deb
-URIs: http://deb.debian.org/debian
-Suites: bookworm-backports
-Components: main
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
-SRC
+    log "adding bookworm-backports (for Catch2 v3) from $uri"
+    printf 'Types: deb\nURIs: %s\nSuites: bookworm-backports\nComponents: main\n%s\n' "$uri" "$signed" \
+      | $SUDO tee "$backports_src" >/dev/null
     APT_UPDATED=0
   fi
   if [ ! -f "$debsrc_src" ]; then
-    log "adding deb-src for bookworm (Kokkos comes from the trilinos source package)"
-    $SUDO tee "$debsrc_src" >/dev/null <<'SRC'
-Types: deb-src
-URIs: http://deb.debian.org/debian
-Suites: bookworm
-Components: main
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
-SRC
+    log "adding deb-src for bookworm (Kokkos comes from the trilinos source package) from $uri"
+    printf 'Types: deb-src\nURIs: %s\nSuites: bookworm\nComponents: main\n%s\n' "$uri" "$signed" \
+      | $SUDO tee "$debsrc_src" >/dev/null
     APT_UPDATED=0
   fi
 }

@@ -36,8 +36,10 @@ log "fetching libkokkos-dev from Debian unstable into $DIR"
 apt_dir=$(mktemp -d)
 trap 'rm -rf "$apt_dir"' EXIT
 mkdir -p "$apt_dir/lists/partial" "$apt_dir/cache/archives/partial"
-echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian sid main" \
-  >"$apt_dir/sources.list"
+# unstable from the archive this machine's apt configuration names (scripts/debian_mirror.sh)
+mirror=$("$(dirname "${BASH_SOURCE[0]}")/debian_mirror.sh")
+key=${mirror#* }
+echo "deb [${key:+signed-by=$key}] ${mirror% *} sid main" | sed 's/\[signed-by=-\] //; s/\[\] //' >"$apt_dir/sources.list"
 apt_opts=(-o Dir::Etc::SourceList="$apt_dir/sources.list" -o Dir::Etc::SourceParts=/dev/null
           -o Dir::State::Lists="$apt_dir/lists" -o Dir::Cache="$apt_dir/cache" -o APT::Architectures::=amd64
           -o APT::Sandbox::User=root)

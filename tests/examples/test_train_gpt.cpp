@@ -164,21 +164,30 @@ TEST_CASE("--zero trains like AdamW; --auto runs the planner's best layout; the 
 }
 
 TEST_CASE("3 steps + resume 3 equals 6 steps, bit for bit", "[examples][train_gpt][checkpoint]") {
+  // The 6-step run with a checkpoint at step 3 is the uninterrupted run; a resumed run continues it
+  // from that checkpoint bit for bit, the matmul paths its first step measured included (they are
+  // in the manifest). Two runs of their own measure and may choose other paths: pinned, they agree.
   const std::string layout = "--tp 2 --pp 2 --microbatches 2 ";
   const auto straight = tmp("straight"), split = tmp("split");
-  REQUIRE(run(small + layout + "--steps 6 --ckpt-dir " + straight + " --metrics " + straight + ".json", 4).rc == 0);
-  // the same 6-step run (same schedule), stopped after its step-3 checkpoint: saved at 3, LATEST -> step 3
   REQUIRE(run(small + layout + "--steps 6 --ckpt-every 3 --ckpt-dir " + split + " --metrics " + split + ".json", 4).rc == 0);
-  fs::remove_all(split + "/step-00000006");
+  fs::rename(split + "/step-00000006", split + "-step6");
   { std::ofstream(split + "/LATEST") << "step-00000003\n"; }
   const auto r = run(small + layout + "--steps 6 --resume --ckpt-dir " + split + " --metrics " + split + "2.json", 4);
   REQUIRE(r.rc == 0);
-  CHECK_THAT(r.out, ContainsSubstring("resumed from") && ContainsSubstring("step 3"));
-  const auto a = losses(straight + ".json"), b = losses(split + "2.json");
+  CHECK_THAT(r.out, ContainsSubstring("resumed from") && ContainsSubstring("step 3") &&
+                        ContainsSubstring("shape classes from the checkpoint"));
+  const auto a = losses(split + ".json"), b = losses(split + "2.json");
   REQUIRE(b.size() == 3);
   for (const auto& [step, l] : b) CHECK(l == a.at(step));
-  CHECK(!shard_lines(straight + "/step-00000006").empty());
-  CHECK(shard_lines(split + "/step-00000006") == shard_lines(straight + "/step-00000006"));
+  CHECK(!shard_lines(split + "-step6").empty());
+  CHECK(shard_lines(split + "/step-00000006") == shard_lines(split + "-step6"));
+  // pinned to one path, two separate runs repeat each other bit for bit
+  const auto p1 = run(small + layout + "--steps 3 --matmul portable --metrics " + straight + ".json", 4);
+  REQUIRE(p1.rc == 0);
+  CHECK_THAT(p1.out, ContainsSubstring("matmul pinned: portable") && ContainsSubstring("(portable)"));
+  REQUIRE(run(small + layout + "--steps 3 --metrics " + straight + "2.json", 4, "PMT_MATMUL=portable").rc == 0);
+  CHECK(losses(straight + ".json") == losses(straight + "2.json"));
+  fs::remove_all(split + "-step6");
 }
 
 TEST_CASE("a crash during a save leaves the previous checkpoint; a flipped byte is refused", "[examples][train_gpt][checkpoint]") {
@@ -284,6 +293,7 @@ TEST_CASE("bad input: a message on stderr, a non-zero exit, no hang", "[examples
       {"--steps", 1, "--steps needs a value"},
       {"--batch 6 --dp 4", 4, "--batch 6 is not divisible by dp = 4"},
       {"--resume", 1, "--resume needs --ckpt-dir"},
+      {"--matmul blas", 2, "--matmul is 'blas'; expected vendor, portable or auto"},
       {"--auto --dp 2", 2, "--auto chooses the layout; drop --dp"},
       {"--zero", 1, "--zero shards the optimizer state over dp, and dp is 1"},
       {"--resume --steps 2 --width 128 --ckpt-dir " + ckpt, 1, "holds a different model"},

@@ -104,9 +104,11 @@ inline void warn_about_environment(int rank) {
                  blas_threads(), host_threads, host_threads);
   if (!blas_core_is_generic_on_vector_cpu()) return;
   std::fprintf(stderr,
-               "pmt: warning: OpenBLAS runs its generic '%s' kernels on this CPU, which has "
-               "AVX2/AVX-512; matmul will be several times slower than it should. Set "
-               "OPENBLAS_CORETYPE (e.g. SkylakeX or Haswell) before starting the program.\n",
+               "pmt: note: OpenBLAS runs its generic '%s' kernels on this CPU, which has AVX2/AVX-512, "
+               "so its matmul is several times slower than it could be. pmt's matmul times OpenBLAS "
+               "against its own portable kernel per shape class and takes the faster (PMT_MATMUL=auto, "
+               "the default); OPENBLAS_CORETYPE (e.g. SkylakeX or Haswell) would give OpenBLAS its "
+               "own kernels back.\n",
                blas_core_name().c_str());
 }
 

@@ -4,10 +4,17 @@
 // Public op = validate -> early-out -> dispatch (Kokkos Kernels' gemm shape). Backends:
 //   MatmulVendor    CBLAS (OpenBLAS) on host memory, cuBLAS on Kokkos::Cuda
 //   MatmulPortable  pmt's team-tiled Kokkos kernel (ops/detail/matmul_kokkos.hpp), any space
-//   MatmulAuto      Vendor where has_vendor_matmul_v<Exec, T>, else Portable (the default)
+//   MatmulAuto      the default: where both paths exist, the faster for the call's shape class,
+//                   measured on first use (core/measured_choice.hpp: decided at once in a job of
+//                   one rank, agreed over all ranks by comm::agree_choices in a larger job, the
+//                   vendor path running until then); Portable where no vendor BLAS serves.
+// The auto choice can be pinned for the whole process: PMT_MATMUL=vendor|portable|auto in the
+// environment, or pmt::ops::set_matmul_path(MatmulPath::Vendor) in code. A pinned path (or an
+// explicit MatmulVendor / MatmulPortable tag on a call) measures nothing.
 
 #include "pmt/config.hpp"
 #include "pmt/core/error.hpp"
+#include "pmt/core/measured_choice.hpp"
 #include "pmt/core/tensor.hpp"
 #include "pmt/ops/detail/matmul_cblas.hpp"
 #include "pmt/ops/detail/matmul_cublas.hpp"
@@ -16,6 +23,8 @@
 #include <Kokkos_Core.hpp>
 
 #include <cstdint>
+#include <cstdlib>
+#include <mutex>
 #include <string>
 #include <type_traits>
 
@@ -38,6 +47,107 @@ inline constexpr bool has_vendor_matmul_v =
      || std::is_same_v<Exec, Kokkos::Cuda>
 #endif
     );
+
+/// \brief What MatmulAuto does for the whole process: measure (Auto) or take one path.
+enum class MatmulPath { Auto, Vendor, Portable };
+
+/// \brief The name of a path as PMT_MATMUL and train_gpt's --matmul spell it.
+inline const char* matmul_path_name(MatmulPath p) {
+  return p == MatmulPath::Vendor ? "vendor" : (p == MatmulPath::Portable ? "portable" : "auto");
+}
+
+/// \brief Parses "vendor", "portable" or "auto". \throws pmt::ConfigError naming `what` and the
+/// value for anything else.
+inline MatmulPath parse_matmul_path(const std::string& v, const char* what = "PMT_MATMUL") {
+  if (v == "vendor") return MatmulPath::Vendor;
+  if (v == "portable") return MatmulPath::Portable;
+  if (v == "auto") return MatmulPath::Auto;
+  throw ConfigError("pmt::ops::matmul", detail::str(what, " is '", v, "'; expected vendor, portable or auto"));
+}
+
+namespace detail_matmul {
+struct PathSetting {
+  std::mutex mu;
+  bool read = false;
+  MatmulPath path = MatmulPath::Auto;
+};
+inline PathSetting& path_setting() {
+  static PathSetting s;
+  return s;
+}
+}  // namespace detail_matmul
+
+/// \brief The process' matmul path for MatmulAuto calls: set_matmul_path's, else PMT_MATMUL's
+/// (read once), else Auto. \throws pmt::ConfigError when PMT_MATMUL holds another word.
+inline MatmulPath matmul_path() {
+  auto& s = detail_matmul::path_setting();
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (!s.read) {
+    const char* env = std::getenv("PMT_MATMUL");
+    s.path = env && *env ? parse_matmul_path(env) : MatmulPath::Auto;
+    s.read = true;
+  }
+  return s.path;
+}
+
+/// \brief Pins (Vendor, Portable) or unpins (Auto) the path of MatmulAuto calls for the process;
+/// overrides PMT_MATMUL. Measured choices made so far are kept for when Auto is set again.
+inline void set_matmul_path(MatmulPath p) {
+  auto& s = detail_matmul::path_setting();
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.path = p;
+  s.read = true;
+}
+
+/// \brief The op id of matmul's entries in the measured-choice table (path 0 vendor, 1 portable).
+inline constexpr std::int64_t matmul_choice_op = 1;
+
+/// \brief One line on the matmul paths taken so far, e.g. "matmul auto: portable for 9 shape
+/// classes (52-61 % of peak), vendor for 3 shape classes (40-44 % of peak), 0 pending"; with a
+/// pin, "matmul pinned: vendor".
+inline std::string matmul_path_summary(double peak_gflops = 0) {
+  const MatmulPath p = matmul_path();
+  if (p != MatmulPath::Auto) return std::string("matmul pinned: ") + matmul_path_name(p);
+  return "matmul auto: " + measured_choice_summary(matmul_choice_op, "vendor", "portable", peak_gflops);
+}
+
+/// \brief The paths MatmulAuto calls take now, for a progress line: the pinned one, else
+/// "vendor", "portable" or "vendor+portable" over the decided shape classes (a pending class runs
+/// the vendor path), "auto" before any call.
+inline std::string matmul_path_label() {
+  const MatmulPath p = matmul_path();
+  if (p != MatmulPath::Auto) return matmul_path_name(p);
+  bool used[2] = {false, false};
+  for (const auto& [k, c] : measured_choices())
+    if (k.op == matmul_choice_op) used[c.decided() ? c.path : 0] = true;
+  return used[0] && used[1] ? "vendor+portable" : (used[1] ? "portable" : (used[0] ? "vendor" : "auto"));
+}
+
+}  // namespace pmt::ops
+
+namespace pmt::detail {
+
+/// ceil(log2(x)) for x >= 1 (0 for x <= 1): the shape class of one extent.
+inline std::int64_t extent_class(std::int64_t x) {
+  std::int64_t c = 0;
+  while ((std::int64_t(1) << c) < x && c < 62) ++c;
+  return c;
+}
+
+}  // namespace pmt::detail
+
+namespace pmt::ops {
+
+/// \brief The measured-choice key of a product C = op(A) op(B) of T on Exec: the scalar, the
+/// transposes, host or device, and the shape class ceil(log2) of batch, M, N and K.
+template <class Exec, class T>
+ChoiceKey matmul_choice_key(std::int64_t batch, Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K) {
+  using detail::extent_class;
+  return ChoiceKey{matmul_choice_op,
+                   std::int64_t(sizeof(T)) | (ta == Trans::T ? 256 : 0) | (tb == Trans::T ? 512 : 0) |
+                       (is_host_space_v<Exec> ? 1024 : 0),
+                   extent_class(batch) | extent_class(M) << 8 | extent_class(N) << 16 | extent_class(K) << 24};
+}
 
 }  // namespace pmt::ops
 
@@ -92,7 +202,40 @@ void matmul_dispatch(const Exec& exec, std::int64_t batch, ops::Trans ta, ops::T
                 "pmt::ops::matmul: MatmulVendor requested but no vendor BLAS serves this scalar "
                 "type on this execution space in this build; use MatmulAuto or MatmulPortable");
   const bool at = ta == ops::Trans::T, bt = tb == ops::Trans::T;
-  if constexpr (!std::is_same_v<Backend, ops::MatmulPortable> && vendor_ok) {
+  if constexpr (std::is_same_v<Backend, ops::MatmulAuto> && vendor_ok) {
+    const ops::MatmulPath pin = ops::matmul_path();
+    bool portable = pin == ops::MatmulPath::Portable;
+    if (pin == ops::MatmulPath::Auto) {
+      // the key: the scalar, the transposes, host or device, and ceil(log2) of batch, M, N, K
+      const ChoiceKey key = ops::matmul_choice_key<Exec, T>(batch, ta, tb, M, N, K);
+      const auto shape = [&] {  // built only when the class is measured
+        return str(batch > 1 ? str(batch, "x") : std::string(), M, "x", N, "x", K, " ", at ? "T" : "N", bt ? "T" : "N",
+                   sizeof(T) == 4 ? " fp32" : " fp64");
+      };
+      const double flops = 2.0 * double(batch) * double(M) * double(N) * double(K);
+      Kokkos::View<T*, typename Exec::memory_space> scratch;  // allocated in the first (warm) round
+      portable = measured_choice(key, shape, flops, [&](int path) {
+                   // into scratch (zeros: beta C is read, and stays finite), never into C
+                   if (scratch.data() == nullptr)
+                     scratch = Kokkos::View<T*, typename Exec::memory_space>("pmt::ops::matmul::measure",
+                                                                             std::size_t(batch * M * N));
+                   exec.fence();
+                   if (path == 0)
+                     matmul_dispatch<ops::MatmulVendor>(exec, batch, ta, tb, M, N, K, alpha, A, lda, sa, B, ldb, sb,
+                                                         beta, scratch.data(), sc, label);
+                   else
+                     matmul_dispatch<ops::MatmulPortable>(exec, batch, ta, tb, M, N, K, alpha, A, lda, sa, B, ldb,
+                                                           sb, beta, scratch.data(), sc, label);
+                   exec.fence();
+                 }) == 1;
+    }
+    if (portable)
+      matmul_dispatch<ops::MatmulPortable>(exec, batch, ta, tb, M, N, K, alpha, A, lda, sa, B, ldb, sb, beta, C,
+                                           sc, label);
+    else
+      matmul_dispatch<ops::MatmulVendor>(exec, batch, ta, tb, M, N, K, alpha, A, lda, sa, B, ldb, sb, beta, C, sc,
+                                         label);
+  } else if constexpr (!std::is_same_v<Backend, ops::MatmulPortable> && vendor_ok) {
     if constexpr (is_host_space_v<Exec>) {
 #if PMT_ENABLE_CBLAS
       if (batch > 1 && batch >= exec.concurrency() && exec.concurrency() > 1) {

@@ -32,6 +32,7 @@
 #include <thread>
 #include <vector>
 
+#include "pmt/comm/agree.hpp"
 #include "pmt/comm/collectives.hpp"
 #include "pmt/comm/communicator.hpp"
 #include "pmt/comm/mesh.hpp"
@@ -168,6 +169,7 @@ std::vector<double> block_on_mesh(const comm::Communicator<Backend>& world, cons
     t_b += timer.seconds();
   };
   run();  // warm-up; it also sizes the run (the same count on every rank: tp groups stay in step)
+  comm::agree_choices(world, exec);  // the matmul paths measured in the warm-up, as training takes them
   const int reps = static_cast<int>(
       std::clamp(window / std::max(1e-6, max_over(world, t_f + t_b)), 2.0, 1000.0));
   t_f = t_b = 0;
@@ -205,6 +207,7 @@ double model_on_mesh(const comm::Communicator<Backend>& world, const Exec& exec,
     t += timer.seconds();
   };
   run();
+  comm::agree_choices(world, exec);  // the matmul paths measured in the warm-up, as training takes them
   const int reps =
       static_cast<int>(std::clamp(window / std::max(1e-6, max_over(world, t)), 2.0, 1000.0));
   t = 0;
@@ -284,6 +287,8 @@ Machine calibrate(const comm::Communicator<Backend>& world, const Problem& probl
         C("pmt::plan::calibrate::C", M, N);
     Kokkos::deep_copy(A, 0.5f);
     Kokkos::deep_copy(B, 0.25f);
+    ops::matmul(exec, ops::Trans::N, ops::Trans::N, 1.0f, A, B, 0.0f, C);  // measures its path (auto)
+    comm::agree_choices(world, exec);
     const double t = timed_alone(world, o.window_seconds, [&] {
       Kokkos::Timer timer;
       ops::matmul(exec, ops::Trans::N, ops::Trans::N, 1.0f, A, B, 0.0f, C);
@@ -291,6 +296,7 @@ Machine calibrate(const comm::Communicator<Backend>& world, const Problem& probl
       return std::vector<double>{timer.seconds()};
     })[0];
     mc.gemm_gflops = 2.0 * double(M) * double(N) * double(K) / t / 1e9;
+    mc.matmul      = ops::matmul_path_summary();
   }
   // the optimizer per parameter: zero_grad, the squared norm and AdamW over 1 M values
   {

@@ -90,6 +90,7 @@ struct Machine {
   double core_share  = 1;
   std::string source = "given";  ///< "given", or how it was calibrated
   std::string details;           ///< calibration: what each measured piece took
+  std::string matmul;            ///< calibration: the matmul paths its products took ("" if not calibrated)
   std::string advice;            ///< calibration: what to change in how the ranks run ("" if nothing)
 
   /// seconds of C (M x N) += A (M x K) B (K x N) on one rank alone
@@ -134,7 +135,7 @@ inline std::string describe(const Machine& m) {
       m.memory_bytes > 0 ? detail::str(std::round(m.memory_bytes / 1048576.0), " MiB").c_str()
                          : "unlimited",
       m.source.c_str());
-  return line;
+  return m.matmul.empty() ? std::string(line) : std::string(line) + "; " + m.matmul;
 }
 
 /// \brief The training problem: a Gpt, the global batch (sequences per step) and the value size.

@@ -20,6 +20,7 @@
 
 #include "pmt/core/host_memory.hpp"
 #include "pmt/core/instrument.hpp"
+#include "pmt/comm/agree.hpp"
 #include "pmt/comm/collectives.hpp"
 #include "pmt/comm/mesh.hpp"
 #include "pmt/core/error.hpp"
@@ -158,6 +159,7 @@ class Trainer {
         for (auto* p : m_model.parameters()) comm::all_reduce(m_mesh.comm(Axis::dp), m_exec, p->value, comm::ReduceOp::Avg);
     }
     if constexpr (is_host_space_v<Exec>) m_faults.end("pmt::train::Trainer::step");
+    if (!m_agreed_step) m_agreed_step = (comm::agree_choices(m_mesh.world(), m_exec), true);
     return total;
   }
 
@@ -168,7 +170,9 @@ class Trainer {
     check_batch("pmt::train::Trainer::evaluate", microbatches, normaliser);
     const double loss = run_microbatches(microbatches, normaliser, /*dp_sync=*/false);
     m_opt.zero_grad(m_exec);
-    return global_loss(loss);
+    const double total = global_loss(loss);
+    if (!m_agreed_eval) m_agreed_eval = (comm::agree_choices(m_mesh.world(), m_exec), true);
+    return total;
   }
 
   double last_grad_norm() const noexcept { return m_last_norm; }
@@ -239,6 +243,9 @@ class Trainer {
   std::optional<parallel::PipelineRunner<Model, Exec, Backend>> m_runner;
   double m_last_norm = 0;
   std::int64_t m_steps = 0;
+  // whether the first step / evaluation has agreed the measured choices (matmul paths) over the
+  // world: every rank takes the same paths from then on (core/measured_choice.hpp)
+  bool m_agreed_step = false, m_agreed_eval = false;
   detail::PageFaultWatch m_faults;  // host spaces: warns once about page faults per step
 };
 

@@ -1,0 +1,89 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// agree_choices: turns the measured choices (core/measured_choice.hpp) that any rank of a job
+// holds pending into decisions that are the same on every rank. Collective over `world`, which
+// must be the job's whole world (process_context().size ranks); on a smaller communicator it
+// decides nothing and communicates nothing, since ranks outside it could not take part.
+//
+// Three all-reduces of host values: the largest pending count, every rank's pending keys (each
+// rank writes its own slot of a zeroed table, so a sum gathers them), and per key of their union
+// the summed seconds of each path and the number of ranks that measured it. A key's path is the
+// one with the smaller mean; ties keep the default path.
+
+#include "pmt/comm/collectives.hpp"
+#include "pmt/core/measured_choice.hpp"
+
+#include <Kokkos_Core.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+namespace pmt::comm {
+
+/// \brief Decides, identically on every rank, every measured choice that any rank holds pending.
+/// Collective over `world` when it is the job's whole world; returns the number of keys decided.
+template <class B, class Exec>
+int agree_choices(const Communicator<B>& world, const Exec& exec) {
+  if (world.size() != detail::process_context().size) return 0;
+  std::vector<std::pair<ChoiceKey, Choice>> mine;
+  for (const auto& e : measured_choices())
+    if (!e.second.decided()) mine.push_back(e);
+  if (world.size() == 1) {
+    for (auto& e : mine) e.second.state = Choice::State::Measured;
+    set_measured_choices(mine);
+    return static_cast<int>(mine.size());
+  }
+  using HostI = Kokkos::View<std::int64_t*, Kokkos::HostSpace>;
+  using HostD = Kokkos::View<double*, Kokkos::HostSpace>;
+  HostI count("pmt::comm::agree_choices::count", 1);
+  count(0) = static_cast<std::int64_t>(mine.size());
+  all_reduce_host_values(world, exec, count, ReduceOp::Max);
+  const std::int64_t most = count(0);
+  if (most == 0) return 0;
+  const std::int64_t n = world.size(), r = world.rank();
+  HostI keys("pmt::comm::agree_choices::keys", static_cast<std::size_t>(n * most * 4));
+  for (std::size_t i = 0; i < mine.size(); ++i) {
+    const std::size_t at = static_cast<std::size_t>((r * most + static_cast<std::int64_t>(i)) * 4);
+    keys(at)     = 1;  // slot used
+    keys(at + 1) = mine[i].first.op;
+    keys(at + 2) = mine[i].first.a;
+    keys(at + 3) = mine[i].first.b;
+  }
+  all_reduce_host_values(world, exec, keys);
+  std::vector<ChoiceKey> all;
+  for (std::size_t at = 0; at < keys.size(); at += 4)
+    if (keys(at) == 1) all.push_back(ChoiceKey{keys(at + 1), keys(at + 2), keys(at + 3)});
+  std::sort(all.begin(), all.end());
+  all.erase(std::unique(all.begin(), all.end()), all.end());
+  // per key: seconds of path 0, of path 1, ranks that measured it, and the flops and shape of the
+  // measurement of the lowest such rank (for reports; the shape string stays local)
+  HostD sums("pmt::comm::agree_choices::sums", all.size() * 4);
+  for (std::size_t i = 0; i < all.size(); ++i)
+    for (const auto& [k, c] : mine)
+      if (k == all[i]) {
+        sums(4 * i)     = c.seconds[0];
+        sums(4 * i + 1) = c.seconds[1];
+        sums(4 * i + 2) = 1;
+        sums(4 * i + 3) = c.flops;
+      }
+  all_reduce_host_values(world, exec, sums);
+  std::vector<std::pair<ChoiceKey, Choice>> decided;
+  const auto local = measured_choices();
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    Choice c;
+    const double ranks = sums(4 * i + 2);
+    c.seconds[0] = sums(4 * i) / ranks;
+    c.seconds[1] = sums(4 * i + 1) / ranks;
+    c.flops      = sums(4 * i + 3) / ranks;
+    c.path       = c.seconds[1] < c.seconds[0] ? 1 : 0;
+    c.state      = Choice::State::Agreed;
+    for (const auto& [k, lc] : local)
+      if (k == all[i]) c.shape = lc.shape;
+    decided.emplace_back(all[i], c);
+  }
+  set_measured_choices(decided);
+  return static_cast<int>(decided.size());
+}
+
+}  // namespace pmt::comm
