@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // The main job, end to end: runs the train_gpt binary (under mpiexec where it takes several ranks)
 // and checks what a user sees: its metrics, its checkpoints, its messages and exit codes.
-//   - 1 rank, dp2 x tp2 and tp2 x pp2 on 4 ranks print the same per-step losses (float, 1e-5);
+//   - 1 rank, dp2 x tp2 and tp2 x pp2 on 4 ranks print the same per-step losses (float, 1e-5), with
+//     the matmul path chosen by measurement and with each path pinned;
 //   - 6 steps straight vs 3 + resume 3: the same losses and checkpoint (bit for bit: the losses
-//     as printed with 17 digits, the shards' CRC-32s);
+//     as printed with 17 digits, the shards' CRC-32s), the measured matmul paths carried by the
+//     checkpoint; two runs pinned to one path repeat each other bit for bit;
 //   - a crash in the middle of a save (the PMT_CHECKPOINT_TEST_ABORT hook) leaves the previous
 //     checkpoint loadable, and the resumed run continues like an uninterrupted one; a flipped
 //     byte in a shard is refused with the file's name;
@@ -123,6 +125,20 @@ TEST_CASE("one rank and two 4-rank layouts print the same losses", "[examples][t
     CHECK(rel(c.at(step), l) <= 1e-5);
   }
   CHECK(std::stod(a.at(3)) < std::stod(a.at(0)));  // it learns
+  // each matmul path pinned: the 4-rank layout again gives the one-rank losses
+  for (const std::string path : {"vendor", "portable"}) {
+    const auto p1 = tmp("one_" + path + ".json"), p4 = tmp("tppp_" + path + ".json");
+    REQUIRE(run(small + "--steps 4 --matmul " + path + " --metrics " + p1).rc == 0);
+    const auto r4 = run(small + "--steps 4 --tp 2 --pp 2 --microbatches 4 --metrics " + p4, 4, "PMT_MATMUL=" + path);
+    REQUIRE(r4.rc == 0);
+    CHECK_THAT(r4.out, ContainsSubstring("matmul pinned: " + path) && ContainsSubstring("(" + path + ")"));
+    const auto x = losses(p1), y = losses(p4);
+    REQUIRE((x.size() == 4 && y.size() == 4));
+    for (const auto& [step, l] : x) {
+      INFO(path << " step " << step << ": " << l << " / " << y.at(step));
+      CHECK(rel(y.at(step), l) <= 1e-5);
+    }
+  }
 }
 
 TEST_CASE("--chunks 2: interleaved 1F1B on 2 stages prints the one-rank losses and samples", "[examples][train_gpt]") {

@@ -56,7 +56,7 @@ namespace detail {
 struct ChoiceTable {
   std::recursive_mutex mu;
   std::map<ChoiceKey, Choice> entries;
-  /// Seconds of measurement one key may take beyond its two warm rounds (PMT_MEASURE_BUDGET_MS).
+  /// Seconds of measurement after which no further round starts (past the first three).
   double budget_s = 0.02;
   /// Test hook: maps (key, path, measured seconds) to the seconds recorded (forces disagreement).
   std::function<double(const ChoiceKey&, int, double)> timing_hook;
@@ -67,7 +67,7 @@ inline ChoiceTable& choice_table() {
   return t;
 }
 
-/// Times run(0) and run(1) alternately (each run is fenced by the caller's lambda): at least two
+/// Times run(0) and run(1) alternately (each run is fenced by the caller's lambda): at least three
 /// rounds (the first one warms caches and the BLAS' buffers), more while the budget lasts, at most
 /// five; a key whose first round took over ten budgets gets that round only. Best run per path.
 template <class Run>
@@ -86,7 +86,7 @@ void measure_paths(const ChoiceKey& key, Run&& run, double seconds[2]) {
       seconds[p] = recorded < seconds[p] ? recorded : seconds[p];
     }
     if (round == 0 && spent > 10 * budget) break;
-    if (round >= 1 && spent > budget) break;
+    if (round >= 2 && spent > budget) break;
   }
 }
 
