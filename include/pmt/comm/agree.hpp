@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <vector>
 
 namespace pmt::comm {
@@ -29,11 +30,6 @@ int agree_choices(const Communicator<B>& world, const Exec& exec) {
   std::vector<std::pair<ChoiceKey, Choice>> mine;
   for (const auto& e : measured_choices())
     if (!e.second.decided()) mine.push_back(e);
-  if (world.size() == 1) {
-    for (auto& e : mine) e.second.state = Choice::State::Measured;
-    set_measured_choices(mine);
-    return static_cast<int>(mine.size());
-  }
   using HostI = Kokkos::View<std::int64_t*, Kokkos::HostSpace>;
   using HostD = Kokkos::View<double*, Kokkos::HostSpace>;
   HostI count("pmt::comm::agree_choices::count", 1);
@@ -56,20 +52,19 @@ int agree_choices(const Communicator<B>& world, const Exec& exec) {
     if (keys(at) == 1) all.push_back(ChoiceKey{keys(at + 1), keys(at + 2), keys(at + 3)});
   std::sort(all.begin(), all.end());
   all.erase(std::unique(all.begin(), all.end()), all.end());
-  // per key: seconds of path 0, of path 1, ranks that measured it, and the flops and shape of the
-  // measurement of the lowest such rank (for reports; the shape string stays local)
+  // per key: the summed seconds of path 0 and path 1, the ranks that measured it and their
+  // summed flops (means once divided by the ranks; the shape string for reports stays local)
+  const std::map<ChoiceKey, Choice> local(mine.begin(), mine.end());
   HostD sums("pmt::comm::agree_choices::sums", all.size() * 4);
   for (std::size_t i = 0; i < all.size(); ++i)
-    for (const auto& [k, c] : mine)
-      if (k == all[i]) {
-        sums(4 * i)     = c.seconds[0];
-        sums(4 * i + 1) = c.seconds[1];
-        sums(4 * i + 2) = 1;
-        sums(4 * i + 3) = c.flops;
-      }
+    if (const auto it = local.find(all[i]); it != local.end()) {
+      sums(4 * i)     = it->second.seconds[0];
+      sums(4 * i + 1) = it->second.seconds[1];
+      sums(4 * i + 2) = 1;
+      sums(4 * i + 3) = it->second.flops;
+    }
   all_reduce_host_values(world, exec, sums);
   std::vector<std::pair<ChoiceKey, Choice>> decided;
-  const auto local = measured_choices();
   for (std::size_t i = 0; i < all.size(); ++i) {
     Choice c;
     const double ranks = sums(4 * i + 2);
@@ -78,8 +73,7 @@ int agree_choices(const Communicator<B>& world, const Exec& exec) {
     c.flops      = sums(4 * i + 3) / ranks;
     c.path       = c.seconds[1] < c.seconds[0] ? 1 : 0;
     c.state      = Choice::State::Agreed;
-    for (const auto& [k, lc] : local)
-      if (k == all[i]) c.shape = lc.shape;
+    if (const auto it = local.find(all[i]); it != local.end()) c.shape = it->second.shape;
     decided.emplace_back(all[i], c);
   }
   set_measured_choices(decided);

@@ -205,36 +205,33 @@ void matmul_dispatch(const Exec& exec, std::int64_t batch, ops::Trans ta, ops::T
   if constexpr (std::is_same_v<Backend, ops::MatmulAuto> && vendor_ok) {
     const ops::MatmulPath pin = ops::matmul_path();
     bool portable = pin == ops::MatmulPath::Portable;
+    // one product into `out` on the vendor path or the portable one
+    const auto product = [&](bool portable_path, T* out) {
+      if (portable_path)
+        matmul_dispatch<ops::MatmulPortable>(exec, batch, ta, tb, M, N, K, alpha, A, lda, sa, B, ldb, sb, beta, out,
+                                             sc, label);
+      else
+        matmul_dispatch<ops::MatmulVendor>(exec, batch, ta, tb, M, N, K, alpha, A, lda, sa, B, ldb, sb, beta, out,
+                                           sc, label);
+    };
     if (pin == ops::MatmulPath::Auto) {
-      // the key: the scalar, the transposes, host or device, and ceil(log2) of batch, M, N, K
-      const ChoiceKey key = ops::matmul_choice_key<Exec, T>(batch, ta, tb, M, N, K);
       const auto shape = [&] {  // built only when the class is measured
         return str(batch > 1 ? str(batch, "x") : std::string(), M, "x", N, "x", K, " ", at ? "T" : "N", bt ? "T" : "N",
                    sizeof(T) == 4 ? " fp32" : " fp64");
       };
       const double flops = 2.0 * double(batch) * double(M) * double(N) * double(K);
       Kokkos::View<T*, typename Exec::memory_space> scratch;  // allocated in the first (warm) round
-      portable = measured_choice(key, shape, flops, [&](int path) {
+      portable = measured_choice(ops::matmul_choice_key<Exec, T>(batch, ta, tb, M, N, K), shape, flops, [&](int path) {
                    // into scratch (zeros: beta C is read, and stays finite), never into C
                    if (scratch.data() == nullptr)
                      scratch = Kokkos::View<T*, typename Exec::memory_space>("pmt::ops::matmul::measure",
                                                                              std::size_t(batch * M * N));
                    exec.fence();
-                   if (path == 0)
-                     matmul_dispatch<ops::MatmulVendor>(exec, batch, ta, tb, M, N, K, alpha, A, lda, sa, B, ldb, sb,
-                                                         beta, scratch.data(), sc, label);
-                   else
-                     matmul_dispatch<ops::MatmulPortable>(exec, batch, ta, tb, M, N, K, alpha, A, lda, sa, B, ldb,
-                                                           sb, beta, scratch.data(), sc, label);
+                   product(path == 1, scratch.data());
                    exec.fence();
                  }) == 1;
     }
-    if (portable)
-      matmul_dispatch<ops::MatmulPortable>(exec, batch, ta, tb, M, N, K, alpha, A, lda, sa, B, ldb, sb, beta, C,
-                                           sc, label);
-    else
-      matmul_dispatch<ops::MatmulVendor>(exec, batch, ta, tb, M, N, K, alpha, A, lda, sa, B, ldb, sb, beta, C, sc,
-                                         label);
+    product(portable, C);
   } else if constexpr (!std::is_same_v<Backend, ops::MatmulPortable> && vendor_ok) {
     if constexpr (is_host_space_v<Exec>) {
 #if PMT_ENABLE_CBLAS
