@@ -313,6 +313,9 @@ int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_p
   Kokkos::View<double, Kokkos::HostSpace> peak("peak");
   peak() = pmt::obs::measured_fp32_peak_gflops() * 1e9;  // all ranks at once: their share of the node
   pmt::comm::all_reduce(world, Kokkos::DefaultHostExecutionSpace(), peak);
+  // Ranks that share cores (more ranks x threads than a node has) time their products whenever the
+  // scheduler gives them the cores, so a product's share of "peak / ranks" would mean nothing there.
+  const bool cores_shared = pmt::plan::calibrate_detail::compute_share(world, Exec().concurrency()) < 1.0;
   if (root) {
     std::printf("pmt train_gpt: %d ranks = dp %d x tp %d x pp %d (%s%s, %d microbatches); GPT %d layers, width %d, %d heads, "
                 "context %zu; batch %d; %d thread(s) per rank\n",
@@ -394,7 +397,8 @@ int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_p
                   step, o.steps, loss, lr, tokens / s, 100.0 * flops / s / peak(), pmt::ops::matmul_path_label().c_str(),
                   100.0 * comm / s, 100.0 * done, int(left) / 60, int(left) % 60);
       if (step == start && pmt::ops::matmul_path() == pmt::ops::MatmulPath::Auto)
-        std::printf("%s\n", pmt::ops::matmul_path_summary(peak() / 1e9 / world.size()).c_str());
+        std::printf("%s%s\n", pmt::ops::matmul_path_summary(cores_shared ? 0.0 : peak() / 1e9 / world.size()).c_str(),
+                    cores_shared ? " (ranks share cores: no share of peak)" : "");
       std::fflush(stdout);
       if (metrics)
         std::fprintf(metrics,

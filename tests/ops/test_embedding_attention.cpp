@@ -102,13 +102,19 @@ void attention_reference(const Q& qkv, const O& out, int H) {
 }  // namespace
 
 namespace {
-// While alive, attention takes its generic path (batched matmuls) instead of the fused host one.
+// While alive, attention takes its generic path (batched matmuls), or (off) the fused host one
+// wherever the build has it: the matmul path is pinned to vendor, which pins fused attention.
 struct ForceGenericAttention {
-  explicit ForceGenericAttention(bool on) : saved(pmt::detail::attention_force_generic()) {
+  explicit ForceGenericAttention(bool on) : saved(pmt::detail::attention_force_generic()), path(pmt::ops::matmul_path()) {
     pmt::detail::attention_force_generic() = on;
+    if (!on) pmt::ops::set_matmul_path(pmt::ops::MatmulPath::Vendor);
   }
-  ~ForceGenericAttention() { pmt::detail::attention_force_generic() = saved; }
+  ~ForceGenericAttention() {
+    pmt::detail::attention_force_generic() = saved;
+    pmt::ops::set_matmul_path(path);
+  }
   bool saved;
+  pmt::ops::MatmulPath path;
 };
 const char* path_name(bool generic) { return generic ? "generic" : "fused where the build has CBLAS"; }
 }  // namespace

@@ -8,8 +8,10 @@
 #include "comm/comm_test.hpp"
 #include "pmt/comm/agree.hpp"
 #include "pmt/core/random.hpp"
+#include "pmt/ops/attention.hpp"
 #include "pmt/ops/matmul.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -143,6 +145,73 @@ TEST_CASE("matmul path: auto measures a shape class once; the job agrees on one 
   const std::string summary = pmt::ops::matmul_path_summary(100.0);
   CHECK(summary.find("matmul auto: portable for") == 0);
   CHECK(summary.find("0 pending") != std::string::npos);
+}
+
+namespace {
+/// Attention forward and backward of fixed inputs (B 2, T 40, C 64, 4 heads: B*H = 8 tasks, as
+/// many or more than the threads) on whatever path the settings choose: out, dqkv, and how many
+/// of the two calls took the fused path.
+struct AttentionRun {
+  std::vector<float> out, dqkv;
+  std::int64_t fused = 0;
+};
+AttentionRun attention_run() {
+  const std::int64_t fused0 = pmt::detail::attention_fused_calls();
+  Host exec;
+  const int B = 2, Tn = 40, C = 64, H = 4;
+  Kokkos::View<float***, Kokkos::LayoutRight, Host::memory_space> qkv("qkv", B, Tn, 3 * C), dqkv("dqkv", B, Tn, 3 * C);
+  Kokkos::View<float***, Kokkos::LayoutRight, Host::memory_space> out("out", B, Tn, C), dout("dout", B, Tn, C);
+  pmt::fill_uniform(exec, qkv, {9, 0}, -1, 1);
+  pmt::fill_uniform(exec, dout, {9, 1}, -1, 1);
+  auto cache = pmt::ops::make_attention_cache<float, Host>(B, Tn, C, H);
+  pmt::ops::attention_forward(exec, qkv, out, cache);
+  pmt::ops::attention_backward(exec, dout, dqkv, cache);
+  exec.fence();
+  return {std::vector<float>(out.data(), out.data() + out.size()), std::vector<float>(dqkv.data(), dqkv.data() + dqkv.size()),
+          pmt::detail::attention_fused_calls() - fused0};
+}
+}  // namespace
+
+TEST_CASE("attention path: vendor pins fused, portable pins batched; auto measures the forward once and keeps it",
+          "[matmul][auto][attention]") {
+  Reset reset;
+  if (Host().concurrency() > 8) return;  // fewer heads than threads: only the batched path exists
+  pmt::ops::set_matmul_path(MatmulPath::Vendor);
+  const auto fused = attention_run();
+  pmt::ops::set_matmul_path(MatmulPath::Portable);
+  const auto batched = attention_run();
+  CHECK(count_op(pmt::ops::attention_choice_op) == 0);
+  CHECK((fused.fused == 2 && batched.fused == 0));
+  for (const int forced : {0, 1}) {
+    Reset again;
+    // the timing hook makes `forced` the faster path of attention (and of every product)
+    pmt::detail::choice_table().timing_hook = [forced](const pmt::ChoiceKey&, int path, double) {
+      return path == forced ? 0.1 : 1.0;
+    };
+    const auto first = attention_run();
+    REQUIRE(count_op(pmt::ops::attention_choice_op) == 1);
+    const auto table = pmt::measured_choices();
+    const auto entry = *std::find_if(table.begin(), table.end(),
+                                     [](const auto& e) { return e.first.op == pmt::ops::attention_choice_op; });
+    CHECK(entry.second.shape == "8 heads x T 40 x hs 16 fp32");
+    if (pmt::test::world().size() > 1) {
+      CHECK(!entry.second.decided());  // pending: the fused (default) path runs until agreement
+      CHECK(first.fused == 2);
+      CHECK((first.out == fused.out && first.dqkv == fused.dqkv));
+      continue;
+    }
+    CHECK(entry.second.path == forced);
+    // forward and backward both took the chosen path, bit for bit; a second call measures nothing
+    const AttentionRun& want = forced == 0 ? fused : batched;
+    CHECK(first.fused == want.fused);
+    CHECK((first.out == want.out && first.dqkv == want.dqkv));
+    const AttentionRun again_run = attention_run();
+    CHECK((again_run.fused == want.fused && again_run.out == first.out && again_run.dqkv == first.dqkv));
+    CHECK(count_op(pmt::ops::attention_choice_op) == 1);
+    CHECK(pmt::ops::matmul_path_summary().find(forced == 0 ? "; attention: batched for 0 shape classes, fused for 1"
+                                                           : "; attention: batched for 1 shape class, fused for 0")
+          != std::string::npos);
+  }
 }
 
 TEST_CASE("matmul path: a decided choice is never changed by a later agreement or load", "[matmul][auto]") {

@@ -113,6 +113,15 @@ int measured_choice(const ChoiceKey& key, Shape&& shape, double flops, Run&& run
   return path;
 }
 
+/// \brief The path `key` takes now without measuring anything: the decided one, -1 when the key
+/// was never measured, 0 while it is pending.
+inline int current_choice(const ChoiceKey& key) {
+  auto& t = detail::choice_table();
+  std::lock_guard<std::recursive_mutex> lock(t.mu);
+  const auto it = t.entries.find(key);
+  return it == t.entries.end() ? -1 : (it->second.decided() ? it->second.path : 0);
+}
+
 /// \brief A copy of the table (key order).
 inline std::vector<std::pair<ChoiceKey, Choice>> measured_choices() {
   auto& t = detail::choice_table();

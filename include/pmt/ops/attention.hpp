@@ -17,6 +17,10 @@
 //     panel's end (for T = 128, 62.5 % of the full products' work);
 //   generic (any space, or fewer heads than threads): batched matmuls over all B*H heads and the
 //     masked row-wise softmax, with explicit head split and merge.
+// Where both can run, the matmul path setting chooses (ops/matmul.hpp): vendor takes fused,
+// portable takes generic, and auto measures both forwards on the first call of a shape class
+// (scalar, ceil log2 of B*H, T and hs) like any product, agreed over the ranks; the fused one
+// calls the vendor BLAS per head, so a BLAS with slow kernels for the CPU makes it lose.
 
 #include "pmt/core/error.hpp"
 #include "pmt/core/tensor.hpp"
@@ -305,14 +309,50 @@ inline bool& attention_force_generic() {
   return force;
 }
 
-/// Whether this call takes the fused host path: a CBLAS host space with at least as many heads
-/// as threads (each head is one task), unless `generic` forces the batched path (tests).
+/// Test hook: how many forwards and backwards took the fused host path in this process (the two
+/// paths can agree bit for bit, so tests count which one ran).
+inline std::int64_t& attention_fused_calls() {
+  static std::int64_t n = 0;
+  return n;
+}
+
+/// Whether this call can take the fused host path: a CBLAS host space with at least as many
+/// heads as threads (each head is one task), unless `generic` forces the batched path (tests).
 template <class Exec, class T>
-bool attention_takes_fused(const Exec& exec, const ops::AttentionCache<T, Exec>& c, bool generic) {
+bool attention_can_fuse(const Exec& exec, const ops::AttentionCache<T, Exec>& c, bool generic) {
   if constexpr (attention_fused_v<Exec, T>)
     return !generic && c.B * c.H >= static_cast<std::int64_t>(exec.concurrency()) && c.T_ > 0;
   (void)exec, (void)c, (void)generic;
   return false;
+}
+
+/// The measured-choice key of an attention call: the scalar and ceil log2 of B*H, T and hs.
+template <class T>
+ChoiceKey attention_choice_key(std::int64_t BH, std::int64_t Tn, std::int64_t hs) {
+  return ChoiceKey{ops::attention_choice_op, std::int64_t(sizeof(T)) | 1024,
+                   extent_class(BH) | extent_class(Tn) << 8 | extent_class(hs) << 16};
+}
+
+/// Whether a call that can fuse takes the fused path: by the matmul path setting, or (auto) by
+/// the shape class's measured choice; `measure(path)` runs one forward on that path, and is
+/// called only on a forward's first call of its class (a backward takes the forward's choice).
+template <class T, class Measure>
+bool attention_fused_chosen(std::int64_t BH, std::int64_t Tn, std::int64_t hs, Measure&& measure) {
+  const ops::MatmulPath pin = ops::matmul_path();
+  if (pin != ops::MatmulPath::Auto) return pin == ops::MatmulPath::Vendor;
+  const ChoiceKey key = attention_choice_key<T>(BH, Tn, hs);
+  const int now = current_choice(key);
+  if (now >= 0) return now == 0;
+  if constexpr (std::is_same_v<Measure, std::nullptr_t>) {
+    return true;  // a backward without a measured forward: the default path
+  } else {
+    measure(1);  // once, outside the timing: the batched path's products measure their own classes
+    const auto shape = [&] {
+      return str(BH, " heads x T ", Tn, " x hs ", hs, sizeof(T) == 4 ? " fp32" : " fp64");
+    };
+    const double flops = 2.0 * double(BH) * double(Tn) * double(Tn) * double(hs);  // the causal halves
+    return measured_choice(key, shape, flops, measure) == 0;
+  }
 }
 
 /// Forward from q, k, v rows at src + (b T + t) ld (+ h hs): fused or generic.
@@ -321,7 +361,26 @@ void attention_forward_any(const Exec& exec, const OV& out, ops::AttentionCache<
                            const S* kp, const S* vp, std::int64_t ld, bool generic) {
 #if PMT_ENABLE_CBLAS
   if constexpr (attention_fused_v<Exec, T>) {
-    if (attention_takes_fused(exec, c, generic)) return attention_forward_fused(exec, out, c, qp, kp, vp, ld);
+    if (attention_can_fuse(exec, c, generic)) {
+      Kokkos::View<T***, Kokkos::LayoutRight, typename Exec::memory_space> scratch;  // measurement only
+      const auto measure = [&](int path) {  // one forward into scratch; the cache gets the same values
+        if (scratch.data() == nullptr)
+          scratch = decltype(scratch)("pmt::ops::attention::measure", std::size_t(c.B), std::size_t(c.T_),
+                                      std::size_t(c.C));
+        exec.fence();
+        if (path == 0) {
+          attention_forward_fused(exec, scratch, c, qp, kp, vp, ld);
+        } else {
+          attention_split_heads(exec, c, qp, kp, vp, ld);
+          attention_forward_core(exec, scratch, c);
+        }
+        exec.fence();
+      };
+      if (attention_fused_chosen<T>(c.B * c.H, c.T_, c.C / c.H, measure)) {
+        ++attention_fused_calls();
+        return attention_forward_fused(exec, out, c, qp, kp, vp, ld);
+      }
+    }
   }
 #endif
   (void)generic;
@@ -335,7 +394,10 @@ void attention_backward_any(const Exec& exec, const DOV& dout, ops::AttentionCac
                             T* dvp, std::int64_t ld, bool generic) {
 #if PMT_ENABLE_CBLAS
   if constexpr (attention_fused_v<Exec, T>) {
-    if (attention_takes_fused(exec, c, generic)) return attention_backward_fused(exec, dout, c, dqp, dkp, dvp, ld);
+    if (attention_can_fuse(exec, c, generic) && attention_fused_chosen<T>(c.B * c.H, c.T_, c.C / c.H, nullptr)) {
+      ++attention_fused_calls();
+      return attention_backward_fused(exec, dout, c, dqp, dkp, dvp, ld);
+    }
   }
 #endif
   (void)generic;

@@ -102,13 +102,23 @@ inline void set_matmul_path(MatmulPath p) {
 /// \brief The op id of matmul's entries in the measured-choice table (path 0 vendor, 1 portable).
 inline constexpr std::int64_t matmul_choice_op = 1;
 
+/// \brief The op id of the host attention's entries (ops/attention.hpp): path 0 fused per head
+/// (vendor BLAS per head, in cache), 1 batched (its products under MatmulAuto). The matmul path
+/// setting governs it too: vendor pins fused, portable pins batched.
+inline constexpr std::int64_t attention_choice_op = 2;
+
 /// \brief One line on the matmul paths taken so far, e.g. "matmul auto: portable for 9 shape
-/// classes (52-61 % of peak), vendor for 3 shape classes (40-44 % of peak), 0 pending"; with a
-/// pin, "matmul pinned: vendor".
+/// classes (52-61 % of peak), vendor for 3 shape classes (40-44 % of peak), 0 pending", and the
+/// attention's when it measured any ("; attention: batched for 1 shape class, fused for 0 ...");
+/// with a pin, "matmul pinned: vendor".
 inline std::string matmul_path_summary(double peak_gflops = 0) {
   const MatmulPath p = matmul_path();
   if (p != MatmulPath::Auto) return std::string("matmul pinned: ") + matmul_path_name(p);
-  return "matmul auto: " + measured_choice_summary(matmul_choice_op, "vendor", "portable", peak_gflops);
+  std::string line = "matmul auto: " + measured_choice_summary(matmul_choice_op, "vendor", "portable", peak_gflops);
+  for (const auto& entry : measured_choices())
+    if (entry.first.op == attention_choice_op)
+      return line + "; attention: " + measured_choice_summary(attention_choice_op, "fused", "batched", peak_gflops);
+  return line;
 }
 
 /// \brief The paths MatmulAuto calls take now, for a progress line: the pinned one, else
