@@ -5,14 +5,24 @@
 //   mpiexec -n 4 train_gpt --tp 2 --pp 2 --steps 200
 // Every layout sees the same global batches (io/dataset.hpp), so a run's losses do not depend on
 // its layout; a resumed run continues bit for bit like an uninterrupted one (same layout).
+// It never loses work: outputs are checked writable before training, one run writes a
+// checkpoint directory at a time (a lock), a signal checkpoints and stops all ranks at a step
+// boundary, nan/inf stops (or skips) a step and never reaches a checkpoint, a watchdog ends a
+// hung job naming the ranks that never arrived, and ranks started with different flags are
+// refused. Exit codes: 0 done, 1 bad input or I/O error, 3 nan/inf, 4 watchdog, 75 stopped by a
+// signal (after its checkpoint), 128 + N a second signal N (at once).
+#include <pmt/comm/watchdog.hpp>
 #include <pmt/obs/trace.hpp>
 #include <pmt/pmt.hpp>
+#include <pmt/train/preemption.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -21,6 +31,13 @@
 #include <thread>
 #include <type_traits>
 #include <vector>
+
+#include <sched.h>
+#include <unistd.h>
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
 
 #ifndef PMT_DEFAULT_DATA_DIR
 #define PMT_DEFAULT_DATA_DIR "docs"
@@ -36,6 +53,10 @@ using Zero    = pmt::optim::ZeroAdamW<float, Exec, Backend>;
 using Policy  = pmt::Hybrid<pmt::DataParallel<>, pmt::TensorSplit<>, pmt::Pipeline<>>;
 using Ids     = Model::Ids;
 constexpr const char* prog = "train_gpt";
+namespace fs = std::filesystem;
+
+/// Exit codes besides 0 (done) and 1 (bad input, I/O error); a second signal N exits 128 + N.
+constexpr int exit_nonfinite = 3, exit_watchdog = 4, exit_preempted = 75;
 
 /// An error's message without the program's own name in front ("prog: error: what", once).
 std::string own(const std::string& message) {
@@ -45,13 +66,26 @@ std::string own(const std::string& message) {
 
 struct Options {
   int dp = 0, tp = 1, pp = 1, chunks = 1, microbatches = 0, layers = 4, width = 128, heads = 4, context = 64, batch = 8;
-  int steps = 100, warmup = 10, val_every = 50, ckpt_every = 0, threads = 0;
-  double lr = 3e-3;
+  int steps = 100, warmup = 10, val_every = 50, ckpt_every = 0, threads = 0, keep = 0;
+  double lr = 3e-3, watchdog = 600;
   long seed = 1;
   bool resume = false, help = false, zero = false, auto_plan = false, memory_report = true;
+  bool overwrite = false, allow_changed_config = false, skip_nonfinite = false;
   std::vector<std::string> layout_flags;  // --dp, --tp, ... as given (--auto chooses them)
+  std::vector<std::string> kokkos_args;   // --kokkos-*: passed to Kokkos, and only these
   std::string schedule = "1f1b", data = PMT_DEFAULT_DATA_DIR, ckpt_dir, metrics, trace, matmul;
 };
+
+/// Kokkos' own flags (3.4 to 5.x), each as --name or --name=value.
+bool is_kokkos_flag(const std::string& a) {
+  static const char* const names[] = {"--kokkos-help", "--kokkos-threads", "--kokkos-num-threads", "--kokkos-numa",
+                                      "--kokkos-device-id", "--kokkos-device", "--kokkos-num-devices", "--kokkos-ndevices",
+                                      "--kokkos-skip-device", "--kokkos-disable-warnings", "--kokkos-print-configuration",
+                                      "--kokkos-tune-internals", "--kokkos-tools-library", "--kokkos-tools-libs",
+                                      "--kokkos-tools-args", "--kokkos-tools-help", "--kokkos-map-device-id-by"};
+  const std::string name = a.substr(0, a.find('='));
+  return std::find_if(std::begin(names), std::end(names), [&](const char* n) { return name == n; }) != std::end(names);
+}
 
 std::string usage() {
   return std::string(
@@ -72,7 +106,12 @@ std::string usage() {
              "training\n"
              "  --batch N (8)           sequences per step, over all dp ranks\n"
              "  --steps N (100)  --lr X (3e-3)  --warmup N (10)  --seed N (1)\n"
-             "  --threads N             OpenMP threads per rank (default: OMP_NUM_THREADS)\n"
+             "  --threads N             OpenMP threads per rank (default: OMP_NUM_THREADS; when it is unset and\n"
+         "                          several ranks share a node: its cores / its ranks, said at start-up)\n"
+         "  --on-nonfinite stop|skip  a nan or inf loss or gradient norm stops the run (exit 3; default), or\n"
+         "                          skips that step's update (10 skipped steps in a row stop it)\n"
+         "  --watchdog SECONDS      end the job when one communication call waits longer (default 600; 0: off),\n"
+         "                          naming the ranks that never arrived (exit 4)\n"
              "  --matmul auto|vendor|portable  the matmul path: auto (default, or PMT_MATMUL) times the vendor\n"
              "                          BLAS and pmt's portable kernel per shape class on first use and keeps\n"
              "                          the faster, the same on every rank; vendor or portable pins one\n"
@@ -87,7 +126,15 @@ std::string usage() {
          "checkpoints\n"
          "  --ckpt-dir DIR          where to save sharded checkpoints (DIR/step-N, DIR/LATEST)\n"
          "  --ckpt-every N          save every N steps (0: only at the end, when --ckpt-dir is given)\n"
-         "  --resume                continue from DIR/LATEST (any layout of the same model)\n"
+         "  --resume                continue from DIR/LATEST (any layout of the same model); when LATEST is\n"
+         "                          missing or damaged, from the newest checkpoint that verifies\n"
+         "  --overwrite             a fresh run (no --resume) into a DIR holding checkpoints removes them;\n"
+         "                          without it such a run is refused\n"
+         "  --allow-changed-config  resume although --seed, --data, --lr, --warmup or --steps differ from the\n"
+         "                          saved run's (refused otherwise)\n"
+         "  --keep N                keep the newest N checkpoints (default: all)\n"
+         "  One run writes DIR at a time (DIR/LOCK). SIGTERM, SIGINT or SIGUSR1 to any rank (or SIGUSR1 to\n"
+         "  mpiexec, which forwards it) stops all ranks at the next step with a checkpoint (exit 75).\n"
          "output\n"
          "  --metrics FILE          JSON lines: every step's and validation's figures\n"
          "  --no-memory-report      leave out the peak memory per rank (counting Kokkos' allocations costs\n"
@@ -103,13 +150,22 @@ Options parse(int argc, char* argv[]) {
   Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a.rfind("--kokkos", 0) == 0) continue;  // Kokkos' own flags
+    if (a.rfind("--kokkos", 0) == 0) {  // Kokkos' own flags
+      if (!is_kokkos_flag(a))
+        throw pmt::ConfigError(prog, "unknown Kokkos flag " + a + " (Kokkos' flags: --kokkos-help lists them)");
+      o.kokkos_args.push_back(a);
+      continue;
+    }
     if (a == "--help" || a == "-h") {
       o.help = true;
       continue;
     }
     if (a == "--no-memory-report") {
       o.memory_report = false;
+      continue;
+    }
+    if (a == "--overwrite" || a == "--allow-changed-config") {
+      (a == "--overwrite" ? o.overwrite : o.allow_changed_config) = true;
       continue;
     }
     if (a == "--resume" || a == "--zero" || a == "--auto") {
@@ -119,7 +175,8 @@ Options parse(int argc, char* argv[]) {
     }
     const auto known = {"--dp", "--tp", "--pp", "--chunks", "--schedule", "--microbatches", "--layers", "--width", "--heads",
                         "--context", "--batch", "--steps", "--lr", "--warmup", "--seed", "--data", "--val-every",
-                        "--ckpt-dir", "--ckpt-every", "--metrics", "--trace", "--threads", "--matmul"};
+                        "--ckpt-dir", "--ckpt-every", "--metrics", "--trace", "--threads", "--matmul", "--keep",
+                        "--watchdog", "--on-nonfinite"};
     if (std::find(known.begin(), known.end(), a) == known.end())
       throw pmt::ConfigError(prog, "unknown flag " + a + " (see --help)");
     if (i + 1 >= argc) throw pmt::ConfigError(prog, a + " needs a value (see --help)");
@@ -150,6 +207,16 @@ Options parse(int argc, char* argv[]) {
     else if (a == "--val-every") o.val_every = as_int(0);
     else if (a == "--ckpt-every") o.ckpt_every = as_int(0);
     else if (a == "--threads") o.threads = as_int(1);
+    else if (a == "--keep") o.keep = as_int(1);
+    else if (a == "--watchdog") {
+      char* end  = nullptr;
+      o.watchdog = std::strtod(v.c_str(), &end);
+      if (v.empty() || *end != '\0' || !(o.watchdog >= 0) || !std::isfinite(o.watchdog))
+        throw pmt::ConfigError(prog, "--watchdog " + v + ": expected seconds >= 0 (0: off)");
+    } else if (a == "--on-nonfinite") {
+      if (v != "stop" && v != "skip") throw pmt::ConfigError(prog, "--on-nonfinite " + v + ": expected stop or skip");
+      o.skip_nonfinite = v == "skip";
+    }
     else if (a == "--lr") {
       char* end = nullptr;
       o.lr      = std::strtod(v.c_str(), &end);
@@ -159,7 +226,10 @@ Options parse(int argc, char* argv[]) {
       if (v != "1f1b" && v != "gpipe") throw pmt::ConfigError(prog, "--schedule " + v + ": expected 1f1b or gpipe");
       o.schedule = v;
     } else if (a == "--data") o.data = v;
-    else if (a == "--ckpt-dir") o.ckpt_dir = v;
+    else if (a == "--ckpt-dir") {
+      if (v.empty()) throw pmt::ConfigError(prog, "--ckpt-dir needs a directory, not an empty word");
+      o.ckpt_dir = v;
+    }
     else if (a == "--metrics") o.metrics = v;
     else if (a == "--trace") o.trace = v;
     else if (a == "--matmul") {
@@ -201,8 +271,17 @@ void validate(Options& o, int ranks) {
   if (o.chunks > 1 && o.schedule == "1f1b" && o.microbatches % o.pp != 0)
     throw pmt::ConfigError(prog, pmt::detail::str("--chunks ", o.chunks, " with 1f1b (interleaved) needs microbatches a multiple of pp = ",
                                                   o.pp, "; got ", o.microbatches));
-  if (o.resume && o.ckpt_dir.empty()) throw pmt::ConfigError(prog, "--resume needs --ckpt-dir");
   if (o.zero && o.dp == 1) throw pmt::ConfigError(prog, "--zero shards the optimizer state over dp, and dp is 1");
+}
+
+/// Checks the checkpoint and output flags (before the preflight acts on them).
+void validate_outputs(const Options& o) {
+  if (o.resume && o.ckpt_dir.empty()) throw pmt::ConfigError(prog, "--resume needs --ckpt-dir");
+  if (o.ckpt_every > 0 && o.ckpt_dir.empty())
+    throw pmt::ConfigError(prog, "--ckpt-every " + std::to_string(o.ckpt_every) + " needs --ckpt-dir (where to save)");
+  if (o.keep > 0 && o.ckpt_dir.empty()) throw pmt::ConfigError(prog, "--keep needs --ckpt-dir");
+  if (o.overwrite && o.ckpt_dir.empty()) throw pmt::ConfigError(prog, "--overwrite needs --ckpt-dir");
+  if (o.overwrite && o.resume) throw pmt::ConfigError(prog, "--overwrite starts afresh and --resume continues: give one");
 }
 
 /// --auto: the planner's best layout for this model on these ranks (collective: it calibrates).
@@ -244,12 +323,185 @@ bool is_world_root_env() {  // before MPI is initialised
 struct Agreed {
   std::string message;
   bool alike = true;
+  int code   = 1;  ///< the exit code
 };
+
+/// Collective: raises Agreed on every rank when any rank holds an error (its own message on
+/// that rank, "failed on other rank(s)" elsewhere).
+template <class Comm>
+void agree_errors(const Comm& world, const std::exception_ptr& err, const std::string& what) {
+  Kokkos::View<int, Kokkos::HostSpace> failed("failed");
+  failed() = err ? 1 : 0;
+  pmt::comm::all_reduce(world, Kokkos::DefaultHostExecutionSpace(), failed);
+  if (err) {
+    try {
+      std::rethrow_exception(err);
+    } catch (const std::exception& e) {
+      throw Agreed{e.what(), false};
+    }
+  }
+  if (failed() > 0) throw Agreed{pmt::detail::str(what, " failed on ", failed(), " other rank(s) (see their messages)"), false};
+}
+
+/// Collective: every rank hashes its command line (and PMT_MATMUL); ranks whose hash differs
+/// from rank 0's are named in one error, before any other communication could mismatch.
+template <class Comm>
+void agree_command_line(const Comm& world, int argc, char* argv[]) {
+  std::uint64_t h = 14695981039346656037ull;  // FNV-1a over the arguments, each ended by a 0 byte
+  const auto add = [&](const char* text) {
+    for (const char* c = text; *c; ++c) h = (h ^ static_cast<unsigned char>(*c)) * 1099511628211ull;
+    h *= 1099511628211ull;
+  };
+  for (int i = 1; i < argc; ++i) add(argv[i]);
+  add(std::getenv("PMT_MATMUL") ? std::getenv("PMT_MATMUL") : "");
+  Kokkos::View<double*, Kokkos::HostSpace> mine("mine", 2), all("all", 2 * static_cast<std::size_t>(world.size()));
+  mine(0) = double(h >> 32), mine(1) = double(h & 0xffffffffu);  // exact in doubles
+  pmt::comm::all_gather(world, Kokkos::DefaultHostExecutionSpace(), mine, all);
+  std::vector<int> differ;
+  for (int q = 1; q < world.size(); ++q)
+    if (all(2 * q) != all(0) || all(2 * q + 1) != all(1)) differ.push_back(q);
+  if (differ.empty()) return;
+  std::string list;
+  for (std::size_t i = 0; i < differ.size() && i < 16; ++i) list += (i ? ", " : "") + std::to_string(differ[i]);
+  if (differ.size() > 16) list += ", ...";
+  throw Agreed{pmt::detail::str("the ranks were started with different flags: rank", differ.size() == 1 ? " " : "s ", list,
+                                differ.size() == 1 ? " differs" : " differ",
+                                " from rank 0 (every rank needs the same command line and PMT_MATMUL)")};
+}
+
+/// Whether `path` can be written, without changing it (a file that did not exist is removed).
+void probe_writable(const std::string& flag, const std::string& path) {
+  std::error_code ec;
+  const bool existed = fs::exists(path, ec);
+  std::FILE* f       = std::fopen(path.c_str(), "a");
+  if (!f) throw pmt::IoError(prog, flag + " " + path + ": cannot be written (" + std::strerror(errno) + ")");
+  std::fclose(f);
+  if (!existed) fs::remove(path, ec);
+}
+
+/// The run's configuration as a checkpoint records it: what a resumed run must share with the
+/// saved one for its losses to continue the saved run's.
+std::vector<std::pair<std::string, std::string>> run_config(const Options& o, const pmt::io::TokenDataset& data) {
+  char lr[32], hash[32];
+  std::snprintf(lr, sizeof lr, "%.17g", o.lr);
+  std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(data.fingerprint()));
+  return {{"seed", std::to_string(o.seed)},
+          {"data", std::to_string(data.size()) + ":" + hash},
+          {"lr", lr},
+          {"warmup", std::to_string(o.warmup)},
+          {"steps", std::to_string(o.steps)}};
+}
+
+/// "DIR/step-00000006": the directory of step `step`'s checkpoint.
+std::string step_dir(const std::string& dir, long long step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "/step-%08lld", step);
+  return dir + name;
+}
+
+/// The number of ranks on this node, from the launcher's environment (1 when unknown).
+int local_ranks_env() {
+  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"})
+    if (const char* n = std::getenv(v))
+      if (std::atoi(n) > 0) return std::atoi(n);
+  return 1;
+}
+
+/// What keeps a run safe while it lasts: the checkpoint directory's lock (rank 0), the watchdog
+/// and its heartbeat directory (removed by rank 0 at the end, after the watchdog stops).
+struct Guards {
+  std::unique_ptr<pmt::io::CheckpointLock> lock;
+  struct RemoveBeats {
+    std::string dir;
+    ~RemoveBeats() {
+      std::error_code ec;
+      if (!dir.empty()) fs::remove_all(dir, ec);
+    }
+  } remove_beats;
+  std::unique_ptr<pmt::comm::Watchdog> watchdog;
+};
+
+/// Collective, before any training (and before --auto calibrates): rank 0 takes the checkpoint
+/// directory's lock, refuses a fresh run into old checkpoints (unless --overwrite), clears what
+/// an interrupted save left, and checks that the metrics and trace files can be written; then
+/// every rank checks that it can write its shards into the directory. Then the watchdog starts:
+/// heartbeats in the checkpoint directory (shared by the nodes, as a rule) or in a fresh
+/// temporary directory that rank 0 names.
+template <class Comm>
+std::unique_ptr<Guards> preflight(const Options& o, const Comm& world) {
+  const bool root = world.rank() == 0;
+  auto g = std::make_unique<Guards>();
+  {
+    std::exception_ptr err;
+    if (root) try {
+        if (!o.ckpt_dir.empty()) {
+          g->lock = std::make_unique<pmt::io::CheckpointLock>(o.ckpt_dir);
+          if (!g->lock->note().empty()) std::printf("checkpoints: %s: %s\n", o.ckpt_dir.c_str(), g->lock->note().c_str());
+          const auto steps = pmt::io::checkpoint_steps(o.ckpt_dir);
+          if (!o.resume && !steps.empty()) {
+            if (!o.overwrite)
+              throw pmt::IoError(prog, pmt::detail::str(o.ckpt_dir, " holds ", steps.size(), " checkpoint(s), the newest ", steps.back(),
+                                                        ": continue them with --resume, or replace them with --overwrite"));
+            std::error_code ec;
+            for (const auto& st : steps) fs::remove_all(o.ckpt_dir + "/" + st, ec);
+            fs::remove(o.ckpt_dir + "/LATEST", ec);
+            std::printf("checkpoints: --overwrite removed %zu checkpoint(s) from %s\n", steps.size(), o.ckpt_dir.c_str());
+          }
+          const auto gone = pmt::io::remove_stale_partials(o.ckpt_dir);
+          if (!gone.empty())
+            std::printf("checkpoints: removed %zu leftover(s) of an interrupted save from %s\n", gone.size(), o.ckpt_dir.c_str());
+        }
+        if (!o.metrics.empty()) probe_writable("--metrics", o.metrics);
+        if (!o.trace.empty()) probe_writable("--trace", o.trace);
+      } catch (...) {
+        err = std::current_exception();
+      }
+    agree_errors(world, err, "the preflight checks");
+    if (!o.ckpt_dir.empty()) {
+      try {
+        probe_writable("--ckpt-dir", o.ckpt_dir + "/.write-test-rank-" + std::to_string(world.rank()));
+      } catch (...) {
+        err = std::current_exception();
+      }
+      agree_errors(world, err, "writing into --ckpt-dir");
+    }
+  }
+  std::string beats;
+  if (o.watchdog > 0) {
+    Kokkos::View<std::int8_t*, Kokkos::HostSpace> name("beats", 4096);
+    if (root) {
+      std::string dir = o.ckpt_dir.empty() ? std::string() : o.ckpt_dir + "/.heartbeat";
+      if (dir.empty()) {
+        std::string pattern = (fs::temp_directory_path() / "pmt-watchdog-XXXXXX").string();
+        dir = ::mkdtemp(&pattern[0]) ? pattern : std::string();
+      }
+      std::error_code ec;
+      if (!dir.empty()) fs::create_directories(dir, ec);
+      for (std::size_t i = 0; i < dir.size() && i + 1 < name.size(); ++i) name(i) = static_cast<std::int8_t>(dir[i]);
+    }
+    pmt::comm::broadcast(world, Kokkos::DefaultHostExecutionSpace(), name, 0);
+    for (std::size_t i = 0; i < name.size() && name(i) != 0; ++i) beats += static_cast<char>(name(i));
+    if (!beats.empty())
+      g->watchdog = std::make_unique<pmt::comm::Watchdog>(
+          pmt::comm::WatchdogOptions{o.watchdog, beats, world.rank(), world.size(), 0},
+          [](const std::string& report, bool reporter) {
+            if (reporter) {
+              std::fprintf(stderr, "%s: error: %s\n", prog, report.c_str());
+              std::fflush(stderr);
+            } else {
+              std::this_thread::sleep_for(std::chrono::seconds(3));  // the reporter's message first
+            }
+            std::_Exit(exit_watchdog);
+          });
+  }
+  if (root) g->remove_beats.dir = beats;
+  return g;
+}
 
 /// The run with optimizer Opt (AdamW, or ZeroAdamW with --zero): builds the model over the mesh,
 /// trains, validates, checkpoints, reports and samples.
 template <class Opt>
-int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_ptr<pmt::io::TokenDataset>& data) {
+int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_ptr<pmt::io::TokenDataset>& data, Guards& guards) {
   const bool root = pmt::world_rank() == 0;
   auto& memory    = pmt::obs::MemoryTracker::instance();  // Kokkos allocations: the peak per rank, in the report
   if (o.memory_report) memory.enable();
@@ -270,13 +522,42 @@ int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_p
   trainer.set_schedule(o.schedule == "gpipe" ? pmt::parallel::ScheduleKind::GPipe : pmt::parallel::ScheduleKind::OneFOneB);
   int start = 0;
   if (o.resume) {
-    const std::string latest = pmt::io::latest_checkpoint(o.ckpt_dir);
+    // rank 0 picks the checkpoint (LATEST, or the newest that verifies) and tells the others
+    Kokkos::View<double, Kokkos::HostSpace> pick("pick");
+    pick() = -1;
+    {
+      std::exception_ptr err;
+      if (root) try {
+          std::string note;
+          const std::string found = pmt::io::resumable_checkpoint(o.ckpt_dir, &note);
+          if (!note.empty()) std::printf("checkpoints: %s\n", note.c_str());
+          if (!found.empty()) pick() = double(std::stoll(found.substr(found.size() - 8)));
+        } catch (...) {
+          err = std::current_exception();
+        }
+      agree_errors(world, err, "finding the checkpoint to resume");
+    }
+    pmt::comm::broadcast(world, Kokkos::DefaultHostExecutionSpace(), pick, 0);
+    const std::string latest = pick() < 0 ? std::string() : step_dir(o.ckpt_dir, static_cast<long long>(pick()));
     if (latest.empty()) {
       if (root) std::printf("no checkpoint in %s: starting from step 0\n", o.ckpt_dir.c_str());
     } else {
       try {
         const auto info = pmt::io::load_checkpoint(latest, mesh, opt, model_description(o));
         start           = static_cast<int>(info.step);
+        // the saved run's configuration: a different one would not continue its losses
+        std::string changed;
+        for (const auto& [key, now] : run_config(o, *data)) {
+          const auto it = info.extra.find(key);
+          if (it != info.extra.end() && it->second != now)
+            changed += (changed.empty() ? "" : ", ") + ("--" + key) + " " + (key == "data" ? "(" + now + ")" : now) +
+                       " (the saved run: " + it->second + ")";
+        }
+        if (!changed.empty() && !o.allow_changed_config)
+          throw Agreed{"resuming " + latest + " with a changed configuration: " + changed +
+                       "; its batches or learning rates would differ from the saved run's (--allow-changed-config resumes anyway)"};
+        if (!changed.empty() && root)
+          std::printf("resuming with a changed configuration (--allow-changed-config): %s\n", changed.c_str());
         // the matmul paths the saved run took: the resumed run continues on them (bit for bit)
         if (const auto it = info.extra.find("matmul_paths"); it != info.extra.end()) {
           const auto paths = pmt::decode_measured_choices(it->second);
@@ -334,6 +615,26 @@ int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_p
   }
   std::FILE* metrics = nullptr;
   if (root && !o.metrics.empty()) {
+    if (o.resume && start > 0) {
+      // a resumed run continues the file: the saved run's lines up to its checkpoint stay (its
+      // steps before `start`, its validations up to `start`), later ones (the steps it ran
+      // past the checkpoint) go, so that no step appears twice
+      std::ifstream in(o.metrics);
+      std::string line, kept;
+      std::size_t n_kept = 0, n_dropped = 0;
+      while (std::getline(in, line)) {
+        const auto at = line.find("{\"step\": ");
+        const long step = at == 0 ? std::atol(line.c_str() + 9) : -1;
+        const bool keep = at == 0 && (step < start || (step == start && line.find("\"val_loss\"") != std::string::npos));
+        (keep ? n_kept : n_dropped) += 1;
+        if (keep) kept += line + "\n";
+      }
+      const std::string tmp = o.metrics + ".tmp";
+      std::ofstream(tmp, std::ios::trunc) << kept;
+      std::error_code ec;
+      fs::rename(tmp, o.metrics, ec);
+      if (n_dropped > 0) std::printf("metrics: %s keeps %zu lines up to step %d, dropped %zu after it\n", o.metrics.c_str(), n_kept, start, n_dropped);
+    }
     metrics = std::fopen(o.metrics.c_str(), o.resume && start > 0 ? "a" : "w");
     if (!metrics) throw pmt::IoError(prog, o.metrics + ": cannot be written");
   }
@@ -358,26 +659,34 @@ int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_p
     }
     if (root) {
       std::printf("step %5d  validation loss %.4f\n", step, loss);
-      if (metrics) std::fprintf(metrics, "{\"step\": %d, \"val_loss\": %.17g}\n", step, loss);
+      if (metrics) std::fprintf(metrics, "{\"step\": %d, \"val_loss\": %.17g}\n", step, loss), std::fflush(metrics);
     }
   };
   const auto save = [&](int step) {
     pmt::io::CheckpointInfo info;
     info.step  = step;
     info.model = model_description(o);
-    info.extra = {{"seed", std::to_string(o.seed)}, {"data_position", std::to_string(step)}, {"steps", std::to_string(o.steps)},
-                  {"matmul_paths", pmt::encode_measured_choices()}};
+    info.extra = {{"data_position", std::to_string(step)}, {"matmul_paths", pmt::encode_measured_choices()}};
+    for (const auto& [key, value] : run_config(o, *data)) info.extra[key] = value;
     try {  // AdamW's or ZeRO-1's state: the same files
       const std::string where = pmt::io::save_checkpoint(o.ckpt_dir, mesh, opt, info);
       if (root) std::printf("checkpoint: %s\n", where.c_str());
     } catch (const pmt::IoError& e) {
       throw Agreed{e.what(), false};  // save_checkpoint raises on every rank
     }
+    if (root && o.keep > 0) {
+      const auto gone = pmt::io::prune_checkpoints(o.ckpt_dir, static_cast<std::size_t>(o.keep));
+      for (const auto& g : gone) std::printf("checkpoint: removed %s/%s (--keep %d)\n", o.ckpt_dir.c_str(), g.c_str(), o.keep);
+    }
+    return step;
   };
+  int saved_at = -1;  // the step of this run's last checkpoint
   if (!o.trace.empty()) pmt::TraceRecorder::instance().enable();
   double total_wall = 0, total_comm = 0;  // this rank's, over the steps: the straggler report
   const auto run_t0 = std::chrono::steady_clock::now();
+  int skipped_in_row = 0;
   for (int step = start; step < o.steps; ++step) {
+    if (guards.watchdog) guards.watchdog->set_step(step);
     fill([&](std::size_t f, auto& ids, auto& tgt) { data->train_batch(static_cast<std::uint64_t>(o.seed), step, f, per, ids, tgt); });
     const double lr = pmt::optim::warmup_cosine(step, o.warmup, o.steps, o.lr, o.lr / 10);
     const double c0 = pmt::comm::comm_time().seconds;
@@ -385,8 +694,33 @@ int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_p
     double loss     = 0;
     {
       const pmt::Instrument instrument("train_gpt::step", pmt::Track::Optimizer, [step] { return "step " + std::to_string(step); });
-      loss = trainer.step(mbs, pmt::train::StepOptions{tokens, lr, 1.0});
+      loss = trainer.step(mbs, pmt::train::StepOptions{tokens, lr, 1.0, /*skip_nonfinite=*/true});
     }
+    if (trainer.last_step_skipped()) {  // nan or inf: the update was not applied (on every rank alike)
+      // which ranks hold non-finite gradients of their own
+      Kokkos::View<double*, Kokkos::HostSpace> mine("mine", 1), all("all", static_cast<std::size_t>(world.size()));
+      for (auto* p : model.parameters()) {
+        auto g = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), p->grad);
+        for (std::size_t i = 0; i < g.size() && mine(0) == 0; ++i) mine(0) = std::isfinite(g(i)) ? 0.0 : 1.0;
+      }
+      pmt::comm::all_gather(world, Kokkos::DefaultHostExecutionSpace(), mine, all);
+      std::string ranks;
+      for (int q = 0; q < world.size(); ++q)
+        if (all(q) != 0) ranks += (ranks.empty() ? "" : ", ") + std::to_string(q);
+      const std::string what = pmt::detail::str("step ", step, ": loss ", loss, ", gradient norm ", trainer.last_grad_norm(),
+                                                ranks.empty() ? std::string(" (no rank's own gradients hold nan or inf: the loss does)")
+                                                              : " (non-finite gradients on rank(s) " + ranks + ")");
+      if (!o.skip_nonfinite || ++skipped_in_row >= 10) {
+        throw Agreed{what + (o.skip_nonfinite ? "; 10 steps in a row were skipped" : "") +
+                         ": stopping; the update was not applied and nothing was saved" +
+                         (o.ckpt_dir.empty() ? std::string() : "; " + o.ckpt_dir + "/LATEST names the last good checkpoint"),
+                     true, exit_nonfinite};
+      }
+      if (root) std::printf("%s: update skipped (--on-nonfinite skip; %d in a row)\n", what.c_str(), skipped_in_row);
+      if (metrics) std::fprintf(metrics, "{\"step\": %d, \"skipped\": true}\n", step), std::fflush(metrics);
+      continue;
+    }
+    skipped_in_row = 0;
     const auto t1   = std::chrono::steady_clock::now();
     const double s = std::chrono::duration<double>(t1 - t0).count(), comm = pmt::comm::comm_time().seconds - c0;
     total_wall += s, total_comm += comm;
@@ -405,11 +739,26 @@ int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_p
                      "{\"step\": %d, \"loss\": %.17g, \"lr\": %.9g, \"grad_norm\": %.9g, \"seconds\": %.6f, "
                      "\"tokens_per_s\": %.1f, \"mfu\": %.5f, \"comm_fraction\": %.5f}\n",
                      step, loss, lr, trainer.last_grad_norm(), s, tokens / s, flops / s / peak(), comm / s);
+      if (metrics) std::fflush(metrics);
     }
     if (o.val_every > 0 && (step + 1) % o.val_every == 0 && step + 1 < o.steps) validate_now(step + 1);
-    if (!o.ckpt_dir.empty() && o.ckpt_every > 0 && (step + 1) % o.ckpt_every == 0) save(step + 1);
+    if (!o.ckpt_dir.empty() && o.ckpt_every > 0 && (step + 1) % o.ckpt_every == 0) saved_at = save(step + 1);
+    if (const int sig = pmt::train::agree_stop(world)) {  // preemption: all ranks stop at this step boundary
+      if (!o.ckpt_dir.empty() && saved_at != step + 1) saved_at = save(step + 1);
+      if (root) {
+        std::printf("stopped by %s after step %d: %s\n", pmt::train::signal_name(sig), step,
+                    o.ckpt_dir.empty() ? "no --ckpt-dir, nothing saved"
+                                       : ("saved " + step_dir(o.ckpt_dir, saved_at) + "; --resume continues it").c_str());
+        std::fflush(stdout);
+      }
+      if (metrics) std::fclose(metrics);
+      return exit_preempted;
+    }
   }
   pmt::TraceRecorder::instance().enable(false);
+  // the trained model first: validation and the final checkpoint, then the trace and reports
+  validate_now(o.steps);
+  if (!o.ckpt_dir.empty() && saved_at != o.steps && start < o.steps) saved_at = save(o.steps);
   if (!o.trace.empty()) {
     pmt::obs::write_trace(mesh, o.trace);
     if (root) std::printf("trace: %s\n", o.trace.c_str());
@@ -441,8 +790,6 @@ int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_p
       }
     }
   }
-  validate_now(o.steps);
-  if (!o.ckpt_dir.empty() && (o.ckpt_every == 0 || o.steps % o.ckpt_every != 0) && start < o.steps) save(o.steps);
   if (metrics) std::fclose(metrics);
   // A sample: 160 bytes after a prompt from the validation text, temperature 0.8, seeded.
   {
@@ -515,34 +862,74 @@ int main(int argc, char* argv[]) {
     if (is_world_root_env()) std::fputs(usage().c_str(), stdout);
     return 0;
   }
-  if (o.threads > 0) setenv("OMP_NUM_THREADS", std::to_string(o.threads).c_str(), 1);  // the user's explicit choice
+  std::string threads_note;
+  // The OpenMP runtime read OMP_NUM_THREADS when it was loaded: a count chosen here goes to it
+  // directly (omp_set_num_threads, which Kokkos and an OpenMP BLAS follow) and to the environment
+  const auto set_threads = [](int n) {
+    setenv("OMP_NUM_THREADS", std::to_string(n).c_str(), 1);
+#if defined(_OPENMP)
+    omp_set_num_threads(n);
+#endif
+  };
+  if (o.threads > 0) {
+    set_threads(o.threads);  // the user's explicit choice
+  } else if (std::getenv("OMP_NUM_THREADS") == nullptr && local_ranks_env() > 1) {
+    // ranks sharing a node's cores, each with every core's worth of threads, would thrash: give
+    // each its share (a rank bound to fewer cores than the node has: those cores)
+    cpu_set_t set;
+    const int online = static_cast<int>(std::thread::hardware_concurrency());
+    const int mine   = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : online;
+    const int ranks  = local_ranks_env();
+    const int n      = mine < online ? std::max(1, mine) : std::max(1, online / ranks);
+    set_threads(n);
+    threads_note = pmt::detail::str("threads: ", n, " per rank (OMP_NUM_THREADS unset: ",
+                                    mine < online ? pmt::detail::str("the ", mine, " core(s) this rank is bound to")
+                                                  : pmt::detail::str(online, " cores / ", ranks, " ranks on this node"),
+                                    "; --threads N sets it)");
+  }
   if (!o.matmul.empty()) pmt::ops::set_matmul_path(pmt::ops::parse_matmul_path(o.matmul, "--matmul"));
-  pmt::ScopeGuard guard(argc, argv);
+  // Kokkos sees its own flags only (it would take --threads N for its own, deprecated, flag)
+  std::vector<char*> kokkos_argv{argv[0]};
+  for (auto& k : o.kokkos_args) kokkos_argv.push_back(&k[0]);
+  kokkos_argv.push_back(nullptr);
+  int kokkos_argc      = static_cast<int>(kokkos_argv.size()) - 1;
+  char** kokkos_argv_p = kokkos_argv.data();
+  pmt::ScopeGuard guard(kokkos_argc, kokkos_argv_p);
   const bool root = pmt::world_rank() == 0;
   // Each step frees its activations and allocates them again: keep that memory in the process
   // instead of faulting fresh pages in every step (pmt/core/host_memory.hpp).
   pmt::keep_freed_host_memory();
   try {
-    if (!parse_error.empty()) throw Agreed{parse_error};
 #if PMT_ENABLE_MPI
     pmt::comm::Communicator<Backend> world(MPI_COMM_WORLD);
 #else
     pmt::comm::Communicator<Backend> world;
 #endif
+    agree_command_line(world, argc, argv);  // first: ranks with other flags would mismatch later
+    if (!parse_error.empty()) throw Agreed{parse_error};
+    pmt::train::install_stop_handlers();
+    if (root && !threads_note.empty()) std::printf("%s\n", threads_note.c_str());
     std::unique_ptr<pmt::io::TokenDataset> data;
+    std::unique_ptr<Guards> guards;
     try {
       pmt::ops::matmul_path();  // a bad PMT_MATMUL fails here, alike on every rank
+      validate_outputs(o);
+    } catch (const pmt::Error& e) {
+      throw Agreed{e.what()};
+    }
+    guards = preflight(o, world);  // the outputs, before anything long
+    try {
       if (o.auto_plan) choose_layout(o, world);
       validate(o, world.size());
       data = std::make_unique<pmt::io::TokenDataset>(o.data, static_cast<std::size_t>(o.context));
     } catch (const pmt::Error& e) {
       throw Agreed{e.what()};
     }
-    return o.zero ? run<Zero>(o, world, data) : run<AdamW>(o, world, data);
+    return o.zero ? run<Zero>(o, world, data, *guards) : run<AdamW>(o, world, data, *guards);
   } catch (const Agreed& e) {
     if (root || (!e.alike && e.message.find("other rank(s)") == std::string::npos))
       std::fprintf(stderr, "%s: error: %s\n", prog, own(e.message).c_str());
-    return 1;
+    return e.code;
   } catch (const std::exception& e) {
     // Only this rank may have failed: report it and end the whole job rather than leave the
     // others waiting in a collective.

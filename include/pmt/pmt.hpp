@@ -24,6 +24,7 @@
 #include "pmt/comm/mesh.hpp"
 #include "pmt/comm/progress.hpp"
 #include "pmt/comm/request.hpp"
+#include "pmt/comm/watchdog.hpp"
 #if PMT_ENABLE_MPI
 #include "pmt/comm/mpi.hpp"
 #endif
@@ -64,6 +65,7 @@
 #include "pmt/parallel/pipeline.hpp"
 #include "pmt/parallel/schedule.hpp"
 #include "pmt/parallel/stages.hpp"
+#include "pmt/train/preemption.hpp"
 #include "pmt/train/trainer.hpp"
 #include "pmt/io/checkpoint.hpp"
 #include "pmt/io/dataset.hpp"

@@ -247,7 +247,7 @@ TEST_CASE("a checkpoint saved at dp2 x tp2 loads at other layouts and into ZeRO-
     const auto copy = dir + "_" + std::to_string(std::hash<std::string>{}(layout));
     fs::remove_all(copy);
     fs::copy(dir, copy, fs::copy_options::recursive);
-    const auto r = run(small + "--steps 4 --resume " + layout + " --ckpt-dir " + copy + " --metrics " + copy + ".json", 4);
+    const auto r = run(small + "--steps 4 --allow-changed-config --resume " + layout + " --ckpt-dir " + copy + " --metrics " + copy + ".json", 4);
     REQUIRE(r.rc == 0);
     const double fp = fingerprint(r.out);
     const auto l    = losses(copy + ".json");
@@ -269,7 +269,7 @@ TEST_CASE("a ZeRO-1 checkpoint with pipeline stages resumes as ZeRO-1 and as Ada
     const auto copy = dir + "_" + std::to_string(std::hash<std::string>{}(layout));
     fs::remove_all(copy);
     fs::copy(dir, copy, fs::copy_options::recursive);
-    const auto r = run(small + "--steps 4 --resume " + layout + " --ckpt-dir " + copy + " --metrics " + copy + ".json", 4);
+    const auto r = run(small + "--steps 4 --allow-changed-config --resume " + layout + " --ckpt-dir " + copy + " --metrics " + copy + ".json", 4);
     REQUIRE(r.rc == 0);
     fps.push_back(fingerprint(r.out));
     const auto l = losses(copy + ".json");
@@ -285,7 +285,7 @@ TEST_CASE("bad input: a message on stderr, a non-zero exit, no hang", "[examples
   const auto short_file = tmp("short.txt");
   { std::ofstream(short_file) << "too short"; }
   const auto ckpt = tmp("other_model");
-  REQUIRE(run(small + "--steps 1 --ckpt-dir " + ckpt).rc == 0);
+  REQUIRE(run(small + "--steps 1 --overwrite --ckpt-dir " + ckpt).rc == 0);  // (again for each section)
   struct Case {
     std::string args;
     int np;

@@ -2,7 +2,8 @@
 // Checkpoints of a model built from layers (not the Gpt, whose checkpoints train_gpt's end-to-end
 // test covers): parameters are matched by name, so two parameters of one name are refused before
 // anything is written, and a model whose parameters have names of their own, saved tp-split on
-// np ranks, loads into the one-rank model with every layer's own values.
+// np ranks, loads into the one-rank model with every layer's own values; a parameter holding nan
+// is never saved (LATEST keeps naming the last good checkpoint).
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
@@ -13,8 +14,10 @@
 #include "pmt/nn/linear.hpp"
 #include "pmt/optim/optimizers.hpp"
 
+#include <cmath>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 using Host    = Kokkos::DefaultHostExecutionSpace;
 using Backend = pmt::test::World::backend;
@@ -72,6 +75,25 @@ TEST_CASE("a checkpoint refuses two parameters of one name and reshards a model 
   for (std::size_t k = 0; k < ps.size(); ++k)
     for (std::size_t i = 0; i < ps[k]->size(); ++i) equal = equal && ps[k]->value(i) == qs[k]->value(i);
   CHECK(pmt::test::all_ranks(equal));
+
+  // A parameter holding nan (on the last rank only) is never saved: every rank raises, the
+  // raising rank names it, and LATEST keeps naming step 3, which still verifies.
+  if (r == w.size() - 1) model.parameters()[2]->value(0) = std::nan("");
+  info.step = 4;
+  bool refused = false;
+  try {
+    pmt::io::save_checkpoint(dir.string(), mesh, opt, info);
+  } catch (const pmt::IoError& e) {
+    const std::string what = e.what();
+    refused = r == w.size() - 1 ? what.find("refusing to save step 4: param/net.2 holds nan at element 0 on rank " +
+                                            std::to_string(r)) != std::string::npos
+                                : what.find("failed on 1 other rank(s)") != std::string::npos;
+    UNSCOPED_INFO(what);
+  }
+  CHECK(pmt::test::all_ranks(refused));
+  CHECK(pmt::test::all_ranks(pmt::io::latest_checkpoint(dir.string()) == (dir / "step-00000003").string()));
+  CHECK(pmt::test::all_ranks(pmt::io::verify_checkpoint((dir / "step-00000003").string()) == 3));
+  CHECK(pmt::test::all_ranks(pmt::io::checkpoint_steps(dir.string()) == std::vector<std::string>{"step-00000003"}));
 
   pmt::comm::barrier(w);
   if (r == 0) std::filesystem::remove_all(dir);

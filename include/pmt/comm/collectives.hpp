@@ -127,7 +127,7 @@ template <class B, class Exec, class SV, class RV, std::enable_if_t<Kokkos::is_v
 void all_reduce(const Communicator<B>& c, const Exec& exec, const SV& send, const RV& recv,
                 ReduceOp op = ReduceOp::Sum) {
   const Instrument instrument("pmt::comm::all_reduce", Track::Collective, "all_reduce");
-  const detail::CommTimer timer;
+  const detail::CommTimer timer("all_reduce");
   using T = typename RV::non_const_value_type;
   detail::check_all_reduce<Exec>("pmt::comm::all_reduce", c, send, recv, op);
   c.all_reduce_raw(exec, send.data(), recv.data(), recv.size(), data_type_of<T>(), op);
@@ -169,7 +169,7 @@ template <class B, class Exec, class SV, class RV>
 void reduce_scatter(const Communicator<B>& c, const Exec& exec, const SV& send, const RV& recv,
                     ReduceOp op = ReduceOp::Sum) {
   const Instrument instrument("pmt::comm::reduce_scatter", Track::Collective, "reduce_scatter");
-  const detail::CommTimer timer;
+  const detail::CommTimer timer("reduce_scatter");
   using T = typename RV::non_const_value_type;
   static_assert(std::is_same_v<typename SV::non_const_value_type, T>,
                 "pmt::comm::reduce_scatter: send and recv must have the same element type");
@@ -193,7 +193,7 @@ void reduce_scatter(const Communicator<B>& c, const Exec& exec, const SV& send, 
 template <class B, class Exec, class SV, class RV>
 void all_gather(const Communicator<B>& c, const Exec& exec, const SV& send, const RV& recv) {
   const Instrument instrument("pmt::comm::all_gather", Track::Collective, "all_gather");
-  const detail::CommTimer timer;
+  const detail::CommTimer timer("all_gather");
   using T = typename RV::non_const_value_type;
   static_assert(std::is_same_v<typename SV::non_const_value_type, T>,
                 "pmt::comm::all_gather: send and recv must have the same element type");
@@ -213,7 +213,7 @@ void all_gather(const Communicator<B>& c, const Exec& exec, const SV& send, cons
 template <class B, class Exec, class V>
 void broadcast(const Communicator<B>& c, const Exec& exec, const V& buf, int root) {
   const Instrument instrument("pmt::comm::broadcast", Track::Collective, "broadcast");
-  const detail::CommTimer timer;
+  const detail::CommTimer timer("broadcast");
   using T                    = typename V::non_const_value_type;
   constexpr const char* name = "pmt::comm::broadcast";
   detail::check_comm_view<Exec>(name, "buf", buf);
@@ -226,7 +226,7 @@ void broadcast(const Communicator<B>& c, const Exec& exec, const V& buf, int roo
 template <class B, class Exec, class V>
 void send(const Communicator<B>& c, const Exec& exec, const V& buf, int peer, int tag = 0) {
   const Instrument instrument("pmt::comm::send", Track::P2P, "send");
-  const detail::CommTimer timer;
+  const detail::CommTimer timer("send");
   detail::check_comm_view<Exec>("pmt::comm::send", "buf", buf);
   detail::require_rank("pmt::comm::send", "peer", peer, c);
   c.send_raw(exec, buf.data(), buf.size(), data_type_of<typename V::non_const_value_type>(), peer, tag);
@@ -236,7 +236,7 @@ void send(const Communicator<B>& c, const Exec& exec, const V& buf, int peer, in
 template <class B, class Exec, class V>
 void recv(const Communicator<B>& c, const Exec& exec, const V& buf, int peer, int tag = 0) {
   const Instrument instrument("pmt::comm::recv", Track::P2P, "recv");
-  const detail::CommTimer timer;
+  const detail::CommTimer timer("recv");
   detail::check_comm_view<Exec>("pmt::comm::recv", "buf", buf);
   detail::require_rank("pmt::comm::recv", "peer", peer, c);
   c.recv_raw(exec, buf.data(), buf.size(), data_type_of<typename V::non_const_value_type>(), peer, tag);
@@ -287,7 +287,7 @@ template <class B, class Exec, class V>
 template <class B>
 void barrier(const Communicator<B>& c) {
   const Instrument instrument("pmt::comm::barrier", Track::Collective, "barrier");
-  const detail::CommTimer timer;
+  const detail::CommTimer timer("barrier");
   detail::agree_on_collective(c, "pmt::comm::barrier", detail::CollectiveKind::Barrier, DataType::UInt8, 0, 0);
   c.barrier();
 }

@@ -45,7 +45,7 @@ class Request {
   /// \brief Blocks until the operation is complete. \throws pmt::CommError from the backend.
   void wait() {
     if (done()) return;
-    const detail::CommTimer timer;
+    const detail::CommTimer timer("wait_nonblocking");  // one word: heartbeat files split on spaces
     m_progress(true);
     complete();
   }

@@ -5,6 +5,7 @@
 // Programs read it to report "time in comms": take comm_time() before and after a step.
 //   const double c0 = pmt::comm::comm_time().seconds;  ...step...;  comm_s = comm_time().seconds - c0;
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 
@@ -22,17 +23,39 @@ inline CommTime& comm_time() noexcept {
   return t;
 }
 
+/// \brief What the process waits for now (comm/watchdog.hpp reads it from another thread): the
+/// operation of the outermost blocking communication call in progress (nullptr: none) and the
+/// steady_clock time (ns since its epoch) when it began.
+struct WaitState {
+  std::atomic<const char*> op{nullptr};
+  std::atomic<std::int64_t> since_ns{0};
+};
+
+/// \brief The process's wait state.
+inline WaitState& wait_state() noexcept {
+  static WaitState w;
+  return w;
+}
+
 }  // namespace pmt::comm
 
 namespace pmt::detail {
 
-/// Adds the lifetime of the object to comm_time() (nested timers count once).
+/// Adds the lifetime of the object to comm_time() (nested timers count once) and, while the
+/// outermost one lives, names its operation in wait_state().
 class CommTimer {
  public:
-  CommTimer() noexcept : m_outer(depth()++ == 0), m_start(std::chrono::steady_clock::now()) {}
+  explicit CommTimer(const char* op = "communication") noexcept
+      : m_outer(depth()++ == 0), m_start(std::chrono::steady_clock::now()) {
+    if (!m_outer) return;
+    auto& w = comm::wait_state();
+    w.since_ns.store(m_start.time_since_epoch().count());
+    w.op.store(op);
+  }
   ~CommTimer() {
     --depth();
     if (!m_outer) return;
+    comm::wait_state().op.store(nullptr);
     auto& t = comm::comm_time();
     t.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - m_start).count();
     ++t.calls;

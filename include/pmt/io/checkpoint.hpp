@@ -8,9 +8,10 @@
 //                                        their Adam moments (pipeline copies such as the tied
 //                                        LM head are not written: the owning stage writes them)
 //   DIR/step-00000006/MANIFEST          written by rank 0 last: format, step, layout, model
-//                                        description, extra fields (seed, data position), and
-//                                        each shard's size and CRC-32
+//                                        description, extra fields (seed, data position), each
+//                                        shard's size and CRC-32, and last its own checksum
 //   DIR/LATEST                          the name of the newest complete checkpoint
+//   DIR/LOCK                            "pid host" of the one run writing DIR (CheckpointLock)
 // Saving: every rank writes its shard to a temporary file, fsyncs it and renames it, inside
 // DIR/step-N.partial; rank 0 then writes MANIFEST the same way, fsyncs the directory, renames
 // step-N.partial to step-N, fsyncs DIR, and replaces LATEST (temporary, fsync, rename, fsync).
@@ -18,8 +19,13 @@
 // without a MANIFEST, or a .partial one, is never loaded. If any rank fails, every rank raises.
 // Parameters are matched by name (Parameter::name): two of one name are refused, on save before
 // anything is written and on load (pmt::nn::name_parameters gives a model unique names).
-// Loading verifies the CRC-32 of every shard it reads and refuses a damaged or incomplete
-// checkpoint with a message naming the file, or one of another model shape or precision. With
+// Loading verifies the manifest's checksum and, before reading a shard, its size; then the CRC-32
+// of every shard it reads, and every record's sizes (against overflow and the global shape)
+// before any of its bytes is used. It refuses a damaged, incomplete or crafted checkpoint with a
+// message naming the file, or one of another model shape or precision. A save refuses
+// parameters or moments holding nan or inf (LATEST keeps naming the last good checkpoint).
+// Managing a directory: verify_checkpoint, checkpoint_steps, resumable_checkpoint (LATEST, or
+// the newest step that verifies), prune_checkpoints (--keep N), remove_stale_partials. With
 // the same layout each rank reads its own shard; with another dp x tp x pp each rank reads the
 // shards and copies, for each of its parameters (matched by global name), the overlap of its
 // slice with every saved slice (GlobalSlice), so the loaded model equals the saved one.
@@ -35,8 +41,10 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -53,6 +61,7 @@
 #include <vector>
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 namespace pmt::io {
@@ -144,10 +153,16 @@ struct Record {
   const char* data = nullptr;
 };
 
+/// a * b, or false when it overflows 64 bits.
+inline bool mul_ok(std::uint64_t a, std::uint64_t b, std::uint64_t& out) { return !__builtin_mul_overflow(a, b, &out); }
+
+/// The records of a shard. Every size is checked before a byte of data is used: lengths against
+/// the bytes left (no arithmetic that can wrap), the element size, each slice inside its global
+/// shape, and the data size against local[0] x local[1] x element without overflow.
 inline std::vector<Record> parse_shard(const std::string& file, const std::string& bytes) {
   std::size_t at = 0;
-  const auto need = [&](std::size_t n) {
-    if (at + n > bytes.size()) throw IoError("pmt::io::checkpoint", file + ": truncated or damaged shard");
+  const auto need = [&](std::uint64_t n) {
+    if (n > bytes.size() - at) throw IoError("pmt::io::checkpoint", file + ": truncated or damaged shard");
   };
   const auto get = [&](auto& v) {
     need(sizeof(v));
@@ -169,10 +184,19 @@ inline std::vector<Record> parse_shard(const std::string& file, const std::strin
     at += len;
     get(r.elem);
     for (auto* a : {r.global, r.offset, r.local}) get(a[0]), get(a[1]);
-    std::uint64_t nbytes = 0;
+    std::uint64_t nbytes = 0, elems = 0, want = 0;
     get(nbytes);
+    const auto bad = [&](const std::string& why) {
+      return IoError("pmt::io::checkpoint", pmt::detail::str(file, ": record ", k, " (", r.name, ") is damaged: ", why));
+    };
+    if (r.elem != 2 && r.elem != 4 && r.elem != 8) throw bad(pmt::detail::str("element size ", r.elem));
+    for (int d = 0; d < 2; ++d)
+      if (r.offset[d] > r.global[d] || r.local[d] > r.global[d] - r.offset[d])
+        throw bad(pmt::detail::str("slice [", r.offset[d], ", +", r.local[d], ") of dimension ", d, " is outside its global extent ",
+                                   r.global[d]));
+    if (!mul_ok(r.local[0], r.local[1], elems) || !mul_ok(elems, r.elem, want) || nbytes != want)
+      throw bad(pmt::detail::str(nbytes, " data bytes for a (", r.local[0], ", ", r.local[1], ") slice of ", r.elem, "-byte values"));
     need(nbytes);
-    if (nbytes != r.local[0] * r.local[1] * r.elem) throw IoError("pmt::io::checkpoint", file + ": inconsistent record " + r.name);
     r.data = bytes.data() + at;
     at += nbytes;
     out.push_back(r);
@@ -189,6 +213,85 @@ inline std::string shard_name(int rank) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "shard-%05d.bin", rank);
   return buf;
+}
+
+/// A parsed MANIFEST.
+struct Manifest {
+  std::int64_t step = 0, adam_steps = 0;
+  MeshShape layout{};
+  int world = 0;
+  std::size_t elem = 0;
+  std::string model;
+  std::map<std::string, std::string> extra;
+  std::vector<std::pair<std::string, std::uint64_t>> shards;  // file, bytes
+  std::vector<std::uint32_t> crcs;
+};
+
+/// The manifest text's own checksum line: "checksum XXXXXXXX" over every byte before it.
+inline std::string manifest_checksum_line(const std::string& text) {
+  char line[32];
+  std::snprintf(line, sizeof line, "checksum %08x\n", static_cast<unsigned>(crc32(text.data(), text.size())));
+  return line;
+}
+
+/// Reads and checks step_dir/MANIFEST: its checksum (the last line), its header, and a shard
+/// entry for every rank of the saved world, with names of the form shard-NNNNN.bin.
+inline Manifest read_manifest(const std::string& step_dir) {
+  const std::string path = step_dir + "/MANIFEST";
+  const std::string text = read_file(path);
+  const auto damaged = [&](const std::string& why) { return IoError("pmt::io::checkpoint", path + ": damaged manifest (" + why + ")"); };
+  const std::size_t last = text.size() >= 2 ? text.rfind('\n', text.size() - 2) : std::string::npos;
+  const std::size_t body = last == std::string::npos ? 0 : last + 1;
+  if (text.compare(body, 9, "checksum ") != 0) throw damaged("no checksum line at its end: truncated, or written by another program");
+  if (text.substr(body) != manifest_checksum_line(text.substr(0, body))) throw damaged("its checksum does not match its text");
+  Manifest m;
+  std::istringstream in(text.substr(0, body));
+  std::string line, key;
+  bool header = false;
+  while (std::getline(in, line)) {
+    std::istringstream ls(line);
+    ls >> key;
+    if (key == "pmt-checkpoint") header = true;
+    else if (key == "step") ls >> m.step;
+    else if (key == "layout") ls >> m.layout.dp >> m.layout.tp >> m.layout.pp;
+    else if (key == "world") ls >> m.world;
+    else if (key == "element") ls >> m.elem;
+    else if (key == "adam_steps") ls >> m.adam_steps;
+    else if (key == "model") m.model = line.size() > 6 ? line.substr(6) : "";
+    else if (key == "extra") {
+      std::string k, v;
+      ls >> k >> v;
+      m.extra[k] = v;
+    } else if (key == "shard") {
+      std::string file, crc;
+      std::uint64_t bytes = 0;
+      ls >> file >> bytes >> crc;
+      if (file != shard_name(static_cast<int>(m.shards.size()))) throw damaged("shard entry '" + line + "'");
+      m.shards.emplace_back(file, bytes);
+      m.crcs.push_back(static_cast<std::uint32_t>(std::strtoul(crc.c_str(), nullptr, 16)));
+    }
+  }
+  if (!header || m.world <= 0 || m.shards.size() != static_cast<std::size_t>(m.world) || m.step < 0)
+    throw damaged("incomplete header or shard list");
+  return m;
+}
+
+/// A shard's bytes, after checking that it is a regular file of the manifest's size (before
+/// reading it) and that its CRC-32 matches.
+inline std::string read_shard_file(const std::string& step_dir, const Manifest& m, int q) {
+  namespace fs = std::filesystem;
+  const auto& [file, size] = m.shards[static_cast<std::size_t>(q)];
+  const std::string path   = step_dir + "/" + file;
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) throw IoError("pmt::io::checkpoint", path + ": missing (or not a regular file)");
+  const auto on_disk = fs::file_size(path, ec);
+  if (ec || on_disk != size)
+    throw IoError("pmt::io::checkpoint", pmt::detail::str(path, ": damaged (", ec ? std::string("its size cannot be read") : pmt::detail::str(on_disk, " bytes"),
+                                                           ", the manifest says ", size, ")"));
+  const std::string bytes = read_file(path);
+  if (bytes.size() != size || crc32(bytes.data(), bytes.size()) != m.crcs[static_cast<std::size_t>(q)])
+    throw IoError("pmt::io::checkpoint", path + ": damaged (its size or CRC-32 differs from the manifest's)");
+  return bytes;
 }
 
 /// Every rank learns whether all succeeded; the failing ranks rethrow their error, the others
@@ -240,6 +343,189 @@ inline std::string latest_checkpoint(const std::string& dir) {
   if (!(in >> name)) return {};
   return dir + "/" + name;
 }
+
+/// \brief Checks a step directory without loading it: the manifest's own checksum and header,
+/// and every shard's size and CRC-32. Returns the manifest's step.
+/// \throws pmt::IoError naming the first file that is missing or damaged.
+inline std::int64_t verify_checkpoint(const std::string& step_dir) {
+  const auto m = checkpoint_detail::read_manifest(step_dir);
+  for (int q = 0; q < m.world; ++q) checkpoint_detail::read_shard_file(step_dir, m, q);
+  return m.step;
+}
+
+/// \brief The step directories under `dir` (step-N with a MANIFEST; .partial ones excluded),
+/// oldest first.
+inline std::vector<std::string> checkpoint_steps(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> out;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return out;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.size() == 13 && name.rfind("step-", 0) == 0 && name.find_first_not_of("0123456789", 5) == std::string::npos &&
+        fs::exists(e.path() / "MANIFEST", ec))
+      out.push_back(name);
+  }
+  std::sort(out.begin(), out.end());  // fixed-width step numbers: name order is step order
+  return out;
+}
+
+/// \brief The checkpoint a resumed run should load from `dir`: the one LATEST names when it
+/// verifies; when LATEST is missing, empty or names no complete checkpoint, the newest step
+/// directory that verifies, with `note` saying why (a LATEST naming a damaged checkpoint is an
+/// error: the damage is the user's to see). "" when `dir` holds no checkpoint at all.
+/// \throws pmt::IoError when LATEST names a damaged checkpoint, or when step directories exist
+/// but none verifies (naming the first problem of the newest).
+inline std::string resumable_checkpoint(const std::string& dir, std::string* note = nullptr) {
+  namespace fs = std::filesystem;
+  std::string name, why;
+  std::error_code ec;
+  {
+    std::ifstream in(dir + "/LATEST");
+    if (!in) why = "LATEST is missing";
+    else if (!(in >> name)) why = "LATEST is empty";
+  }
+  if (!name.empty()) {
+    if (name.rfind("step-", 0) != 0 || name.find('/') != std::string::npos)
+      why = "LATEST is damaged ('" + name.substr(0, 40) + "')";
+    else if (!fs::exists(dir + "/" + name + "/MANIFEST", ec))
+      why = "LATEST names " + name + ", which is not a complete checkpoint";
+    else {
+      try {
+        verify_checkpoint(dir + "/" + name);
+      } catch (const IoError& e) {
+        const auto steps = checkpoint_steps(dir);
+        std::string older;
+        for (auto it = steps.rbegin(); it != steps.rend() && older.empty(); ++it) {
+          if (*it == name) continue;
+          try {
+            verify_checkpoint(dir + "/" + *it);
+            older = *it;
+          } catch (const IoError&) {
+          }
+        }
+        throw IoError("pmt::io::checkpoint",
+                      std::string(e.what()) + (older.empty() ? std::string("; no older checkpoint verifies either")
+                                                             : "; " + older + " verifies: write its name into " + dir +
+                                                                   "/LATEST to resume from it"));
+      }
+      return dir + "/" + name;
+    }
+  }
+  const auto steps = checkpoint_steps(dir);
+  std::string first_problem;
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    try {
+      verify_checkpoint(dir + "/" + *it);
+      if (note) *note = why + "; resuming from the newest checkpoint that verifies, " + *it;
+      return dir + "/" + *it;
+    } catch (const IoError& e) {
+      if (first_problem.empty()) first_problem = e.what();
+    }
+  }
+  if (!steps.empty())
+    throw IoError("pmt::io::checkpoint", pmt::detail::str(dir, ": ", why, ", and none of its ", steps.size(),
+                                                         " checkpoints verifies (the newest: ", first_problem, ")"));
+  return {};
+}
+
+/// \brief Removes what an interrupted save leaves under `dir` (step-N.partial and step-N.old
+/// directories, *.tmp files). Only for the directory's one writer (CheckpointLock).
+/// Returns the names removed.
+inline std::vector<std::string> remove_stale_partials(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> gone;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return gone;
+  std::vector<fs::path> doomed;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    const auto ends = [&](const std::string& tail) {
+      return name.size() > tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+    };
+    if (name.rfind("step-", 0) == 0 && (ends(".partial") || ends(".old") || ends(".tmp"))) doomed.push_back(e.path());
+    if (name == "LATEST.tmp") doomed.push_back(e.path());
+  }
+  for (const auto& p : doomed) {
+    fs::remove_all(p, ec);
+    gone.push_back(p.filename().string());
+  }
+  return gone;
+}
+
+/// \brief Keeps the newest `keep` checkpoints under `dir` (and always the one LATEST names),
+/// removing older step directories. Returns the names removed.
+inline std::vector<std::string> prune_checkpoints(const std::string& dir, std::size_t keep) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> gone;
+  const auto steps = checkpoint_steps(dir);
+  std::string latest;
+  std::ifstream(dir + "/LATEST") >> latest;
+  std::error_code ec;
+  for (std::size_t i = 0; i + keep < steps.size(); ++i) {
+    if (steps[i] == latest) continue;
+    fs::remove_all(dir + "/" + steps[i], ec);
+    gone.push_back(steps[i]);
+  }
+  return gone;
+}
+
+/// \brief One writer per checkpoint directory: DIR/LOCK, created exclusively, holds "pid host".
+/// A lock whose process is gone (same host, no such pid; a live one on this host gets 5 s to
+/// end, as a job torn down a moment ago does) is stale and taken over; a live one is refused.
+/// Released (removed) by the destructor. Take it on one rank (rank 0).
+class CheckpointLock {
+ public:
+  /// \throws pmt::IoError naming the holder when another live process holds `dir`, or when the
+  /// directory cannot be created or written.
+  explicit CheckpointLock(const std::string& dir) : m_path(dir + "/LOCK") {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    char host[256] = {};
+    ::gethostname(host, sizeof host - 1);
+    const std::string me = pmt::detail::str(::getpid(), " ", host, "\n");
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      errno        = 0;
+      const int fd = ::open(m_path.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+      if (fd >= 0) {
+        const bool ok = ::write(fd, me.data(), me.size()) == static_cast<ssize_t>(me.size());
+        ::close(fd);
+        if (!ok) checkpoint_detail::io_fail("cannot write " + m_path);
+        return;
+      }
+      if (errno != EEXIST) checkpoint_detail::io_fail("cannot create " + m_path + " (is " + dir + " writable?)");
+      long long pid = 0;
+      std::string holder;
+      std::ifstream(m_path) >> pid >> holder;
+      const bool same_host = holder == host;
+      // a holder on this host that is ending (a job torn down a moment ago) gets a few seconds
+      const auto alive = [&] { return !(::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH); };
+      for (int wait = 0; same_host && pid > 0 && wait < 50 && alive(); ++wait) ::usleep(100000);
+      if (same_host && pid > 0 && !alive()) {
+        m_stale = pmt::detail::str("removed a stale lock of pid ", pid, " (no longer running)");
+        fs::remove(m_path, ec);
+        continue;
+      }
+      throw IoError("pmt::io::checkpoint",
+                    pmt::detail::str(dir, " is in use by pid ", pid, " on ", holder.empty() ? std::string("an unknown host") : holder,
+                                     " (", m_path, "); one run writes a checkpoint directory at a time",
+                                     same_host ? std::string() : ": if that run is gone, remove the lock by hand"));
+    }
+    checkpoint_detail::io_fail("cannot take " + m_path);
+  }
+  ~CheckpointLock() {
+    std::error_code ec;
+    std::filesystem::remove(m_path, ec);
+  }
+  CheckpointLock(const CheckpointLock&)            = delete;
+  CheckpointLock& operator=(const CheckpointLock&) = delete;
+  /// \brief What taking the lock did besides ("removed a stale lock of pid N ..."), or "".
+  const std::string& note() const noexcept { return m_stale; }
+
+ private:
+  std::string m_path, m_stale;
+};
 
 namespace checkpoint_detail {
 
@@ -340,6 +626,11 @@ std::string save(const std::string& dir, const Mesh<Backend>& mesh, const Opt& o
         }
         checkpoint_detail::put(bytes, static_cast<std::uint64_t>(view.size() * sizeof(T)));
         auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), view);
+        for (std::size_t e = 0; e < host.size(); ++e)  // a checkpoint never holds nan or inf
+          if (!std::isfinite(static_cast<double>(host(e))))
+            throw IoError("pmt::io::checkpoint",
+                          pmt::detail::str("refusing to save step ", info.step, ": ", name, " holds ", static_cast<double>(host(e)),
+                                           " at element ", e, " on rank ", r, "; LATEST keeps naming the last good checkpoint"));
         bytes.append(reinterpret_cast<const char*>(host.data()), host.size() * sizeof(T));
       }
     }
@@ -368,7 +659,8 @@ std::string save(const std::string& dir, const Mesh<Backend>& mesh, const Opt& o
         std::snprintf(crc, sizeof crc, "%08x", static_cast<unsigned>(all(2 * q + 1)));
         m << "shard " << checkpoint_detail::shard_name(q) << " " << all(2 * q) << " " << crc << "\n";
       }
-      checkpoint_detail::write_atomically(partial + "/MANIFEST", m.str());
+      const std::string text = m.str();
+      checkpoint_detail::write_atomically(partial + "/MANIFEST", text + checkpoint_detail::manifest_checksum_line(text));
       checkpoint_detail::fsync_path(partial, true);
       std::error_code ec;
       if (fs::exists(final_dir, ec)) {  // the same step saved again: replace it
@@ -396,41 +688,13 @@ CheckpointInfo load(const std::string& step_dir, const Mesh<Backend>& mesh, Opt&
   CheckpointInfo info;
   info.path = step_dir;
   std::exception_ptr err;
-  std::vector<std::pair<std::string, std::uint64_t>> shards;  // file, bytes
-  std::vector<std::uint32_t> crcs;
-  std::int64_t adam_steps = 0;
-  int saved_world = 0;
   try {
     checkpoint_detail::require_unique_names(opt.parameters());
-    const std::string manifest = step_dir + "/MANIFEST";
-    std::istringstream in(checkpoint_detail::read_file(manifest));
-    std::string line, key;
-    bool header = false;
-    std::size_t elem = 0;
-    while (std::getline(in, line)) {
-      std::istringstream ls(line);
-      ls >> key;
-      if (key == "pmt-checkpoint") header = true;
-      else if (key == "step") ls >> info.step;
-      else if (key == "layout") ls >> info.layout.dp >> info.layout.tp >> info.layout.pp;
-      else if (key == "world") ls >> saved_world;
-      else if (key == "element") ls >> elem;
-      else if (key == "adam_steps") ls >> adam_steps;
-      else if (key == "model") info.model = line.size() > 6 ? line.substr(6) : "";
-      else if (key == "extra") {
-        std::string k, v;
-        ls >> k >> v;
-        info.extra[k] = v;
-      } else if (key == "shard") {
-        std::string file, crc;
-        std::uint64_t bytes = 0;
-        ls >> file >> bytes >> crc;
-        shards.emplace_back(file, bytes);
-        crcs.push_back(static_cast<std::uint32_t>(std::strtoul(crc.c_str(), nullptr, 16)));
-      }
-    }
-    if (!header || saved_world <= 0 || shards.size() != static_cast<std::size_t>(saved_world))
-      throw IoError("pmt::io::checkpoint", manifest + ": incomplete or damaged manifest");
+    const checkpoint_detail::Manifest man = checkpoint_detail::read_manifest(step_dir);
+    info.step = man.step, info.layout = man.layout, info.model = man.model, info.extra = man.extra;
+    const std::int64_t adam_steps = man.adam_steps;
+    const int saved_world = man.world;
+    const std::size_t elem = man.elem;
     if (info.model != expected_model)
       throw IoError("pmt::io::checkpoint", pmt::detail::str(step_dir, " holds a different model: \"", info.model,
                                                              "\"; this run is \"", expected_model, "\""));
@@ -450,11 +714,8 @@ CheckpointInfo load(const std::string& step_dir, const Mesh<Backend>& mesh, Opt&
       got[i].assign(ps[i]->size(), 0);
     }
     const auto read_shard = [&](int q, const std::vector<bool>& wanted) {
-      const auto& [file, size] = shards[static_cast<std::size_t>(q)];
-      const std::string path   = step_dir + "/" + file;
-      const std::string bytes  = checkpoint_detail::read_file(path);
-      if (bytes.size() != size || checkpoint_detail::crc32(bytes.data(), bytes.size()) != crcs[static_cast<std::size_t>(q)])
-        throw IoError("pmt::io::checkpoint", path + ": damaged (its size or CRC-32 differs from the manifest's)");
+      const std::string path  = step_dir + "/" + man.shards[static_cast<std::size_t>(q)].first;
+      const std::string bytes = checkpoint_detail::read_shard_file(step_dir, man, q);
       for (const auto& rec : checkpoint_detail::parse_shard(path, bytes)) {
         const auto slash = rec.name.find('/');
         const std::string kind = rec.name.substr(0, slash), pname = rec.name.substr(slash + 1);

@@ -16,7 +16,6 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -25,11 +24,17 @@ namespace pmt::io {
 
 class TokenDataset {
  public:
+  /// \brief The most bytes a dataset reads by default (it is held in memory): 4 GiB.
+  static constexpr std::uint64_t default_max_bytes = std::uint64_t(4) << 30;
+
   /// \brief Reads `path`: a file, or a directory whose files ending in one of `extensions`
-  /// (e.g. ".md") are concatenated in name order.
-  /// \throws pmt::IoError naming the path when it is missing or unreadable, or holds fewer than
-  /// 2 (context + 1) bytes (one context for training, one for validation).
-  TokenDataset(const std::string& path, std::size_t context, const std::vector<std::string>& extensions = {".md"})
+  /// (e.g. ".md") are concatenated in name order. Only regular files are read, and at most
+  /// `max_bytes` in all (a device or a pipe, which have no size, is refused).
+  /// \throws pmt::IoError naming the path when it is missing, unreadable, not a regular file or
+  /// larger than max_bytes, or holds fewer than 2 (context + 1) bytes (one context for training,
+  /// one for validation).
+  TokenDataset(const std::string& path, std::size_t context, const std::vector<std::string>& extensions = {".md"},
+               std::uint64_t max_bytes = default_max_bytes)
       : m_path(path), m_context(context) {
     namespace fs = std::filesystem;
     const char* op = "pmt::io::TokenDataset";
@@ -44,14 +49,30 @@ class TokenDataset {
       detail::require<IoError>(!files.empty(), op, [&] { return detail::str(path, ": a directory without data files"); });
     } else {
       detail::require<IoError>(fs::exists(path, ec), op, [&] { return detail::str(path, ": no such file"); });
+      detail::require<IoError>(fs::is_regular_file(path, ec), op, [&] {
+        return detail::str(path, ": not a regular file (a device, pipe or socket has no size to bound a read; pass a file)");
+      });
       files.push_back(path);
     }
+    std::uint64_t total = 0;
+    for (const auto& f : files) total += fs::file_size(f, ec);
+    detail::require<IoError>(total <= max_bytes, op, [&] {
+      return detail::str(path, " holds ", total, " bytes, more than the limit of ", max_bytes, " bytes a dataset reads into memory");
+    });
     for (const auto& f : files) {
       std::ifstream in(f, std::ios::binary);
       detail::require<IoError>(static_cast<bool>(in), op, [&] { return detail::str(f.string(), ": cannot be read"); });
-      m_bytes.append(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+      std::string chunk(1 << 20, '\0');  // bounded reads: a file growing while read stops at the limit
+      while (in && m_bytes.size() <= max_bytes) {
+        in.read(&chunk[0], static_cast<std::streamsize>(chunk.size()));
+        m_bytes.append(chunk.data(), static_cast<std::size_t>(in.gcount()));
+      }
       detail::require<IoError>(!in.bad(), op, [&] { return detail::str(f.string(), ": read error"); });
+      detail::require<IoError>(m_bytes.size() <= max_bytes, op, [&] {
+        return detail::str(path, " grew past the limit of ", max_bytes, " bytes while it was read");
+      });
     }
+    for (const unsigned char c : m_bytes) m_fingerprint = (m_fingerprint ^ c) * 1099511628211ull;  // FNV-1a
     detail::require<IoError>(m_bytes.size() >= context + 1, op, [&] {
       return detail::str(path, " holds ", m_bytes.size(), " bytes, shorter than one context (context + 1 = ", context + 1,
                          " bytes)");
@@ -67,6 +88,8 @@ class TokenDataset {
   std::size_t train_size() const noexcept { return m_val_begin; }
   std::size_t val_size() const noexcept { return m_bytes.size() - m_val_begin; }
   const std::string& path() const noexcept { return m_path; }
+  /// \brief A 64-bit FNV-1a hash of the bytes (a checkpoint records it to notice other data).
+  std::uint64_t fingerprint() const noexcept { return m_fingerprint; }
 
   /// \brief Sequences [first, first + B) of the global batch of `step`: inputs and next-byte
   /// targets, B x context each, row-major, into host Views (or pointers) ids and targets.
@@ -102,6 +125,7 @@ class TokenDataset {
   std::size_t m_context;
   std::string m_bytes;
   std::size_t m_val_begin = 0;
+  std::uint64_t m_fingerprint = 14695981039346656037ull;
 };
 
 }  // namespace pmt::io

@@ -71,7 +71,9 @@ class ZeroAdamW {
 
   /// \brief Reduce-scatter the gradients over dp, clip by the global norm (max_norm <= 0: no
   /// clipping), AdamW on this rank's part, all-gather the values. Returns the norm before clipping.
-  double step(const Exec& exec, double lr, double max_norm) {
+  /// No update (values, moments and step count unchanged) when `skip`, or when
+  /// `skip_nonfinite` and the norm is nan or inf; the norm is global, so all ranks skip alike.
+  double step(const Exec& exec, double lr, double max_norm, bool skip_nonfinite = false, bool skip = false) {
     const Instrument instrument("pmt::optim::ZeroAdamW::step", Track::Optimizer, "zero-adamw");
     ++m_step;
     pack(exec, &nn::Parameter<T, Exec>::grad, m_flat_g);
@@ -92,6 +94,10 @@ class ZeroAdamW {
     sums(0) += sums(1);
     if (m_pp && m_pp->size() > 1) comm::all_reduce_host_values(*m_pp, exec, sharded);
     const double norm = std::sqrt(sums(0));
+    if (skip || (skip_nonfinite && !std::isfinite(norm))) {
+      --m_step;
+      return norm;
+    }
     if (max_norm > 0 && norm > max_norm) ops::scale(exec, m_g, static_cast<T>(max_norm / (norm + 1e-6)));
     // AdamW on my part of the flat values; the flat gradient buffer, free after the
     // reduce-scatter, carries the values (one flat buffer of P, not two)

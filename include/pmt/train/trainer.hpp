@@ -35,6 +35,7 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -52,6 +53,10 @@ struct StepOptions {
   double normaliser = 1.0;  ///< the global number of target tokens of the step (all dp ranks, all microbatches)
   double lr         = 1e-3;
   double max_norm   = 1.0;  ///< clip the global gradient norm to this (<= 0: no clipping)
+  /// Skip the optimizer update when the global loss or gradient norm is nan or inf (as
+  /// mixed-precision trainers skip overflowed steps); last_step_skipped() tells. Both values are
+  /// global, so every rank skips alike.
+  bool skip_nonfinite = false;
 };
 
 template <class Mode>
@@ -147,12 +152,15 @@ class Trainer {
     m_sync.finish(m_exec);
     m_model.sync_tied_grads(m_exec);  // pp > 1: first and last stage sum their copies' gradients
     const double total = global_loss(H > 0 ? loss / dp : loss);
+    const bool bad_loss = o.skip_nonfinite && !std::isfinite(total);
     if constexpr (Optimizer::shards_over_dp) {
-      m_last_norm = m_opt.step(m_exec, o.lr, o.max_norm);
+      m_last_norm = m_opt.step(m_exec, o.lr, o.max_norm, o.skip_nonfinite, bad_loss);
+      m_last_skipped = bad_loss || (o.skip_nonfinite && !std::isfinite(m_last_norm));
     } else {
       m_last_norm = optim::clip_grad_norm(m_exec, m_model.parameters(), m_mesh.comm(Axis::tp), o.max_norm,
                                           &m_mesh.comm(Axis::pp));
-      m_opt.step(m_exec, o.lr);
+      m_last_skipped = bad_loss || (o.skip_nonfinite && !std::isfinite(m_last_norm));
+      if (!m_last_skipped) m_opt.step(m_exec, o.lr);
     }
     if constexpr (H > 0) {
       if (++m_steps % H == 0 && dp > 1)
@@ -176,6 +184,8 @@ class Trainer {
   }
 
   double last_grad_norm() const noexcept { return m_last_norm; }
+  /// \brief Whether the last step() skipped its update (StepOptions::skip_nonfinite).
+  bool last_step_skipped() const noexcept { return m_last_skipped; }
   const parallel::GradSync<T, Exec, Backend>& grad_sync() const noexcept { return m_sync; }
   /// \brief The pipeline schedule of the next steps (the policy's by default).
   void set_schedule(parallel::ScheduleKind kind) noexcept { m_schedule = kind; }
@@ -241,7 +251,8 @@ class Trainer {
   parallel::GradSync<T, Exec, Backend> m_sync;
   parallel::ScheduleKind m_schedule;
   std::optional<parallel::PipelineRunner<Model, Exec, Backend>> m_runner;
-  double m_last_norm = 0;
+  double m_last_norm  = 0;
+  bool m_last_skipped = false;
   std::int64_t m_steps = 0;
   // whether the first step / evaluation has agreed the measured choices (matmul paths) over the
   // world: every rank takes the same paths from then on (core/measured_choice.hpp)
