@@ -64,7 +64,8 @@ int main(int argc, char* argv[]) {
               std::getenv("OPENBLAS_CORETYPE") ? std::getenv("OPENBLAS_CORETYPE") : "(unset)");
   std::printf("  MKL                %s\n", mkl_where.c_str());
   const double peak = pmt::bench::measured_fp32_peak_gflops();
-  std::printf("  fp32 peak          %.1f GFLOP/s measured (FMA chains on every thread)\n\n", peak);
+  std::printf("  fp32 peak          %.1f GFLOP/s measured (FMA chains on every thread; %s)\n\n", peak,
+              pmt::obs::peak_isa_description().c_str());
 
   const std::vector<Shape> shapes = {
       {"n=256", 256, 256, 256, Trans::N, Trans::N},      {"n=512", 512, 512, 512, Trans::N, Trans::N},

@@ -153,7 +153,8 @@ int main(int argc, char* argv[]) {
   const char* keep_env = std::getenv("PMT_KEEP_FREED_HOST_MEMORY");
   const bool kept = (keep_env == nullptr || std::string(keep_env) != "0") && pmt::keep_freed_host_memory();
   if (argc == 2 && std::string(argv[1]) == "peak") {
-    std::printf("peak gflops=%.1f threads=%d\n", pmt::bench::measured_fp32_peak_gflops(), Exec().concurrency());
+    std::printf("peak gflops=%.1f threads=%d isa=%s\n", pmt::bench::measured_fp32_peak_gflops(), Exec().concurrency(),
+                pmt::obs::peak_isa().name);
     return 0;
   }
   if (argc == 2 && std::string(argv[1]) == "instrument") {  // ns per Instrument with no tool and the recorder off

@@ -141,7 +141,8 @@ print(f"  both ranks each alone at the same time, without communicating: {float(
 # descheduled) must not lower the denominator of the MFU.
 peak_gflops = max([peak_at_start] + [float(fields("peak", run([exe, "peak"], {"OMP_NUM_THREADS": str(threads)}))["gflops"])
                                      for _ in range(3)])
-print(f"measured fp32 peak: {peak_gflops:.1f} GFLOP/s ({threads} threads)")
+peak_isa = fields("peak", run([exe, "peak"], {"OMP_NUM_THREADS": "1"})).get("isa", "?")
+print(f"measured fp32 peak: {peak_gflops:.1f} GFLOP/s ({threads} threads, {peak_isa} FMA chains)")
 ms768, flops768, t768, r768 = results["width 768"]
 if peak_gflops > 0:
     print(f"MFU at width 768: {flops768 / ms768 / 1e6 / peak_gflops * 100:.1f} % of {peak_gflops:.0f} GFLOP/s")

@@ -8,8 +8,8 @@
 #             Debian's OpenMP-threaded OpenBLAS preferred (PMT_PREFER_OPENMP_BLAS), or the
 #             libraries in PMT_CBLAS_LIBRARIES_USER with the header in PMT_CBLAS_INCLUDE_DIR
 #             (any CBLAS; MKL's mkl_cblas.h -> PMT_CBLAS_MKL=1)
-#   CUDA   -> CUDA::cudart, CUDA::cublas           PMT_ENABLE_CUDA=1
-#   NCCL   -> pmt_deps::nccl (under the CUDA toolkit) PMT_ENABLE_NCCL=1
+#   CUDA   -> CUDA::cudart, CUDA::cublas           PMT_ENABLE_CUDA=1 (AUTO: only with Kokkos' CUDA backend)
+#   NCCL   -> pmt_deps::nccl (under the CUDA toolkit) PMT_ENABLE_NCCL=1 (needs CUDA)
 include_guard(GLOBAL)
 include(CMakeFindDependencyMacro)
 include(CheckSymbolExists)
@@ -113,8 +113,15 @@ endif()
 pmt_backend_result_(CBLAS ${_found})
 
 # --- CUDA runtime + cuBLAS, NCCL (host-compiled; no CUDA language needed) ----------------------
+# AUTO takes them only where the Kokkos found computes on CUDA: a CPU-only pmt puts no CUDA include
+# path or library on its consumers' lines and needs no CUDA toolkit at find_package(pmt). ON
+# takes them on any Kokkos (pmt's own suite: host-compiled cuBLAS and NCCL code, and the
+# compile-only Kokkos::Cuda check against newer Kokkos headers).
 pmt_backend_wanted_(CUDA)
 set(_found FALSE)
+if(_pmt_try AND NOT _pmt_required AND NOT "CUDA" IN_LIST Kokkos_DEVICES)
+  set(_pmt_try FALSE)
+endif()
 if(_pmt_try)
   find_package(CUDAToolkit QUIET)
   if(CUDAToolkit_FOUND AND TARGET CUDA::cudart AND TARGET CUDA::cublas)

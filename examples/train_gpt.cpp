@@ -606,7 +606,7 @@ int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_p
     std::printf("data: %s, %zu bytes (%zu train, %zu validation)\n", data->path().c_str(), data->size(),
                 data->train_size(), data->val_size());
     if (o.pp > 1) std::printf("stages: %s\n", model.plan().describe().c_str());
-    std::printf("measured fp32 peak of all ranks: %.1f GFLOP/s; %s\n", peak() / 1e9,
+    std::printf("measured fp32 peak of all ranks: %.1f GFLOP/s (%s); %s\n", peak() / 1e9, pmt::obs::peak_isa_description().c_str(),
                 pmt::ops::matmul_path() == pmt::ops::MatmulPath::Auto
                     ? "matmul auto: vendor BLAS or portable kernel, timed per shape class in the first step and agreed over the ranks"
                     : pmt::ops::matmul_path_summary().c_str());

@@ -8,7 +8,11 @@ build=${PMT_BUILD_DIR:-$root/build}
 kokkos_prefix=$("$root/scripts/deps.sh" | sed -n 's/^KOKKOS_PREFIX=//p')
 # the headers of a newer Kokkos (5.x) for the compile-only checks in tests/kokkos_next/
 kokkos_next=$("$root/scripts/kokkos_next.sh" | sed -n 's/^KOKKOS_NEXT_INCLUDE=//p')
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DPMT_WARNINGS_AS_ERRORS=ON \
+# pmt takes CUDA only with a CUDA Kokkos by default; the suite asks for it wherever a toolkit is
+# installed, to compile the host-side cuBLAS and NCCL code and the Kokkos::Cuda check
+cuda=()
+if command -v nvcc >/dev/null 2>&1; then cuda=(-DPMT_ENABLE_CUDA=ON); fi
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DPMT_WARNINGS_AS_ERRORS=ON "${cuda[@]}" \
   -DCMAKE_PREFIX_PATH="$kokkos_prefix" -DPMT_KOKKOS_NEXT_INCLUDE="$kokkos_next" "$@" >"$build.configure.log" 2>&1 \
   || { cat "$build.configure.log"; exit 1; }
 grep -E "^-- pmt " "$build.configure.log" || true

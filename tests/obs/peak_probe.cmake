@@ -1,0 +1,28 @@
+# SPDX-License-Identifier: Apache-2.0
+# cmake -DGENERIC=exe -DNATIVE=exe -P peak_probe.cmake: runs the peak probe built without and with
+# -march=native, alternately, three times each; passes when the best peaks agree within 25 % and
+# name the same ISA (the probe picks the CPU's vector width at run time, not the build's).
+set(best_generic 0)
+set(best_native 0)
+foreach(round RANGE 2)
+  foreach(kind generic native)
+    string(TOUPPER ${kind} var)
+    execute_process(COMMAND ${${var}} OUTPUT_VARIABLE out ERROR_QUIET RESULT_VARIABLE rc)
+    if(NOT rc EQUAL 0 OR NOT out MATCHES "peak ([0-9]+)\\.[0-9] GFLOP/s \\(([^)]*)\\)")
+      message(FATAL_ERROR "the ${kind} probe failed: ${out}")
+    endif()
+    set(isa_${kind} "${CMAKE_MATCH_2}")
+    if(CMAKE_MATCH_1 GREATER best_${kind})
+      set(best_${kind} ${CMAKE_MATCH_1})
+    endif()
+  endforeach()
+endforeach()
+message("without -march=native: ${best_generic} GFLOP/s (${isa_generic}); with: ${best_native} GFLOP/s (${isa_native})")
+if(NOT isa_generic STREQUAL isa_native)
+  message(FATAL_ERROR "the two builds measured different ISAs")
+endif()
+math(EXPR lo "${best_native} * 3 / 4")
+math(EXPR hi "${best_native} * 5 / 4")
+if(best_generic LESS lo OR best_generic GREATER hi)
+  message(FATAL_ERROR "the generic build's peak is not within 25 % of the native build's")
+endif()
