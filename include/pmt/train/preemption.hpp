@@ -9,9 +9,9 @@
 // all-reduce) makes every rank stop at the same step when any rank got one, so a signal sent to
 // one rank (as Slurm sends it to every task) or forwarded by the launcher stops all alike. A
 // second signal ends the process at once (exit code 128 + the signal).
-// OpenMPI's mpirun forwards SIGUSR1 and SIGUSR2 to the ranks; on SIGTERM or SIGINT it sends
-// SIGTERM to the ranks and SIGKILL odls_base_sigkill_timeout (1) seconds later, too soon for a
-// checkpoint: signal the ranks, send mpirun SIGUSR1, or raise that timeout.
+// OpenMPI's mpirun forwards SIGUSR1 and SIGUSR2 to the ranks; SIGTERM or SIGINT makes it tear the
+// job down (it stops reading the ranks' output and kills them): stop a job under mpirun with
+// SIGUSR1 to mpirun, or with a signal to the ranks.
 
 #include "pmt/comm/collectives.hpp"
 #include "pmt/comm/communicator.hpp"
