@@ -183,9 +183,9 @@ TEMPLATE_TEST_CASE("SGD with momentum and AdamW follow their update rules", "[op
   CHECK_THROWS_AS(pmt::ops::adamw_update(exec, p, g, m, v, h), pmt::ConfigError);
 }
 
-TEMPLATE_TEST_CASE("multi-tensor zero, scale, squared norms, AdamW and SGD equal the one-tensor ops bitwise",
-                   "[ops][optimizer][multi_tensor]", float, double) {
-  using T = TestType;
+namespace {
+template <class T>
+void multi_tensor_checks() {
   using V = pmt::Tensor<T, 1, Host>;
   Host exec;
   // sizes around the chunks (4096 for norms, 8192 for the updates), an empty tensor and a large one
@@ -252,4 +252,20 @@ TEMPLATE_TEST_CASE("multi-tensor zero, scale, squared norms, AdamW and SGD equal
                     Catch::Matchers::StartsWith("pmt::ops::sgd_update_all: grads[3] is (5) but parameter 3 is (4096)"));
   h.step = 0;
   CHECK_THROWS_AS(pmt::ops::adamw_update_all(exec, p1, g1, m1, v1, h), pmt::ConfigError);
+}
+
+// While alive, the multi-tensor ops take their device form (one launch over a chunk table) on the host.
+struct ForceTable {
+  ForceTable() { pmt::detail::multi_tensor_force_table() = true; }
+  ~ForceTable() { pmt::detail::multi_tensor_force_table() = false; }
+};
+}  // namespace
+
+TEMPLATE_TEST_CASE("multi-tensor zero, scale, squared norms, AdamW and SGD equal the one-tensor ops bitwise",
+                   "[ops][optimizer][multi_tensor]", float, double) {
+  SECTION("host chunks") { multi_tensor_checks<TestType>(); }
+  SECTION("the device form: one launch over a chunk table") {
+    const ForceTable force;
+    multi_tensor_checks<TestType>();
+  }
 }

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -426,4 +427,108 @@ TEST_CASE("softmax_cross_entropy's gradient matches finite differences, also in 
   exec.fence();
   CHECK(loss() == l0);
   CHECK(pmt::test::bitwise_equal(logits, dl));
+}
+
+namespace {
+// While alive, the row-wise ops take their device-shaped team path on the host too.
+struct ForceTeams {
+  ForceTeams() { pmt::detail::rowwise_force_teams() = true; }
+  ~ForceTeams() { pmt::detail::rowwise_force_teams() = false; }
+};
+}  // namespace
+
+TEMPLATE_TEST_CASE("the device-shaped team path of softmax, layernorm and cross-entropy equals the host path",
+                   "[ops][softmax][layernorm][cross_entropy][teams]", float, double) {
+  using T = TestType;
+  Host exec;
+  const double tol = 16 * pmt::test::tol<T>(300);
+  // softmax and log-softmax, forward and backward, with and without the causal mask (tails,
+  // rows with one visible column, and a batch dimension); y aliasing x in place as well
+  for (const Mask mask : {Mask::None, Mask::Causal}) {
+    INFO("causal " << (mask == Mask::Causal));
+    auto x = pmt::make_tensor<T, Host>("x", 3, 37, 45), dy = pmt::make_tensor<T, Host>("dy", 3, 37, 45);
+    pmt::test::fill_random(x, 31, -20, 20);
+    pmt::test::fill_random(dy, 32);
+    std::vector<decltype(x)> out;
+    for (const bool teams : {false, true}) {
+      std::optional<ForceTeams> force;
+      if (teams) force.emplace();
+      auto y = pmt::make_tensor<T, Host>("y", 3, 37, 45), ly = pmt::make_tensor<T, Host>("ly", 3, 37, 45);
+      auto dx = pmt::make_tensor<T, Host>("dx", 3, 37, 45), ldx = pmt::make_tensor<T, Host>("ldx", 3, 37, 45);
+      auto inplace = pmt::make_tensor<T, Host>("inplace", 3, 37, 45);
+      Kokkos::deep_copy(inplace, x);
+      pmt::ops::softmax(exec, x, y, mask);
+      pmt::ops::softmax(exec, inplace, inplace, mask);
+      pmt::ops::log_softmax(exec, x, ly, mask);
+      pmt::ops::softmax_backward(exec, y, dy, dx, mask);
+      pmt::ops::log_softmax_backward(exec, ly, dy, ldx, mask);
+      exec.fence();
+      CHECK(pmt::test::bitwise_equal(inplace, y));
+      for (auto v : {y, ly, dx, ldx}) out.push_back(v);
+    }
+    for (int k = 0; k < 4; ++k) {
+      INFO("output " << k);
+      // -inf of masked log-softmax entries: equal on both paths, compared as such
+      auto a = pmt::detail::flat(out[k]), b = pmt::detail::flat(out[4 + k]);
+      double worst = 0;
+      for (std::size_t i = 0; i < a.extent(0); ++i) {
+        if (std::isinf(a(i)) || std::isinf(b(i))) {
+          CHECK(a(i) == b(i));
+          continue;
+        }
+        worst = std::max(worst, std::abs(double(a(i)) - double(b(i))) / std::max(1.0, std::abs(double(b(i)))));
+      }
+      CHECK(worst <= tol);
+    }
+  }
+  // layernorm forward and backward (C not a multiple of the lanes)
+  {
+    const int N = 29, C = 71;
+    auto x = pmt::make_tensor<T, Host>("x", N, C), dy = pmt::make_tensor<T, Host>("dy", N, C);
+    auto w = pmt::make_tensor<T, Host>("w", C), b = pmt::make_tensor<T, Host>("b", C);
+    pmt::test::fill_random(x, 41, -2, 5);
+    pmt::test::fill_random(dy, 42);
+    pmt::test::fill_random(w, 43);
+    pmt::test::fill_random(b, 44);
+    std::vector<Kokkos::View<T**, Kokkos::LayoutRight, Host::memory_space>> ys, dxs;
+    std::vector<Kokkos::View<T*, Kokkos::LayoutRight, Host::memory_space>> stats;
+    for (const bool teams : {false, true}) {
+      std::optional<ForceTeams> force;
+      if (teams) force.emplace();
+      auto y = pmt::make_tensor<T, Host>("y", N, C), dx = pmt::make_tensor<T, Host>("dx", N, C);
+      auto mean = pmt::make_tensor<T, Host>("mean", N), rstd = pmt::make_tensor<T, Host>("rstd", N);
+      auto dw = pmt::make_tensor<T, Host>("dw", C), db = pmt::make_tensor<T, Host>("db", C);
+      pmt::ops::layernorm_forward(exec, x, w, b, y, mean, rstd, 1e-5);
+      pmt::ops::layernorm_backward(exec, dy, x, w, mean, rstd, dx, dw, db);
+      exec.fence();
+      ys.push_back(y), dxs.push_back(dx), stats.push_back(mean), stats.push_back(rstd), stats.push_back(dw), stats.push_back(db);
+    }
+    CHECK(pmt::test::max_rel_diff(ys[1], ys[0]) <= tol);
+    CHECK(pmt::test::max_rel_diff(dxs[1], dxs[0]) <= tol);
+    for (int k = 0; k < 4; ++k) CHECK(pmt::test::max_rel_diff(stats[4 + k], stats[k]) <= tol);
+  }
+  // fused softmax + cross-entropy, with an ignored row, and in place (dlogits aliasing logits)
+  {
+    const int N = 23, V = 67;
+    auto logits = pmt::make_tensor<T, Host>("logits", N, V);
+    pmt::test::fill_random(logits, 51, -8, 8);
+    Kokkos::View<int*, Kokkos::HostSpace> targets("targets", N);
+    for (int n = 0; n < N; ++n) targets(n) = n == 5 ? -100 : (n * 7 + 3) % V;
+    std::vector<double> losses;
+    std::vector<decltype(logits)> grads;
+    for (const bool teams : {false, true}) {
+      std::optional<ForceTeams> force;
+      if (teams) force.emplace();
+      Kokkos::View<double, Kokkos::HostSpace> loss("loss");
+      auto d = pmt::make_tensor<T, Host>("d", N, V);
+      Kokkos::deep_copy(d, logits);
+      pmt::ops::softmax_cross_entropy(exec, d, targets, double(N - 1), loss, d);  // in place
+      exec.fence();
+      losses.push_back(loss());
+      grads.push_back(d);
+    }
+    CHECK(std::abs(losses[1] - losses[0]) <= tol * std::abs(losses[0]));
+    CHECK(pmt::test::max_rel_diff(grads[1], grads[0]) <= tol);
+    for (int v = 0; v < V; ++v) CHECK(grads[1](5, v) == T(0));
+  }
 }

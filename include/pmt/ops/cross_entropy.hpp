@@ -79,6 +79,30 @@ void softmax_cross_entropy(const Exec& exec, const LV& logits, const TV& targets
       Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::ops::softmax_cross_entropy::row_loss"),
       static_cast<std::size_t>(N));
   const T gscale = static_cast<T>(dloss / normaliser);
+  if (detail::rowwise_use_teams<Exec>()) {  // devices: a row over a team thread's vector lanes
+    detail::for_each_row_team(exec, op, N, KOKKOS_LAMBDA(const typename Kokkos::TeamPolicy<Exec>::member_type& m, std::int64_t n) {
+      const long t = static_cast<long>(targets(n));
+      const T* lr  = &logits(n, 0);
+      T* dr        = with_grad ? &dlogits(n, 0) : nullptr;
+      if (t == ignore_index) {
+        Kokkos::single(Kokkos::PerThread(m), [&] { row_loss(n) = 0.0; });
+        if (with_grad) Kokkos::parallel_for(Kokkos::ThreadVectorRange(m, V), [&](std::int64_t v) { dr[v] = T(0); });
+        return;
+      }
+      const T mx  = detail::vector_max(m, lr, V);
+      const T s   = detail::vector_sum<T>(m, V, [&](std::int64_t v) { return detail::exp_nonpositive(lr[v] - mx); });
+      const T lse = mx + detail::math::log(s);
+      const T target_logit = lr[t];  // read before dlogits (which may alias logits) is written
+      Kokkos::single(Kokkos::PerThread(m), [&] { row_loss(n) = static_cast<double>(lse - target_logit); });
+      if (with_grad)
+        Kokkos::parallel_for(Kokkos::ThreadVectorRange(m, V), [&](std::int64_t v) {
+          const T p = detail::exp_nonpositive(lr[v] - lse);
+          dr[v] = (p - (v == t ? T(1) : T(0))) * gscale;
+        });
+    });
+    detail::chunked_reduce<detail::ReduceKind::Sum>(exec, row_loss, loss, 1.0 / normaliser, op);
+    return;
+  }
   Kokkos::parallel_for(op, Kokkos::RangePolicy<Exec>(exec, 0, N), KOKKOS_LAMBDA(std::int64_t n) {
     const long t = static_cast<long>(targets(n));
     if (t == ignore_index) {

@@ -144,6 +144,26 @@ void layernorm_forward(const Exec& exec, const XV& x, const WV& weight, const WV
   using S = typename SV::non_const_value_type;
   const auto C = static_cast<std::int64_t>(x.extent(1));
   const auto N = static_cast<std::int64_t>(x.extent(0));
+  if (detail::rowwise_use_teams<Exec>()) {  // devices: a row over a team thread's vector lanes
+    detail::for_each_row_team(exec, op, N, KOKKOS_LAMBDA(const typename Kokkos::TeamPolicy<Exec>::member_type& tm, std::int64_t n) {
+      const auto* xr = &x(n, 0);
+      T* yr          = &y(n, 0);
+      const S m  = detail::vector_sum<S>(tm, C, [&](std::int64_t c) { return static_cast<S>(xr[c]); }) / static_cast<S>(C);
+      const S v  = detail::vector_sum<S>(tm, C, [&](std::int64_t c) {
+                    const S d = static_cast<S>(xr[c]) - m;
+                    return d * d;
+                  }) / static_cast<S>(C);
+      const S rs = S(1) / detail::math::sqrt(v + static_cast<S>(eps));
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(tm, C), [&](std::int64_t j) {
+        yr[j] = static_cast<T>((static_cast<S>(xr[j]) - m) * rs) * weight(j) + bias(j);
+      });
+      Kokkos::single(Kokkos::PerThread(tm), [&] {
+        mean(n) = m;
+        rstd(n) = rs;
+      });
+    });
+    return;
+  }
 #if PMT_ROWWISE_AVX2
   if constexpr (std::is_same_v<typename XV::non_const_value_type, float> && std::is_same_v<T, float> &&
                 std::is_same_v<S, float> && std::is_same_v<typename Exec::memory_space, Kokkos::HostSpace>) {
@@ -209,25 +229,45 @@ void layernorm_backward(const Exec& exec, const DYV& dy, const XV& x, const WV& 
   using S = typename SV::non_const_value_type;
   const auto N = static_cast<std::int64_t>(x.extent(0));
   const auto C = static_cast<std::int64_t>(x.extent(1));
-  Kokkos::parallel_for(op, Kokkos::RangePolicy<Exec>(exec, 0, N), KOKKOS_LAMBDA(std::int64_t n) {
-    const auto* xr = &x(n, 0);
-    const auto* dyr = &dy(n, 0);
-    const S m = mean(n), rs = rstd(n);
-    S sum_g = S(0), sum_gx = S(0);
-    for (std::int64_t c = 0; c < C; ++c) {
-      const S g = static_cast<S>(dyr[c]) * static_cast<S>(weight(c));
-      sum_g += g;
-      sum_gx += g * (static_cast<S>(xr[c]) - m) * rs;
-    }
-    sum_g /= static_cast<S>(C);
-    sum_gx /= static_cast<S>(C);
-    T* dxr = &dx(n, 0);
-    for (std::int64_t c = 0; c < C; ++c) {
-      const S g = static_cast<S>(dyr[c]) * static_cast<S>(weight(c));
-      const S xhat = (static_cast<S>(xr[c]) - m) * rs;
-      dxr[c] = static_cast<T>(rs * (g - sum_g - xhat * sum_gx));
-    }
-  });
+  if (detail::rowwise_use_teams<Exec>()) {  // devices: dx, a row over a team thread's vector lanes
+    detail::for_each_row_team(exec, op, N, KOKKOS_LAMBDA(const typename Kokkos::TeamPolicy<Exec>::member_type& tm, std::int64_t n) {
+      const auto* xr  = &x(n, 0);
+      const auto* dyr = &dy(n, 0);
+      const S m = mean(n), rs = rstd(n);
+      const S sum_g = detail::vector_sum<S>(tm, C, [&](std::int64_t c) {
+                        return static_cast<S>(dyr[c]) * static_cast<S>(weight(c));
+                      }) / static_cast<S>(C);
+      const S sum_gx = detail::vector_sum<S>(tm, C, [&](std::int64_t c) {
+                         return static_cast<S>(dyr[c]) * static_cast<S>(weight(c)) * (static_cast<S>(xr[c]) - m) * rs;
+                       }) / static_cast<S>(C);
+      T* dxr = &dx(n, 0);
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(tm, C), [&](std::int64_t c) {
+        const S g    = static_cast<S>(dyr[c]) * static_cast<S>(weight(c));
+        const S xhat = (static_cast<S>(xr[c]) - m) * rs;
+        dxr[c]       = static_cast<T>(rs * (g - sum_g - xhat * sum_gx));
+      });
+    });
+  } else {
+    Kokkos::parallel_for(op, Kokkos::RangePolicy<Exec>(exec, 0, N), KOKKOS_LAMBDA(std::int64_t n) {
+      const auto* xr = &x(n, 0);
+      const auto* dyr = &dy(n, 0);
+      const S m = mean(n), rs = rstd(n);
+      S sum_g = S(0), sum_gx = S(0);
+      for (std::int64_t c = 0; c < C; ++c) {
+        const S g = static_cast<S>(dyr[c]) * static_cast<S>(weight(c));
+        sum_g += g;
+        sum_gx += g * (static_cast<S>(xr[c]) - m) * rs;
+      }
+      sum_g /= static_cast<S>(C);
+      sum_gx /= static_cast<S>(C);
+      T* dxr = &dx(n, 0);
+      for (std::int64_t c = 0; c < C; ++c) {
+        const S g = static_cast<S>(dyr[c]) * static_cast<S>(weight(c));
+        const S xhat = (static_cast<S>(xr[c]) - m) * rs;
+        dxr[c] = static_cast<T>(rs * (g - sum_g - xhat * sum_gx));
+      }
+    });
+  }
   // dweight, dbias: partial sums over fixed row chunks, then over chunks in order.
   const auto parts = (N + detail::row_chunk - 1) / detail::row_chunk;
   Kokkos::View<T***, Kokkos::LayoutRight, typename Exec::memory_space> partial(

@@ -7,8 +7,9 @@
 //   loop per tensor (and, for the norms, one result allocation and one fence per tensor). A GPT
 //   has a dozen or more parameter tensors per block, many of them small (biases, LayerNorm
 //   weights), so these launches add up: at width 256 the step ran about 320 of them.
-//   On device spaces they call the one-tensor ops (elementwise.hpp, reduction.hpp,
-//   optimizer.hpp) per tensor.
+//   On device spaces the elementwise ones (zero, scale, AdamW, SGD) are ONE launch too: the chunk
+//   table and the tensors' pointers go to the device (one small copy each), a team per chunk
+//   (for_each_chunk_table). The squared norms call ops::squared_norm_value per tensor there.
 // Results are bitwise those of the one-tensor ops on any space: the updates are elementwise with
 // the same arithmetic (ops/optimizer.hpp's element functions), and each tensor's squared norm is
 // summed in reduce_chunk chunks by detail::reduce_span, the chunk partials in order, as
@@ -61,6 +62,55 @@ void for_each_chunk(const Exec& exec, const char* label, const std::vector<Tenso
   exec.fence();  // a host space may run a parallel_for asynchronously (Kokkos does not promise otherwise)
 }
 
+/// A tensor's data pointer as a View element (a View of raw pointers would read as one more rank).
+template <class T>
+struct TensorPtr {
+  T* p;
+};
+
+/// Test hook: while true, host spaces take the device form (the chunk table, one launch) too.
+inline bool& multi_tensor_force_table() {
+  static bool force = false;
+  return force;
+}
+
+/// `ptrs` as a View of Exec's memory space (copied there; the copy is done when this returns).
+template <class Exec, class T>
+Kokkos::View<TensorPtr<T>*, typename Exec::memory_space> pointer_table(const std::vector<T*>& ptrs) {
+  Kokkos::View<TensorPtr<T>*, typename Exec::memory_space> d(
+      Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::ops::multi_tensor::pointers"), ptrs.size());
+  auto h = Kokkos::create_mirror_view(d);
+  for (std::size_t i = 0; i < ptrs.size(); ++i) h(i) = TensorPtr<T>{ptrs[i]};
+  Kokkos::deep_copy(d, h);
+  return d;
+}
+
+/// f(tensor, i) for every element i of every chunk, as ONE launch on Exec: the chunk table goes
+/// to Exec's memory, a team per chunk, its threads over the chunk's elements. No fence.
+template <class Exec, class F>
+void for_each_chunk_table(const Exec& exec, const char* label, const std::vector<TensorChunk>& chunks, const F& f) {
+  if (chunks.empty()) return;
+  Kokkos::View<TensorChunk*, typename Exec::memory_space> table(
+      Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::ops::multi_tensor::chunks"), chunks.size());
+  auto h = Kokkos::create_mirror_view(table);
+  for (std::size_t i = 0; i < chunks.size(); ++i) h(i) = chunks[i];
+  Kokkos::deep_copy(table, h);
+  using Policy = Kokkos::TeamPolicy<Exec>;
+  const int team = is_host_space_v<Exec> ? 1 : 256;
+  Kokkos::parallel_for(label, Policy(exec, static_cast<int>(chunks.size()), team),
+                       KOKKOS_LAMBDA(const typename Policy::member_type& m) {
+                         const TensorChunk c = table(m.league_rank());
+                         Kokkos::parallel_for(Kokkos::TeamThreadRange(m, c.lo, c.hi),
+                                              [&](std::int64_t i) { f(c.tensor, i); });
+                       });
+}
+
+/// Whether the multi-tensor ops on Exec take the one-launch chunk-table form (device spaces).
+template <class Exec>
+bool multi_tensor_table() {
+  return !is_host_space_v<Exec> || multi_tensor_force_table();
+}
+
 template <class V>
 std::vector<std::int64_t> tensor_sizes(const std::vector<V>& xs) {
   std::vector<std::int64_t> sizes;
@@ -104,6 +154,13 @@ template <class Exec, class V>
 void zero_all(const Exec& exec, const std::vector<V>& xs) {
   using T = typename V::non_const_value_type;
   const std::vector<T*> p = detail::tensor_data<Exec>(xs);
+  if (detail::multi_tensor_table<Exec>()) {
+    const auto P = detail::pointer_table<Exec>(p);
+    detail::for_each_chunk_table(exec, "pmt::ops::zero_all",
+                                 detail::tensor_chunks(detail::tensor_sizes(xs), detail::multi_tensor_chunk),
+                                 KOKKOS_LAMBDA(std::size_t t, std::int64_t i) { P(t).p[i] = T(0); });
+    return;
+  }
   if constexpr (is_host_space_v<Exec>) {
     T* const* pp            = p.data();
     detail::for_each_chunk(exec, "pmt::ops::zero_all", detail::tensor_chunks(detail::tensor_sizes(xs), detail::multi_tensor_chunk),
@@ -111,9 +168,6 @@ void zero_all(const Exec& exec, const std::vector<V>& xs) {
                              T* x = pp[c.tensor];
                              for (std::int64_t i = c.lo; i < c.hi; ++i) x[i] = T(0);
                            });
-  } else {
-    (void)p;
-    for (const auto& x : xs) Kokkos::deep_copy(exec, x, T(0));
   }
 }
 
@@ -122,6 +176,13 @@ template <class Exec, class V>
 void scale_all(const Exec& exec, const std::vector<V>& xs, typename V::non_const_value_type s) {
   using T = typename V::non_const_value_type;
   const std::vector<T*> p = detail::tensor_data<Exec>(xs);
+  if (detail::multi_tensor_table<Exec>()) {
+    const auto P = detail::pointer_table<Exec>(p);
+    detail::for_each_chunk_table(exec, "pmt::ops::scale_all",
+                                 detail::tensor_chunks(detail::tensor_sizes(xs), detail::multi_tensor_chunk),
+                                 KOKKOS_LAMBDA(std::size_t t, std::int64_t i) { P(t).p[i] *= s; });
+    return;
+  }
   if constexpr (is_host_space_v<Exec>) {
     T* const* pp            = p.data();
     detail::for_each_chunk(exec, "pmt::ops::scale_all", detail::tensor_chunks(detail::tensor_sizes(xs), detail::multi_tensor_chunk),
@@ -129,9 +190,6 @@ void scale_all(const Exec& exec, const std::vector<V>& xs, typename V::non_const
                              T* x = pp[c.tensor];
                              for (std::int64_t i = c.lo; i < c.hi; ++i) x[i] *= s;
                            });
-  } else {
-    (void)p;
-    for (const auto& x : xs) scale(exec, x, s);
   }
 }
 
@@ -172,6 +230,17 @@ void adamw_update_all(const Exec& exec, const std::vector<PV>& values, const std
   detail::require_same_sizes(op, "v", v, values);
   using S                       = typename SV::non_const_value_type;
   const detail::AdamWStep<S> st = detail::adamw_step<S>(op, h);  // checks the step on every space
+  if (detail::multi_tensor_table<Exec>()) {
+    const auto P = detail::pointer_table<Exec>(detail::tensor_data<Exec>(values));
+    const auto G = detail::pointer_table<Exec>(detail::tensor_data<Exec>(grads));
+    const auto M = detail::pointer_table<Exec>(detail::tensor_data<Exec>(m));
+    const auto V = detail::pointer_table<Exec>(detail::tensor_data<Exec>(v));
+    detail::for_each_chunk_table(exec, op, detail::tensor_chunks(detail::tensor_sizes(values), detail::multi_tensor_chunk),
+                                 KOKKOS_LAMBDA(std::size_t t, std::int64_t i) {
+                                   detail::adamw_element(st, P(t).p[i], G(t).p[i], M(t).p[i], V(t).p[i]);
+                                 });
+    return;
+  }
   if constexpr (is_host_space_v<Exec>) {
     const auto pv = detail::tensor_data<Exec>(values);
     const auto gv = detail::tensor_data<Exec>(grads);
@@ -188,9 +257,6 @@ void adamw_update_all(const Exec& exec, const std::vector<PV>& values, const std
                              S* vv2 = V[c.tensor];
                              for (std::int64_t i = c.lo; i < c.hi; ++i) detail::adamw_element(st, p[i], g[i], mm[i], vv2[i]);
                            });
-  } else {
-    (void)st;
-    for (std::size_t i = 0; i < values.size(); ++i) adamw_update(exec, values[i], grads[i], m[i], v[i], h);
   }
 }
 
@@ -202,9 +268,17 @@ void sgd_update_all(const Exec& exec, const std::vector<PV>& values, const std::
   constexpr const char* op = "pmt::ops::sgd_update_all";
   detail::require_same_sizes(op, "grads", grads, values);
   detail::require_same_sizes(op, "velocity", velocity, values);
+  using T                     = typename PV::non_const_value_type;  // sgd_update's scalars
+  const detail::SgdStep<T> st = detail::sgd_step<T>(h);
+  if (detail::multi_tensor_table<Exec>()) {
+    const auto P = detail::pointer_table<Exec>(detail::tensor_data<Exec>(values));
+    const auto G = detail::pointer_table<Exec>(detail::tensor_data<Exec>(grads));
+    const auto V = detail::pointer_table<Exec>(detail::tensor_data<Exec>(velocity));
+    detail::for_each_chunk_table(exec, op, detail::tensor_chunks(detail::tensor_sizes(values), detail::multi_tensor_chunk),
+                                 KOKKOS_LAMBDA(std::size_t t, std::int64_t i) { detail::sgd_element(st, P(t).p[i], G(t).p[i], V(t).p[i]); });
+    return;
+  }
   if constexpr (is_host_space_v<Exec>) {
-    using T                     = typename PV::non_const_value_type;  // sgd_update's scalars
-    const detail::SgdStep<T> st = detail::sgd_step<T>(h);
     const auto pv = detail::tensor_data<Exec>(values);
     const auto gv = detail::tensor_data<Exec>(grads);
     const auto vv = detail::tensor_data<Exec>(velocity);
@@ -218,8 +292,6 @@ void sgd_update_all(const Exec& exec, const std::vector<PV>& values, const std::
                              auto* vel = V[c.tensor];
                              for (std::int64_t i = c.lo; i < c.hi; ++i) detail::sgd_element(st, p[i], g[i], vel[i]);
                            });
-  } else {
-    for (std::size_t i = 0; i < values.size(); ++i) sgd_update(exec, values[i], grads[i], velocity[i], h);
   }
 }
 

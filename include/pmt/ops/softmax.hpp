@@ -4,7 +4,8 @@
 // Shapes: x, y are (rows, cols) or (batch, rows, cols); the softmax runs over the last dim.
 // Causal: in each (rows, cols) matrix, row i sees columns j <= i + (cols - rows); masked entries
 // of softmax are 0 and of log-softmax -inf; their gradients are 0.
-// One thread per row, each row in index order: bitwise independent of the thread count.
+// Host spaces: one thread per row, each row in index order: bitwise independent of the thread
+// count. Device spaces: a row over a team thread's vector lanes (rowwise.hpp, "device-shaped rows").
 
 #include "pmt/core/error.hpp"
 #include "pmt/detail/kokkos_compat.hpp"
@@ -84,6 +85,23 @@ void softmax_impl(const Exec& exec, const XV& x, const YV& y, ops::Mask mask, co
   const auto g   = row_geometry(x, "x", mask, op);
   const T* xp    = x.data();
   T* yp          = y.data();
+  if (rowwise_use_teams<Exec>()) {  // devices: a row over a team thread's vector lanes
+    for_each_row_team(exec, op, g.nrows, KOKKOS_LAMBDA(const typename Kokkos::TeamPolicy<Exec>::member_type& m, std::int64_t r) {
+      const T* xr = xp + r * g.cols;
+      T* yr = yp + r * g.cols;
+      const std::int64_t n = g.visible(r), cols = g.cols;
+      const T mx = vector_max(m, xr, n);
+      const T s  = vector_sum<T>(m, n, [&](std::int64_t j) { return exp_nonpositive(xr[j] - mx); });
+      const T lse = math::log(s), inv = T(1) / s;
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(m, cols), [&](std::int64_t j) {
+        if (log_form)
+          yr[j] = j < n ? (xr[j] - mx) - lse : -infinity<T>();
+        else
+          yr[j] = j < n ? exp_nonpositive(xr[j] - mx) * inv : T(0);
+      });
+    });
+    return;
+  }
   Kokkos::parallel_for(op, Kokkos::RangePolicy<Exec>(exec, 0, g.nrows), KOKKOS_LAMBDA(std::int64_t r) {
     const T* xr = xp + r * g.cols;
     T* yr = yp + r * g.cols;
@@ -116,6 +134,25 @@ void softmax_backward_impl(const Exec& exec, const YV& y, const DYV& dy, const D
   const T* yp  = y.data();
   const T* dyp = dy.data();
   T* dxp       = dx.data();
+  if (rowwise_use_teams<Exec>()) {  // devices: a row over a team thread's vector lanes
+    for_each_row_team(exec, op, g.nrows, KOKKOS_LAMBDA(const typename Kokkos::TeamPolicy<Exec>::member_type& m, std::int64_t r) {
+      const T* yr = yp + r * g.cols;
+      const T* dyr = dyp + r * g.cols;
+      T* dxr = dxp + r * g.cols;
+      const std::int64_t n = g.visible(r), cols = g.cols;
+      const T s = log_form ? vector_sum<T>(m, n, [&](std::int64_t j) { return dyr[j]; })
+                           : vector_sum<T>(m, n, [&](std::int64_t j) { return dyr[j] * yr[j]; });
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(m, cols), [&](std::int64_t j) {
+        if (j >= n)
+          dxr[j] = T(0);
+        else if (log_form)
+          dxr[j] = dyr[j] - exp_nonpositive(yr[j]) * s;
+        else
+          dxr[j] = yr[j] * (dyr[j] - s);
+      });
+    });
+    return;
+  }
   Kokkos::parallel_for(op, Kokkos::RangePolicy<Exec>(exec, 0, g.nrows), KOKKOS_LAMBDA(std::int64_t r) {
     const T* yr = yp + r * g.cols;
     const T* dyr = dyp + r * g.cols;

@@ -284,6 +284,61 @@ KOKKOS_INLINE_FUNCTION T row_exp_sum(const T* x, std::int64_t n, T mx) {
   return exp_sum_row(x, n, mx, static_cast<T*>(nullptr), static_cast<const T*>(nullptr), static_cast<T*>(nullptr));
 }
 
+// --- device-shaped rows: a team per group of rows, vector lanes along each row -----------------
+// On device spaces one thread per row would leave a row's elements to one GPU thread; there each
+// row goes to one team thread and its vector lanes (ThreadVectorRange), and the row's max and
+// sums are vector reductions. Their order is the vector unit's, not the 16-lane order of the host
+// path: deterministic for a given space, equal to the host results to rounding.
+
+/// Whether row-wise ops on Exec take the team path (device spaces).
+template <class Exec>
+inline constexpr bool rowwise_teams_v = !is_host_space_v<Exec>;
+
+/// Test hook: while true, host spaces take the team path too (one thread and one lane per team),
+/// so that the suite checks it without a device.
+inline bool& rowwise_force_teams() {
+  static bool force = false;
+  return force;
+}
+
+template <class Exec>
+bool rowwise_use_teams() {
+  return rowwise_teams_v<Exec> || rowwise_force_teams();
+}
+
+/// f(member, r) for every row r < nrows: 4 rows per team of 4 threads x 32 lanes on a device, one
+/// row per team on the host; f spreads its row over the member's vector lanes.
+template <class Exec, class F>
+void for_each_row_team(const Exec& exec, const char* label, std::int64_t nrows, const F& f) {
+  if (nrows <= 0) return;
+  constexpr int rows_per_team = is_host_space_v<Exec> ? 1 : 4, lanes = is_host_space_v<Exec> ? 1 : 32;
+  using Policy = Kokkos::TeamPolicy<Exec>;
+  const Policy policy(exec, static_cast<int>((nrows + rows_per_team - 1) / rows_per_team), rows_per_team, lanes);
+  Kokkos::parallel_for(label, policy, KOKKOS_LAMBDA(const typename Policy::member_type& m) {
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(m, rows_per_team), [&](int i) {
+      const std::int64_t r = static_cast<std::int64_t>(m.league_rank()) * rows_per_team + i;
+      if (r < nrows) f(m, r);
+    });
+  });
+}
+
+/// max_j x[j] over the member's vector lanes (the lowest finite value when n == 0).
+template <class Member, class T>
+KOKKOS_INLINE_FUNCTION T vector_max(const Member& m, const T* x, std::int64_t n) {
+  T mx{};
+  Kokkos::parallel_reduce(
+      Kokkos::ThreadVectorRange(m, n), [&](std::int64_t j, T& a) { a = x[j] > a ? x[j] : a; }, Kokkos::Max<T>(mx));
+  return mx;
+}
+
+/// sum_j g(j) over the member's vector lanes.
+template <class S, class Member, class G>
+KOKKOS_INLINE_FUNCTION S vector_sum(const Member& m, std::int64_t n, const G& g) {
+  S s = S(0);
+  Kokkos::parallel_reduce(Kokkos::ThreadVectorRange(m, n), [&](std::int64_t j, S& a) { a += g(j); }, s);
+  return s;
+}
+
 /// tanh(u) = 1 - 2 / (exp(2u) + 1) with exp_fast for float; the library tanh for double.
 template <class T>
 KOKKOS_INLINE_FUNCTION T tanh_fast(T u) {
