@@ -19,6 +19,8 @@
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
+#include "train_gpt_test.hpp"
+
 #include <array>
 #include <cmath>
 #include <cstdio>
@@ -60,30 +62,9 @@ Result run(const std::string& args, int np = 1, const std::string& env = "") {
   return r;
 }
 
-std::string tmp(const std::string& name) {
-  struct Dir {  // one scratch directory per run, removed at exit
-    fs::path path = fs::temp_directory_path() / ("pmt_test_train_gpt_" + std::to_string(getpid()));
-    Dir() { fs::create_directories(path); }
-    ~Dir() {
-      std::error_code ec;
-      fs::remove_all(path, ec);
-    }
-  };
-  static const Dir d;
-  return (d.path / name).string();
-}
+std::string tmp(const std::string& name) { return pmt::test::scratch("pmt_test_train_gpt_", name); }
 
-/// "loss" of every step line of a metrics file, as printed (17 significant digits).
-std::map<int, std::string> losses(const std::string& metrics) {
-  std::ifstream in(metrics);
-  std::map<int, std::string> out;
-  std::string line;
-  const std::regex re(R"re(\{"step": (\d+), "loss": ([^,]+),)re");
-  std::smatch m;
-  while (std::getline(in, line))
-    if (std::regex_search(line, m, re)) out[std::stoi(m[1])] = m[2];
-  return out;
-}
+using pmt::test::losses;
 
 double rel(const std::string& a, const std::string& b) {
   const double x = std::stod(a), y = std::stod(b);

@@ -21,6 +21,8 @@
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
+#include "train_gpt_test.hpp"
+
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -125,35 +127,14 @@ Result run(const std::string& args, int np = 1, const std::string& env = "", boo
   return r;
 }
 
-std::string tmp(const std::string& name) {
-  struct Dir {  // one scratch directory per process, removed at exit
-    fs::path path = fs::temp_directory_path() / ("pmt_test_safety_" + std::to_string(getpid()));
-    Dir() { fs::create_directories(path); }
-    ~Dir() {
-      std::error_code ec;
-      fs::remove_all(path, ec);
-    }
-  };
-  static const Dir d;
-  return (d.path / name).string();
-}
+std::string tmp(const std::string& name) { return pmt::test::scratch("pmt_test_safety_", name); }
 
 std::string read(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
-/// "loss" of every step line of a metrics file, as printed (17 significant digits).
-std::map<int, std::string> losses(const std::string& metrics) {
-  std::istringstream in(read(metrics));
-  std::map<int, std::string> out;
-  std::string line;
-  const std::regex re(R"re(\{"step": (\d+), "loss": ([^,]+),)re");
-  std::smatch m;
-  while (std::getline(in, line))
-    if (std::regex_search(line, m, re)) out[std::stoi(m[1])] = m[2];
-  return out;
-}
+using pmt::test::losses;
 
 /// How many step lines of a metrics file name `step` (resumes must not repeat one).
 int step_lines(const std::string& metrics, int step) {
