@@ -330,17 +330,11 @@ struct Agreed {
 /// that rank, "failed on other rank(s)" elsewhere).
 template <class Comm>
 void agree_errors(const Comm& world, const std::exception_ptr& err, const std::string& what) {
-  Kokkos::View<int, Kokkos::HostSpace> failed("failed");
-  failed() = err ? 1 : 0;
-  pmt::comm::all_reduce(world, Kokkos::DefaultHostExecutionSpace(), failed);
-  if (err) {
-    try {
-      std::rethrow_exception(err);
-    } catch (const std::exception& e) {
-      throw Agreed{e.what(), false};
-    }
+  try {
+    pmt::comm::agree_on_errors(world, err, prog, what);
+  } catch (const std::exception& e) {
+    throw Agreed{e.what(), false};
   }
-  if (failed() > 0) throw Agreed{pmt::detail::str(what, " failed on ", failed(), " other rank(s) (see their messages)"), false};
 }
 
 /// Collective: every rank hashes its command line (and PMT_MATMUL); ranks whose hash differs
@@ -390,13 +384,6 @@ std::vector<std::pair<std::string, std::string>> run_config(const Options& o, co
           {"lr", lr},
           {"warmup", std::to_string(o.warmup)},
           {"steps", std::to_string(o.steps)}};
-}
-
-/// "DIR/step-00000006": the directory of step `step`'s checkpoint.
-std::string step_dir(const std::string& dir, long long step) {
-  char name[32];
-  std::snprintf(name, sizeof name, "/step-%08lld", step);
-  return dir + name;
 }
 
 /// The number of ranks on this node, from the launcher's environment (1 when unknown).
@@ -538,7 +525,7 @@ int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_p
       agree_errors(world, err, "finding the checkpoint to resume");
     }
     pmt::comm::broadcast(world, Kokkos::DefaultHostExecutionSpace(), pick, 0);
-    const std::string latest = pick() < 0 ? std::string() : step_dir(o.ckpt_dir, static_cast<long long>(pick()));
+    const std::string latest = pick() < 0 ? std::string() : pmt::io::checkpoint_step_dir(o.ckpt_dir, static_cast<std::int64_t>(pick()));
     if (latest.empty()) {
       if (root) std::printf("no checkpoint in %s: starting from step 0\n", o.ckpt_dir.c_str());
     } else {
@@ -748,7 +735,7 @@ int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_p
       if (root) {
         std::printf("stopped by %s after step %d: %s\n", pmt::train::signal_name(sig), step,
                     o.ckpt_dir.empty() ? "no --ckpt-dir, nothing saved"
-                                       : ("saved " + step_dir(o.ckpt_dir, saved_at) + "; --resume continues it").c_str());
+                                       : ("saved " + pmt::io::checkpoint_step_dir(o.ckpt_dir, saved_at) + "; --resume continues it").c_str());
         std::fflush(stdout);
       }
       if (metrics) std::fclose(metrics);

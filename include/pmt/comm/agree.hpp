@@ -11,16 +11,33 @@
 // one with the smaller mean; ties keep the default path.
 
 #include "pmt/comm/collectives.hpp"
+#include "pmt/core/error.hpp"
 #include "pmt/core/measured_choice.hpp"
 
 #include <Kokkos_Core.hpp>
 
 #include <algorithm>
 #include <cstdint>
+#include <exception>
 #include <map>
+#include <string>
 #include <vector>
 
 namespace pmt::comm {
+
+/// \brief Collective over `world`: every rank learns whether any rank holds an error. A rank
+/// holding one rethrows it; the others raise pmt::IoError(op, "<what> failed on N other rank(s)
+/// (see their messages)"), so no rank goes on into a collective the others will not enter.
+template <class B>
+void agree_on_errors(const Communicator<B>& world, const std::exception_ptr& local_error, const char* op,
+                     const std::string& what) {
+  Kokkos::View<int, Kokkos::HostSpace> failed("pmt::comm::agree_on_errors");
+  failed() = local_error ? 1 : 0;
+  all_reduce(world, Kokkos::DefaultHostExecutionSpace(), failed);
+  if (local_error) std::rethrow_exception(local_error);
+  if (failed() > 0)
+    throw IoError(op, pmt::detail::str(what, " failed on ", failed(), " other rank(s) (see their messages)"));
+}
 
 /// \brief Decides, identically on every rank, every measured choice that any rank holds pending.
 /// Collective over `world` when it is the job's whole world; returns the number of keys decided.

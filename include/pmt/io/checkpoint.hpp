@@ -32,6 +32,7 @@
 // Shard file: "PMTSHRD1", u32 record count, records of (u32 name length, name, u32 element
 // size, u64 global[2], offset[2], local[2], u64 bytes, data), little-endian as the machine.
 
+#include "pmt/comm/agree.hpp"
 #include "pmt/comm/collectives.hpp"
 #include "pmt/comm/mesh.hpp"
 #include "pmt/core/error.hpp"
@@ -294,18 +295,6 @@ inline std::string read_shard_file(const std::string& step_dir, const Manifest& 
   return bytes;
 }
 
-/// Every rank learns whether all succeeded; the failing ranks rethrow their error, the others
-/// raise one naming the failing ranks' count.
-template <class Backend>
-void agree(const comm::Communicator<Backend>& world, const std::exception_ptr& local_error, const std::string& what) {
-  Kokkos::View<int, Kokkos::HostSpace> failed("pmt::io::failed");
-  failed() = local_error ? 1 : 0;
-  comm::all_reduce(world, Kokkos::DefaultHostExecutionSpace(), failed);
-  if (local_error) std::rethrow_exception(local_error);
-  if (failed() > 0)
-    throw IoError("pmt::io::checkpoint", pmt::detail::str(what, " failed on ", failed(), " other rank(s) (see their messages)"));
-}
-
 /// Checkpoints match parameters by name: two parameters of one name (Linear's default names
 /// repeat for layers of the same policy) would load each other's values. Copies of another
 /// stage's parameter (pp_copy) share its name by design.
@@ -335,6 +324,11 @@ GlobalShape shape_of(const nn::Parameter<T, Exec>& p) {
 }
 
 }  // namespace checkpoint_detail
+
+/// \brief The directory of step `step`'s checkpoint under `dir` ("DIR/step-00000006").
+inline std::string checkpoint_step_dir(const std::string& dir, std::int64_t step) {
+  return dir + "/" + checkpoint_detail::step_name(step);
+}
 
 /// \brief The newest complete checkpoint under `dir` (its step directory), or "" when none.
 inline std::string latest_checkpoint(const std::string& dir) {
@@ -598,7 +592,7 @@ std::string save(const std::string& dir, const Mesh<Backend>& mesh, const Opt& o
   } catch (...) {  // whatever it is, the other ranks must not wait for this one
     err = std::current_exception();
   }
-  checkpoint_detail::agree(world, err, "creating " + partial);
+  comm::agree_on_errors(world, err, "pmt::io::checkpoint", "creating " + partial);
   // this rank's shard
   std::uint64_t meta[2] = {0, 0};  // bytes, crc
   try {
@@ -643,7 +637,7 @@ std::string save(const std::string& dir, const Mesh<Backend>& mesh, const Opt& o
   } catch (...) {  // whatever it is, the other ranks must not wait for this one
     err = std::current_exception();
   }
-  checkpoint_detail::agree(world, err, "writing a shard");
+  comm::agree_on_errors(world, err, "pmt::io::checkpoint", "writing a shard");
   Kokkos::View<std::uint64_t*, Kokkos::HostSpace> mine(meta, 2);
   Kokkos::View<std::uint64_t*, Kokkos::HostSpace> all("pmt::io::shards", 2 * static_cast<std::size_t>(world.size()));
   comm::all_gather(world, Kokkos::DefaultHostExecutionSpace(), mine, all);
@@ -677,7 +671,7 @@ std::string save(const std::string& dir, const Mesh<Backend>& mesh, const Opt& o
   } catch (...) {  // whatever it is, the other ranks must not wait for this one
     err = std::current_exception();
   }
-  checkpoint_detail::agree(world, err, "writing the manifest");
+  comm::agree_on_errors(world, err, "pmt::io::checkpoint", "writing the manifest");
   return final_dir;
 }
 
@@ -774,7 +768,7 @@ CheckpointInfo load(const std::string& step_dir, const Mesh<Backend>& mesh, Opt&
   } catch (...) {  // whatever it is, the other ranks must not wait for this one
     err = std::current_exception();
   }
-  checkpoint_detail::agree(world, err, "loading " + step_dir);
+  comm::agree_on_errors(world, err, "pmt::io::checkpoint", "loading " + step_dir);
   return info;
 }
 
