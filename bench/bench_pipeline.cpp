@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -69,6 +70,7 @@ double steal_ms() {
 struct SleepStage {
   using value_type = float;
   using Ids        = ::Ids;
+  using Batch      = pmt::parallel::Microbatch<Ids>;
   using Activation = pmt::Tensor<float, 2, Exec>;
   int s, p;
   std::size_t C;
@@ -79,6 +81,9 @@ struct SleepStage {
   int stages() const { return p; }
   int chunks() const { return v; }
   std::size_t width() const { return C; }
+  std::vector<pmt::Parameter<float, Exec>*> parameters() { return {}; }
+  std::array<std::size_t, 2> input_extent(int, const Batch& mb) const { return {mb.B * mb.T, C}; }
+  std::array<std::size_t, 2> output_extent(int, const Batch& mb) const { return {mb.B * mb.T, C}; }
   /// Takes exactly `seconds`: sleeps in 0.25 ms pieces, letting pending messages progress in
   /// between (as the Gpt does between its attention and MLP halves), and spins, still polling,
   /// through the last 0.4 ms. Sleeping to the end instead overshot each action by a random
@@ -92,14 +97,13 @@ struct SleepStage {
       pmt::comm::progress();
     }
   }
-  Activation forward_chunk(const Exec&, int k, const Ids&, const Ids&, const Activation&, std::size_t B, std::size_t T,
-                           double, double* loss) {
+  Activation forward_chunk(const Exec&, int k, const Batch& mb, const Activation&, double, double* loss) {
     work(t_forward / v);
     if (s + 1 == p && k + 1 == v) {
       *loss += 1.0;
       return Activation();
     }
-    return Activation("act", B * T, C);
+    return Activation("act", mb.B * mb.T, C);
   }
   Activation backward_chunk(const Exec&, int k, const Activation&) {
     work(t_backward / v);
@@ -111,6 +115,7 @@ struct SleepStage {
 struct MeteredGpt {
   using value_type = float;
   using Ids        = ::Ids;
+  using Batch      = Gpt::Batch;
   using Activation = Gpt::Activation;
   Gpt& g;
   std::size_t peak = 0;  // heap in use, sampled after each forward; `base` before the run
@@ -118,9 +123,11 @@ struct MeteredGpt {
   int stages() const { return g.stages(); }
   int chunks() const { return g.chunks(); }
   std::size_t width() const { return g.width(); }
-  Activation forward_chunk(const Exec& e, int k, const Ids& ids, const Ids& t, const Activation& x, std::size_t B,
-                           std::size_t T, double n, double* loss) {
-    auto y = g.forward_chunk(e, k, ids, t, x, B, T, n, loss);
+  std::vector<pmt::Parameter<float, Exec>*> parameters() { return g.parameters(); }
+  std::array<std::size_t, 2> input_extent(int k, const Batch& mb) const { return g.input_extent(k, mb); }
+  std::array<std::size_t, 2> output_extent(int k, const Batch& mb) const { return g.output_extent(k, mb); }
+  Activation forward_chunk(const Exec& e, int k, const Batch& mb, const Activation& x, double n, double* loss) {
+    auto y = g.forward_chunk(e, k, mb, x, n, loss);
     peak   = std::max(peak, heap_in_use());
     return y;
   }

@@ -341,26 +341,14 @@ void agree_errors(const Comm& world, const std::exception_ptr& err, const std::s
 /// from rank 0's are named in one error, before any other communication could mismatch.
 template <class Comm>
 void agree_command_line(const Comm& world, int argc, char* argv[]) {
-  std::uint64_t h = 14695981039346656037ull;  // FNV-1a over the arguments, each ended by a 0 byte
-  const auto add = [&](const char* text) {
-    for (const char* c = text; *c; ++c) h = (h ^ static_cast<unsigned char>(*c)) * 1099511628211ull;
-    h *= 1099511628211ull;
-  };
-  for (int i = 1; i < argc; ++i) add(argv[i]);
-  add(std::getenv("PMT_MATMUL") ? std::getenv("PMT_MATMUL") : "");
-  Kokkos::View<double*, Kokkos::HostSpace> mine("mine", 2), all("all", 2 * static_cast<std::size_t>(world.size()));
-  mine(0) = double(h >> 32), mine(1) = double(h & 0xffffffffu);  // exact in doubles
-  pmt::comm::all_gather(world, Kokkos::DefaultHostExecutionSpace(), mine, all);
-  std::vector<int> differ;
-  for (int q = 1; q < world.size(); ++q)
-    if (all(2 * q) != all(0) || all(2 * q + 1) != all(1)) differ.push_back(q);
-  if (differ.empty()) return;
-  std::string list;
-  for (std::size_t i = 0; i < differ.size() && i < 16; ++i) list += (i ? ", " : "") + std::to_string(differ[i]);
-  if (differ.size() > 16) list += ", ...";
-  throw Agreed{pmt::detail::str("the ranks were started with different flags: rank", differ.size() == 1 ? " " : "s ", list,
-                                differ.size() == 1 ? " differs" : " differ",
-                                " from rank 0 (every rank needs the same command line and PMT_MATMUL)")};
+  std::string line;  // the arguments, each ended by a 0 byte, and PMT_MATMUL
+  for (int i = 1; i < argc; ++i) line += std::string(argv[i]) + '\0';
+  line += std::getenv("PMT_MATMUL") ? std::getenv("PMT_MATMUL") : "";
+  try {
+    pmt::comm::agree_on_text(world, line, prog, "flags (command line and PMT_MATMUL)");
+  } catch (const pmt::ConfigError& e) {
+    throw Agreed{e.what()};
+  }
 }
 
 /// Whether `path` can be written, without changing it (a file that did not exist is removed).
@@ -552,23 +540,11 @@ int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_p
           if (root && !paths.empty())
             std::printf("matmul: the paths of %zu shape classes from the checkpoint\n", paths.size());
         }
-        // a layout-free fingerprint of the loaded parameters: sum over every element of value * f(global index)
-        Kokkos::View<double, Kokkos::HostSpace> fp("fingerprint");
-        for (auto* p : model.parameters()) {
-          if (p->pp_copy || (p->tp_replicated && mesh.coord(pmt::Axis::tp) != 0)) continue;
-          auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), p->value);
-          const std::size_t cols = p->local_shape.size() > 1 ? p->local_shape[1] : 1;
-          const std::size_t gcols = p->local_shape.size() > 1 ? p->slice.extent[1] : 1;
-          for (std::size_t i = 0; i < h.size(); ++i) {
-            const std::size_t g = (p->slice.offset[0] + i / cols) * gcols + (cols > 1 ? p->slice.offset[1] + i % cols : 0);
-            fp() += double(h(i)) * (1.0 + double((g * 2654435761u) % 1000) / 1000.0) * (1.0 + double(p->name.size() % 7));
-          }
-        }
-        if (mesh.degree(pmt::Axis::dp) > 1 && mesh.coord(pmt::Axis::dp) != 0) fp() = 0;
-        pmt::comm::all_reduce(world, Kokkos::DefaultHostExecutionSpace(), fp);
+        // a layout-free fingerprint of the loaded parameters (the same model on any layout)
+        const double fp = pmt::parallel::parameter_fingerprint(mesh, model.parameters());
         if (root)
           std::printf("resumed from %s: step %d, saved with dp %d x tp %d x pp %d, parameter fingerprint %.15e\n",
-                      latest.c_str(), start, info.layout.dp, info.layout.tp, info.layout.pp, fp());
+                      latest.c_str(), start, info.layout.dp, info.layout.tp, info.layout.pp, fp);
       } catch (const pmt::IoError& e) {
         throw Agreed{e.what(), false};  // load_checkpoint raises on every rank
       }

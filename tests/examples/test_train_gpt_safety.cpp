@@ -490,7 +490,7 @@ TEST_CASE("hangs: the watchdog names a stopped rank; ranks with other flags get 
   const auto r2 = mpmd.wait();
   CHECK(r2.rc == 1);
   CHECK(r2.seconds < 30);
-  CHECK_THAT(r2.out, ContainsSubstring("the ranks were started with different flags: rank 1 differs from rank 0"));
+  CHECK_THAT(r2.out, ContainsSubstring("the ranks hold different flags (command line and PMT_MATMUL): rank 1 differs from rank 0"));
 }
 
 TEST_CASE("small ones: threads, Kokkos flags, metrics on resume, --keep, leftovers, a device as data",

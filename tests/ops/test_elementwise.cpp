@@ -4,11 +4,13 @@
 #include <catch2/matchers/catch_matchers_string.hpp>
 
 #include "ops_test.hpp"
+#include "pmt/ops/argmax.hpp"
 #include "pmt/ops/elementwise.hpp"
 #include "pmt/ops/multi_tensor.hpp"
 #include "pmt/ops/optimizer.hpp"
 #include "pmt/ops/reduction.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -92,6 +94,52 @@ TEST_CASE("gelu_backward and relu_backward match finite differences", "[ops][ele
   exec.fence();
   auto relu_loss = [&] { pmt::ops::relu(exec, x, y); exec.fence(); return pmt::test::weighted_sum(w, y); };
   CHECK(pmt::test::finite_difference_error(x, dx, relu_loss) <= 1e-6);
+}
+
+TEST_CASE("silu and tanh equal their formulas; their backward matches finite differences", "[ops][elementwise][gradient]") {
+  Host exec;
+  auto x = pmt::make_tensor<double, Host>("x", 200), y = pmt::make_tensor<double, Host>("y", 200);
+  auto w = pmt::make_tensor<double, Host>("w", 200), dx = pmt::make_tensor<double, Host>("dx", 200);
+  pmt::test::fill_random(x, 7, -6, 6);
+  pmt::test::fill_random(w, 8);
+  pmt::ops::silu(exec, x, y);
+  exec.fence();
+  double worst = 0;
+  for (int i = 0; i < 200; ++i) worst = std::max(worst, std::abs(y(i) - x(i) / (1 + std::exp(-x(i)))));
+  pmt::ops::tanh(exec, x, y);
+  exec.fence();
+  for (int i = 0; i < 200; ++i) worst = std::max(worst, std::abs(y(i) - std::tanh(x(i))));
+  CHECK(worst <= 1e-15);
+  pmt::ops::silu_backward(exec, x, w, dx);
+  exec.fence();
+  auto silu_loss = [&] { pmt::ops::silu(exec, x, y); exec.fence(); return pmt::test::weighted_sum(w, y); };
+  CHECK(pmt::test::finite_difference_error(x, dx, silu_loss) <= 1e-6);
+  pmt::ops::tanh(exec, x, y);
+  pmt::ops::tanh_backward(exec, y, w, dx);  // from the output
+  exec.fence();
+  auto tanh_loss = [&] { pmt::ops::tanh(exec, x, y); exec.fence(); return pmt::test::weighted_sum(w, y); };
+  CHECK(pmt::test::finite_difference_error(x, dx, tanh_loss) <= 1e-6);
+}
+
+TEST_CASE("argmax_rows takes the first largest entry; accuracy counts hits and skips ignored rows", "[ops][argmax]") {
+  Host exec;
+  Kokkos::View<double**, Kokkos::LayoutRight, Kokkos::HostSpace> x("x", 4, 3);
+  const double rows[4][3] = {{0.1, 0.7, 0.2}, {2.0, 2.0, -1.0}, {-3.0, -1.0, -2.0}, {0.0, std::nan(""), 5.0}};
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < 3; ++j) x(i, j) = rows[i][j];
+  Kokkos::View<std::int32_t*, Kokkos::HostSpace> ids("ids", 4), targets("t", 4);
+  pmt::ops::argmax_rows(exec, x, ids);
+  exec.fence();
+  CHECK(ids(0) == 1);
+  CHECK(ids(1) == 0);  // a tie: the first
+  CHECK(ids(2) == 1);
+  CHECK(ids(3) == 1);  // a nan wins: a broken row is never right by chance
+  targets(0) = 1, targets(1) = 2, targets(2) = -100, targets(3) = 2;
+  const auto [correct, counted] = pmt::ops::accuracy(exec, x, targets);
+  CHECK(correct == 1);
+  CHECK(counted == 3);
+  Kokkos::View<std::int32_t*, Kokkos::HostSpace> short_ids("ids", 3);
+  CHECK_THROWS_WITH(pmt::ops::argmax_rows(exec, x, short_ids), Catch::Matchers::ContainsSubstring("pmt::ops::argmax_rows: x is (4, 3) and ids (3)"));
 }
 
 TEMPLATE_TEST_CASE("reductions equal the reference and are independent of the thread count",

@@ -1,5 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
+// agree_on_errors: one rank's exception becomes an error on every rank (no rank is left waiting).
+// agree_on_text: every rank must hold the same text (a command line, a configuration): the ranks
+// that differ from rank 0 are named in one pmt::ConfigError, raised on every rank.
 // agree_choices: turns the measured choices (core/measured_choice.hpp) that any rank of a job
 // holds pending into decisions that are the same on every rank. Collective over `world`, which
 // must be the job's whole world (process_context().size ranks); on a smaller communicator it
@@ -37,6 +40,35 @@ void agree_on_errors(const Communicator<B>& world, const std::exception_ptr& loc
   if (local_error) std::rethrow_exception(local_error);
   if (failed() > 0)
     throw IoError(op, pmt::detail::str(what, " failed on ", failed(), " other rank(s) (see their messages)"));
+}
+
+/// \brief FNV-1a 64-bit hash of `text` (the same on every machine).
+inline std::uint64_t text_hash(const std::string& text) noexcept {
+  std::uint64_t h = 14695981039346656037ull;
+  for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+/// \brief Collective over `world`: raises pmt::ConfigError(op, ...) on every rank when some rank's
+/// `text` differs from rank 0's, naming those ranks (up to 16) and `what` the text is ("the
+/// command line", "the model configuration"). Only a 64-bit hash of each text travels.
+template <class B>
+void agree_on_text(const Communicator<B>& world, const std::string& text, const char* op, const std::string& what) {
+  const std::uint64_t h = text_hash(text);
+  Kokkos::View<double*, Kokkos::HostSpace> mine("pmt::comm::agree_on_text::mine", 2),
+      all("pmt::comm::agree_on_text::all", 2 * static_cast<std::size_t>(world.size()));
+  mine(0) = double(h >> 32), mine(1) = double(h & 0xffffffffu);  // exact in doubles
+  all_gather(world, Kokkos::DefaultHostExecutionSpace(), mine, all);
+  std::vector<int> differ;
+  for (int q = 1; q < world.size(); ++q)
+    if (all(2 * q) != all(0) || all(2 * q + 1) != all(1)) differ.push_back(q);
+  if (differ.empty()) return;
+  std::string list;
+  for (std::size_t i = 0; i < differ.size() && i < 16; ++i) list += (i ? ", " : "") + std::to_string(differ[i]);
+  if (differ.size() > 16) list += ", ...";
+  throw ConfigError(op, detail::str("the ranks hold different ", what, ": rank", differ.size() == 1 ? " " : "s ", list,
+                                    differ.size() == 1 ? " differs" : " differ", " from rank 0 (every rank needs the same ",
+                                    what, ")"));
 }
 
 /// \brief Decides, identically on every rank, every measured choice that any rank holds pending.

@@ -10,12 +10,17 @@
 // stage holds exactly its live microbatches' activations.
 //   { pmt::ActivationSlot s(k); y = layer.forward(exec, x); }   // saves into slot k
 //   { pmt::ActivationSlot s(k); dx = layer.backward(exec, dy); } // reads slot k
+// Evaluation: inside a pmt::NoGrad scope (per thread, nestable) grad_enabled() is false and the
+// layers save nothing for a backward (as torch.no_grad()): a forward then holds no activations
+// beyond its output, and Dropout passes its input through.
+//   { pmt::NoGrad eval; auto y = model.predict(exec, x); }
 
 #include <cstddef>
 #include <vector>
 
 namespace pmt::detail {
 inline thread_local std::size_t active_slot = 0;
+inline thread_local bool no_grad            = false;
 }  // namespace pmt::detail
 
 namespace pmt {
@@ -33,6 +38,22 @@ class ActivationSlot {
 
  private:
   std::size_t m_previous;
+};
+
+/// \brief Whether layers save activations for a backward on this thread (false inside NoGrad).
+inline bool grad_enabled() noexcept { return !pmt::detail::no_grad; }
+
+/// \brief Evaluation mode for the scope's lifetime on this thread: layers save nothing and
+/// Dropout is the identity (restores the previous mode on exit, so scopes nest).
+class NoGrad {
+ public:
+  NoGrad() noexcept : m_previous(pmt::detail::no_grad) { pmt::detail::no_grad = true; }
+  ~NoGrad() { pmt::detail::no_grad = m_previous; }
+  NoGrad(const NoGrad&)            = delete;
+  NoGrad& operator=(const NoGrad&) = delete;
+
+ private:
+  bool m_previous;
 };
 
 /// \brief One Cache per activation slot; `*saved` and `saved->` reach the current slot's.

@@ -1,9 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// Sharded checkpoints of a model's parameters and its AdamW state, crash-safe and reshardable.
-// ZeroAdamW (ZeRO-1) writes and reads the same files: its moments are all-gathered over dp for
-// the save, and each rank keeps its part on load, so a checkpoint moves between the two
-// optimizers and between dp degrees.
+// Sharded checkpoints of a model's parameters and its optimizer state, crash-safe and
+// reshardable: AdamW (moments exp_avg, exp_avg_sq and the step count), Sgd (the momentum
+// buffers), or the weights only (save_weights / load_weights: no optimizer). ZeroAdamW (ZeRO-1)
+// writes and reads AdamW's files: its moments are all-gathered over dp for the save, and each
+// rank keeps its part on load, so a checkpoint moves between the two optimizers and between dp
+// degrees. The manifest names the optimizer ("optimizer adamw|sgd|none"); loading into another
+// optimizer is refused, and load_weights takes the parameters of any checkpoint.
 //   DIR/step-00000006/shard-00003.bin   one per world rank: that rank's parameter shards and
 //                                        their Adam moments (pipeline copies such as the tied
 //                                        LM head are not written: the owning stage writes them)
@@ -36,7 +39,7 @@
 #include "pmt/comm/collectives.hpp"
 #include "pmt/comm/mesh.hpp"
 #include "pmt/core/error.hpp"
-#include "pmt/nn/module.hpp"
+#include "pmt/core/parameter.hpp"
 #include "pmt/optim/optimizers.hpp"
 #include "pmt/optim/zero.hpp"
 
@@ -219,6 +222,7 @@ inline std::string shard_name(int rank) {
 /// A parsed MANIFEST.
 struct Manifest {
   std::int64_t step = 0, adam_steps = 0;
+  std::string optimizer = "adamw";  // manifests before the optimizer line held AdamW state
   MeshShape layout{};
   int world = 0;
   std::size_t elem = 0;
@@ -258,6 +262,7 @@ inline Manifest read_manifest(const std::string& step_dir) {
     else if (key == "world") ls >> m.world;
     else if (key == "element") ls >> m.elem;
     else if (key == "adam_steps") ls >> m.adam_steps;
+    else if (key == "optimizer") ls >> m.optimizer;
     else if (key == "model") m.model = line.size() > 6 ? line.substr(6) : "";
     else if (key == "extra") {
       std::string k, v;
@@ -299,7 +304,7 @@ inline std::string read_shard_file(const std::string& step_dir, const Manifest& 
 /// repeat for layers of the same policy) would load each other's values. Copies of another
 /// stage's parameter (pp_copy) share its name by design.
 template <class T, class Exec>
-void require_unique_names(const std::vector<nn::Parameter<T, Exec>*>& ps) {
+void require_unique_names(const std::vector<Parameter<T, Exec>*>& ps) {
   std::map<std::string, std::size_t> first;
   for (std::size_t i = 0; i < ps.size(); ++i) {
     if (ps[i]->pp_copy) continue;
@@ -316,7 +321,7 @@ struct GlobalShape {
   std::uint64_t g[2], o[2], l[2];
 };
 template <class T, class Exec>
-GlobalShape shape_of(const nn::Parameter<T, Exec>& p) {
+GlobalShape shape_of(const Parameter<T, Exec>& p) {
   GlobalSlice s  = p.slice;
   const bool two = p.local_shape.size() > 1;
   return {{s.extent[0], two ? s.extent[1] : 1}, {s.offset[0], two ? s.offset[1] : 0},
@@ -526,6 +531,58 @@ namespace checkpoint_detail {
 /// ZeroAdamW's state seen as plain AdamW's: per-parameter moments, views into full flat moments.
 /// For saving they are all-gathered over dp (every dp rank then writes what plain AdamW would);
 /// for loading they are filled per parameter, and store() keeps the rank's part.
+/// The optimizer state a checkpoint holds, seen alike for every optimizer: its kind (the
+/// manifest's "optimizer" line), the names of its per-parameter tensors, those tensors, and a
+/// step count.
+template <class T, class Exec>
+class AdamWState {
+ public:
+  using value_type      = T;
+  using execution_space = Exec;
+  explicit AdamWState(const optim::AdamW<T, Exec>& opt) : m_opt(const_cast<optim::AdamW<T, Exec>*>(&opt)) {}
+  const std::vector<Parameter<T, Exec>*>& parameters() const noexcept { return m_opt->parameters(); }
+  static const char* kind() noexcept { return "adamw"; }
+  static std::vector<std::string> states() { return {"exp_avg", "exp_avg_sq"}; }
+  Tensor<T, 1, Exec> state(std::size_t i, std::size_t k) const { return k == 0 ? m_opt->exp_avg(i) : m_opt->exp_avg_sq(i); }
+  std::int64_t steps() const noexcept { return m_opt->steps(); }
+  void set_steps(std::int64_t n) noexcept { m_opt->set_steps(n); }
+
+ private:
+  optim::AdamW<T, Exec>* m_opt;  // loading writes through it; saving only reads
+};
+template <class T, class Exec>
+class SgdState {
+ public:
+  using value_type      = T;
+  using execution_space = Exec;
+  explicit SgdState(const optim::Sgd<T, Exec>& opt) : m_opt(&opt) {}
+  const std::vector<Parameter<T, Exec>*>& parameters() const noexcept { return m_opt->parameters(); }
+  static const char* kind() noexcept { return "sgd"; }
+  static std::vector<std::string> states() { return {"velocity"}; }
+  Tensor<T, 1, Exec> state(std::size_t i, std::size_t) const { return m_opt->velocity(i); }
+  std::int64_t steps() const noexcept { return 0; }
+  void set_steps(std::int64_t) noexcept {}
+
+ private:
+  const optim::Sgd<T, Exec>* m_opt;
+};
+template <class T, class Exec>
+class WeightsOnly {
+ public:
+  using value_type      = T;
+  using execution_space = Exec;
+  explicit WeightsOnly(std::vector<Parameter<T, Exec>*> params) : m_params(std::move(params)) {}
+  const std::vector<Parameter<T, Exec>*>& parameters() const noexcept { return m_params; }
+  static const char* kind() noexcept { return "none"; }
+  static std::vector<std::string> states() { return {}; }
+  Tensor<T, 1, Exec> state(std::size_t, std::size_t) const { return {}; }
+  std::int64_t steps() const noexcept { return 0; }
+  void set_steps(std::int64_t) noexcept {}
+
+ private:
+  std::vector<Parameter<T, Exec>*> m_params;
+};
+
 template <class T, class Exec, class Backend>
 class ZeroAsAdamW {
  public:
@@ -544,9 +601,10 @@ class ZeroAsAdamW {
         m_v("pmt::io::checkpoint::v", opt.padded_size()) {
     index();
   }
-  const std::vector<nn::Parameter<T, Exec>*>& parameters() const noexcept { return m_params; }
-  Tensor<T, 1, Exec> exp_avg(std::size_t i) const { return part(m_m, i); }
-  Tensor<T, 1, Exec> exp_avg_sq(std::size_t i) const { return part(m_v, i); }
+  const std::vector<Parameter<T, Exec>*>& parameters() const noexcept { return m_params; }
+  static const char* kind() noexcept { return "adamw"; }
+  static std::vector<std::string> states() { return {"exp_avg", "exp_avg_sq"}; }
+  Tensor<T, 1, Exec> state(std::size_t i, std::size_t k) const { return part(k == 0 ? m_m : m_v, i); }
   std::int64_t steps() const noexcept { return m_steps; }
   void set_steps(std::int64_t n) noexcept { m_steps = n; }
   void store(const Exec& exec) {
@@ -563,7 +621,7 @@ class ZeroAsAdamW {
   Tensor<T, 1, Exec> part(const Tensor<T, 1, Exec>& flat, std::size_t i) const {
     return Kokkos::subview(flat, std::make_pair(m_offset.at(i), m_offset[i] + m_params[i]->size()));
   }
-  std::vector<nn::Parameter<T, Exec>*> m_params;
+  std::vector<Parameter<T, Exec>*> m_params;
   Zero* m_target = nullptr;
   std::int64_t m_steps = 0;
   Tensor<T, 1, Exec> m_m, m_v;
@@ -598,16 +656,17 @@ std::string save(const std::string& dir, const Mesh<Backend>& mesh, const Opt& o
   try {
     std::string bytes = "PMTSHRD1";
     const auto& ps = opt.parameters();
+    const std::vector<std::string> kinds = opt.states();
     std::vector<std::size_t> index;
     for (std::size_t i = 0; i < ps.size(); ++i)
       if (!ps[i]->pp_copy) index.push_back(i);
-    checkpoint_detail::put(bytes, static_cast<std::uint32_t>(3 * index.size()));
+    checkpoint_detail::put(bytes, static_cast<std::uint32_t>((1 + kinds.size()) * index.size()));
     for (std::size_t i : index) {
       const auto& p = *ps[i];
       const auto sh = checkpoint_detail::shape_of(p);
-      using Entry = std::pair<std::string, Tensor<T, 1, Exec>>;  // no braced list in a range-for: nvcc's front end trips on it
-      const Entry entries[] = {Entry("param/", p.value), Entry("exp_avg/", opt.exp_avg(i)),
-                               Entry("exp_avg_sq/", opt.exp_avg_sq(i))};
+      using Entry = std::pair<std::string, Tensor<T, 1, Exec>>;
+      std::vector<Entry> entries{Entry("param/", p.value)};
+      for (std::size_t k = 0; k < kinds.size(); ++k) entries.emplace_back(kinds[k] + "/", opt.state(i, k));
       for (const auto& [prefix, view] : entries) {
         const std::string name = prefix + p.name;
         checkpoint_detail::put(bytes, static_cast<std::uint32_t>(name.size()));
@@ -646,7 +705,8 @@ std::string save(const std::string& dir, const Mesh<Backend>& mesh, const Opt& o
       const auto s = mesh.shape();
       std::ostringstream m;
       m << "pmt-checkpoint 1\nstep " << info.step << "\nlayout " << s.dp << " " << s.tp << " " << s.pp << "\nworld "
-        << world.size() << "\nelement " << sizeof(T) << "\nadam_steps " << opt.steps() << "\nmodel " << info.model << "\n";
+        << world.size() << "\nelement " << sizeof(T) << "\noptimizer " << opt.kind() << "\nadam_steps " << opt.steps()
+        << "\nmodel " << info.model << "\n";
       for (const auto& [k, v] : info.extra) m << "extra " << k << " " << v << "\n";
       for (int q = 0; q < world.size(); ++q) {
         char crc[16];
@@ -695,16 +755,27 @@ CheckpointInfo load(const std::string& step_dir, const Mesh<Backend>& mesh, Opt&
     if (elem != sizeof(T))
       throw IoError("pmt::io::checkpoint", pmt::detail::str(step_dir, " holds ", elem, "-byte values; this run uses ",
                                                              sizeof(T), "-byte values"));
+    const std::vector<std::string> kinds = opt.states();
+    if (!kinds.empty() && man.optimizer != opt.kind())
+      throw IoError("pmt::io::checkpoint",
+                    man.optimizer == "none"
+                        ? pmt::detail::str(step_dir, " holds weights only, no optimizer state; this run's optimizer \"", opt.kind(),
+                                           "\" needs its state (pmt::io::load_weights loads the weights)")
+                        : pmt::detail::str(step_dir, " holds the state of optimizer \"", man.optimizer, "\"; this run's is \"",
+                                           opt.kind(), "\" (pmt::io::load_weights takes the parameters of any checkpoint)"));
     // Which shards to read: our own with the same layout (then the others only for what it does
     // not hold, e.g. the tied LM head's copy, saved by the first stage), all of them otherwise.
     const auto s    = mesh.shape();
     const bool same = s.dp == info.layout.dp && s.tp == info.layout.tp && s.pp == info.layout.pp;
     const auto& ps  = opt.parameters();
     std::vector<std::size_t> filled(ps.size(), 0);
-    std::vector<std::vector<T>> hv(ps.size()), hm(ps.size()), hs(ps.size());
+    // hv: values; hst[k]: optimizer state k, per parameter
+    std::vector<std::vector<T>> hv(ps.size());
+    std::vector<std::vector<std::vector<T>>> hst(kinds.size(), std::vector<std::vector<T>>(ps.size()));
     std::vector<std::vector<char>> got(ps.size());  // which elements some shard provided (dp replicas repeat them)
     for (std::size_t i = 0; i < ps.size(); ++i) {
-      hv[i].resize(ps[i]->size()), hm[i].resize(ps[i]->size()), hs[i].resize(ps[i]->size());
+      hv[i].resize(ps[i]->size());
+      for (auto& st : hst) st[i].resize(ps[i]->size());
       got[i].assign(ps[i]->size(), 0);
     }
     const auto read_shard = [&](int q, const std::vector<bool>& wanted) {
@@ -713,13 +784,17 @@ CheckpointInfo load(const std::string& step_dir, const Mesh<Backend>& mesh, Opt&
       for (const auto& rec : checkpoint_detail::parse_shard(path, bytes)) {
         const auto slash = rec.name.find('/');
         const std::string kind = rec.name.substr(0, slash), pname = rec.name.substr(slash + 1);
+        std::size_t state_k = kinds.size();  // which state this record is (kinds.size(): none we load)
+        for (std::size_t k = 0; k < kinds.size(); ++k)
+          if (kinds[k] == kind) state_k = k;
+        if (kind != "param" && state_k == kinds.size()) continue;  // e.g. moments, loading weights only
         for (std::size_t i = 0; i < ps.size(); ++i) {
           if (ps[i]->name != pname || !wanted[i]) continue;
           const auto sh = checkpoint_detail::shape_of(*ps[i]);
           if (rec.elem != sizeof(T) || rec.global[0] != sh.g[0] || rec.global[1] != sh.g[1])
             throw IoError("pmt::io::checkpoint", pmt::detail::str(path, ": ", rec.name, " has global shape (", rec.global[0], ", ",
                                                                    rec.global[1], "); the model's is (", sh.g[0], ", ", sh.g[1], ")"));
-          auto& dst = kind == "param" ? hv[i] : (kind == "exp_avg" ? hm[i] : hs[i]);
+          auto& dst = kind == "param" ? hv[i] : hst[state_k][i];
           // the overlap of the saved slice [o, o + l) with ours, per dimension
           std::uint64_t lo[2], hi[2];
           bool any = true;
@@ -757,14 +832,12 @@ CheckpointInfo load(const std::string& step_dir, const Mesh<Backend>& mesh, Opt&
       if (filled[i] != ps[i]->size())
         throw IoError("pmt::io::checkpoint", pmt::detail::str(step_dir, ": parameter ", ps[i]->name, " is covered by ", filled[i],
                                                                " of its ", ps[i]->size(), " elements on this rank (a checkpoint of another model?)"));
+    using HostView = Kokkos::View<const T*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
     for (std::size_t i = 0; i < ps.size(); ++i) {
-      Kokkos::View<const T*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> v(hv[i].data(), hv[i].size()),
-          m(hm[i].data(), hm[i].size()), q(hs[i].data(), hs[i].size());
-      Kokkos::deep_copy(ps[i]->value, v);
-      Kokkos::deep_copy(opt.exp_avg(i), m);
-      Kokkos::deep_copy(opt.exp_avg_sq(i), q);
+      Kokkos::deep_copy(ps[i]->value, HostView(hv[i].data(), hv[i].size()));
+      for (std::size_t k = 0; k < kinds.size(); ++k) Kokkos::deep_copy(opt.state(i, k), HostView(hst[k][i].data(), hst[k][i].size()));
     }
-    opt.set_steps(adam_steps);
+    if (!kinds.empty()) opt.set_steps(adam_steps);
   } catch (...) {  // whatever it is, the other ranks must not wait for this one
     err = std::current_exception();
   }
@@ -783,7 +856,22 @@ CheckpointInfo load(const std::string& step_dir, const Mesh<Backend>& mesh, Opt&
 template <class T, class Exec, class Backend>
 std::string save_checkpoint(const std::string& dir, const Mesh<Backend>& mesh, const optim::AdamW<T, Exec>& opt,
                             const CheckpointInfo& info) {
-  return checkpoint_detail::save(dir, mesh, opt, info);
+  return checkpoint_detail::save(dir, mesh, checkpoint_detail::AdamWState<T, Exec>(opt), info);
+}
+
+/// \brief Sgd: the parameters and the momentum buffers ("optimizer sgd").
+template <class T, class Exec, class Backend>
+std::string save_checkpoint(const std::string& dir, const Mesh<Backend>& mesh, const optim::Sgd<T, Exec>& opt,
+                            const CheckpointInfo& info) {
+  return checkpoint_detail::save(dir, mesh, checkpoint_detail::SgdState<T, Exec>(opt), info);
+}
+
+/// \brief The weights only, no optimizer state ("optimizer none"): for inference, evaluation or
+/// a fine-tuning run with a fresh optimizer. `params`: a model's parameters() (this stage's).
+template <class T, class Exec, class Backend>
+std::string save_weights(const std::string& dir, const Mesh<Backend>& mesh, const std::vector<Parameter<T, Exec>*>& params,
+                         const CheckpointInfo& info) {
+  return checkpoint_detail::save(dir, mesh, checkpoint_detail::WeightsOnly<T, Exec>(params), info);
 }
 
 /// \brief ZeroAdamW (ZeRO-1): the same checkpoint as plain AdamW's, so either optimizer and any
@@ -805,7 +893,25 @@ std::string save_checkpoint(const std::string& dir, const Mesh<Backend>& mesh,
 template <class T, class Exec, class Backend>
 CheckpointInfo load_checkpoint(const std::string& step_dir, const Mesh<Backend>& mesh, optim::AdamW<T, Exec>& opt,
                                const std::string& expected_model) {
-  return checkpoint_detail::load(step_dir, mesh, opt, expected_model);
+  checkpoint_detail::AdamWState<T, Exec> state(opt);
+  return checkpoint_detail::load(step_dir, mesh, state, expected_model);
+}
+
+/// \brief Sgd: the parameters and momentum buffers of an Sgd checkpoint, on any layout.
+template <class T, class Exec, class Backend>
+CheckpointInfo load_checkpoint(const std::string& step_dir, const Mesh<Backend>& mesh, optim::Sgd<T, Exec>& opt,
+                               const std::string& expected_model) {
+  checkpoint_detail::SgdState<T, Exec> state(opt);
+  return checkpoint_detail::load(step_dir, mesh, state, expected_model);
+}
+
+/// \brief The parameters of any checkpoint (AdamW's, Sgd's or save_weights'), on any layout;
+/// optimizer state in it is skipped. Collective over the mesh's world.
+template <class T, class Exec, class Backend>
+CheckpointInfo load_weights(const std::string& step_dir, const Mesh<Backend>& mesh, const std::vector<Parameter<T, Exec>*>& params,
+                            const std::string& expected_model) {
+  checkpoint_detail::WeightsOnly<T, Exec> state(params);
+  return checkpoint_detail::load(step_dir, mesh, state, expected_model);
 }
 
 /// \brief ZeroAdamW (ZeRO-1): loads a checkpoint of either optimizer and of any dp degree; each

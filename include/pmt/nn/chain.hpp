@@ -4,6 +4,10 @@
 // placements checked when the type is instantiated. A layer whose input placement differs from
 // what the previous layer yields, or a non-linear layer fed a partial sum over tp, is a compile
 // error; the diagnostic names both layers and says what to do.
+// A Chain also runs a range [begin, end) of its layers (a pipeline stage of nn::StagedModel),
+// lists their parameters, and reports the local width of the tensor between any two layers
+// (input_width() of the first layer, then each layer's output_width(in)), so that a stage can
+// size what it receives before the sender has computed it.
 
 #include "pmt/core/tensor.hpp"
 #include "pmt/nn/module.hpp"
@@ -16,6 +20,26 @@
 #include <vector>
 
 namespace pmt::detail {
+
+template <class L, class = void>
+struct has_output_width : std::false_type {};
+template <class L>
+struct has_output_width<L, std::void_t<decltype(std::size_t(std::declval<const L&>().output_width(std::size_t(1))))>>
+    : std::true_type {};
+template <class L, class = void>
+struct has_input_width : std::false_type {};
+template <class L>
+struct has_input_width<L, std::void_t<decltype(std::size_t(std::declval<const L&>().input_width()))>> : std::true_type {};
+
+/// Fails to compile when layer L cannot say its output width; the instantiation names L.
+template <class L>
+constexpr bool check_output_width() {
+  static_assert(has_output_width<L>::value,
+                "pmt::nn::Chain: this layer (pmt::detail::check_output_width<L>) lacks std::size_t output_width(std::size_t "
+                "input_width) const, the local width of its output for an input of that width; a pipeline stage "
+                "needs it to size what it receives");
+  return true;
+}
 
 /// Fails to compile for a bad link; the instantiation names the previous layer, the next layer
 /// and the placement flowing between them.
@@ -98,7 +122,87 @@ class Chain {
     return std::get<I>(m_layers);
   }
 
+  /// \brief The number of layers.
+  static constexpr std::size_t size() noexcept { return sizeof...(Layers); }
+
+  /// \brief Forward of layers [begin, end) only (a pipeline stage's part).
+  Tensor<T, 2, Exec> forward(const Exec& exec, Tensor<T, 2, Exec> x, std::size_t begin, std::size_t end) {
+    each([&](auto I) {
+      if (I >= begin && I < end) x = std::get<I>(m_layers).forward(exec, x);
+    });
+    return x;
+  }
+  /// \brief Backward of layers [begin, end), last first; after each layer's backward,
+  /// `grads_ready` (when set) gets that layer's parameters, whose gradients are then final.
+  template <class Hook>
+  Tensor<T, 2, Exec> backward(const Exec& exec, Tensor<T, 2, Exec> dy, std::size_t begin, std::size_t end,
+                              const Hook& grads_ready) {
+    each_reverse([&](auto I) {
+      if (I >= begin && I < end) {
+        auto& layer = std::get<I>(m_layers);
+        dy          = layer.backward(exec, dy);
+        if (grads_ready) {
+          const auto ps = layer.parameters();
+          if (!ps.empty()) grads_ready(ps);
+        }
+      }
+    });
+    return dy;
+  }
+  /// \brief The parameters of layers [begin, end), in order.
+  std::vector<Parameter<T, Exec>*> parameters(std::size_t begin, std::size_t end) {
+    std::vector<Parameter<T, Exec>*> all;
+    each([&](auto I) {
+      if (I >= begin && I < end) append(all, std::get<I>(m_layers).parameters());
+    });
+    return all;
+  }
+  /// \brief The parameters of each layer, one list per layer.
+  std::vector<std::vector<Parameter<T, Exec>*>> layer_parameters() {
+    std::vector<std::vector<Parameter<T, Exec>*>> all;
+    each([&](auto I) { all.push_back(std::get<I>(m_layers).parameters()); });
+    return all;
+  }
+
+  /// \brief The local width of the chain's input (the first layer's input_width()).
+  std::size_t input_width() const {
+    static_assert(detail::has_input_width<First>::value,
+                  "pmt::nn::Chain::input_width: the first layer lacks std::size_t input_width() const (Linear, "
+                  "LayerNorm and Chain have it); start the chain with such a layer");
+    return std::get<0>(m_layers).input_width();
+  }
+  /// \brief The local width after every layer for an input of width `in`: widths()[i] enters
+  /// layer i, widths()[size()] leaves the chain.
+  std::vector<std::size_t> widths(std::size_t in) const {
+    std::vector<std::size_t> w{in};
+    each([&](auto I) {
+      using L = std::tuple_element_t<I, std::tuple<Layers...>>;
+      static_assert(detail::check_output_width<L>());
+      w.push_back(std::get<I>(m_layers).output_width(w.back()));
+    });
+    return w;
+  }
+  /// \brief The local width of the chain's output for an input of width `in`.
+  std::size_t output_width(std::size_t in) const { return widths(in).back(); }
+
  private:
+  template <class F, std::size_t... I>
+  static void each_impl(F&& f, std::index_sequence<I...>) {
+    (f(std::integral_constant<std::size_t, I>{}), ...);
+  }
+  template <class F, std::size_t... I>
+  static void each_reverse_impl(F&& f, std::index_sequence<I...>) {
+    (f(std::integral_constant<std::size_t, sizeof...(I) - 1 - I>{}), ...);
+  }
+  template <class F>
+  static void each(F&& f) {
+    each_impl(f, std::index_sequence_for<Layers...>{});
+  }
+  template <class F>
+  static void each_reverse(F&& f) {
+    each_reverse_impl(f, std::index_sequence_for<Layers...>{});
+  }
+
   template <std::size_t I>
   Tensor<T, 2, Exec> forward_from(const Exec& exec, const Tensor<T, 2, Exec>& x) {
     if constexpr (I == sizeof...(Layers)) return x;

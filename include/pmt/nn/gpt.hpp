@@ -10,10 +10,11 @@
 // index, so every layout holds slices of the one-rank model's values.
 // Pipeline stages (the pp axis of the Mesh): stage s holds the blocks of its StagePlan range; the
 // first stage also the embeddings, the last the final norm and the LM head. With pp > 1 the last
-// stage keeps its own copy of the tied embedding table (marked pp_copy); sync_tied_grads() sums
-// the two copies' gradients between the first and last stage (as Megatron does), so both take
-// the same optimizer step and stay equal. forward_stage / backward_stage run one microbatch of
-// this stage in the current activation slot (core/activation_slot.hpp); the pipeline runner calls them.
+// stage keeps its own copy of the tied embedding table (marked pp_copy); tied_parameters() names
+// it, and parallel::finalize_grads sums the two copies' gradients between the first and last
+// stage (as Megatron does), so both take the same optimizer step and stay equal. Gpt is a stage
+// module (parallel/stage_module.hpp): forward_chunk / backward_chunk run one microbatch of one
+// chunk in the current activation slot (core/activation_slot.hpp); the pipeline runner calls them.
 // Model chunks (interleaved pipeline schedules): with `chunks` = v the plan cuts the blocks into
 // v pp virtual stages and stage s holds v of them, s, pp + s, ..., (v-1) pp + s; forward_chunk /
 // backward_chunk run one of them. The first stage still holds the embeddings (in chunk 0) and
@@ -38,11 +39,13 @@
 #include "pmt/core/activation_slot.hpp"
 #include "pmt/ops/elementwise.hpp"
 #include "pmt/ops/matmul.hpp"
+#include "pmt/parallel/stage_module.hpp"
 #include "pmt/parallel/stages.hpp"
 
 #include <Kokkos_Core.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -124,12 +127,13 @@ class Gpt {
  public:
   using value_type = T;
   using Ids        = typename Embedding<T, Exec, Backend>::Ids;
+  using Batch      = parallel::Microbatch<Ids>;  ///< B sequences of T token ids and their targets
   using Activation = Tensor<T, 2, Exec>;
 
   /// \param plan the blocks of each (virtual) pipeline stage; empty: balanced_plan(c, pp * chunks).
   /// \param chunks model chunks per stage (virtual stages of interleaved schedules; 1: none).
   Gpt(const Mesh<Backend>& mesh, const GptConfig& c, parallel::StagePlan plan = {}, int chunks = 1)
-      : m_cfg(checked(c)), m_tp(mesh.comm(Axis::tp)), m_pp(mesh.comm(Axis::pp)), m_stage(mesh.coord(Axis::pp)),
+      : m_cfg(checked(c)), m_tp(mesh.comm(Axis::tp)), m_stage(mesh.coord(Axis::pp)),
         m_stages(mesh.degree(Axis::pp)), m_chunks(checked_chunks(c, m_stages, chunks)),
         m_plan(plan.empty() ? balanced_plan(c, m_stages * chunks) : std::move(plan)) {
     detail::require<ConfigError>(m_plan.stages() == m_stages * chunks && m_plan.layers() == c.layers,
@@ -238,6 +242,14 @@ class Gpt {
     return Activation();
   }
 
+  /// \brief forward_chunk of the stage-module contract: the microbatch's ids, targets, B and T.
+  Activation forward_chunk(const Exec& exec, int k, const Batch& mb, const Activation& x_in, double normaliser, double* loss) {
+    return forward_chunk(exec, k, mb.ids, mb.targets, x_in, mb.B, mb.T, normaliser, loss);
+  }
+  /// \brief The local shape of chunk k's input and output activations: (B T, width) both.
+  std::array<std::size_t, 2> input_extent(int, const Batch& mb) const noexcept { return {mb.B * mb.T, m_cfg.width}; }
+  std::array<std::size_t, 2> output_extent(int, const Batch& mb) const noexcept { return {mb.B * mb.T, m_cfg.width}; }
+
   /// \brief Inference: like forward_stage, but the last stage returns this rank's logits
   /// (N, V/tp: vocabulary entries [vocab_offset(), vocab_offset() + V/tp)) and computes no loss
   /// and no gradient. Activations are saved in the current slot (the next forward replaces them).
@@ -294,24 +306,17 @@ class Gpt {
     return Activation();
   }
 
-  /// \brief With pp > 1: sums the gradients of the tied embedding / LM-head table between the
-  /// first and the last stage (both end with the same sum); other stages and pp = 1 do nothing.
-  /// Call after the backward of every microbatch (and after the dp sync).
-  void sync_tied_grads(const Exec& exec) {
-    if (m_stages == 1 || (!first_stage() && !last_stage())) return;
-    auto& mine = first_stage() ? m_wte->table() : m_head->table();
-    const int peer = first_stage() ? m_stages - 1 : 0;
-    Tensor<T, 1, Exec> other(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::Gpt::tied_grad"), mine.size());
-    auto rq = comm::irecv(m_pp, exec, other, peer, /*tag=*/7);
-    auto sq = comm::isend(m_pp, exec, mine.grad, peer, 7);
-    rq.wait();
-    sq.wait();
-    ops::add(exec, mine.grad, other, mine.grad);  // g + g' == g' + g: both copies equal bit for bit
+  /// \brief With pp > 1: the tied embedding / LM-head table, whose copies on the first and the
+  /// last stage parallel::finalize_grads sums; other stages and pp = 1 have none.
+  std::vector<parallel::TiedParameter<T, Exec>> tied_parameters() {
+    if (m_stages == 1 || (!first_stage() && !last_stage())) return {};
+    if (first_stage()) return {{&m_wte->table(), m_stages - 1}};
+    return {{&m_head->table(), 0}};
   }
 
   /// \brief Called during backward with each block's parameters once their gradients are final
   /// (data-parallel gradient sync starts its all-reduces there, overlapping backward).
-  void on_block_grads(std::function<void(const std::vector<Parameter<T, Exec>*>&)> hook) {
+  void on_grads_ready(std::function<void(const std::vector<Parameter<T, Exec>*>&)> hook) {
     m_on_block_grads = std::move(hook);
   }
 
@@ -382,7 +387,7 @@ class Gpt {
   }
 
   GptConfig m_cfg;
-  comm::Communicator<Backend> m_tp, m_pp;
+  comm::Communicator<Backend> m_tp;
   int m_stage, m_stages, m_chunks;
   parallel::StagePlan m_plan;
   std::unique_ptr<Embedding<T, Exec, Backend>> m_wte, m_wpe, m_head;

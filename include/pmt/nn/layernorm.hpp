@@ -38,8 +38,9 @@ class LayerNorm {
 
   Tensor<T, 2, Exec> forward(const Exec& exec, const Tensor<T, 2, Exec>& x) {
     const Instrument instrument("pmt::nn::LayerNorm::forward");
-    auto& c = *m_saved;
-    c.x     = x;
+    Cache scratch;  // pmt::NoGrad: the statistics live for this call only
+    auto& c = grad_enabled() ? *m_saved : scratch;
+    if (grad_enabled()) c.x = x;
     if (c.mean.extent(0) != x.extent(0)) {
       c.mean = Tensor<T, 1, Exec>("pmt::nn::LayerNorm::mean", x.extent(0));
       c.rstd = Tensor<T, 1, Exec>("pmt::nn::LayerNorm::rstd", x.extent(0));
@@ -61,6 +62,9 @@ class LayerNorm {
     return dx;
   }
   std::vector<Parameter<T, Exec>*> parameters() { return {&m_w, &m_b}; }
+  /// \brief The width C it normalises over, in and out.
+  std::size_t input_width() const noexcept { return m_w.local_shape.at(0); }
+  std::size_t output_width(std::size_t) const noexcept { return m_w.local_shape.at(0); }
 
  private:
   double m_eps;

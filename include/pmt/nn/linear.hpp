@@ -120,7 +120,7 @@ class Linear {
                          std::is_same_v<split, Row> ? " / tp " + std::to_string(m_tp.size()) : std::string(), ")");
     });
     const Instrument instrument("pmt::nn::Linear::forward");
-    *m_x = x;
+    if (grad_enabled()) *m_x = x;  // pmt::NoGrad: nothing kept
     Tensor<T, 2, Exec> y(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::Linear::y"), x.extent(0), out_local());
     if (std::is_same_v<split, Row> && m_tp.size() > 1) {
       ops::matmul(exec, ops::Trans::N, ops::Trans::N, T(1), x, m_w.value2d(), T(0), y);  // (N, out_l)
@@ -188,6 +188,9 @@ class Linear {
   Parameter<T, Exec>& weight() { return m_w; }
   Parameter<T, Exec>& bias() { return m_b; }
 
+  /// \brief The local widths of input and output (chain stages size their buffers with them).
+  std::size_t input_width() const noexcept { return in_local(); }
+  std::size_t output_width(std::size_t) const noexcept { return out_local(); }
   std::size_t in_local() const noexcept { return std::is_same_v<split, Row> ? m_in / m_tp.size() : m_in; }
   std::size_t out_local() const noexcept { return std::is_same_v<split, Col> ? m_out / m_tp.size() : m_out; }
   std::string name() const { return "pmt::nn::Linear<" + detail::policy_name<Policy>() + ">"; }

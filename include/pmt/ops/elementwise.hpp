@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Elementwise ops on tensors of any rank (contiguous LayoutRight Views): add (residual add),
-// scale, axpy, bias_add, GELU (tanh approximation, as GPT-2) and ReLU with their backward.
+// scale, axpy, bias_add, GELU (tanh approximation, as GPT-2), ReLU, SiLU and tanh with their backward.
 // Each element is computed independently: results are bitwise independent of the thread count.
 
 #include "pmt/core/error.hpp"
@@ -224,6 +224,62 @@ void relu_backward(const Exec& exec, const XV& x, const DYV& dy, const DXV& dx) 
   auto fx = detail::flat(x), fdy = detail::flat(dy), fdx = detail::flat(dx);
   Kokkos::parallel_for("pmt::ops::relu_backward", Kokkos::RangePolicy<Exec>(exec, 0, fx.extent(0)),
                        KOKKOS_LAMBDA(std::size_t i) { fdx(i) = fx(i) > T(0) ? fdy(i) : T(0); });
+}
+
+/// \brief y = SiLU(x) = x / (1 + exp(-x)) (x sigmoid(x)). y may alias x.
+/// \throws pmt::ShapeError when the shapes differ.
+template <class Exec, class XV, class YV>
+void silu(const Exec& exec, const XV& x, const YV& y) {
+  static_check_view<Exec, XV>();
+  static_check_view<Exec, YV>();
+  detail::require_same_shape("pmt::ops::silu", "x", x, "y", y);
+  using T = typename YV::non_const_value_type;
+  auto fx = detail::flat(x), fy = detail::flat(y);
+  Kokkos::parallel_for("pmt::ops::silu", Kokkos::RangePolicy<Exec>(exec, 0, fy.extent(0)),
+                       KOKKOS_LAMBDA(std::size_t i) { fy(i) = fx(i) / (T(1) + detail::math::exp(-fx(i))); });
+}
+
+/// \brief dx = dy (s + x s (1 - s)) with s = sigmoid(x) (dx overwritten).
+/// \throws pmt::ShapeError when the shapes differ.
+template <class Exec, class XV, class DYV, class DXV>
+void silu_backward(const Exec& exec, const XV& x, const DYV& dy, const DXV& dx) {
+  static_check_view<Exec, XV>();
+  static_check_view<Exec, DYV>();
+  static_check_view<Exec, DXV>();
+  detail::require_same_shape("pmt::ops::silu_backward", "x", x, "dy", dy);
+  detail::require_same_shape("pmt::ops::silu_backward", "dx", dx, "x", x);
+  using T = typename DXV::non_const_value_type;
+  auto fx = detail::flat(x), fdy = detail::flat(dy), fdx = detail::flat(dx);
+  Kokkos::parallel_for("pmt::ops::silu_backward", Kokkos::RangePolicy<Exec>(exec, 0, fx.extent(0)), KOKKOS_LAMBDA(std::size_t i) {
+    const T s = T(1) / (T(1) + detail::math::exp(-fx(i)));
+    fdx(i)    = fdy(i) * (s + fx(i) * s * (T(1) - s));
+  });
+}
+
+/// \brief y = tanh(x). y may alias x. \throws pmt::ShapeError when the shapes differ.
+template <class Exec, class XV, class YV>
+void tanh(const Exec& exec, const XV& x, const YV& y) {
+  static_check_view<Exec, XV>();
+  static_check_view<Exec, YV>();
+  detail::require_same_shape("pmt::ops::tanh", "x", x, "y", y);
+  auto fx = detail::flat(x), fy = detail::flat(y);
+  Kokkos::parallel_for("pmt::ops::tanh", Kokkos::RangePolicy<Exec>(exec, 0, fy.extent(0)),
+                       KOKKOS_LAMBDA(std::size_t i) { fy(i) = detail::math::tanh(fx(i)); });
+}
+
+/// \brief dx = dy (1 - y^2), from the forward's OUTPUT y = tanh(x) (dx overwritten).
+/// \throws pmt::ShapeError when the shapes differ.
+template <class Exec, class YV, class DYV, class DXV>
+void tanh_backward(const Exec& exec, const YV& y, const DYV& dy, const DXV& dx) {
+  static_check_view<Exec, YV>();
+  static_check_view<Exec, DYV>();
+  static_check_view<Exec, DXV>();
+  detail::require_same_shape("pmt::ops::tanh_backward", "y", y, "dy", dy);
+  detail::require_same_shape("pmt::ops::tanh_backward", "dx", dx, "y", y);
+  using T = typename DXV::non_const_value_type;
+  auto fy = detail::flat(y), fdy = detail::flat(dy), fdx = detail::flat(dx);
+  Kokkos::parallel_for("pmt::ops::tanh_backward", Kokkos::RangePolicy<Exec>(exec, 0, fy.extent(0)),
+                       KOKKOS_LAMBDA(std::size_t i) { fdx(i) = fdy(i) * (T(1) - fy(i) * fy(i)); });
 }
 
 }  // namespace pmt::ops

@@ -10,7 +10,7 @@
 #include "pmt/core/instrument.hpp"
 #include "pmt/comm/collectives.hpp"
 #include "pmt/comm/communicator.hpp"
-#include "pmt/nn/module.hpp"
+#include "pmt/core/parameter.hpp"
 #include "pmt/ops/multi_tensor.hpp"
 #include "pmt/optim/optimizers.hpp"
 
@@ -26,10 +26,10 @@ namespace pmt::optim {
 /// \brief The global L2 norm of the gradients (see the file comment). Communication: one
 /// all_reduce(tp) and, with `pp`, one all_reduce(pp) of one number (none on axes of size 1).
 template <class T, class Exec, class Backend>
-double global_grad_norm(const Exec& exec, const std::vector<nn::Parameter<T, Exec>*>& params,
+double global_grad_norm(const Exec& exec, const std::vector<Parameter<T, Exec>*>& params,
                         const comm::Communicator<Backend>& tp, const comm::Communicator<Backend>* pp = nullptr) {
   Kokkos::View<double*, Kokkos::HostSpace> sums("pmt::optim::grad_norm::sums", 2);  // sharded, replicated
-  std::vector<nn::Parameter<T, Exec>*> counted;  // without pp copies (counted on their own stage)
+  std::vector<Parameter<T, Exec>*> counted;  // without pp copies (counted on their own stage)
   for (auto* p : params)
     if (!p->pp_copy) counted.push_back(p);
   const std::vector<double> norms2 = ops::squared_norms(exec, grads_of(counted));  // one loop over all
@@ -49,7 +49,7 @@ double global_grad_norm(const Exec& exec, const std::vector<nn::Parameter<T, Exe
 /// \brief Scales all gradients by max_norm / norm when the global norm exceeds max_norm (a
 /// max_norm <= 0 disables clipping). Returns the norm before clipping.
 template <class T, class Exec, class Backend>
-double clip_grad_norm(const Exec& exec, const std::vector<nn::Parameter<T, Exec>*>& params,
+double clip_grad_norm(const Exec& exec, const std::vector<Parameter<T, Exec>*>& params,
                       const comm::Communicator<Backend>& tp, double max_norm,
                       const comm::Communicator<Backend>* pp = nullptr) {
   const Instrument instrument("pmt::optim::clip_grad_norm", Track::Optimizer, "clip");

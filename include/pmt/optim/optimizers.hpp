@@ -8,7 +8,7 @@
 
 #include "pmt/core/instrument.hpp"
 #include "pmt/core/tensor.hpp"
-#include "pmt/nn/module.hpp"
+#include "pmt/core/parameter.hpp"
 #include "pmt/ops/multi_tensor.hpp"
 #include "pmt/ops/optimizer.hpp"
 
@@ -21,25 +21,25 @@ namespace pmt::optim {
 
 /// \brief The gradients (or values) of `params`, in order: the lists of the multi-tensor ops.
 template <class T, class Exec>
-std::vector<Tensor<T, 1, Exec>> tensors_of(const std::vector<nn::Parameter<T, Exec>*>& params,
-                                           Tensor<T, 1, Exec> nn::Parameter<T, Exec>::*which) {
+std::vector<Tensor<T, 1, Exec>> tensors_of(const std::vector<Parameter<T, Exec>*>& params,
+                                           Tensor<T, 1, Exec> Parameter<T, Exec>::*which) {
   std::vector<Tensor<T, 1, Exec>> out;
   out.reserve(params.size());
   for (auto* p : params) out.push_back(p->*which);
   return out;
 }
 template <class T, class Exec>
-std::vector<Tensor<T, 1, Exec>> grads_of(const std::vector<nn::Parameter<T, Exec>*>& params) {
-  return tensors_of(params, &nn::Parameter<T, Exec>::grad);
+std::vector<Tensor<T, 1, Exec>> grads_of(const std::vector<Parameter<T, Exec>*>& params) {
+  return tensors_of(params, &Parameter<T, Exec>::grad);
 }
 template <class T, class Exec>
-std::vector<Tensor<T, 1, Exec>> values_of(const std::vector<nn::Parameter<T, Exec>*>& params) {
-  return tensors_of(params, &nn::Parameter<T, Exec>::value);
+std::vector<Tensor<T, 1, Exec>> values_of(const std::vector<Parameter<T, Exec>*>& params) {
+  return tensors_of(params, &Parameter<T, Exec>::value);
 }
 
 /// \brief Sets every gradient to zero on `exec` (no fence).
 template <class T, class Exec>
-void zero_grad(const Exec& exec, const std::vector<nn::Parameter<T, Exec>*>& params) {
+void zero_grad(const Exec& exec, const std::vector<Parameter<T, Exec>*>& params) {
   ops::zero_all(exec, grads_of(params));
 }
 
@@ -50,7 +50,7 @@ class AdamW {
   using value_type                     = T;
   using execution_space                = Exec;
   static constexpr bool shards_over_dp = false;
-  AdamW(std::vector<nn::Parameter<T, Exec>*> params, ops::AdamWParams hyper) : m_params(std::move(params)), m_h(hyper) {
+  AdamW(std::vector<Parameter<T, Exec>*> params, ops::AdamWParams hyper) : m_params(std::move(params)), m_h(hyper) {
     for (auto* p : m_params) {
       m_m.emplace_back("pmt::optim::AdamW::m", p->size());
       m_v.emplace_back("pmt::optim::AdamW::v", p->size());
@@ -69,13 +69,13 @@ class AdamW {
   std::int64_t steps() const noexcept { return m_step; }
   /// \brief Sets the step count (bias correction continues from it; for checkpoints).
   void set_steps(std::int64_t n) noexcept { m_step = n; }
-  const std::vector<nn::Parameter<T, Exec>*>& parameters() const noexcept { return m_params; }
+  const std::vector<Parameter<T, Exec>*>& parameters() const noexcept { return m_params; }
   /// \brief The first and second moments of parameter i (the shapes of its shard).
   const Tensor<T, 1, Exec>& exp_avg(std::size_t i) const { return m_m.at(i); }
   const Tensor<T, 1, Exec>& exp_avg_sq(std::size_t i) const { return m_v.at(i); }
 
  private:
-  std::vector<nn::Parameter<T, Exec>*> m_params;
+  std::vector<Parameter<T, Exec>*> m_params;
   ops::AdamWParams m_h;
   std::vector<Tensor<T, 1, Exec>> m_m, m_v;
   std::int64_t m_step = 0;
@@ -86,7 +86,7 @@ template <class T, class Exec>
 class Sgd {
  public:
   static constexpr bool shards_over_dp = false;
-  Sgd(std::vector<nn::Parameter<T, Exec>*> params, ops::SgdParams hyper) : m_params(std::move(params)), m_h(hyper) {
+  Sgd(std::vector<Parameter<T, Exec>*> params, ops::SgdParams hyper) : m_params(std::move(params)), m_h(hyper) {
     for (auto* p : m_params) m_vel.emplace_back("pmt::optim::Sgd::velocity", p->size());
   }
   void step(const Exec& exec, double lr) {
@@ -95,10 +95,12 @@ class Sgd {
     ops::sgd_update_all(exec, values_of(m_params), grads_of(m_params), m_vel, h);
   }
   void zero_grad(const Exec& exec = Exec()) { optim::zero_grad(exec, m_params); }
-  const std::vector<nn::Parameter<T, Exec>*>& parameters() const noexcept { return m_params; }
+  const std::vector<Parameter<T, Exec>*>& parameters() const noexcept { return m_params; }
+  /// \brief The momentum buffer of parameter i (checkpoints save and load it).
+  const Tensor<T, 1, Exec>& velocity(std::size_t i) const { return m_vel.at(i); }
 
  private:
-  std::vector<nn::Parameter<T, Exec>*> m_params;
+  std::vector<Parameter<T, Exec>*> m_params;
   ops::SgdParams m_h;
   std::vector<Tensor<T, 1, Exec>> m_vel;
 };

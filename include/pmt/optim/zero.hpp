@@ -18,7 +18,7 @@
 #include "pmt/comm/communicator.hpp"
 #include "pmt/core/error.hpp"
 #include "pmt/core/tensor.hpp"
-#include "pmt/nn/module.hpp"
+#include "pmt/core/parameter.hpp"
 #include "pmt/ops/elementwise.hpp"
 #include "pmt/ops/optimizer.hpp"
 #include "pmt/ops/reduction.hpp"
@@ -41,7 +41,7 @@ class ZeroAdamW {
 
   /// \param pp the pipeline communicator when the model is split into stages (the norm then
   /// sums over stages and leaves out pipeline copies such as the tied LM head).
-  ZeroAdamW(std::vector<nn::Parameter<T, Exec>*> params, ops::AdamWParams hyper, const comm::Communicator<Backend>& dp,
+  ZeroAdamW(std::vector<Parameter<T, Exec>*> params, ops::AdamWParams hyper, const comm::Communicator<Backend>& dp,
             const comm::Communicator<Backend>& tp, std::optional<comm::Communicator<Backend>> pp = std::nullopt)
       : m_params(std::move(params)), m_h(hyper), m_dp(dp), m_tp(tp), m_pp(std::move(pp)) {
     std::size_t total = 0;
@@ -76,7 +76,7 @@ class ZeroAdamW {
   double step(const Exec& exec, double lr, double max_norm, bool skip_nonfinite = false, bool skip = false) {
     const Instrument instrument("pmt::optim::ZeroAdamW::step", Track::Optimizer, "zero-adamw");
     ++m_step;
-    pack(exec, &nn::Parameter<T, Exec>::grad, m_flat_g);
+    pack(exec, &Parameter<T, Exec>::grad, m_flat_g);
     comm::reduce_scatter(m_dp, exec, m_flat_g, m_g, comm::ReduceOp::Sum);
     // global norm: my part of sharded and of replicated parameters, summed over dp; sharded over tp
     auto g = m_g;
@@ -101,7 +101,7 @@ class ZeroAdamW {
     if (max_norm > 0 && norm > max_norm) ops::scale(exec, m_g, static_cast<T>(max_norm / (norm + 1e-6)));
     // AdamW on my part of the flat values; the flat gradient buffer, free after the
     // reduce-scatter, carries the values (one flat buffer of P, not two)
-    pack(exec, &nn::Parameter<T, Exec>::value, m_flat_g);
+    pack(exec, &Parameter<T, Exec>::value, m_flat_g);
     const std::size_t lo = m_shard * static_cast<std::size_t>(m_dp.rank());
     Kokkos::deep_copy(exec, m_w, Kokkos::subview(m_flat_g, std::make_pair(lo, lo + m_shard)));
     ops::AdamWParams h = m_h;
@@ -113,7 +113,7 @@ class ZeroAdamW {
     return norm;
   }
 
-  const std::vector<nn::Parameter<T, Exec>*>& parameters() const noexcept { return m_params; }
+  const std::vector<Parameter<T, Exec>*>& parameters() const noexcept { return m_params; }
   /// \brief Bytes of optimizer state this rank holds (Adam's two moments for its part).
   std::size_t state_bytes() const noexcept { return 2 * m_shard * sizeof(T); }
   std::int64_t steps() const noexcept { return m_step; }
@@ -158,7 +158,7 @@ class ZeroAdamW {
     }
   }
 
-  std::vector<nn::Parameter<T, Exec>*> m_params;
+  std::vector<Parameter<T, Exec>*> m_params;
   ops::AdamWParams m_h;
   comm::Communicator<Backend> m_dp, m_tp;
   std::optional<comm::Communicator<Backend>> m_pp;

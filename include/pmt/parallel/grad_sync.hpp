@@ -21,7 +21,7 @@
 #include "pmt/comm/request.hpp"
 #include "pmt/core/error.hpp"
 #include "pmt/core/tensor.hpp"
-#include "pmt/nn/module.hpp"
+#include "pmt/core/parameter.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -36,7 +36,7 @@ class GradSync {
  public:
   static constexpr std::size_t default_bucket_bytes = std::size_t(25) << 20;
 
-  GradSync(const comm::Communicator<Backend>& dp, const std::vector<nn::Parameter<T, Exec>*>& params,
+  GradSync(const comm::Communicator<Backend>& dp, const std::vector<Parameter<T, Exec>*>& params,
            std::size_t bucket_bytes = default_bucket_bytes)
       : m_dp(dp) {
     Bucket current;
@@ -74,7 +74,7 @@ class GradSync {
   }
 
   /// \brief Marks gradients final; starts the all-reduce of every bucket that became complete.
-  void ready(const Exec& exec, const std::vector<nn::Parameter<T, Exec>*>& params) {
+  void ready(const Exec& exec, const std::vector<Parameter<T, Exec>*>& params) {
     if (!m_armed) return;
     for (auto* p : params) {
       const auto it = m_bucket_of.find(p);
@@ -140,7 +140,7 @@ class GradSync {
 
  private:
   struct Bucket {
-    std::vector<nn::Parameter<T, Exec>*> params;
+    std::vector<Parameter<T, Exec>*> params;
     Tensor<T, 1, Exec> buffer;
     std::size_t ready = 0;
     bool launched     = false;
@@ -162,7 +162,7 @@ class GradSync {
 
   comm::Communicator<Backend> m_dp;
   std::vector<Bucket> m_buckets;
-  std::map<const nn::Parameter<T, Exec>*, std::size_t> m_bucket_of;
+  std::map<const Parameter<T, Exec>*, std::size_t> m_bucket_of;
   bool m_armed                 = false;
   bool m_arm_called            = false;  // arm() since the last finish()
   std::size_t m_launched_early = 0;

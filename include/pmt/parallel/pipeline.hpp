@@ -16,9 +16,8 @@
 // first stage's chunk c+1. Messages of one kind between two stages are matched in table order,
 // which check() proved consistent and free of deadlock for every stage together before the
 // first run. Each live (chunk, microbatch) has its own activation slot.
-// The model provides: value_type, Ids, Activation, stage(), stages(), chunks(), width(),
-// forward_chunk(exec, k, ids, targets, x_in, B, T, normaliser, &loss) and
-// backward_chunk(exec, k, dy) (see nn::Gpt). Stats: wall time, compute time (forward + backward,
+// The model is a stage module (parallel/stage_module.hpp): forward_chunk / backward_chunk run
+// one chunk of one microbatch, input_extent / output_extent size the receive buffers. Stats: wall time, compute time (forward + backward,
 // fenced), time waiting in receives, the peak of live (chunk, microbatch) pairs (forward done,
 // backward not) and each action's timing.
 
@@ -31,6 +30,7 @@
 #include "pmt/core/instrument.hpp"
 #include "pmt/core/activation_slot.hpp"
 #include "pmt/parallel/schedule.hpp"
+#include "pmt/parallel/stage_module.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -46,13 +46,6 @@
 #include <vector>
 
 namespace pmt::parallel {
-
-/// \brief One microbatch of this dp rank: B sequences of T tokens and their targets.
-template <class Ids>
-struct Microbatch {
-  Ids ids, targets;
-  std::size_t B = 0, T = 0;
-};
 
 /// \brief One executed action: seconds since the run started.
 struct StageEvent {
@@ -71,8 +64,10 @@ struct PipelineStats {
 
 template <class Model, class Exec, class Backend>
 class PipelineRunner {
+  static_assert(check_stage_module<Model, Exec>());
+
  public:
-  using Ids        = typename Model::Ids;
+  using Batch      = typename Model::Batch;
   using Activation = typename Model::Activation;
   /// \brief Called before each Backward action with the microbatch and whether it is the last
   /// backward of its chunk in the run (its gradients are then final: data-parallel sync arms there).
@@ -111,9 +106,9 @@ class PipelineRunner {
   const ScheduleReport& report(ScheduleKind kind, int m) { return (schedule(kind, m), m_reports.at({static_cast<int>(kind), m})); }
 
   /// \brief Runs this stage's part of one step over the microbatches (every stage gets the same
-  /// list: the first reads ids, the last targets, all use B and T). Returns the sum of this
+  /// list: the first reads the input, the last the targets). Returns the sum of this
   /// stage's microbatch losses in microbatch order (non-zero on the last stage only).
-  double run(const Exec& exec, ScheduleKind kind, const std::vector<Microbatch<Ids>>& mbs, double normaliser,
+  double run(const Exec& exec, ScheduleKind kind, const std::vector<Batch>& mbs, double normaliser,
              const BackwardHook& before_backward = {}) {
     const int m = static_cast<int>(mbs.size());
     detail::require<ConfigError>(m >= 1, "pmt::parallel::PipelineRunner::run", [&] { return std::string("no microbatch"); });
@@ -143,8 +138,10 @@ class PipelineRunner {
         if (actions[k].kind == kind_) {
           const auto& mb_ = mbs[static_cast<std::size_t>(actions[k].mb)];
           auto& buf       = kind_ == Action::RecvAct ? in_act[at(actions[k])] : in_grad[at(actions[k])];
+          const auto e   = kind_ == Action::RecvAct ? m_model.input_extent(actions[k].chunk, mb_)
+                                                        : m_model.output_extent(actions[k].chunk, mb_);
           buf = Activation(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("pmt::parallel::pipeline::recv")),
-                           mb_.B * mb_.T, m_model.width());
+                           e[0], e[1]);
           p.rq = kind_ == Action::RecvAct ? comm::irecv(m_pp, exec, buf, prev, tag_act) : comm::irecv(m_pp, exec, buf, next, tag_grad);
           p.at = k;
           return;
@@ -200,7 +197,7 @@ class PipelineRunner {
           m_stats.peak_live = std::max(m_stats.peak_live, ++live);
           {
             ActivationSlot slot(slot_of[i]);
-            out[i] = m_model.forward_chunk(exec, a.chunk, mb.ids, mb.targets, in_act[i], mb.B, mb.T, normaliser, &losses[i]);
+            out[i] = m_model.forward_chunk(exec, a.chunk, mb, in_act[i], normaliser, &losses[i]);
           }
           exec.fence();
           in_act[i] = Activation();  // the stage's layers keep what they need in the slot

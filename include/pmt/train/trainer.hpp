@@ -1,11 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// Trainer: one training step of a model over a dp x tp x pp Mesh:
+// Trainer: one training step of any stage module (parallel/stage_module.hpp: nn::Gpt,
+// nn::StagedModel over a user's Chain and loss, or a user's class) over a dp x tp x pp Mesh:
 //   zero grads -> the microbatches: with pp = 1 forward + loss + backward of each in turn, with
 //   pp > 1 the pipeline schedule (GPipe or 1F1B, interleaved when the model holds several chunks
 //   per stage; parallel/pipeline.hpp) over the stages; the gradients accumulate and the dp
 //   all-reduces of each chunk's last microbatch start during its backward
-//   -> finish the dp sync -> sum the tied embedding's gradients between the first and last stage
+//   -> finish the dp sync -> parallel::finalize_grads (tied parameters summed between stages)
 //   -> clip by the global norm (over tp and pp) -> optimizer step with the scheduled learning rate.
 // step() returns the global loss: the sum over dp ranks and microbatches of the per-batch losses,
 // each already divided by the global token count the caller passes (the same on every rank).
@@ -24,12 +25,14 @@
 #include "pmt/comm/collectives.hpp"
 #include "pmt/comm/mesh.hpp"
 #include "pmt/core/error.hpp"
-#include "pmt/nn/module.hpp"
+#include "pmt/core/parameter.hpp"
+#include "pmt/core/random.hpp"
 #include "pmt/optim/clip.hpp"
 #include "pmt/optim/zero.hpp"
 #include "pmt/parallel/grad_sync.hpp"
 #include "pmt/parallel/pipeline.hpp"
 #include "pmt/parallel/schedule.hpp"
+#include "pmt/parallel/stage_module.hpp"
 #include "pmt/policy/hybrid.hpp"
 #include "pmt/policy/policies.hpp"
 
@@ -44,9 +47,12 @@
 
 namespace pmt::train {
 
-/// \brief One microbatch of this dp rank: B sequences of T tokens and their targets.
+/// \brief One microbatch of a token model: B sequences of T tokens and their targets.
 template <class Ids>
 using Microbatch = parallel::Microbatch<Ids>;
+/// \brief One microbatch of any other model: rows, their input and their targets.
+template <class Input, class Target>
+using Samples = parallel::Samples<Input, Target>;
 
 /// \brief Step options.
 struct StepOptions {
@@ -57,6 +63,10 @@ struct StepOptions {
   /// mixed-precision trainers skip overflowed steps); last_step_skipped() tells. Both values are
   /// global, so every rank skips alike.
   bool skip_nonfinite = false;
+  /// The global step number: keys layout-independent random draws (Dropout) through the
+  /// RandomContext. -1: the number of step() calls this Trainer made before (set it after a
+  /// resume, so that the masks continue where the saved run stopped).
+  std::int64_t step = -1;
 };
 
 template <class Mode>
@@ -113,6 +123,7 @@ struct trainer_policy<Hybrid<Ps...>> {
 
 template <class Model, class Optimizer, class Exec, class Backend, class Policy = Synchronous>
 class Trainer {
+  static_assert(parallel::check_stage_module<Model, Exec>());
   using policy  = trainer_policy<Policy>;
   using DpMode  = typename policy::dp_mode;
   static constexpr int H = local_sgd_period_v<DpMode>;
@@ -125,14 +136,17 @@ class Trainer {
                 "needs synchronous gradients. Use one or the other");
 
  public:
-  using T   = typename Model::value_type;
-  using Ids = typename Model::Ids;
+  using T     = typename Model::value_type;
+  using Batch = typename Model::Batch;  ///< one microbatch of this dp rank
 
   Trainer(const Mesh<Backend>& mesh, Model& model, Optimizer& opt, const Exec& exec = Exec(),
           std::size_t bucket_bytes = parallel::GradSync<T, Exec, Backend>::default_bucket_bytes)
       : m_mesh(checked(mesh, model)), m_model(model), m_opt(opt), m_exec(exec),
-        m_sync(mesh.comm(Axis::dp), syncs_gradients ? model.parameters() : std::vector<nn::Parameter<T, Exec>*>{}, bucket_bytes), m_schedule(policy::schedule) {
-    m_model.on_block_grads([this](const std::vector<nn::Parameter<T, Exec>*>& ps) { m_sync.ready(m_exec, ps); });
+        m_sync(mesh.comm(Axis::dp), syncs_gradients ? model.parameters() : std::vector<Parameter<T, Exec>*>{}, bucket_bytes), m_schedule(policy::schedule) {
+    // a model that says when gradients are final lets the dp all-reduces overlap its backward;
+    // otherwise they all start in finish()
+    if constexpr (parallel::has_grads_hook_v<Model, Exec>)
+      m_model.on_grads_ready([this](const std::vector<Parameter<T, Exec>*>& ps) { m_sync.ready(m_exec, ps); });
     if (mesh.degree(Axis::pp) > 1) m_runner.emplace(mesh, model);
   }
   Trainer(const Trainer&)            = delete;  // the model's hook points at this object
@@ -140,9 +154,11 @@ class Trainer {
 
   /// \brief One step over this rank's microbatches; returns the global loss.
   /// \throws pmt::ConfigError for no microbatch or a non-positive normaliser.
-  double step(const std::vector<Microbatch<Ids>>& microbatches, const StepOptions& o) {
+  double step(const std::vector<Batch>& microbatches, const StepOptions& o) {
     check_batch("pmt::train::Trainer::step", microbatches, o.normaliser);
     const Instrument instrument("pmt::train::Trainer::step");
+    const RandomStepScope random_step(static_cast<std::uint64_t>(o.step >= 0 ? o.step : m_calls));
+    ++m_calls;
     if constexpr (is_host_space_v<Exec>) m_faults.begin();
     m_opt.zero_grad(m_exec);
     const int dp            = m_mesh.degree(Axis::dp);
@@ -150,7 +166,7 @@ class Trainer {
     // ZeRO optimizers reduce-scatter the gradients themselves; local SGD does not sync them.
     const double loss = run_microbatches(microbatches, normaliser, syncs_gradients);
     m_sync.finish(m_exec);
-    m_model.sync_tied_grads(m_exec);  // pp > 1: first and last stage sum their copies' gradients
+    parallel::finalize_grads(m_exec, m_mesh.comm(Axis::pp), m_model);  // tied copies on two stages sum their gradients
     const double total = global_loss(H > 0 ? loss / dp : loss);
     const bool bad_loss = o.skip_nonfinite && !std::isfinite(total);
     if constexpr (Optimizer::shards_over_dp) {
@@ -174,7 +190,7 @@ class Trainer {
   /// \brief The global loss of the microbatches without changing the model (validation): the same
   /// forward and backward as step() (so any layout and schedule works), no gradient sync, no
   /// optimizer step; the gradients are cleared afterwards.
-  double evaluate(const std::vector<Microbatch<Ids>>& microbatches, double normaliser) {
+  double evaluate(const std::vector<Batch>& microbatches, double normaliser) {
     check_batch("pmt::train::Trainer::evaluate", microbatches, normaliser);
     const double loss = run_microbatches(microbatches, normaliser, /*dp_sync=*/false);
     m_opt.zero_grad(m_exec);
@@ -194,7 +210,7 @@ class Trainer {
   const parallel::PipelineRunner<Model, Exec, Backend>* pipeline() const noexcept { return m_runner ? &*m_runner : nullptr; }
 
  private:
-  static void check_batch(const char* op, const std::vector<Microbatch<Ids>>& microbatches, double normaliser) {
+  static void check_batch(const char* op, const std::vector<Batch>& microbatches, double normaliser) {
     detail::require<ConfigError>(!microbatches.empty() && normaliser > 0, op, [&] {
       return detail::str(microbatches.size(), " microbatches and normaliser ", normaliser,
                          "; expected at least one microbatch and a positive token count");
@@ -202,15 +218,17 @@ class Trainer {
   }
   /// Forward and backward of every microbatch (the pipeline schedule with pp > 1); with dp_sync
   /// the dp all-reduces start during the last microbatch's backward. Returns this rank's loss sum.
-  double run_microbatches(const std::vector<Microbatch<Ids>>& microbatches, double normaliser, bool dp_sync) {
+  double run_microbatches(const std::vector<Batch>& microbatches, double normaliser, bool dp_sync) {
     if (m_runner)
       return m_runner->run(m_exec, m_schedule, microbatches, normaliser,
                            [this, dp_sync](int, bool last) { m_sync.arm(dp_sync && last); });
     double loss = 0;
+    const int chunks = m_model.chunks();
     for (std::size_t i = 0; i < microbatches.size(); ++i) {
-      const auto& mb = microbatches[i];
       m_sync.arm(dp_sync && i + 1 == microbatches.size());
-      loss += m_model.forward_backward(m_exec, mb.ids, mb.targets, mb.B, mb.T, normaliser);
+      typename Model::Activation x;
+      for (int k = 0; k < chunks; ++k) x = m_model.forward_chunk(m_exec, k, microbatches[i], x, normaliser, &loss);
+      for (int k = chunks - 1; k >= 0; --k) x = m_model.backward_chunk(m_exec, k, x);
     }
     return loss;
   }
@@ -253,7 +271,8 @@ class Trainer {
   std::optional<parallel::PipelineRunner<Model, Exec, Backend>> m_runner;
   double m_last_norm  = 0;
   bool m_last_skipped = false;
-  std::int64_t m_steps = 0;
+  std::int64_t m_steps = 0;  // steps since the last local-SGD average
+  std::int64_t m_calls = 0;  // step() calls
   // whether the first step / evaluation has agreed the measured choices (matmul paths) over the
   // world: every rank takes the same paths from then on (core/measured_choice.hpp)
   bool m_agreed_step = false, m_agreed_eval = false;

@@ -1,0 +1,54 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// Parameter: a trainable tensor: its value and gradient (flat, contiguous, this rank's shard
+// only), its global shape and where the shard sits in it, whether it is replicated over tp (so
+// that clipping by global norm counts it once), and whether it is a pipeline copy of a parameter
+// another stage owns (a tied LM head on the last stage: updated like the original, left out of
+// the global norm). It sits below the layers (nn/), the parallel layer (parallel/), the
+// optimizers and the checkpoints, which all hold pointers to a model's parameters.
+
+#include "pmt/core/random.hpp"
+#include "pmt/core/tensor.hpp"
+
+#include <Kokkos_Core.hpp>
+
+#include <cstddef>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace pmt {
+
+template <class T, class Exec>
+struct Parameter {
+  std::string name;
+  Tensor<T, 1, Exec> value, grad;       // flat views of this rank's shard
+  std::vector<std::size_t> local_shape;  // the shard's shape
+  GlobalSlice slice;                      // global shape and the shard's offsets
+  bool tp_replicated = true;              // the same on every tp rank (e.g. a Row layer's bias)
+  bool pp_copy       = false;             // a copy of a parameter of another pipeline stage
+
+  Parameter() = default;
+  Parameter(std::string n, std::vector<std::size_t> shape, const GlobalSlice& s, bool replicated)
+      : name(std::move(n)), local_shape(std::move(shape)), slice(s), tp_replicated(replicated) {
+    std::size_t count = 1;
+    for (std::size_t e : local_shape) count *= e;
+    value = Tensor<T, 1, Exec>(name + "::value", count);
+    grad  = Tensor<T, 1, Exec>(name + "::grad", count);
+  }
+
+  std::size_t size() const noexcept { return value.size(); }
+  std::size_t bytes() const noexcept { return value.size() * sizeof(T); }
+
+  /// \brief The value as a rank-2 (rows, cols) unmanaged View over the same memory.
+  auto value2d() const { return as2d(value); }
+  auto grad2d() const { return as2d(grad); }
+
+ private:
+  auto as2d(const Tensor<T, 1, Exec>& v) const {
+    return Kokkos::View<T**, Kokkos::LayoutRight, typename Exec::memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
+        v.data(), local_shape.at(0), local_shape.size() > 1 ? local_shape[1] : 1);
+  }
+};
+
+}  // namespace pmt
