@@ -3,7 +3,7 @@
 // Shared pieces of pmt's benchmarks: median timing, the measured fp32 FMA peak of this machine,
 // a description of the BLAS in use, and the `target NAME measured=X goal=Y met|missed` line.
 
-#include <pmt/pmt.hpp>
+#include <pmt/tools.hpp>
 
 #include <algorithm>
 #include <chrono>

@@ -17,7 +17,7 @@
 #include <cstdlib>
 #include <pmt/plan/calibrate.hpp>
 #include <pmt/plan/measure.hpp>
-#include <pmt/pmt.hpp>
+#include <pmt/tools.hpp>
 #include <string>
 #include <vector>
 

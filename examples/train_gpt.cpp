@@ -13,7 +13,7 @@
 // signal (after its checkpoint), 128 + N a second signal N (at once).
 #include <pmt/comm/watchdog.hpp>
 #include <pmt/obs/trace.hpp>
-#include <pmt/pmt.hpp>
+#include <pmt/tools.hpp>
 #include <pmt/train/preemption.hpp>
 
 #include <algorithm>

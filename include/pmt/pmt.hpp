@@ -1,7 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// The umbrella header: the whole public API of pmt. Area headers may be included directly to
-// save compile time, but only this header carries the stability promise.
+// The umbrella header: the library's public API (layers, ops, communication, parallel layouts,
+// training, checkpoints, observability). The tools built on it (the planner and its
+// calibration, the token dataset reader, the FMA peak probe) are in pmt/tools.hpp, which the
+// library itself never includes. Area headers may be included directly to save compile time,
+// but only these two headers carry the stability promise.
 
 #include "pmt/config.hpp"
 #include "pmt/version.hpp"
@@ -75,12 +78,7 @@
 #include "pmt/train/preemption.hpp"
 #include "pmt/train/trainer.hpp"
 #include "pmt/io/checkpoint.hpp"
-#include "pmt/io/dataset.hpp"
 #include "pmt/nn/gpt_config.hpp"
 #include "pmt/obs/memory.hpp"
-#include "pmt/plan/calibrate.hpp"
-#include "pmt/plan/model.hpp"
-#include "pmt/plan/planner.hpp"
-#include "pmt/obs/peak.hpp"
 #include "pmt/obs/trace.hpp"
 #include "pmt/comm/stats.hpp"

@@ -12,7 +12,6 @@
 
 #include "pmt/core/instrument.hpp"
 #include "pmt/comm/backend.hpp"
-#include "pmt/comm/collectives.hpp"
 #include "pmt/comm/mesh.hpp"
 #include "pmt/core/error.hpp"
 #include "pmt/core/random.hpp"
@@ -22,6 +21,7 @@
 #include "pmt/core/activation_slot.hpp"
 #include "pmt/ops/attention.hpp"
 #include "pmt/ops/elementwise.hpp"
+#include "pmt/parallel/regions.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -87,7 +87,7 @@ class CausalSelfAttention {
     auto dx = m_q.backward(exec, dq, /*reduce_dx=*/false);
     m_k.backward_accumulate(exec, dk, dx);  // dx += dk Wk^T
     m_v.backward_accumulate(exec, dv, dx);
-    comm::all_reduce(m_tp, exec, dx);  // one all-reduce for the three Col layers
+    parallel::copy_to_backward(m_tp, exec, dx);  // one all-reduce for the three Col layers
     return dx;
   }
 

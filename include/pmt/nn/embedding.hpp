@@ -10,10 +10,7 @@
 
 #include "pmt/core/instrument.hpp"
 #include "pmt/comm/backend.hpp"
-#include "pmt/comm/collectives.hpp"
 #include "pmt/comm/mesh.hpp"
-#include "pmt/comm/mpi.hpp"
-#include "pmt/comm/nccl.hpp"
 #include "pmt/core/error.hpp"
 #include "pmt/core/random.hpp"
 #include "pmt/core/tensor.hpp"
@@ -21,6 +18,7 @@
 #include "pmt/core/activation_slot.hpp"
 #include "pmt/ops/elementwise.hpp"
 #include "pmt/ops/embedding.hpp"
+#include "pmt/parallel/regions.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -81,12 +79,12 @@ class Embedding {
     if (m_split && accumulate) {  // the all-reduce must see only this layer's contribution
       Tensor<T, 2, Exec> part("pmt::nn::Embedding::part", out.extent(0), out.extent(1));
       ops::embedding(exec, local, m_table.value2d(), part, ops::Accumulate::No, -1);
-      comm::all_reduce(m_tp, exec, part);
+      parallel::reduce_from(m_tp, exec, part);
       ops::axpy(exec, T(1), part, out);
       return;
     }
     ops::embedding(exec, local, m_table.value2d(), out, accumulate ? ops::Accumulate::Yes : ops::Accumulate::No, -1);
-    if (m_split) comm::all_reduce(m_tp, exec, out);
+    if (m_split) parallel::reduce_from(m_tp, exec, out);
   }
 
   /// \brief table.grad(ids(n) - v0, :) += dout(n, :) for the ids this rank holds.

@@ -23,7 +23,6 @@
 
 #include "pmt/core/instrument.hpp"
 #include "pmt/comm/backend.hpp"
-#include "pmt/comm/collectives.hpp"
 #include "pmt/comm/mesh.hpp"
 #include "pmt/comm/progress.hpp"
 #include "pmt/core/error.hpp"
@@ -41,6 +40,7 @@
 #include "pmt/ops/matmul.hpp"
 #include "pmt/parallel/stage_module.hpp"
 #include "pmt/parallel/stages.hpp"
+#include "pmt/parallel/regions.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -236,7 +236,7 @@ class Gpt {
     // d wte_shard += dlogits^T h.
     Activation dh(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::Gpt::dh"), N, C);
     ops::matmul(exec, ops::Trans::N, ops::Trans::N, T(1), dlogits, table, T(0), dh);
-    comm::all_reduce(m_tp, exec, dh);
+    parallel::copy_to_backward(m_tp, exec, dh);  // h entered the vocabulary-split head whole
     ops::matmul(exec, ops::Trans::T, ops::Trans::N, T(1), dlogits, h, T(1), head.table().grad2d());
     *m_dh = dh;
     return Activation();

@@ -12,11 +12,7 @@
 
 #include "pmt/core/instrument.hpp"
 #include "pmt/comm/backend.hpp"
-#include "pmt/comm/collectives.hpp"
-#include "pmt/comm/communicator.hpp"
 #include "pmt/comm/mesh.hpp"
-#include "pmt/comm/mpi.hpp"
-#include "pmt/comm/nccl.hpp"
 #include "pmt/core/error.hpp"
 #include "pmt/core/random.hpp"
 #include "pmt/core/tensor.hpp"
@@ -27,6 +23,7 @@
 #include "pmt/ops/reduction.hpp"
 #include "pmt/policy/placement.hpp"
 #include "pmt/policy/policy_traits.hpp"
+#include "pmt/parallel/regions.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -124,7 +121,7 @@ class Linear {
     Tensor<T, 2, Exec> y(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::Linear::y"), x.extent(0), out_local());
     if (std::is_same_v<split, Row> && m_tp.size() > 1) {
       ops::matmul(exec, ops::Trans::N, ops::Trans::N, T(1), x, m_w.value2d(), T(0), y);  // (N, out_l)
-      comm::all_reduce(m_tp, exec, y);                                                   // partial sums -> whole
+      parallel::reduce_from(m_tp, exec, y);                                              // partial sums -> whole
       if (m_bias) ops::bias_add(exec, y, m_b.value);  // once, after the sum
     } else if (m_bias) {
       // y = b broadcast, then y += x W: the product adds onto the bias (beta 1), one pass over y
@@ -180,7 +177,7 @@ class Linear {
                                                             dy.extent(0), in_local());
     ops::matmul(exec, ops::Trans::N, ops::Trans::T, T(1), dy, m_w.value2d(), accumulate ? T(1) : T(0), dx);  // (N, in_l)
     if constexpr (std::is_same_v<split, Col>)
-      if (reduce_dx) comm::all_reduce(m_tp, exec, dx);  // conjugate of the identity forward
+      if (reduce_dx) parallel::copy_to_backward(m_tp, exec, dx);  // conjugate of the identity forward
     return dx;
   }
 

@@ -12,14 +12,12 @@
 // (one fence); a target outside [0, V) that is not ignore_index raises.
 
 #include "pmt/comm/backend.hpp"
-#include "pmt/comm/collectives.hpp"
-#include "pmt/comm/mpi.hpp"
-#include "pmt/comm/nccl.hpp"
 #include "pmt/core/error.hpp"
 #include "pmt/core/tensor.hpp"
 #include "pmt/ops/cross_entropy.hpp"
 #include "pmt/ops/detail/rowwise.hpp"
 #include "pmt/ops/reduction.hpp"
+#include "pmt/parallel/regions.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -57,14 +55,14 @@ double vocab_parallel_cross_entropy(const comm::Communicator<Backend>& tp, const
   Kokkos::parallel_for(op, Kokkos::RangePolicy<Exec>(exec, 0, N), KOKKOS_LAMBDA(std::int64_t n) {
     row_max(n) = detail::lane_max(&logits(n, 0), Vl);
   });
-  comm::all_reduce(tp, exec, row_max, comm::ReduceOp::Max);
+  parallel::reduce_from(tp, exec, row_max, parallel::ReduceOp::Max);
   Kokkos::parallel_for(op, Kokkos::RangePolicy<Exec>(exec, 0, N), KOKKOS_LAMBDA(std::int64_t n) {
     const T mx = row_max(n);
     stats(n, 0) = detail::row_exp_sum(&logits(n, 0), Vl, mx);
     const auto t = static_cast<std::int64_t>(targets(n));
     stats(n, 1) = (t >= v0 && t < v0 + Vl) ? logits(n, t - v0) : T(0);
   });
-  comm::all_reduce(tp, exec, stats);
+  parallel::reduce_from(tp, exec, stats);
   Kokkos::View<double*, Kokkos::LayoutRight, Mem> row_loss("pmt::nn::ce::row_loss", N);
   const T scale = static_cast<T>(1.0 / normaliser);
   Kokkos::parallel_for(op, Kokkos::RangePolicy<Exec>(exec, 0, N), KOKKOS_LAMBDA(std::int64_t n) {

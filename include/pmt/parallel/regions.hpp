@@ -1,0 +1,111 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// Conjugate communication regions (Megatron's mappings): the one route from the layers (nn/)
+// to the communicators. Each region is a pair, a forward and its conjugate backward, over the
+// communicator of one mesh axis (tp for the tensor-parallel layers):
+//   copy_to       forward: identity (x enters a region where every rank uses it whole)
+//                 backward: copy_to_backward = the sum of the ranks' gradients (all-reduce)
+//   reduce_from   forward: the sum of the ranks' partial results (all-reduce), in place
+//                 backward: identity
+//   scatter_to    forward: this rank's block of columns, (N, C) -> (N, C / p)
+//                 backward: gather_from
+//   gather_from   forward: every rank's columns side by side, (N, c) -> (N, c p), rank order
+//                 backward: scatter_to
+// A Col layer's input is a copy_to (its dx is summed over tp), a Row layer's output a
+// reduce_from; vocab-parallel cross-entropy reduces its statistics with reduce_from (max, then
+// sum). Layers include this header and the Mesh, never <mpi.h> or <nccl.h> nor the collectives.
+// A communicator of one rank communicates nothing: every region is then the identity (scatter_to
+// and gather_from return x itself).
+
+#include "pmt/comm/backend.hpp"
+#include "pmt/comm/collectives.hpp"
+#include "pmt/comm/communicator.hpp"
+#include "pmt/core/error.hpp"
+#include "pmt/core/tensor.hpp"
+#if PMT_ENABLE_MPI
+#include "pmt/comm/mpi.hpp"
+#endif
+#if PMT_ENABLE_NCCL && PMT_ENABLE_MPI
+#include "pmt/comm/nccl.hpp"
+#endif
+
+#include <Kokkos_Core.hpp>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace pmt::parallel {
+
+using comm::ReduceOp;
+
+/// \brief Forward of copy_to: x itself (every rank of the axis uses the whole tensor).
+template <class B, class Exec, class V>
+V copy_to(const comm::Communicator<B>&, const Exec&, const V& x) {
+  return x;
+}
+/// \brief Backward of copy_to: dx summed over the axis, in place.
+template <class B, class Exec, class V>
+void copy_to_backward(const comm::Communicator<B>& axis, const Exec& exec, const V& dx) {
+  if (axis.size() > 1) comm::all_reduce(axis, exec, dx, ReduceOp::Sum);
+}
+/// \brief Forward of reduce_from: the ranks' partial results combined over the axis (a sum, or
+/// `op`), in place.
+template <class B, class Exec, class V>
+void reduce_from(const comm::Communicator<B>& axis, const Exec& exec, const V& x, ReduceOp op = ReduceOp::Sum) {
+  if (axis.size() > 1) comm::all_reduce(axis, exec, x, op);
+}
+/// \brief Backward of reduce_from: dy itself.
+template <class B, class Exec, class V>
+V reduce_from_backward(const comm::Communicator<B>&, const Exec&, const V& dy) {
+  return dy;
+}
+
+/// \brief This rank's block of columns of x (N, C): columns [r C/p, (r + 1) C/p).
+/// \throws pmt::ShapeError when p does not divide C.
+template <class B, class Exec, class V>
+Tensor<typename V::non_const_value_type, 2, Exec> scatter_to(const comm::Communicator<B>& axis, const Exec& exec, const V& x) {
+  using T = typename V::non_const_value_type;
+  static_assert(V::rank == 2, "pmt::parallel::scatter_to: x must be (N, C)");
+  const auto p = static_cast<std::size_t>(axis.size());
+  if (p == 1) return x;
+  detail::require(x.extent(1) % p == 0, "pmt::parallel::scatter_to", [&] {
+    return detail::str("x is ", shape_str(x), "; its ", x.extent(1), " columns do not divide over ", p, " ranks");
+  });
+  const std::size_t c = x.extent(1) / p, c0 = static_cast<std::size_t>(axis.rank()) * c;
+  Tensor<T, 2, Exec> out(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::parallel::scatter_to"), x.extent(0), c);
+  Kokkos::deep_copy(exec, out, Kokkos::subview(x, Kokkos::ALL, std::make_pair(c0, c0 + c)));
+  return out;
+}
+/// \brief Every rank's x (N, c) side by side: (N, c p), rank r's block at columns [r c, (r+1) c).
+template <class B, class Exec, class V>
+Tensor<typename V::non_const_value_type, 2, Exec> gather_from(const comm::Communicator<B>& axis, const Exec& exec, const V& x) {
+  using T = typename V::non_const_value_type;
+  static_assert(V::rank == 2, "pmt::parallel::gather_from: x must be (N, c)");
+  const auto p = static_cast<std::size_t>(axis.size());
+  if (p == 1) return x;
+  const std::size_t N = x.extent(0), c = x.extent(1);
+  Tensor<T, 1, Exec> blocks(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::parallel::gather_from::blocks"), p * N * c);
+  const Kokkos::View<const T*, Kokkos::LayoutRight, typename Exec::memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>> mine(
+      x.data(), N * c);
+  comm::all_gather(axis, exec, mine, blocks);
+  Tensor<T, 2, Exec> out(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::parallel::gather_from"), N, c * p);
+  Kokkos::parallel_for("pmt::parallel::gather_from", Kokkos::RangePolicy<Exec>(exec, 0, static_cast<std::int64_t>(N)),
+                       KOKKOS_LAMBDA(std::int64_t n) {
+                         for (std::size_t r = 0; r < p; ++r)
+                           for (std::size_t j = 0; j < c; ++j)
+                             out(n, r * c + j) = blocks((r * N + static_cast<std::size_t>(n)) * c + j);
+                       });
+  return out;
+}
+/// \brief Backward of scatter_to: gather_from of the column gradients.
+template <class B, class Exec, class V>
+Tensor<typename V::non_const_value_type, 2, Exec> scatter_to_backward(const comm::Communicator<B>& axis, const Exec& exec, const V& dy) {
+  return gather_from(axis, exec, dy);
+}
+/// \brief Backward of gather_from: this rank's block of the gradient's columns.
+template <class B, class Exec, class V>
+Tensor<typename V::non_const_value_type, 2, Exec> gather_from_backward(const comm::Communicator<B>& axis, const Exec& exec, const V& dy) {
+  return scatter_to(axis, exec, dy);
+}
+
+}  // namespace pmt::parallel
