@@ -52,7 +52,7 @@ void quiet_barrier(const pmt::comm::Communicator<Backend>& c) {
 int dp_paired(const pmt::comm::Communicator<Backend>& world, const pmt::nn::GptConfig& cfg,
               const pmt::train::Microbatch<Model::Ids>& mb, const pmt::train::StepOptions& o, std::size_t bucket,
               int rounds) {
-  const pmt::ops::AdamWParams adam{3e-4, 0.9, 0.95, 1e-8, 0.1, 1};
+  const pmt::optim::AdamWOptions adam{0.9, 0.95, 1e-8, 0.1};
   pmt::Mesh<Backend> mesh(world, pmt::MeshShape{world.size(), 1, 1});
   Model model(mesh, cfg);
   Opt opt(model.parameters(), adam);
@@ -203,7 +203,7 @@ int main(int argc, char* argv[]) {
   using Model = pmt::nn::Gpt<float, Exec, Backend>;
   using Opt   = pmt::optim::AdamW<float, Exec>;
   Model model(mesh, pmt::nn::GptConfig{V, T, L, C, H, 7});
-  Opt opt(model.parameters(), pmt::ops::AdamWParams{3e-4, 0.9, 0.95, 1e-8, 0.1, 1});
+  Opt opt(model.parameters(), pmt::optim::AdamWOptions{0.9, 0.95, 1e-8, 0.1});
   const char* bucket_env = std::getenv("PMT_BUCKET_KIB");  // dp bucket size (default: GradSync's)
   const std::size_t bucket = bucket_env ? std::size_t(std::atol(bucket_env)) << 10
                                         : pmt::parallel::GradSync<float, Exec, Backend>::default_bucket_bytes;

@@ -50,9 +50,10 @@ constexpr std::uint64_t seed = 2026;
 // Every weight is drawn from the counter-based RNG keyed by (seed, stream, global index), so any
 // layout holds exactly the slices of the one-rank model: nothing is broadcast at start-up.
 Net make_net(const pmt::Mesh<Backend>& mesh) {
-  return Net(Linear<pmt::TensorSplit<pmt::Col>>(mesh, d, hidden, pmt::RngKey{seed, 1}, true, 0.2), Gelu(),
-             Linear<pmt::TensorSplit<pmt::Row>>(mesh, hidden, d, pmt::RngKey{seed, 2}, true, 0.2), Gelu(),
-             Linear<pmt::Replicate>(mesh, d, 1, pmt::RngKey{seed, 3}, true, 0.2));
+  const pmt::nn::LinearOptions init{/*bias=*/true, /*init_std=*/0.2};
+  return Net(Linear<pmt::TensorSplit<pmt::Col>>(mesh, d, hidden, pmt::RngKey{seed, 1}, init), Gelu(),
+             Linear<pmt::TensorSplit<pmt::Row>>(mesh, hidden, d, pmt::RngKey{seed, 2}, init), Gelu(),
+             Linear<pmt::Replicate>(mesh, d, 1, pmt::RngKey{seed, 3}, init));
 }
 
 // The loss: a mean squared error over the GLOBAL batch. The Trainer passes the normaliser the
@@ -101,7 +102,7 @@ Batch batch(const Exec& exec, int step, std::size_t N, std::size_t row0, std::si
 
 using AdamW = pmt::optim::AdamW<T, Exec>;
 using Zero  = pmt::optim::ZeroAdamW<T, Exec, Backend>;  // ZeRO-1: AdamW's state sharded over dp
-const pmt::ops::AdamWParams hyper{/*lr: per step*/ 0, 0.9, 0.999, 1e-8, /*weight decay=*/0.01, 1};
+const pmt::optim::AdamWOptions hyper{/*beta1=*/0.9, /*beta2=*/0.999, /*eps=*/1e-8, /*weight decay=*/0.01};  // lr: per step
 // Data, tensor and pipeline parallelism, each of any degree (the Mesh says which); the schedule
 // is 1F1B unless set_schedule() picks another.
 using Policy = pmt::Hybrid<pmt::DataParallel<>, pmt::TensorSplit<>, pmt::Pipeline<>>;

@@ -485,7 +485,7 @@ int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_p
   const pmt::nn::GptConfig cfg{256, T, static_cast<std::size_t>(o.layers), static_cast<std::size_t>(o.width),
                                static_cast<std::size_t>(o.heads), static_cast<std::uint64_t>(o.seed)};
   Model model(mesh, cfg, {}, o.chunks);
-  const pmt::ops::AdamWParams hyper{o.lr, 0.9, 0.95, 1e-8, 0.1, 1};
+  const pmt::optim::AdamWOptions hyper{0.9, 0.95, 1e-8, 0.1};
   Opt opt = [&] {
     if constexpr (std::is_same_v<Opt, Zero>)
       return Opt(model.parameters(), hyper, mesh.comm(pmt::Axis::dp), mesh.comm(pmt::Axis::tp),

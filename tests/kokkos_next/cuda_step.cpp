@@ -133,7 +133,7 @@ std::vector<double> train(const pmt::comm::Communicator<B>& world) {
   pmt::Mesh<B> mesh(world, pmt::MeshShape{world.size(), 1, 1});
   const pmt::nn::GptConfig cfg{96, 32, 2, 64, 4, 7};
   G model(mesh, cfg);
-  const pmt::ops::AdamWParams hyper{1e-3, 0.9, 0.95, 1e-8, 0.1, 1};
+  const pmt::optim::AdamWOptions hyper{0.9, 0.95, 1e-8, 0.1};
   Op opt = [&] {
     if constexpr (zero)
       return Op(model.parameters(), hyper, mesh.comm(pmt::Axis::dp), mesh.comm(pmt::Axis::tp), std::nullopt);

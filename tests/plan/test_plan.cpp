@@ -230,7 +230,7 @@ std::pair<double, double> measure_memory(const pmt::plan::Problem& pr, const pmt
   {
     pmt::Mesh<Backend> mesh(pmt::test::world(), {l.dp, l.tp, l.pp});
     Model model(mesh, pr.model, {}, l.chunks);
-    const pmt::ops::AdamWParams hyper{1e-3, 0.9, 0.95, 1e-8, 0.1, 1};
+    const pmt::optim::AdamWOptions hyper{0.9, 0.95, 1e-8, 0.1};
     Opt opt = [&] {
       if constexpr (Zero)
         return Opt(model.parameters(), hyper, mesh.comm(pmt::Axis::dp), mesh.comm(pmt::Axis::tp),

@@ -62,9 +62,10 @@ constexpr int Steps = 4;
 
 Net make_net(const pmt::Mesh<Backend>& mesh, std::size_t out) {
   const auto key = [](std::uint32_t s) { return pmt::RngKey{seed, s}; };
-  return Net(Col(mesh, d, hidden, key(1), true, 0.3), Gelu(), DropS(mesh, 0.25, key(11)), Row(mesh, hidden, d, key(2), true, 0.3),
-             Relu(), DropR(mesh, 0.125, key(12)), Col(mesh, d, hidden, key(3), true, 0.3), Silu(),
-             Row(mesh, hidden, d, key(4), true, 0.3), Tanh(), Rep(mesh, d, out, key(5), true, 0.3));
+  const pmt::nn::LinearOptions init{true, 0.3};
+  return Net(Col(mesh, d, hidden, key(1), init), Gelu(), DropS(mesh, 0.25, key(11)), Row(mesh, hidden, d, key(2), init),
+             Relu(), DropR(mesh, 0.125, key(12)), Col(mesh, d, hidden, key(3), init), Silu(),
+             Row(mesh, hidden, d, key(4), init), Tanh(), Rep(mesh, d, out, key(5), init));
 }
 
 /// The loss, the target type and the output width of the regressor (MSE) and the classifier.
@@ -102,7 +103,7 @@ struct Task {
 pmt::train::StepOptions options(int step) {
   return {double(N_global), pmt::optim::warmup_cosine(step, 1, Steps, 3e-2, 3e-3), 0.5};
 }
-const pmt::ops::AdamWParams hyper{0, 0.9, 0.95, 1e-8, 0.1, 1};
+const pmt::optim::AdamWOptions hyper{0.9, 0.95, 1e-8, 0.1};
 
 template <bool Classifier>
 struct Reference {

@@ -67,7 +67,7 @@ TEMPLATE_TEST_CASE("ZeRO-1 equals plain data parallelism and holds 1/dp of the o
   const auto& w = pmt::test::world();
   const int n   = w.size();
   const double tol = std::is_same_v<T, double> ? 1e-10 : 1e-5;
-  const pmt::ops::AdamWParams hyper{2e-3, 0.9, 0.95, 1e-8, 0.1, 1};
+  const pmt::optim::AdamWOptions hyper{0.9, 0.95, 1e-8, 0.1};
   for (int tp : {1, 2}) {
     if (n % tp != 0 || (tp == 2 && n < 4)) continue;
     const int dp = n / tp;
@@ -105,7 +105,7 @@ TEST_CASE("a ZeRO-1 checkpoint resumes exactly, and plain AdamW on one rank resu
   using Plain   = pmt::optim::AdamW<double, Host>;
   const auto& w = pmt::test::world();
   const int dp  = w.size();
-  const pmt::ops::AdamWParams hyper{2e-3, 0.9, 0.95, 1e-8, 0.1, 1};
+  const pmt::optim::AdamWOptions hyper{0.9, 0.95, 1e-8, 0.1};
   const pmt::train::StepOptions o{double(B_global * Tn), 3e-3, 0.5};
   const std::size_t B = B_global / static_cast<std::size_t>(dp), first = B * static_cast<std::size_t>(w.rank());
   const std::string dir = pmt::test::shared_temp_path(w, "pmt-test-zero-checkpoint");
@@ -188,7 +188,7 @@ TEST_CASE("local SGD with H = 1 and plain SGD equals synchronous data parallelis
   const int dp  = w.size();
   pmt::Mesh<Backend> mesh(w, pmt::MeshShape{dp, 1, 1});
   Model sync_m(mesh, cfg), local_m(mesh, cfg);
-  Opt sync_opt(sync_m.parameters(), {0.05, 0.0, 0.0}), local_opt(local_m.parameters(), {0.05, 0.0, 0.0});
+  Opt sync_opt(sync_m.parameters(), {0.0, 0.0}), local_opt(local_m.parameters(), {0.0, 0.0});  // no momentum, no decay
   pmt::train::Trainer<Model, Opt, Host, Backend> sync_tr(mesh, sync_m, sync_opt);
   pmt::train::Trainer<Model, Opt, Host, Backend, pmt::LocalSgd<1>> local_tr(mesh, local_m, local_opt);
   const std::size_t B = B_global / static_cast<std::size_t>(dp), first = B * static_cast<std::size_t>(w.rank());
@@ -212,7 +212,7 @@ TEST_CASE("local SGD with H = 3 averages the replicas every third step only", "[
   const int dp  = w.size();
   pmt::Mesh<Backend> mesh(w, pmt::MeshShape{dp, 1, 1});
   Model m(mesh, cfg);
-  Opt opt(m.parameters(), {1e-3, 0.9, 0.95, 1e-8, 0.0, 1});
+  Opt opt(m.parameters(), {0.9, 0.95, 1e-8, 0.0});
   pmt::train::Trainer<Model, Opt, Host, Backend, pmt::LocalSgd<3>> tr(mesh, m, opt);
   const std::size_t B = B_global / static_cast<std::size_t>(dp), first = B * static_cast<std::size_t>(w.rank());
   auto& probe = *m.parameters().back();  // the final LayerNorm's bias: changes every step

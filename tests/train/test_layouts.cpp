@@ -46,7 +46,7 @@ TEMPLATE_TEST_CASE("every dp x tp layout trains like one rank on the global batc
   const auto& w = pmt::test::world();
   const int n = w.size(), r = w.rank();
   const double tol = std::is_same_v<T, double> ? 1e-10 : 1e-5;
-  const pmt::ops::AdamWParams hyper{1e-3, 0.9, 0.95, 1e-8, 0.1, 1};
+  const pmt::optim::AdamWOptions hyper{0.9, 0.95, 1e-8, 0.1};
   for (int dp = 1; dp <= n; dp *= 2) {
     const int tp = n / dp;
     DYNAMIC_SECTION("dp " << dp << " x tp " << tp) {

@@ -52,7 +52,7 @@ pmt::train::StepOptions options(int step) {
   return {valid_targets(step), pmt::optim::warmup_cosine(step, 2, Steps, 3e-3, 3e-4), 0.5};
 }
 
-const pmt::ops::AdamWParams hyper{1e-3, 0.9, 0.95, 1e-8, 0.1, 1};
+const pmt::optim::AdamWOptions hyper{0.9, 0.95, 1e-8, 0.1};
 
 /// The one-rank run: per-step losses and the final model (kept alive for the comparisons).
 template <class T>

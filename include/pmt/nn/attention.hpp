@@ -46,7 +46,7 @@ class CausalSelfAttention {
                       std::uint32_t first_stream)
       : m_tp(mesh.comm(Axis::tp)), m_C(C), m_H(H),
         m_q(checked(mesh, C, H), C, C, RngKey{seed, first_stream}),
-        m_k(mesh, C, C, RngKey{seed, first_stream + 1}, /*bias=*/false),
+        m_k(mesh, C, C, RngKey{seed, first_stream + 1}, LinearOptions{/*bias=*/false}),
         m_v(mesh, C, C, RngKey{seed, first_stream + 2}),
         m_proj(mesh, C, C, RngKey{seed, first_stream + 3}) {}
 

@@ -57,6 +57,12 @@ std::string policy_name() {
 
 namespace pmt::nn {
 
+/// \brief How a Linear layer is built.
+struct LinearOptions {
+  bool bias       = true;  ///< add a bias b (out); it starts at zero
+  double init_std = 0.02;  ///< W ~ N(0, init_std^2), keyed by the global index
+};
+
 // ---------------------------------------------------------------------------------------------
 
 /// \brief Linear layer spread over tp by its policy (see the file comment for shapes and
@@ -81,8 +87,9 @@ class Linear {
 
   /// \param key RNG seed and stream (the parameter id) of W.
   Linear(const Mesh<Backend>& mesh, std::size_t in_features, std::size_t out_features, RngKey key,
-         bool bias = true, double init_std = 0.02)
-      : m_tp(mesh.comm(Axis::tp)), m_in(in_features), m_out(out_features), m_bias(bias) {
+         LinearOptions options = {})
+      : m_tp(mesh.comm(Axis::tp)), m_in(in_features), m_out(out_features), m_bias(options.bias) {
+    const double init_std = options.init_std;
     const auto tp = static_cast<std::size_t>(m_tp.size()), tp_i = static_cast<std::size_t>(m_tp.rank());
     const std::string op = name();
     if constexpr (std::is_same_v<split, Col>)

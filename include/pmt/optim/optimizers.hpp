@@ -19,6 +19,21 @@
 
 namespace pmt::optim {
 
+/// \brief AdamW's constant hyper-parameters; the learning rate comes with each step() and the
+/// optimizer counts the steps itself.
+struct AdamWOptions {
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
+  /// \brief The op-level parameters for learning rate `lr` at step `step`.
+  ops::AdamWParams at(double lr, std::int64_t step) const { return {lr, beta1, beta2, eps, weight_decay, step}; }
+};
+
+/// \brief SGD's constant hyper-parameters; the learning rate comes with each step().
+struct SgdOptions {
+  double momentum = 0.9, weight_decay = 0.0;
+  ops::SgdParams at(double lr) const { return {lr, momentum, weight_decay}; }
+};
+
+
 /// \brief The gradients (or values) of `params`, in order: the lists of the multi-tensor ops.
 template <class T, class Exec>
 std::vector<Tensor<T, 1, Exec>> tensors_of(const std::vector<Parameter<T, Exec>*>& params,
@@ -50,7 +65,7 @@ class AdamW {
   using value_type                     = T;
   using execution_space                = Exec;
   static constexpr bool shards_over_dp = false;
-  AdamW(std::vector<Parameter<T, Exec>*> params, ops::AdamWParams hyper) : m_params(std::move(params)), m_h(hyper) {
+  AdamW(std::vector<Parameter<T, Exec>*> params, AdamWOptions hyper) : m_params(std::move(params)), m_h(hyper) {
     for (auto* p : m_params) {
       m_m.emplace_back("pmt::optim::AdamW::m", p->size());
       m_v.emplace_back("pmt::optim::AdamW::v", p->size());
@@ -60,10 +75,7 @@ class AdamW {
   void step(const Exec& exec, double lr) {
     const Instrument instrument("pmt::optim::AdamW::step", Track::Optimizer, "adamw");
     ++m_step;
-    ops::AdamWParams h = m_h;
-    h.lr               = lr;
-    h.step             = m_step;
-    ops::adamw_update_all(exec, values_of(m_params), grads_of(m_params), m_m, m_v, h);
+    ops::adamw_update_all(exec, values_of(m_params), grads_of(m_params), m_m, m_v, m_h.at(lr, m_step));
   }
   void zero_grad(const Exec& exec = Exec()) { optim::zero_grad(exec, m_params); }
   std::int64_t steps() const noexcept { return m_step; }
@@ -76,7 +88,7 @@ class AdamW {
 
  private:
   std::vector<Parameter<T, Exec>*> m_params;
-  ops::AdamWParams m_h;
+  AdamWOptions m_h;
   std::vector<Tensor<T, 1, Exec>> m_m, m_v;
   std::int64_t m_step = 0;
 };
@@ -86,13 +98,11 @@ template <class T, class Exec>
 class Sgd {
  public:
   static constexpr bool shards_over_dp = false;
-  Sgd(std::vector<Parameter<T, Exec>*> params, ops::SgdParams hyper) : m_params(std::move(params)), m_h(hyper) {
+  Sgd(std::vector<Parameter<T, Exec>*> params, SgdOptions hyper) : m_params(std::move(params)), m_h(hyper) {
     for (auto* p : m_params) m_vel.emplace_back("pmt::optim::Sgd::velocity", p->size());
   }
   void step(const Exec& exec, double lr) {
-    ops::SgdParams h = m_h;
-    h.lr             = lr;
-    ops::sgd_update_all(exec, values_of(m_params), grads_of(m_params), m_vel, h);
+    ops::sgd_update_all(exec, values_of(m_params), grads_of(m_params), m_vel, m_h.at(lr));
   }
   void zero_grad(const Exec& exec = Exec()) { optim::zero_grad(exec, m_params); }
   const std::vector<Parameter<T, Exec>*>& parameters() const noexcept { return m_params; }
@@ -101,7 +111,7 @@ class Sgd {
 
  private:
   std::vector<Parameter<T, Exec>*> m_params;
-  ops::SgdParams m_h;
+  SgdOptions m_h;
   std::vector<Tensor<T, 1, Exec>> m_vel;
 };
 

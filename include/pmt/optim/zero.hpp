@@ -41,7 +41,7 @@ class ZeroAdamW {
 
   /// \param pp the pipeline communicator when the model is split into stages (the norm then
   /// sums over stages and leaves out pipeline copies such as the tied LM head).
-  ZeroAdamW(std::vector<Parameter<T, Exec>*> params, ops::AdamWParams hyper, const comm::Communicator<Backend>& dp,
+  ZeroAdamW(std::vector<Parameter<T, Exec>*> params, AdamWOptions hyper, const comm::Communicator<Backend>& dp,
             const comm::Communicator<Backend>& tp, std::optional<comm::Communicator<Backend>> pp = std::nullopt)
       : m_params(std::move(params)), m_h(hyper), m_dp(dp), m_tp(tp), m_pp(std::move(pp)) {
     std::size_t total = 0;
@@ -104,10 +104,7 @@ class ZeroAdamW {
     pack(exec, &Parameter<T, Exec>::value, m_flat_g);
     const std::size_t lo = m_shard * static_cast<std::size_t>(m_dp.rank());
     Kokkos::deep_copy(exec, m_w, Kokkos::subview(m_flat_g, std::make_pair(lo, lo + m_shard)));
-    ops::AdamWParams h = m_h;
-    h.lr               = lr;
-    h.step             = m_step;
-    ops::adamw_update(exec, m_w, m_g, m_m, m_v, h);
+    ops::adamw_update(exec, m_w, m_g, m_m, m_v, m_h.at(lr, m_step));
     comm::all_gather(m_dp, exec, m_w, m_flat_g);
     unpack(exec, m_flat_g);
     return norm;
@@ -159,7 +156,7 @@ class ZeroAdamW {
   }
 
   std::vector<Parameter<T, Exec>*> m_params;
-  ops::AdamWParams m_h;
+  AdamWOptions m_h;
   comm::Communicator<Backend> m_dp, m_tp;
   std::optional<comm::Communicator<Backend>> m_pp;
   std::size_t m_shard = 0;

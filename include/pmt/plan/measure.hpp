@@ -76,7 +76,7 @@ struct Run {
   std::vector<train::Microbatch<Ids>> microbatches;
   double tokens;
 
-  static Opt make_opt(Model& model, const Mesh<Backend>& mesh, const ops::AdamWParams& hyper) {
+  static Opt make_opt(Model& model, const Mesh<Backend>& mesh, const optim::AdamWOptions& hyper) {
     if constexpr (std::is_same_v<Opt, optim::AdamW<float, Exec>>) {
       (void)mesh;
       return Opt(model.parameters(), hyper);
@@ -91,7 +91,7 @@ struct Run {
   Run(const comm::Communicator<Backend>& world, const Problem& pr, const Layout& l)
       : mesh(world, MeshShape{l.dp, l.tp, l.pp}),
         model(mesh, pr.model, {}, l.chunks),
-        opt(make_opt(model, mesh, ops::AdamWParams{1e-3, 0.9, 0.95, 1e-8, 0.1, 1})),
+        opt(make_opt(model, mesh, optim::AdamWOptions{0.9, 0.95, 1e-8, 0.1})),
         trainer(mesh, model, opt),
         tokens(double(pr.batch) * double(pr.model.context)) {
     trainer.set_schedule(l.schedule);
