@@ -12,7 +12,8 @@
 //   { pmt::ActivationSlot s(k); dx = layer.backward(exec, dy); } // reads slot k
 // Evaluation: inside a pmt::NoGrad scope (per thread, nestable) grad_enabled() is false and the
 // layers save nothing for a backward (as torch.no_grad()): a forward then holds no activations
-// beyond its output, and Dropout passes its input through.
+// beyond its output, and Dropout passes its input through. KeepNothing only stops the saving
+// (the first forward of activation recomputation: Dropout still drops).
 //   { pmt::NoGrad eval; auto y = model.predict(exec, x); }
 
 #include <cstddef>
@@ -20,7 +21,8 @@
 
 namespace pmt::detail {
 inline thread_local std::size_t active_slot = 0;
-inline thread_local bool no_grad            = false;
+inline thread_local bool no_grad            = false;  // layers keep nothing for a backward
+inline thread_local bool evaluating         = false;  // Dropout is the identity
 }  // namespace pmt::detail
 
 namespace pmt {
@@ -40,20 +42,38 @@ class ActivationSlot {
   std::size_t m_previous;
 };
 
-/// \brief Whether layers save activations for a backward on this thread (false inside NoGrad).
+/// \brief Whether layers save activations for a backward on this thread (false inside NoGrad
+/// and KeepNothing).
 inline bool grad_enabled() noexcept { return !pmt::detail::no_grad; }
+/// \brief Whether this thread is in evaluation mode (inside NoGrad): Dropout passes its input.
+inline bool evaluating() noexcept { return pmt::detail::evaluating; }
 
 /// \brief Evaluation mode for the scope's lifetime on this thread: layers save nothing and
 /// Dropout is the identity (restores the previous mode on exit, so scopes nest).
 class NoGrad {
  public:
-  NoGrad() noexcept : m_previous(pmt::detail::no_grad) { pmt::detail::no_grad = true; }
-  ~NoGrad() { pmt::detail::no_grad = m_previous; }
+  NoGrad() noexcept : m_grad(pmt::detail::no_grad), m_eval(pmt::detail::evaluating) {
+    pmt::detail::no_grad = pmt::detail::evaluating = true;
+  }
+  ~NoGrad() { pmt::detail::no_grad = m_grad, pmt::detail::evaluating = m_eval; }
   NoGrad(const NoGrad&)            = delete;
   NoGrad& operator=(const NoGrad&) = delete;
 
  private:
-  bool m_previous;
+  bool m_grad, m_eval;
+};
+
+/// \brief A training forward that keeps nothing for a backward (the first forward of activation
+/// recomputation): layers compute as in training, Dropout included, but save nothing.
+class KeepNothing {
+ public:
+  KeepNothing() noexcept : m_grad(pmt::detail::no_grad) { pmt::detail::no_grad = true; }
+  ~KeepNothing() { pmt::detail::no_grad = m_grad; }
+  KeepNothing(const KeepNothing&)            = delete;
+  KeepNothing& operator=(const KeepNothing&) = delete;
+
+ private:
+  bool m_grad;
 };
 
 /// \brief One Cache per activation slot; `*saved` and `saved->` reach the current slot's.

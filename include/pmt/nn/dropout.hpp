@@ -72,9 +72,9 @@ class Dropout {
 
   Tensor<T, 2, Exec> forward(const Exec& exec, const Tensor<T, 2, Exec>& x) {
     const Instrument instrument("pmt::nn::Dropout::forward");
-    if (!grad_enabled() || m_p == 0) return x;  // evaluation: the identity
+    if (evaluating() || m_p == 0) return x;  // evaluation: the identity
     const RandomContext ctx = random_context();
-    *m_saved = {ctx.step, ctx.row0, x.extent(0), x.extent(1)};
+    if (grad_enabled()) *m_saved = {ctx.step, ctx.row0, x.extent(0), x.extent(1)};
     Tensor<T, 2, Exec> y(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::Dropout::y"), x.extent(0), x.extent(1));
     run(exec, x, y, ctx.step, ctx.row0, "pmt::nn::Dropout::forward");
     return y;

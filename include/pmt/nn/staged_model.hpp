@@ -21,6 +21,8 @@
 // reads the input, the last the target; others may leave them empty, but `rows` is needed
 // everywhere, and `row0` (the global index of the first row) keys Dropout's mask.
 // Gradients-ready hook: after each layer's backward (data-parallel all-reduces overlap the rest).
+// StagedOptions::recompute: activation recomputation per chunk (a chunk's forward keeps only its
+// input; its backward runs the forward again first), the same gradients bit for bit.
 // Communication: that of the Chain's layers (tp); the pipeline runner moves the activations.
 
 #include "pmt/comm/backend.hpp"
@@ -64,6 +66,11 @@ struct StagedOptions {
   parallel::StagePlan plan;  ///< layers per virtual stage (pp * chunks of them); empty: balanced
   int chunks = 1;            ///< model chunks per stage (interleaved schedules); 1: none
   std::string name;          ///< when set, the whole Chain's parameters are named name.0, name.1, ...
+  /// Activation recomputation: each chunk's forward keeps only its input (pmt::KeepNothing
+  /// inside) and its backward runs the forward again, keeping the activations, before going back:
+  /// the same gradients, bit for bit, for one more forward per microbatch and a stage's live
+  /// microbatches holding one tensor each instead of every layer's.
+  bool recompute = false;
 };
 
 /// \brief A Chain and a loss as a pipeline-stage module (see the file comment).
@@ -85,7 +92,7 @@ class StagedModel {
 
   StagedModel(const Mesh<Backend>& mesh, Net net, Loss loss = Loss(), StagedOptions options = {})
       : m_net(std::move(net)), m_loss(std::move(loss)), m_stage(mesh.coord(Axis::pp)), m_stages(mesh.degree(Axis::pp)),
-        m_chunks(options.chunks) {
+        m_chunks(options.chunks), m_recompute(options.recompute) {
     constexpr const char* op = "pmt::nn::StagedModel";
     const std::size_t L      = Net::size();
     const int virtual_stages = m_stages * m_chunks;
@@ -139,7 +146,15 @@ class StagedModel {
                          " rows; expected (", want[0], ", ", want[1], ")");
     });
     const RandomRowScope rows(mb.row0);  // Dropout's mask follows the global rows
-    Activation y = m_net.forward(exec, x, begin(k), end(k));
+    const bool recompute = m_recompute && grad_enabled();
+    Activation y;
+    if (recompute) {  // keep the input and the random context; the backward runs this again
+      *m_replay = {x, random_context()};
+      const KeepNothing nothing_kept;  // Dropout still drops
+      y = m_net.forward(exec, x, begin(k), end(k));
+    } else {
+      y = m_net.forward(exec, x, begin(k), end(k));
+    }
     if (!last) return y;
     Activation dy(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::StagedModel::dy"), y.extent(0), y.extent(1));
     const double l = m_loss(exec, y, mb.target, normaliser, dy);
@@ -151,6 +166,15 @@ class StagedModel {
   Activation backward_chunk(const Exec& exec, int k, const Activation& dy) {
     const Instrument instrument("pmt::nn::StagedModel::backward");
     Activation d = last_chunk(k) ? m_dy.take() : dy;
+    if (m_recompute) {  // the forward again, keeping the activations this time (same Dropout masks)
+      const Replay r = m_replay.take();
+      detail::require(r.x.data() != nullptr, "pmt::nn::StagedModel::backward_chunk", [&] {
+        return detail::str("stage ", m_stage, ", chunk ", k, ": no forward_chunk ran in this activation slot");
+      });
+      const RandomStepScope step(r.random.step);
+      const RandomRowScope rows(r.random.row0);
+      m_net.forward(exec, r.x, begin(k), end(k));
+    }
     const auto want = output_extent(k, Batch{{}, {}, d.extent(0)});
     detail::require(k >= 0 && k < m_chunks && d.data() != nullptr && d.extent(1) == want[1], "pmt::nn::StagedModel::backward_chunk", [&] {
       return detail::str("stage ", m_stage, ", chunk ", k, "/", m_chunks, ": dy is ", shape_str(d), "; expected (N, ", want[1],
@@ -204,6 +228,12 @@ class StagedModel {
   parallel::StagePlan m_plan;
   std::vector<std::size_t> m_widths;  // the local width entering layer l (m_widths[L]: the output)
   Saved<Activation> m_dy;             // the loss gradient of the last chunk, per activation slot
+  bool m_recompute = false;
+  struct Replay {
+    Activation x;  // the chunk's input
+    RandomContext random;
+  };
+  Saved<Replay> m_replay;  // with recomputation: what the backward's second forward needs, per slot
   Hook m_hook;
 };
 
