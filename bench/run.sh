@@ -40,6 +40,9 @@ for np in 2 4; do
 done
 env -u OMP_PLACES OMP_NUM_THREADS=1 OMP_PROC_BIND=false mpiexec -n 2 --map-by core --bind-to core "$build/bench/bench_pipeline" model "${PMT_BENCH_REPS_PIPELINE:-5}"
 echo
+# Activation recomputation on a pipeline stage: peak memory and step time with and without
+env -u OMP_PLACES OMP_NUM_THREADS=1 OMP_PROC_BIND=false mpiexec -n 2 --bind-to none "$build/bench/bench_recompute" "${PMT_BENCH_REPS_RECOMPUTE:-5}"
+echo
 # What the instrumentation costs (compiled out / recorder off / recorder on)
 python3 "$root/bench/trace_overhead.py" "$build" "${PMT_BENCH_ROUNDS_TRACE:-7}"
 echo

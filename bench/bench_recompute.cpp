@@ -1,0 +1,127 @@
+// SPDX-License-Identifier: Apache-2.0
+// Activation recomputation (nn::StagedOptions::recompute) on a pipeline stage: the peak of the
+// Kokkos allocations a training step adds above the model, and the step time, with and without
+// recomputation, on pp 2 (GPipe, 8 microbatches, so stage 0 holds all 8 microbatches'
+// activations without recomputation), and whether the trained parameters are equal bit for bit.
+// The model: an MLP of 4 blocks Linear<Col> -> Gelu -> Linear<Row> -> Gelu (width 256, hidden
+// 1024) and a head, float, 8 x 256 rows per step. Run on 2 ranks:
+//   mpiexec -n 2 ./bench_recompute [steps]
+// Targets: recompute_peak_ratio (stage 0's peak with / without, goal <= 0.5) and
+// recompute_same_parameters (1 when every parameter is equal bit for bit, goal 1).
+#include "bench_common.hpp"
+
+#include <pmt/obs/memory.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+using T       = float;
+using Exec    = Kokkos::DefaultHostExecutionSpace;
+using Backend = pmt::comm::default_backend_t<Exec>;
+template <class P>
+using Linear = pmt::nn::Linear<T, P, Exec, Backend>;
+using Col    = Linear<pmt::TensorSplit<pmt::Col>>;
+using Row    = Linear<pmt::TensorSplit<pmt::Row>>;
+using Gelu   = pmt::nn::Gelu<T, Exec>;
+using Net    = pmt::nn::Chain<Col, Gelu, Row, Gelu, Col, Gelu, Row, Gelu, Col, Gelu, Row, Gelu, Col, Gelu, Row, Gelu,
+                              Linear<pmt::Replicate>>;
+using Model  = pmt::nn::StagedModel<Net, pmt::nn::MseLoss<T, Exec>>;
+using Opt    = pmt::optim::AdamW<T, Exec>;
+using Policy = pmt::Hybrid<pmt::DataParallel<>, pmt::TensorSplit<>, pmt::Pipeline<>>;
+constexpr std::size_t d = 256, hidden = 1024, rows = 256, microbatches = 8;
+
+Net make_net(const pmt::Mesh<Backend>& mesh) {
+  const auto k = [](std::uint32_t s) { return pmt::RngKey{11, s}; };
+  return Net(Col(mesh, d, hidden, k(1)), Gelu(), Row(mesh, hidden, d, k(2)), Gelu(), Col(mesh, d, hidden, k(3)), Gelu(),
+             Row(mesh, hidden, d, k(4)), Gelu(), Col(mesh, d, hidden, k(5)), Gelu(), Row(mesh, hidden, d, k(6)), Gelu(),
+             Col(mesh, d, hidden, k(7)), Gelu(), Row(mesh, hidden, d, k(8)), Gelu(), Linear<pmt::Replicate>(mesh, d, 1, k(9)));
+}
+
+Model::Batch batch(int step, std::size_t i) {
+  Model::Batch b{pmt::Tensor<T, 2, Exec>("x", rows, d), pmt::Tensor<T, 2, Exec>("t", rows, 1), rows, i * rows};
+  pmt::GlobalSlice s;
+  s.extent[0] = rows * microbatches, s.extent[1] = d, s.offset[0] = i * rows;
+  pmt::fill_normal(Exec(), b.input, pmt::RngKey{12, static_cast<std::uint32_t>(step)}, 0.0, 1.0, s);
+  Kokkos::deep_copy(b.target, T(0.5));
+  return b;
+}
+
+struct Result {
+  double peak_mib = 0, seconds = 0;
+  std::vector<T> values;
+};
+
+Result run(const pmt::comm::Communicator<Backend>& world, bool recompute, int steps) {
+  pmt::Mesh<Backend> mesh(world, pmt::MeshShape{1, world.size() / 2, 2});
+  Model model(mesh, make_net(mesh), {}, pmt::nn::StagedOptions{{}, 1, "mlp", recompute});
+  Opt opt(model.parameters(), {0.9, 0.95, 1e-8, 0.0});
+  pmt::train::Trainer<Model, Opt, Exec, Backend, Policy> trainer(mesh, model, opt);
+  trainer.set_schedule(pmt::parallel::ScheduleKind::GPipe);
+  auto& mem = pmt::obs::MemoryTracker::instance();
+  Result r;
+  std::vector<double> times;
+  for (int step = 0; step < steps; ++step) {
+    std::vector<Model::Batch> mbs;
+    for (std::size_t i = 0; i < microbatches; ++i) mbs.push_back(batch(step, i));
+    mem.enable();
+    mem.reset_peak();
+    const auto base = mem.current_bytes();
+    Kokkos::Timer timer;
+    trainer.step(mbs, {double(rows * microbatches), 1e-3, 1.0});
+    times.push_back(timer.seconds());
+    r.peak_mib = std::max(r.peak_mib, double(mem.peak_bytes() - base) / (1 << 20));
+    mem.enable(false);
+  }
+  r.seconds = pmt::bench::median(times);
+  for (auto* p : model.parameters()) {
+    auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), p->value);
+    r.values.insert(r.values.end(), h.data(), h.data() + h.size());
+  }
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char* argv[]) {
+  pmt::ScopeGuard guard(argc, argv);
+  pmt::comm::Communicator<Backend> world(MPI_COMM_WORLD);
+  const int steps = argc > 1 ? std::max(2, std::atoi(argv[1])) : 5;
+  if (world.size() % 2 != 0) {
+    if (world.rank() == 0) std::fprintf(stderr, "bench_recompute: run on an even number of ranks (pp 2)\n");
+    return 1;
+  }
+  run(world, false, 1);  // the first products measure their matmul paths; both runs use the decided ones
+  const Result plain = run(world, false, steps), again = run(world, true, steps);
+  // stage 0 (world rank 0) holds the most; the parameters compare on every rank
+  Kokkos::View<double*, Kokkos::HostSpace> same("same", 1);
+  same(0) = plain.values == again.values ? 1 : 0;
+  pmt::comm::all_reduce(world, Exec(), same, pmt::comm::ReduceOp::Min);
+  if (world.rank() == 0) {
+    std::string cpu = "unknown CPU";
+    if (std::FILE* f = std::fopen("/proc/cpuinfo", "r")) {
+      char line[256];
+      while (std::fgets(line, sizeof line, f))
+        if (std::strncmp(line, "model name", 10) == 0) {
+          cpu = std::strchr(line, ':') ? std::string(std::strchr(line, ':') + 2) : cpu;
+          if (!cpu.empty() && cpu.back() == '\n') cpu.pop_back();
+          break;
+        }
+      std::fclose(f);
+    }
+    std::printf("bench_recompute on %s, %d ranks\n", cpu.c_str(), world.size());
+    std::printf("pp 2 (stage 0 shown), GPipe, %zu microbatches of %zu rows, width %zu, hidden %zu, float, %d steps\n",
+                microbatches, rows, d, hidden, steps);
+    std::printf("%-22s %16s %14s\n", "", "step peak (MiB)", "step (ms)");
+    std::printf("%-22s %16.2f %14.2f\n", "keep activations", plain.peak_mib, 1e3 * plain.seconds);
+    std::printf("%-22s %16.2f %14.2f\n", "recompute", again.peak_mib, 1e3 * again.seconds);
+    pmt::bench::target_line("recompute_peak_ratio", again.peak_mib / plain.peak_mib, 0.5, /*higher_is_better=*/false);
+    pmt::bench::target_line("recompute_same_parameters", same(0), 1.0);
+  }
+  return 0;
+}
