@@ -2,7 +2,7 @@
 # The library's layers, bottom up (docs/design.md): a header may include headers of its own
 # folder and of folders before it, never after; and no library header includes the tools layer
 # (plan/, io/dataset.hpp, obs/peak.hpp, tools.hpp); the layers (nn/) reach the communicators only
-# through parallel/regions.hpp: of comm/ they include the Mesh, the backend tags and progress.
+# through parallel/regions.hpp: of comm/ they include the Mesh and the backend tags.
 # Run: cmake -DROOT=<repo> -P layering.cmake
 set(order detail core policy comm ops parallel nn optim train io obs)
 set(tools_re "^(plan/|io/dataset\\.hpp|obs/peak\\.hpp|tools\\.hpp)")
@@ -21,7 +21,7 @@ foreach(h IN LISTS headers)
     list(FIND order ${idir} irank)
     if(inc MATCHES "${tools_re}")
       string(APPEND bad "  ${h} includes the tools header ${inc}\n")
-    elseif(dir STREQUAL "nn" AND idir STREQUAL "comm" AND NOT inc MATCHES "^comm/(mesh|backend|progress)\\.hpp$")
+    elseif(dir STREQUAL "nn" AND idir STREQUAL "comm" AND NOT inc MATCHES "^comm/(mesh|backend)\\.hpp$")
       string(APPEND bad "  ${h} (a layer) includes ${inc}; layers communicate through parallel/regions.hpp\n")
     elseif(irank GREATER rank)
       string(APPEND bad "  ${h} (layer ${dir}) includes ${inc} (layer ${idir}, above it)\n")

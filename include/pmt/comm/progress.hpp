@@ -1,27 +1,19 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// Manual progress of non-blocking communication during long computations. MPI moves a large
-// message (rendezvous protocol) only while the sending and the receiving rank are inside MPI, so
-// a send posted before a long compute would otherwise wait for the compute to end. Code that
-// owns pending requests (the pipeline runner) installs a ProgressScope with a function that polls
-// them; long computations (a model between its blocks) call pmt::comm::progress(). Without a
-// scope progress() does nothing and costs one branch.
+// Manual progress of non-blocking communication during long computations (core/progress.hpp):
+// code that owns pending requests (the pipeline runner) installs a ProgressScope with a function
+// that polls them; long computations call pmt::progress() at their progress points.
 //   pmt::comm::ProgressScope scope([&] { for (auto& rq : pending) rq.test(); });
-//   for (auto& block : blocks) { x = block.forward(exec, x); pmt::comm::progress(); }
+
+#include "pmt/core/progress.hpp"
 
 #include <functional>
 #include <utility>
 
-namespace pmt::detail {
-inline thread_local const std::function<void()>* progress_hook = nullptr;
-}  // namespace pmt::detail
-
 namespace pmt::comm {
 
-/// \brief Polls the pending operations of the innermost ProgressScope of this thread, if any.
-inline void progress() {
-  if (pmt::detail::progress_hook != nullptr) (*pmt::detail::progress_hook)();
-}
+/// \brief pmt::progress(), for code that polls from the communication side.
+using pmt::progress;
 
 /// \brief Makes progress() call `poll` on this thread for the scope's lifetime (scopes nest).
 class ProgressScope {

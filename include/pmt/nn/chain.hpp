@@ -9,6 +9,7 @@
 // (input_width() of the first layer, then each layer's output_width(in)), so that a stage can
 // size what it receives before the sender has computed it.
 
+#include "pmt/core/progress.hpp"
 #include "pmt/core/tensor.hpp"
 #include "pmt/nn/module.hpp"
 #include "pmt/policy/placement.hpp"
@@ -128,7 +129,10 @@ class Chain {
   /// \brief Forward of layers [begin, end) only (a pipeline stage's part).
   Tensor<T, 2, Exec> forward(const Exec& exec, Tensor<T, 2, Exec> x, std::size_t begin, std::size_t end) {
     each([&](auto I) {
-      if (I >= begin && I < end) x = std::get<I>(m_layers).forward(exec, x);
+      if (I >= begin && I < end) {
+        x = std::get<I>(m_layers).forward(exec, x);
+        pmt::progress();  // a pipeline stage's pending messages move between layers
+      }
     });
     return x;
   }
@@ -141,6 +145,7 @@ class Chain {
       if (I >= begin && I < end) {
         auto& layer = std::get<I>(m_layers);
         dy          = layer.backward(exec, dy);
+        pmt::progress();
         if (grads_ready) {
           const auto ps = layer.parameters();
           if (!ps.empty()) grads_ready(ps);

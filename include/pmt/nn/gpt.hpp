@@ -24,8 +24,8 @@
 #include "pmt/core/instrument.hpp"
 #include "pmt/comm/backend.hpp"
 #include "pmt/comm/mesh.hpp"
-#include "pmt/comm/progress.hpp"
 #include "pmt/core/error.hpp"
+#include "pmt/core/progress.hpp"
 #include "pmt/core/random.hpp"
 #include "pmt/core/tensor.hpp"
 #include "pmt/nn/attention.hpp"
@@ -68,7 +68,7 @@ class GptBlock {
     const Instrument instrument("pmt::nn::GptBlock::forward");
     auto h = m_attn.forward(exec, m_ln1.forward(exec, x), B, Tn);
     ops::add(exec, x, h, h);                                     // h = x + attn(ln1(x))
-    comm::progress();                                            // pending pipeline messages move
+    pmt::progress();                                             // pending pipeline messages move
     auto y = m_mlp.forward(exec, m_ln2.forward(exec, h));
     ops::add(exec, h, y, y);                                     // y = h + mlp(ln2(h))
     return y;
@@ -77,7 +77,7 @@ class GptBlock {
     const Instrument instrument("pmt::nn::GptBlock::backward");
     auto dh = m_ln2.backward(exec, m_mlp.backward(exec, dy));
     ops::add(exec, dh, dy, dh);                                  // residual
-    comm::progress();
+    pmt::progress();
     auto dx = m_ln1.backward(exec, m_attn.backward(exec, dh));
     ops::add(exec, dx, dh, dx);
     return dx;
@@ -218,7 +218,7 @@ class Gpt {
     Activation x = first ? embed(exec, ids, N, Tn) : x_in;
     for (auto& b : m_blocks[std::size_t(k)]) {
       x = b->forward(exec, x, B, Tn);
-      comm::progress();  // let pending pipeline sends and receives move (comm/progress.hpp)
+      pmt::progress();  // let pending pipeline sends and receives move (core/progress.hpp)
     }
     if (!last) return x;
     const Instrument head_region("pmt::nn::Gpt::head_and_loss");
@@ -298,7 +298,7 @@ class Gpt {
     for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) {
       dx = (*it)->backward(exec, dx);
       if (m_on_block_grads) m_on_block_grads((*it)->parameters());
-      comm::progress();
+      pmt::progress();
     }
     if (!first_chunk(k)) return dx;
     m_wpe->backward(exec, dx);

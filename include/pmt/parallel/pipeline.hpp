@@ -8,7 +8,7 @@
 //   Backward i              model.backward_chunk in the slot of i, which is then free again
 //   SendAct i / SendGrad i  non-blocking send; completed sends are reaped as the run goes and
 //                           all are waited for at the end
-// While a forward or backward computes, the model's calls to comm::progress() poll the pending
+// While a forward or backward computes, the model's calls to pmt::progress() poll the pending
 // sends and receives, so a large message (MPI's rendezvous protocol) moves during the compute
 // instead of after it.
 // Activations go to stage s+1 (tag 11), their gradients to s-1 (tag 12) on the pp communicator;
