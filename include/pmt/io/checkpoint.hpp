@@ -539,16 +539,18 @@ class AdamWState {
  public:
   using value_type      = T;
   using execution_space = Exec;
-  explicit AdamWState(const optim::AdamW<T, Exec>& opt) : m_opt(const_cast<optim::AdamW<T, Exec>*>(&opt)) {}
+  explicit AdamWState(const optim::AdamW<T, Exec>& opt) : m_opt(&opt) {}        // for saving
+  explicit AdamWState(optim::AdamW<T, Exec>& opt) : m_opt(&opt), m_target(&opt) {}  // for loading
   const std::vector<Parameter<T, Exec>*>& parameters() const noexcept { return m_opt->parameters(); }
   static const char* kind() noexcept { return "adamw"; }
   static std::vector<std::string> states() { return {"exp_avg", "exp_avg_sq"}; }
   Tensor<T, 1, Exec> state(std::size_t i, std::size_t k) const { return k == 0 ? m_opt->exp_avg(i) : m_opt->exp_avg_sq(i); }
   std::int64_t steps() const noexcept { return m_opt->steps(); }
-  void set_steps(std::int64_t n) noexcept { m_opt->set_steps(n); }
+  void set_steps(std::int64_t n) noexcept { m_target->set_steps(n); }
 
  private:
-  optim::AdamW<T, Exec>* m_opt;  // loading writes through it; saving only reads
+  const optim::AdamW<T, Exec>* m_opt;
+  optim::AdamW<T, Exec>* m_target = nullptr;  // loading only
 };
 template <class T, class Exec>
 class SgdState {

@@ -175,9 +175,9 @@ class StagedModel {
       const RandomRowScope rows(r.random.row0);
       m_net.forward(exec, r.x, begin(k), end(k));
     }
-    const auto want = output_extent(k, Batch{{}, {}, d.extent(0)});
-    detail::require(k >= 0 && k < m_chunks && d.data() != nullptr && d.extent(1) == want[1], "pmt::nn::StagedModel::backward_chunk", [&] {
-      return detail::str("stage ", m_stage, ", chunk ", k, "/", m_chunks, ": dy is ", shape_str(d), "; expected (N, ", want[1],
+    const std::size_t width = m_widths.at(end(k));  // of the chunk's output
+    detail::require(k >= 0 && k < m_chunks && d.data() != nullptr && d.extent(1) == width, "pmt::nn::StagedModel::backward_chunk", [&] {
+      return detail::str("stage ", m_stage, ", chunk ", k, "/", m_chunks, ": dy is ", shape_str(d), "; expected (N, ", width,
                          ")", last_chunk(k) ? " (no forward_chunk ran in this activation slot)" : "");
     });
     Activation dx = m_net.backward(exec, d, begin(k), end(k), m_hook);
