@@ -58,9 +58,9 @@ TEMPLATE_TEST_CASE("the tensor-parallel Gpt gives the one-rank loss and gradient
     split_params += split;
     ok = ok && pp[i]->bytes() * (split ? static_cast<std::size_t>(tp) : 1) == pr[i]->bytes();
   }
-  // Split per block: q weight+bias, k weight, v weight+bias, proj weight (6); MLP Col weight+bias,
-  // Row weight (3). Plus the token embedding when tp > 1 (its vocabulary split).
-  ok = ok && split_params == cfg.layers * 9 + (tp > 1 ? 1 : 0);
+  // Split per block: the fused q, k, v weight and the q and v biases, proj weight (4); MLP Col
+  // weight+bias, Row weight (3). Plus the token embedding when tp > 1 (its vocabulary split).
+  ok = ok && split_params == cfg.layers * 7 + (tp > 1 ? 1 : 0);
   CHECK(pmt::test::all_ranks(ok));
 }
 

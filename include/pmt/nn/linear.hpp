@@ -141,33 +141,8 @@ class Linear {
     return y;
   }
 
-  /// \brief dW += x^T dy, db += sum_n dy, returns dx = dy W^T, all-reduced over tp for Col
-  /// unless `reduce_dx` is false (the caller sums several partial dx, then reduces once).
-  Tensor<T, 2, Exec> backward(const Exec& exec, const Tensor<T, 2, Exec>& dy, bool reduce_dx = true) {
-    return backward_impl(exec, dy, reduce_dx, nullptr);
-  }
-
-  /// \brief The same, adding dy W^T onto `dx` (N, in_l) in place (the product with beta 1) and
-  /// returning it: several layers reading one input (attention's q, k, v) sum their input
-  /// gradients without a buffer and a pass each. Never reduces over tp: the caller reduces the sum.
-  Tensor<T, 2, Exec> backward_accumulate(const Exec& exec, const Tensor<T, 2, Exec>& dy, const Tensor<T, 2, Exec>& dx) {
-    detail::require(dx.extent(0) == dy.extent(0) && dx.extent(1) == in_local(), name() + "::backward_accumulate", [&] {
-      return detail::str("dx is ", shape_str(dx), " but dy is ", shape_str(dy), "; expected dx (", dy.extent(0), ", ",
-                         in_local(), ")");
-    });
-    return backward_impl(exec, dy, false, &dx);
-  }
-
-  std::vector<Parameter<T, Exec>*> parameters() {
-    std::vector<Parameter<T, Exec>*> out{&m_w};
-    if (m_bias) out.push_back(&m_b);
-    return out;
-  }
-
- private:
-  /// dW, db and dx = dy W^T into a new tensor, or added onto *into.
-  Tensor<T, 2, Exec> backward_impl(const Exec& exec, const Tensor<T, 2, Exec>& dy, bool reduce_dx,
-                                   const Tensor<T, 2, Exec>* into) {
+  /// \brief dW += x^T dy, db += sum_n dy, returns dx = dy W^T (all-reduced over tp for Col).
+  Tensor<T, 2, Exec> backward(const Exec& exec, const Tensor<T, 2, Exec>& dy) {
     const Instrument instrument("pmt::nn::Linear::backward");
     const Tensor<T, 2, Exec> x = m_x.take();
     detail::require(x.data() != nullptr && dy.extent(0) == x.extent(0) && dy.extent(1) == out_local(),
@@ -178,17 +153,17 @@ class Linear {
                     });
     ops::matmul(exec, ops::Trans::T, ops::Trans::N, T(1), x, dy, T(1), m_w.grad2d());  // (in_l, out_l)
     if (m_bias) ops::column_sum(exec, dy, m_b.grad, T(1));
-    const bool accumulate = into != nullptr;
-    Tensor<T, 2, Exec> dx = accumulate ? *into
-                                       : Tensor<T, 2, Exec>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::Linear::dx"),
-                                                            dy.extent(0), in_local());
-    ops::matmul(exec, ops::Trans::N, ops::Trans::T, T(1), dy, m_w.value2d(), accumulate ? T(1) : T(0), dx);  // (N, in_l)
-    if constexpr (std::is_same_v<split, Col>)
-      if (reduce_dx) parallel::copy_to_backward(m_tp, exec, dx);  // conjugate of the identity forward
+    Tensor<T, 2, Exec> dx(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::Linear::dx"), dy.extent(0), in_local());
+    ops::matmul(exec, ops::Trans::N, ops::Trans::T, T(1), dy, m_w.value2d(), T(0), dx);  // (N, in_l)
+    if constexpr (std::is_same_v<split, Col>) parallel::copy_to_backward(m_tp, exec, dx);  // conjugate of the identity forward
     return dx;
   }
 
- public:
+  std::vector<Parameter<T, Exec>*> parameters() {
+    std::vector<Parameter<T, Exec>*> out{&m_w};
+    if (m_bias) out.push_back(&m_b);
+    return out;
+  }
   Parameter<T, Exec>& weight() { return m_w; }
   Parameter<T, Exec>& bias() { return m_b; }
 
