@@ -1,18 +1,23 @@
 // SPDX-License-Identifier: Apache-2.0
-// Activation recomputation (nn::StagedOptions::recompute) on a pipeline stage: the peak of the
-// Kokkos allocations a training step adds above the model, and the step time, with and without
-// recomputation, on pp 2 (GPipe, 8 microbatches, so stage 0 holds all 8 microbatches'
-// activations without recomputation), and whether the trained parameters are equal bit for bit.
-// The model: an MLP of 4 blocks Linear<Col> -> Gelu -> Linear<Row> -> Gelu (width 256, hidden
-// 1024) and a head, float, 8 x 256 rows per step. Run on 2 ranks:
+// Activation recomputation on a pipeline stage: the peak of the Kokkos allocations a training
+// step adds above the model, and the step time, with and without recomputation, on pp 2 (GPipe,
+// 8 microbatches, so stage 0 holds all 8 microbatches' activations without recomputation), and
+// whether the trained parameters are equal bit for bit. Two models, float:
+//   MLP  a Chain of 4 blocks Linear<Col> -> Gelu -> Linear<Row> -> Gelu (width 256, hidden 1024)
+//        and a head, 8 x 256 rows per step (nn::StagedOptions::recompute: per chunk)
+//   GPT  nn::Gpt of 4 layers, width 256, 4 heads, context 128, 8 x 2 sequences per step
+//        (nn::GptOptions::recompute: per block)
+// Run on 2 ranks:
 //   mpiexec -n 2 ./bench_recompute [steps]
-// Targets: recompute_peak_ratio (stage 0's peak with / without, goal <= 0.5) and
-// recompute_same_parameters (1 when every parameter is equal bit for bit, goal 1).
+// Targets: recompute_peak_ratio and gpt_recompute_peak_ratio (stage 0's peak with / without,
+// goal <= 0.5), recompute_same_parameters and gpt_recompute_same_parameters (1 when every
+// parameter is equal bit for bit, goal 1).
 #include "bench_common.hpp"
 
 #include <pmt/obs/memory.hpp>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -86,6 +91,60 @@ Result run(const pmt::comm::Communicator<Backend>& world, bool recompute, int st
   return r;
 }
 
+// --- the GPT: recomputation per block -------------------------------------------------------
+using GptModel = pmt::nn::Gpt<T, Exec, Backend>;
+using Ids      = GptModel::Ids;
+const pmt::nn::GptConfig gpt{/*vocab=*/256, /*context=*/128, /*layers=*/4, /*width=*/256, /*heads=*/4, /*seed=*/5};
+constexpr std::size_t sequences = 2;
+
+GptModel::Batch gpt_batch(int step, std::size_t i) {
+  const std::size_t Tn = gpt.context, N = sequences * Tn;
+  GptModel::Batch b{Ids("ids", N), Ids("targets", N), sequences, Tn};
+  for (std::size_t n = 0; n < N; ++n) {
+    const std::size_t s = i * sequences + n / Tn, t = n % Tn;
+    b.ids(n)     = static_cast<std::int32_t>((std::size_t(step) * 131 + s * 31 + t * 7 + 3) % gpt.vocab);
+    b.targets(n) = static_cast<std::int32_t>((std::size_t(step) * 131 + s * 31 + (t + 1) * 7 + 3) % gpt.vocab);
+  }
+  return b;
+}
+
+Result run_gpt(const pmt::comm::Communicator<Backend>& world, bool recompute, int steps) {
+  pmt::Mesh<Backend> mesh(world, pmt::MeshShape{1, world.size() / 2, 2});
+  GptModel model(mesh, gpt, pmt::nn::GptOptions{{}, 1, recompute});
+  Opt opt(model.parameters(), {0.9, 0.95, 1e-8, 0.0});
+  pmt::train::Trainer<GptModel, Opt, Exec, Backend, Policy> trainer(mesh, model, opt);
+  trainer.set_schedule(pmt::parallel::ScheduleKind::GPipe);
+  auto& mem = pmt::obs::MemoryTracker::instance();
+  Result r;
+  std::vector<double> times;
+  for (int step = 0; step < steps; ++step) {
+    std::vector<GptModel::Batch> mbs;
+    for (std::size_t i = 0; i < microbatches; ++i) mbs.push_back(gpt_batch(step, i));
+    mem.enable();
+    mem.reset_peak();
+    const auto base = mem.current_bytes();
+    Kokkos::Timer timer;
+    trainer.step(mbs, {double(microbatches * sequences * gpt.context), 1e-3, 1.0});
+    times.push_back(timer.seconds());
+    r.peak_mib = std::max(r.peak_mib, double(mem.peak_bytes() - base) / (1 << 20));
+    mem.enable(false);
+  }
+  r.seconds = pmt::bench::median(times);
+  for (auto* p : model.parameters()) {
+    auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), p->value);
+    r.values.insert(r.values.end(), h.data(), h.data() + h.size());
+  }
+  return r;
+}
+
+/// 1 on every rank when a and b hold the same values on every rank, else 0.
+double same_everywhere(const pmt::comm::Communicator<Backend>& world, const Result& a, const Result& b) {
+  Kokkos::View<double*, Kokkos::HostSpace> same("same", 1);
+  same(0) = a.values == b.values ? 1 : 0;
+  pmt::comm::all_reduce(world, Exec(), same, pmt::comm::ReduceOp::Min);
+  return same(0);
+}
+
 }  // namespace
 
 int main(int argc, char* argv[]) {
@@ -98,10 +157,10 @@ int main(int argc, char* argv[]) {
   }
   run(world, false, 1);  // the first products measure their matmul paths; both runs use the decided ones
   const Result plain = run(world, false, steps), again = run(world, true, steps);
+  run_gpt(world, false, 1);
+  const Result gpt_plain = run_gpt(world, false, steps), gpt_again = run_gpt(world, true, steps);
   // stage 0 (world rank 0) holds the most; the parameters compare on every rank
-  Kokkos::View<double*, Kokkos::HostSpace> same("same", 1);
-  same(0) = plain.values == again.values ? 1 : 0;
-  pmt::comm::all_reduce(world, Exec(), same, pmt::comm::ReduceOp::Min);
+  const double same = same_everywhere(world, plain, again), gpt_same = same_everywhere(world, gpt_plain, gpt_again);
   if (world.rank() == 0) {
     std::string cpu = "unknown CPU";
     if (std::FILE* f = std::fopen("/proc/cpuinfo", "r")) {
@@ -115,13 +174,18 @@ int main(int argc, char* argv[]) {
       std::fclose(f);
     }
     std::printf("bench_recompute on %s, %d ranks\n", cpu.c_str(), world.size());
-    std::printf("pp 2 (stage 0 shown), GPipe, %zu microbatches of %zu rows, width %zu, hidden %zu, float, %d steps\n",
-                microbatches, rows, d, hidden, steps);
+    std::printf("pp 2 (stage 0 shown), GPipe, %zu microbatches, float, %d steps\n", microbatches, steps);
+    std::printf("MLP: %zu rows per microbatch, width %zu, hidden %zu; GPT: %zu sequences per microbatch, %zu layers, "
+                "width %zu, context %zu\n", rows, d, hidden, sequences, gpt.layers, gpt.width, gpt.context);
     std::printf("%-22s %16s %14s\n", "", "step peak (MiB)", "step (ms)");
-    std::printf("%-22s %16.2f %14.2f\n", "keep activations", plain.peak_mib, 1e3 * plain.seconds);
-    std::printf("%-22s %16.2f %14.2f\n", "recompute", again.peak_mib, 1e3 * again.seconds);
+    std::printf("%-22s %16.2f %14.2f\n", "MLP keep activations", plain.peak_mib, 1e3 * plain.seconds);
+    std::printf("%-22s %16.2f %14.2f\n", "MLP recompute", again.peak_mib, 1e3 * again.seconds);
+    std::printf("%-22s %16.2f %14.2f\n", "GPT keep activations", gpt_plain.peak_mib, 1e3 * gpt_plain.seconds);
+    std::printf("%-22s %16.2f %14.2f\n", "GPT recompute", gpt_again.peak_mib, 1e3 * gpt_again.seconds);
     pmt::bench::target_line("recompute_peak_ratio", again.peak_mib / plain.peak_mib, 0.5, /*higher_is_better=*/false);
-    pmt::bench::target_line("recompute_same_parameters", same(0), 1.0);
+    pmt::bench::target_line("recompute_same_parameters", same, 1.0);
+    pmt::bench::target_line("gpt_recompute_peak_ratio", gpt_again.peak_mib / gpt_plain.peak_mib, 0.5, /*higher_is_better=*/false);
+    pmt::bench::target_line("gpt_recompute_same_parameters", gpt_same, 1.0);
   }
   return 0;
 }

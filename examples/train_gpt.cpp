@@ -70,7 +70,7 @@ struct Options {
   double lr = 3e-3, watchdog = 600;
   long seed = 1;
   bool resume = false, help = false, zero = false, auto_plan = false, memory_report = true;
-  bool overwrite = false, allow_changed_config = false, skip_nonfinite = false;
+  bool overwrite = false, allow_changed_config = false, skip_nonfinite = false, recompute = false;
   std::vector<std::string> layout_flags;  // --dp, --tp, ... as given (--auto chooses them)
   std::vector<std::string> kokkos_args;   // --kokkos-*: passed to Kokkos, and only these
   std::string schedule = "1f1b", data = PMT_DEFAULT_DATA_DIR, ckpt_dir, metrics, trace, matmul;
@@ -99,6 +99,8 @@ std::string usage() {
              "  --microbatches N        microbatches per step and dp rank (default 2 pp with pp > 1, else 1);\n"
              "                          must divide batch / dp\n"
              "  --zero                  ZeRO-1: AdamW's state sharded over dp\n"
+             "  --recompute             activation recomputation per block: backward runs each block's forward\n"
+             "                          again (about a third more compute, a block's input kept per microbatch)\n"
              "  --auto                  let the planner choose all of the above: it calibrates on the ranks,\n"
              "                          predicts every layout (pmt-plan prints the same table) and runs the best\n"
              "model (byte-level: vocabulary 256)\n"
@@ -158,6 +160,10 @@ Options parse(int argc, char* argv[]) {
     }
     if (a == "--help" || a == "-h") {
       o.help = true;
+      continue;
+    }
+    if (a == "--recompute") {
+      o.recompute = true;
       continue;
     }
     if (a == "--no-memory-report") {
@@ -484,7 +490,7 @@ int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_p
   const std::size_t T = static_cast<std::size_t>(o.context);
   const pmt::nn::GptConfig cfg{256, T, static_cast<std::size_t>(o.layers), static_cast<std::size_t>(o.width),
                                static_cast<std::size_t>(o.heads), static_cast<std::uint64_t>(o.seed)};
-  Model model(mesh, cfg, {}, o.chunks);
+  Model model(mesh, cfg, pmt::nn::GptOptions{{}, o.chunks, o.recompute});
   const pmt::optim::AdamWOptions hyper{0.9, 0.95, 1e-8, 0.1};
   Opt opt = [&] {
     if constexpr (std::is_same_v<Opt, Zero>)
@@ -561,10 +567,11 @@ int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_p
   // scheduler gives them the cores, so a product's share of "peak / ranks" would mean nothing there.
   const bool cores_shared = pmt::plan::calibrate_detail::compute_share(world, Exec().concurrency()) < 1.0;
   if (root) {
-    std::printf("pmt train_gpt: %d ranks = dp %d x tp %d x pp %d (%s%s, %d microbatches); GPT %d layers, width %d, %d heads, "
+    std::printf("pmt train_gpt: %d ranks = dp %d x tp %d x pp %d (%s%s, %d microbatches%s); GPT %d layers, width %d, %d heads, "
                 "context %zu; batch %d; %d thread(s) per rank\n",
                 world.size(), o.dp, o.tp, o.pp, o.schedule.c_str(),
-                o.chunks > 1 ? pmt::detail::str(", ", o.chunks, " chunks per stage").c_str() : "", o.microbatches, o.layers, o.width, o.heads, T,
+                o.chunks > 1 ? pmt::detail::str(", ", o.chunks, " chunks per stage").c_str() : "", o.microbatches,
+                o.recompute ? ", activations recomputed per block" : "", o.layers, o.width, o.heads, T,
                 o.batch, Exec().concurrency());
     std::printf("data: %s, %zu bytes (%zu train, %zu validation)\n", data->path().c_str(), data->size(),
                 data->train_size(), data->val_size());

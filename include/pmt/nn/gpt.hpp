@@ -64,17 +64,27 @@ class GptBlock {
         m_ln2("block" + std::to_string(index) + ".ln2", c.width),
         m_mlp(make_mlp<T, Exec, Backend>(mesh, c.width, 4 * c.width, c.seed, stream(index, 4))) {}
 
+  /// \brief y (N, C) from x (N, C) holding B sequences of T tokens. With recomputation (and
+  /// gradients enabled) only x is kept; backward runs this forward again first.
   Tensor<T, 2, Exec> forward(const Exec& exec, const Tensor<T, 2, Exec>& x, std::size_t B, std::size_t Tn) {
     const Instrument instrument("pmt::nn::GptBlock::forward");
-    auto h = m_attn.forward(exec, m_ln1.forward(exec, x), B, Tn);
-    ops::add(exec, x, h, h);                                     // h = x + attn(ln1(x))
-    pmt::progress();                                             // pending pipeline messages move
-    auto y = m_mlp.forward(exec, m_ln2.forward(exec, h));
-    ops::add(exec, h, y, y);                                     // y = h + mlp(ln2(h))
-    return y;
+    if (m_recompute && grad_enabled()) {
+      *m_replay = {x, B, Tn};
+      const KeepNothing nothing_kept;
+      return compute(exec, x, B, Tn);
+    }
+    return compute(exec, x, B, Tn);
   }
   Tensor<T, 2, Exec> backward(const Exec& exec, const Tensor<T, 2, Exec>& dy) {
     const Instrument instrument("pmt::nn::GptBlock::backward");
+    if (m_recompute) {  // the forward again, keeping its activations this time
+      const Replay r = m_replay.take();
+      detail::require(r.x.data() != nullptr, "pmt::nn::GptBlock::backward", [] {
+        return std::string("no forward ran in this activation slot (each backward consumes its forward's input)");
+      });
+      const Instrument again("pmt::nn::GptBlock::recompute");
+      compute(exec, r.x, r.B, r.Tn);
+    }
     auto dh = m_ln2.backward(exec, m_mlp.backward(exec, dy));
     ops::add(exec, dh, dy, dh);                                  // residual
     pmt::progress();
@@ -82,6 +92,8 @@ class GptBlock {
     ops::add(exec, dx, dh, dx);
     return dx;
   }
+  /// \brief Activation recomputation on or off (see forward).
+  void recompute(bool on) noexcept { m_recompute = on; }
   std::vector<Parameter<T, Exec>*> parameters() {
     std::vector<Parameter<T, Exec>*> all;
     for (const auto& v : {m_ln1.parameters(), m_attn.parameters(), m_ln2.parameters(), m_mlp.parameters()})
@@ -96,14 +108,39 @@ class GptBlock {
   }
 
  private:
+  Tensor<T, 2, Exec> compute(const Exec& exec, const Tensor<T, 2, Exec>& x, std::size_t B, std::size_t Tn) {
+    auto h = m_attn.forward(exec, m_ln1.forward(exec, x), B, Tn);
+    ops::add(exec, x, h, h);                                     // h = x + attn(ln1(x))
+    pmt::progress();                                             // pending pipeline messages move
+    auto y = m_mlp.forward(exec, m_ln2.forward(exec, h));
+    ops::add(exec, h, y, y);                                     // y = h + mlp(ln2(h))
+    return y;
+  }
   static std::uint32_t stream(std::size_t index, std::uint32_t k) { return static_cast<std::uint32_t>(100 + 10 * index) + k; }
   LayerNorm<T, Exec> m_ln1;
   CausalSelfAttention<T, Exec, Backend> m_attn;
   LayerNorm<T, Exec> m_ln2;
   Mlp<T, Exec, Backend> m_mlp;
+  bool m_recompute = false;
+  struct Replay {
+    Tensor<T, 2, Exec> x;  // the block's input
+    std::size_t B = 0, Tn = 0;
+  };
+  Saved<Replay> m_replay;  // with recomputation, per activation slot
 };
 
 // ---------------------------------------------------------------------------------------------
+
+/// \brief How a Gpt is cut over pipeline stages and run.
+struct GptOptions {
+  parallel::StagePlan plan;  ///< blocks per virtual stage (pp * chunks of them); empty: balanced
+  int chunks = 1;            ///< model chunks per stage (interleaved schedules); 1: none
+  /// Activation recomputation per block: a block's forward keeps only its input (pmt::KeepNothing
+  /// inside) and its backward runs the forward again first. The same gradients, bit for bit, for
+  /// one more block forward per microbatch; a live microbatch holds one (N, C) tensor per block
+  /// instead of every layer's activations and the attention matrices.
+  bool recompute = false;
+};
 
 namespace gpt_detail {
 /// pos(n) = n mod Tn: the position of each of N = B Tn tokens. A free function: CUDA's extended
@@ -133,9 +170,14 @@ class Gpt {
   /// \param plan the blocks of each (virtual) pipeline stage; empty: balanced_plan(c, pp * chunks).
   /// \param chunks model chunks per stage (virtual stages of interleaved schedules; 1: none).
   Gpt(const Mesh<Backend>& mesh, const GptConfig& c, parallel::StagePlan plan = {}, int chunks = 1)
+      : Gpt(mesh, c, GptOptions{std::move(plan), chunks, false}) {}
+  /// \brief The same with every option (GptOptions: the stage plan, chunks, recomputation).
+  Gpt(const Mesh<Backend>& mesh, const GptConfig& c, GptOptions options)
       : m_cfg(checked(c)), m_tp(mesh.comm(Axis::tp)), m_stage(mesh.coord(Axis::pp)),
-        m_stages(mesh.degree(Axis::pp)), m_chunks(checked_chunks(c, m_stages, chunks)),
-        m_plan(plan.empty() ? balanced_plan(c, m_stages * chunks) : std::move(plan)) {
+        m_stages(mesh.degree(Axis::pp)), m_chunks(checked_chunks(c, m_stages, options.chunks)),
+        m_plan(options.plan.empty() ? balanced_plan(c, m_stages * options.chunks) : std::move(options.plan)),
+        m_recompute(options.recompute) {
+    const int chunks = options.chunks;
     detail::require<ConfigError>(m_plan.stages() == m_stages * chunks && m_plan.layers() == c.layers,
                                  "pmt::nn::Gpt", [&] {
       return detail::str("the stage plan (", m_plan.describe(), ") is for ", m_plan.stages(), " stages and ",
@@ -161,6 +203,7 @@ class Gpt {
       for (std::size_t i = m_plan.begin(k * m_stages + m_stage); i < m_plan.end(k * m_stages + m_stage); ++i) {
         m_blocks[std::size_t(k)].push_back(std::make_unique<GptBlock<T, Exec, Backend>>(mesh, c, i));
         m_blocks[std::size_t(k)].back()->name_parameters(i);
+        m_blocks[std::size_t(k)].back()->recompute(m_recompute);
       }
   }
 
@@ -347,6 +390,8 @@ class Gpt {
   bool first_chunk(int k) const noexcept { return first_stage() && k == 0; }
   bool last_chunk(int k) const noexcept { return last_stage() && k + 1 == m_chunks; }
   std::size_t width() const noexcept { return m_cfg.width; }
+  /// \brief Whether the blocks recompute their activations in backward (GptOptions::recompute).
+  bool recomputes() const noexcept { return m_recompute; }
 
  private:
   static const GptConfig& checked(const GptConfig& c) {
@@ -390,6 +435,7 @@ class Gpt {
   comm::Communicator<Backend> m_tp;
   int m_stage, m_stages, m_chunks;
   parallel::StagePlan m_plan;
+  bool m_recompute = false;
   std::unique_ptr<Embedding<T, Exec, Backend>> m_wte, m_wpe, m_head;
   std::vector<std::vector<std::unique_ptr<GptBlock<T, Exec, Backend>>>> m_blocks;  // per chunk
   std::unique_ptr<LayerNorm<T, Exec>> m_lnf;
