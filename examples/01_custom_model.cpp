@@ -3,7 +3,7 @@
 // pmt's layers and trained by pmt::train::Trainer, checked against the one-rank run in the same
 // job (design invariant 4).
 //
-//   mpiexec -n 4 ./01_custom_model --dp 2 --tp 2 [--pp P] [--gpipe] [--zero] [--steps 40] [--ckpt DIR]
+//   mpiexec -n 4 ./01_custom_model --dp 2 --tp 2 [--pp P] [--gpipe] [--zero] [--steps 40] [--ckpt DIR] [--plan]
 //   (or -n 1, -n 2 --tp 2, -n 4 --pp 4, -n 8 --dp 2 --tp 2 --pp 2, ...)
 //
 // The model is a small regressor, x (N, 16) -> Linear<Col> -> Gelu -> Linear<Row> -> Gelu ->
@@ -17,8 +17,11 @@
 // by more than 1e-10 (relative, double). With --ckpt DIR it also saves the layout's model and
 // optimizer state as a sharded checkpoint, loads it into a fresh one-rank model, trains one more
 // step there and compares that with the one-rank run. --zero trains the layout with ZeRO-1
-// (optim::ZeroAdamW) instead of AdamW.
+// (optim::ZeroAdamW) instead of AdamW. --plan first prints how the planner ranks every layout of
+// the job's ranks for this model (plan::describe reads the Chain; the machine's rates are the
+// planner's defaults here, pmt-plan --calibrate measures them).
 #include <pmt/pmt.hpp>
+#include <pmt/tools.hpp>  // the planner
 
 #include <algorithm>
 #include <cmath>
@@ -203,6 +206,16 @@ int train(const pmt::comm::Communicator<Backend>& world, int argc, char* argv[])
     if (gpipe) layout.trainer.set_schedule(pmt::parallel::ScheduleKind::GPipe);
     Run<AdamW> one(pmt::Mesh<Backend>(world.split(world.rank(), 0), pmt::MeshShape{}));  // this rank alone
 
+    if (root && std::find(argv + 1, argv + argc, std::string("--plan")) != argv + argc) {
+      pmt::plan::Problem problem;
+      problem.spec        = pmt::plan::describe(one.model.net(), /*tp=*/1, "regressor");
+      problem.batch       = N;
+      problem.value_bytes = sizeof(T);
+      pmt::plan::Machine machine;
+      machine.ranks = world.size();
+      std::printf("the planner's ranking for this model on %d rank(s), default machine rates:\n%s", world.size(),
+                  pmt::plan::search(problem, machine).table(5).c_str());
+    }
     if (root) {
       std::printf("01_custom_model: %d rank(s) = dp %d x tp %d x pp %d%s; batch %zu, width %zu, hidden %zu\n", world.size(),
                   dp, tp, pp, Opt::shards_over_dp ? ", ZeRO-1" : "", N, d, hidden);

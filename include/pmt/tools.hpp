@@ -11,5 +11,6 @@
 #include "pmt/io/dataset.hpp"
 #include "pmt/obs/peak.hpp"
 #include "pmt/plan/calibrate.hpp"
+#include "pmt/plan/describe.hpp"
 #include "pmt/plan/model.hpp"
 #include "pmt/plan/planner.hpp"

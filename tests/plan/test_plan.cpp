@@ -5,6 +5,10 @@
 // both schedules and interleaved 1F1B with 2 chunks with pp > 1, ZeRO-1 with dp > 1) a real Gpt + optimizer + Trainer runs 2 steps
 // while obs::MemoryTracker counts the Kokkos allocations; each rank's parameters equal the
 // predicted count exactly and its peak is within 20 % of the prediction for its stage.
+// A user's Chain describes itself (plan::describe: the same ModelSpec from every tp) and the planner
+// searches it like a Gpt; its memory model matches what a StagedModel allocates on every layout
+// (parameters exactly, the peak from 20 % below to 30 % above the prediction: outputs in flight
+// to the next stage are counted for every live microbatch, the most a run can hold).
 // plan::measure (the interleaved measurement of layouts) returns every layout's timed steps, the
 // same on every rank, and rejects what cannot run; plan::spearman ranks with ties.
 // (Step-time predictions are checked against measurement by bench/plan_check.py, not here.)
@@ -16,14 +20,23 @@
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "../comm/comm_test.hpp"
 #include "../train/train_test.hpp"
+#include "pmt/nn/activation.hpp"
+#include "pmt/nn/chain.hpp"
+#include "pmt/nn/dropout.hpp"
 #include "pmt/nn/gpt.hpp"
+#include "pmt/nn/layernorm.hpp"
+#include "pmt/nn/linear.hpp"
+#include "pmt/nn/losses.hpp"
+#include "pmt/nn/staged_model.hpp"
 #include "pmt/obs/memory.hpp"
 #include "pmt/optim/optimizers.hpp"
 #include "pmt/optim/zero.hpp"
+#include "pmt/plan/describe.hpp"
 #include "pmt/plan/measure.hpp"
 #include "pmt/plan/planner.hpp"
 #include "pmt/train/trainer.hpp"
@@ -373,4 +386,174 @@ TEST_CASE("plan::measure rejects what cannot run before it builds anything", "[p
   pmt::plan::MeasureOptions o;
   o.rounds = 0;
   CHECK_THROWS_WITH(pmt::plan::measure(pmt::test::world(), pr, {good}, o), ContainsSubstring("rounds 0"));
+}
+
+// --- any model: a Chain's ModelSpec --------------------------------------------------------------
+
+namespace chain_plan {
+
+using T = float;
+template <class P>
+using Linear = pmt::nn::Linear<T, P, Host, Backend>;
+using Col    = Linear<pmt::TensorSplit<pmt::Col>>;
+using Row    = Linear<pmt::TensorSplit<pmt::Row>>;
+using Rep    = Linear<pmt::Replicate>;
+using Gelu   = pmt::nn::Gelu<T, Host>;
+using Relu   = pmt::nn::Relu<T, Host>;
+using Norm   = pmt::nn::LayerNorm<T, Host>;
+using Drop   = pmt::nn::Dropout<T, Host, pmt::Sharded, Backend>;
+using Net    = pmt::nn::Chain<Col, Gelu, Drop, Row, Norm, Col, Relu, Row, Rep>;
+using Model  = pmt::nn::StagedModel<Net, pmt::nn::MseLoss<T, Host>>;
+constexpr std::size_t d = 64, hidden = 256, out = 4;
+
+Net make_net(const pmt::Mesh<Backend>& mesh) {
+  const auto k = [](std::uint32_t s) { return pmt::RngKey{3, s}; };
+  return Net(Col(mesh, d, hidden, k(1)), Gelu(), Drop(mesh, 0.1, k(9)), Row(mesh, hidden, d, k(2)), Norm("norm", d),
+             Col(mesh, d, hidden, k(3)), Relu(), Row(mesh, hidden, d, k(4)), Rep(mesh, d, out, k(5)));
+}
+
+Model::Batch batch(int step, std::size_t row0, std::size_t rows, std::size_t global) {
+  Model::Batch b{pmt::Tensor<T, 2, Host>("x", rows, d), pmt::Tensor<T, 2, Host>("t", rows, out), rows, row0};
+  pmt::GlobalSlice s;
+  s.extent[0] = global, s.extent[1] = d, s.offset[0] = row0;
+  pmt::fill_normal(Host(), b.input, pmt::RngKey{4, static_cast<std::uint32_t>(step)}, 0.0, 1.0, s);
+  Kokkos::deep_copy(b.target, T(0.25));
+  return b;
+}
+
+/// Trains the layout's StagedModel 2 steps; {parameter elements, peak bytes} of this rank.
+template <bool Zero>
+std::pair<double, double> measure_chain_memory(const pmt::plan::Problem& pr, const pmt::plan::Layout& l) {
+  using Opt    = std::conditional_t<Zero, pmt::optim::ZeroAdamW<T, Host, Backend>, pmt::optim::AdamW<T, Host>>;
+  using Policy = pmt::Hybrid<pmt::DataParallel<>, pmt::TensorSplit<>, pmt::Pipeline<>>;
+  auto& mem       = pmt::obs::MemoryTracker::instance();
+  const auto base = static_cast<double>(mem.current_bytes());
+  mem.reset_peak();
+  double params = 0;
+  {
+    pmt::Mesh<Backend> mesh(pmt::test::world(), {l.dp, l.tp, l.pp});
+    Model model(mesh, make_net(mesh), {}, pmt::nn::StagedOptions{{}, l.chunks, "net"});
+    const pmt::optim::AdamWOptions hyper{0.9, 0.95, 1e-8, 0.1};
+    Opt opt = [&] {
+      if constexpr (Zero)
+        return Opt(model.parameters(), hyper, mesh.comm(pmt::Axis::dp), mesh.comm(pmt::Axis::tp), mesh.comm(pmt::Axis::pp));
+      else
+        return Opt(model.parameters(), hyper);
+    }();
+    pmt::train::Trainer<Model, Opt, Host, Backend, Policy> tr(mesh, model, opt);
+    tr.set_schedule(l.schedule);
+    for (auto* p : model.parameters()) params += static_cast<double>(p->size());
+    const std::size_t local = pr.batch / static_cast<std::size_t>(l.dp), per = local / static_cast<std::size_t>(l.microbatches);
+    const std::size_t first = local * static_cast<std::size_t>(mesh.coord(pmt::Axis::dp));
+    for (int step = 0; step < 2; ++step) {
+      std::vector<Model::Batch> mbs;
+      for (int i = 0; i < l.microbatches; ++i) mbs.push_back(batch(step, first + std::size_t(i) * per, per, pr.batch));
+      tr.step(mbs, {double(pr.batch), 1e-3, 1.0});
+    }
+  }
+  return {params, static_cast<double>(mem.peak_bytes()) - base};
+}
+
+}  // namespace chain_plan
+
+TEST_CASE("a Chain describes itself to the planner the same on every tp", "[plan][any_model][mpi]") {
+  using namespace chain_plan;
+  const auto& w = pmt::test::world();
+  pmt::Mesh<Backend> one(w.split(w.rank(), 0), pmt::MeshShape{});
+  Net net1 = make_net(one);
+  const auto spec = pmt::plan::describe(net1, 1, "mlp");
+  REQUIRE(spec.layers.size() == Net::size());
+  const auto& col = spec.layers[0];
+  CHECK(col.parameters == double(d * hidden + hidden));  // weight and bias, both split
+  CHECK(col.replicated_parameters == 0);
+  CHECK(col.flops == double(2 * d * hidden + hidden));
+  CHECK((col.input == double(d) && !col.input_split && col.output == double(hidden) && col.output_split));
+  CHECK((col.backward_reduce == double(d) && col.forward_reduce == 0 && col.divides == std::vector<std::size_t>{hidden}));
+  CHECK((spec.layers[1].saved == double(hidden) && spec.layers[1].output_split));  // Gelu keeps its input
+  CHECK(spec.layers[2].saved == 0);                                                 // Dropout keeps its keys only
+  const auto& row = spec.layers[3];
+  CHECK((row.parameters == double(hidden * d) && row.replicated_parameters == double(d)));  // the bias whole
+  CHECK((row.forward_reduce == double(d) && row.backward_reduce == 0 && !row.output_split));
+  CHECK(spec.layers[4].saved == double(d + 2));  // LayerNorm: its input and 2 statistics per row
+  CHECK(spec.parameters() == double(2 * (2 * d * hidden + hidden + d) + 2 * d + d * out + out));
+  if (w.size() >= 2) {  // the same figures from a tp 2 chain
+    pmt::Mesh<Backend> two(w, pmt::MeshShape{w.size() / 2, 2, 1});
+    Net net2        = make_net(two);
+    const auto spec2 = pmt::plan::describe(net2, 2, "mlp");
+    bool same        = spec2.layers.size() == spec.layers.size();
+    for (std::size_t i = 0; same && i < spec.layers.size(); ++i) {
+      const auto &a = spec.layers[i], &b = spec2.layers[i];
+      same = a.parameters == b.parameters && a.replicated_parameters == b.replicated_parameters && a.flops == b.flops &&
+             a.input == b.input && a.output == b.output && a.input_split == b.input_split && a.saved == b.saved &&
+             a.forward_reduce == b.forward_reduce && a.backward_reduce == b.backward_reduce && a.divides == b.divides;
+    }
+    CHECK(same);
+    CHECK_THROWS_WITH(pmt::plan::describe(net2, 1), ContainsSubstring("was the chain built on a mesh of tp 1"));
+  }
+  // the planner: tp must divide the split features; every factorisation is tried
+  pmt::plan::Problem pr;
+  pr.spec  = spec;
+  pr.batch = 64;
+  const auto plan = pmt::plan::search(pr, machine(6));
+  const auto* r   = rejected(plan, 2, 3, 1);
+  REQUIRE(r != nullptr);
+  CHECK_THAT(r->reason, ContainsSubstring("layer mlp.layer0: 256 features are not divisible by tp 3"));
+  CHECK(!plan.ranked.empty());
+  CHECK(plan.best().stages.layers() == Net::size());
+}
+
+TEST_CASE("the planner's memory model matches what a Chain allocates on every layout", "[plan][any_model][mpi]") {
+  using namespace chain_plan;
+  auto& mem = pmt::obs::MemoryTracker::instance();
+  mem.enable();
+  pmt::ops::set_matmul_path(pmt::ops::MatmulPath::Vendor);  // no first-use measurement in the peak
+  struct Unpin {
+    ~Unpin() { pmt::ops::set_matmul_path(pmt::ops::MatmulPath::Auto); }
+  } unpin;
+  const auto& w = pmt::test::world();
+  const int n   = w.size();
+  pmt::plan::Problem pr;
+  {
+    pmt::Mesh<Backend> one(w.split(w.rank(), 0), pmt::MeshShape{});
+    Net net  = make_net(one);
+    pr.spec  = pmt::plan::describe(net, 1, "mlp");
+    pr.batch = 512;  // rows: activations weigh as much as the parameters and optimizer state
+  }
+  const auto mc = machine(n);
+  for (int tp = 1; tp <= n; tp *= 2)
+    for (int pp = 1; pp <= n / tp; pp *= 2) {
+      const int dp = n / tp / pp;
+      std::vector<pmt::plan::Layout> layouts;
+      for (int m : {1, 4}) {
+        layouts.push_back({dp, tp, pp, m, pmt::parallel::ScheduleKind::OneFOneB, false});
+        if (pp > 1) layouts.push_back({dp, tp, pp, m, pmt::parallel::ScheduleKind::GPipe, false});
+        if (dp > 1) layouts.push_back({dp, tp, pp, m, pmt::parallel::ScheduleKind::OneFOneB, true});
+      }
+      for (const auto& l : layouts) {
+        if (!pmt::plan::why_invalid(pr, l, n).empty()) continue;
+        DYNAMIC_SECTION(l.describe()) {
+          const auto e              = pmt::plan::estimate(pr, mc, l);
+          const auto [params, peak] = l.zero ? measure_chain_memory<true>(pr, l) : measure_chain_memory<false>(pr, l);
+          const int stage           = w.rank() / (l.dp * l.tp);
+          const auto& want          = e.memory[static_cast<std::size_t>(stage)];
+          const double err          = (want.total() - peak) / peak;
+          INFO("rank " << w.rank() << " stage " << stage << ": predicted " << want.total() / 1048576.0 << " MiB (activations "
+                       << want.activations / 1048576.0 << "), measured " << peak / 1048576.0 << " MiB; parameters predicted "
+                       << want.parameters / 4 << ", the model's " << params);
+          CHECK(pmt::test::all_ranks(params * 4.0 == want.parameters));
+          // a stage's outputs in flight to the next stage live until their sends complete, which
+          // depends on when the receiver gets to them: the prediction counts every live
+          // microbatch's (the most), so a run may stay below it by more than it may exceed it
+          CHECK(pmt::test::all_ranks(err >= -0.2 && err <= 0.3));
+          if (w.rank() == 0)
+            WARN(l.describe() << ": rank 0 predicted " << want.total() / 1048576.0 << " MiB, measured " << peak / 1048576.0
+                              << " MiB (" << 100 * err << " %); params " << want.parameters / 1048576.0 << " optim "
+                              << want.optimizer / 1048576.0 << " buckets " << want.buckets / 1048576.0 << " data "
+                              << want.data / 1048576.0 << " act " << want.activations / 1048576.0 << " (x"
+                              << want.live_microbatches << ") transient " << want.transient / 1048576.0 << " stages "
+                              << e.stages.describe());
+        }
+      }
+    }
+  mem.enable(false);
 }

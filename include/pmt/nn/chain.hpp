@@ -187,6 +187,17 @@ class Chain {
     });
     return w;
   }
+  /// \brief Whether tp splits the tensor entering each layer (entry size(): leaving the chain),
+  /// from the layers' placements: Sharded after a Col layer, whole after a Row layer or a
+  /// replicated one, unchanged through an elementwise layer (AnyPlacement).
+  static std::vector<bool> split_widths() {
+    std::vector<bool> split{std::is_same_v<typename First::input_placement, Sharded>};
+    each([&](auto I) {
+      using O = typename std::tuple_element_t<I, std::tuple<Layers...>>::output_placement;
+      split.push_back(std::is_same_v<O, AnyPlacement> ? bool(split.back()) : std::is_same_v<O, Sharded>);
+    });
+    return split;
+  }
   /// \brief The local width of the chain's output for an input of width `in`.
   std::size_t output_width(std::size_t in) const { return widths(in).back(); }
 

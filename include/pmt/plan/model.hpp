@@ -36,6 +36,13 @@
 //               p2p hop apart; then the dp gradient all-reduce (overlapping the last backward when
 //               it has more than one bucket) or ZeRO's reduce-scatter + all-gather, and the
 //               optimizer (zero_grad, norm, AdamW on what the rank updates).
+// Any other model: a Problem with a ModelSpec (plan/model_spec.hpp; a Chain reports one,
+// plan/describe.hpp) is counted from its layers' own figures instead of the Gpt's formulas above:
+// per stage the sum of its layers' parameters, saved values and forward FLOPs (at the GEMM rate,
+// each layer's input and output through memory, the backward twice the forward), its layers'
+// tp all-reduces; per live microbatch its layers' saved values and its output (in flight to the
+// next stage, or the loss gradient); as transient the widest layer's gradient; its stages are
+// balanced as StagedModel balances a Chain. The schedule's simulation, the dp / ZeRO tail and the optimizer are the same.
 // Every number is a prediction for the heaviest stage (memory) or the critical path (time); the
 // planner (plan/planner.hpp) ranks layouts by it, and bench/plan_check.py measures how well.
 
@@ -50,6 +57,7 @@
 
 #include "pmt/core/error.hpp"
 #include "pmt/nn/gpt_config.hpp"
+#include "pmt/plan/model_spec.hpp"
 #include "pmt/parallel/schedule.hpp"
 #include "pmt/parallel/stages.hpp"
 
@@ -138,9 +146,11 @@ inline std::string describe(const Machine& m) {
   return m.matmul.empty() ? std::string(line) : std::string(line) + "; " + m.matmul;
 }
 
-/// \brief The training problem: a Gpt, the global batch (sequences per step) and the value size.
+/// \brief The training problem: a Gpt (`model`) or any other model (`spec`, when it has layers),
+/// the global batch (sequences, or samples, per step) and the value size.
 struct Problem {
   nn::GptConfig model;
+  ModelSpec spec;  ///< when not empty, the model planned (and `model` is not used)
   std::size_t batch        = 8;
   std::size_t value_bytes  = 4;                      ///< float
   std::size_t bucket_bytes = std::size_t(25) << 20;  ///< the dp gradient bucket size (GradSync)
@@ -223,17 +233,21 @@ inline std::string why_invalid(const Problem& pr, const Layout& l, int ranks) {
   if (static_cast<long>(l.dp) * l.tp * l.pp != ranks)
     return detail::str("dp ", l.dp, " x tp ", l.tp, " x pp ", l.pp, " = ",
                        static_cast<long>(l.dp) * l.tp * l.pp, " is not ", ranks, " ranks");
-  if (c.heads == 0 || c.width % c.heads != 0)
-    return detail::str("width ", c.width, " is not divisible by heads ", c.heads);
-  if (c.heads % tp != 0) return detail::str("heads ", c.heads, " are not divisible by tp ", l.tp);
-  if (c.vocab % tp != 0)
-    return detail::str("vocabulary ", c.vocab, " is not divisible by tp ", l.tp);
-  if (c.layers < static_cast<std::size_t>(l.pp))
-    return detail::str(c.layers, " layers cannot fill pp ", l.pp,
-                       " stages (every stage needs a layer)");
-  if (c.layers < static_cast<std::size_t>(l.pp) * static_cast<std::size_t>(l.chunks))
-    return detail::str(c.layers, " layers cannot fill pp ", l.pp, " x ", l.chunks,
-                       " chunks (every chunk needs a layer)");
+  if (pr.spec.empty()) {
+    if (c.heads == 0 || c.width % c.heads != 0)
+      return detail::str("width ", c.width, " is not divisible by heads ", c.heads);
+    if (c.heads % tp != 0) return detail::str("heads ", c.heads, " are not divisible by tp ", l.tp);
+    if (c.vocab % tp != 0) return detail::str("vocabulary ", c.vocab, " is not divisible by tp ", l.tp);
+  } else {
+    for (const auto& y : pr.spec.layers)
+      for (std::size_t d : y.divides)
+        if (d % tp != 0) return detail::str("layer ", y.name, ": ", d, " features are not divisible by tp ", l.tp);
+  }
+  const std::size_t layers = pr.spec.empty() ? c.layers : pr.spec.layers.size();
+  if (layers < static_cast<std::size_t>(l.pp))
+    return detail::str(layers, " layers cannot fill pp ", l.pp, " stages (every stage needs a layer)");
+  if (layers < static_cast<std::size_t>(l.pp) * static_cast<std::size_t>(l.chunks))
+    return detail::str(layers, " layers cannot fill pp ", l.pp, " x ", l.chunks, " chunks (every chunk needs a layer)");
   if (pr.batch % static_cast<std::size_t>(l.dp) != 0)
     return detail::str("batch ", pr.batch, " is not divisible by dp ", l.dp);
   const std::size_t local = pr.batch / static_cast<std::size_t>(l.dp);
@@ -414,36 +428,131 @@ inline double simulate(parallel::ScheduleKind kind, int p, int m, const std::vec
 
 }  // namespace plan_detail
 
+namespace plan_detail {
+
+/// What one virtual stage costs and holds for one microbatch: the input of assemble(), from the
+/// Gpt's own count (gpt_stages) or from a ModelSpec (spec_stages).
+struct StageInputs {
+  StageCost cost;             ///< forward, backward (seconds alone) and the forward's tp all-reduces
+  double parameters  = 0;     ///< elements one rank holds
+  double activations = 0;     ///< bytes of one live microbatch (its saved values and the stage's input)
+  double transient   = 0;     ///< bytes a backward allocates beyond them, at most
+  double tp_bytes    = 0;     ///< bytes all-reduced over tp per microbatch, forward and backward
+};
+
+/// The Gpt's virtual stages (the count in the file comment).
+inline std::vector<StageInputs> gpt_stages(const Problem& pr, const Machine& mc, const Layout& l,
+                                           const parallel::StagePlan& stages, std::size_t b) {
+  const auto& c        = pr.model;
+  const std::size_t tp = static_cast<std::size_t>(l.tp), T = c.context, N = b * T, C = c.width,
+                    Cl = C / tp, Hl = c.heads / tp, Vl = c.vocab / tp;
+  const double sb = double(pr.value_bytes), dN = double(N), dC = double(C), dCl = double(Cl);
+  const double block = sb * (4 * dN * dC + 4 * dN + 13 * dN * dCl + double(b * Hl) * double(T) * double(T));
+  std::vector<StageInputs> out(static_cast<std::size_t>(stages.stages()));
+  for (int vs = 0; vs < stages.stages(); ++vs) {
+    auto& in        = out[std::size_t(vs)];
+    const bool head = vs == 0, tail = vs + 1 == stages.stages();
+    const double L  = double(stages.count(vs));
+    in.cost         = stage_cost(pr, mc, l, stages, vs, b);
+    in.parameters   = stage_parameters(c, stages, vs, l.tp);
+    in.activations  = L * block + sb * dN * dC + (head ? 8.0 * dN : 0.0) + (tail ? sb * (dN * dC + 2 * dN) : 0.0);
+    // a block's backward: its MLP part, or its attention's score gradient (b Hl T x T); the last
+    // stage's logits and their gradient
+    in.transient = sb * std::max(4 * dN * dCl + 2 * dN * dC, double(b * Hl) * double(T) * double(T));
+    if (tail) in.transient = std::max(in.transient, sb * (2 * dN * double(Vl) + dN * dC));
+    if (l.tp > 1) {  // per block 4 all-reduces of (N, C); embedding 1; LM head 1 and 3 of N values
+      in.tp_bytes = sb * dN * dC * (4.0 * L + head + tail);
+      if (tail) in.tp_bytes += 3.0 * 8.0 * dN;
+    }
+  }
+  return out;
+}
+
+/// A ModelSpec's virtual stages: its layers' sums (model_spec.hpp).
+inline std::vector<StageInputs> spec_stages(const Problem& pr, const Machine& mc, const Layout& l,
+                                            const parallel::StagePlan& stages, std::size_t b) {
+  const auto& spec = pr.spec;
+  const double sb = double(pr.value_bytes), R = double(b) * spec.rows_per_sample;
+  std::vector<StageInputs> out(static_cast<std::size_t>(stages.stages()));
+  for (int vs = 0; vs < stages.stages(); ++vs) {
+    auto& in = out[std::size_t(vs)];
+    const auto first = stages.begin(vs), last = stages.end(vs);
+    // the stage's input, unless its first layer keeps it anyway
+    in.activations = spec.layers[first].saved > 0 ? 0.0 : sb * R * spec.layers[first].input_local(l.tp);
+    for (std::size_t i = first; i < last; ++i) {
+      const auto& y  = spec.layers[i];
+      const double f = R * y.flops_local(l.tp);
+      // the products at the GEMM rate, every layer's input and output through memory, 2 kernels
+      const double fwd = f / (mc.gemm_gflops * 1e9) + mc.memory(sb * R * (y.input_local(l.tp) + y.output_local(l.tp))) +
+                         2 * mc.kernel_seconds;
+      in.cost.forward += fwd;
+      in.cost.backward += 2 * fwd;
+      // estimate() waits tp_comm once in the forward and once in the backward: the mean of the two
+      in.cost.tp_comm += 0.5 * (mc.all_reduce(sb * R * y.forward_reduce, l.tp) + mc.all_reduce(sb * R * y.backward_reduce, l.tp));
+      in.parameters += y.parameters_local(l.tp);
+      in.activations += sb * R * y.saved_local(l.tp);
+      // a backward holds its dy and its dx; the dy replaced the next layer's saved input, just freed
+      in.transient = std::max(in.transient, sb * R * std::max(y.input_local(l.tp), y.output_local(l.tp)));
+      if (l.tp > 1) in.tp_bytes += sb * R * (y.forward_reduce + y.backward_reduce);
+    }
+    // the stage's output: sent to the next stage (its buffer lives until the send completes), or
+    // on the last stage the loss gradient the backward starts from
+    in.activations += sb * R * spec.layers[last - 1].output_local(l.tp);
+  }
+  return out;
+}
+
+/// Bytes a pipeline cut sends per microbatch (the largest of the cuts between virtual stages).
+inline double hop_bytes(const Problem& pr, const Layout& l, const parallel::StagePlan& stages, std::size_t b) {
+  if (pr.spec.empty()) return double(pr.value_bytes) * double(b * pr.model.context) * double(pr.model.width);
+  double most = 0;
+  for (int vs = 0; vs + 1 < stages.stages(); ++vs)
+    most = std::max(most, pr.spec.layers[stages.end(vs) - 1].output_local(l.tp));
+  return double(pr.value_bytes) * double(b) * pr.spec.rows_per_sample * most;
+}
+
+}  // namespace plan_detail
+
+/// \brief The stage plan a layout runs: the problem's layers balanced by forward FLOPs over
+/// pp * chunks virtual stages (a Gpt's as Gpt::balanced_plan, a ModelSpec's as StagedModel's).
+inline parallel::StagePlan stage_plan(const Problem& pr, int virtual_stages) {
+  if (pr.spec.empty()) return nn::gpt_balanced_plan(pr.model, virtual_stages);
+  std::vector<parallel::LayerCost> costs;
+  for (const auto& y : pr.spec.layers) {
+    const double n = y.parameters + y.replicated_parameters;
+    costs.push_back({n, n > 0 ? 2 * n : 1.0});  // as nn::StagedModel balances a Chain
+  }
+  return parallel::balanced_stages(costs, virtual_stages);
+}
+
 /// \brief The prediction for one layout.
 /// \throws pmt::ConfigError when the layout cannot run the problem (why_invalid).
 inline Estimate estimate(const Problem& pr, const Machine& mc, const Layout& l) {
   const std::string why = why_invalid(pr, l, mc.ranks);
   detail::require<ConfigError>(why.empty(), "pmt::plan::estimate",
                                [&] { return l.describe() + ": " + why; });
-  const auto& c = pr.model;
   Estimate e;
   e.layout    = l;
   const int p = l.pp, m = l.microbatches, v = l.chunks;
-  e.stages    = nn::gpt_balanced_plan(c, p * v);  // per virtual stage c p + s
-  const std::size_t b  = pr.batch / static_cast<std::size_t>(l.dp) / static_cast<std::size_t>(m);
-  const std::size_t tp = static_cast<std::size_t>(l.tp), T = c.context, N = b * T, C = c.width,
-                    Cl = C / tp, Hl = c.heads / tp, Vl = c.vocab / tp;
-  const double sb = double(pr.value_bytes), dN = double(N), dC = double(C), dCl = double(Cl);
+  e.stages    = stage_plan(pr, p * v);  // per virtual stage c p + s
+  const std::size_t b = pr.batch / static_cast<std::size_t>(l.dp) / static_cast<std::size_t>(m);
   const auto P_ = static_cast<std::size_t>(p), VS = static_cast<std::size_t>(p * v);
   const auto vstage = [p](int s, int k) { return static_cast<std::size_t>(k * p + s); };
   // messages a virtual stage receives and sends per microbatch and direction
   const auto hops_of = [VS](std::size_t vs) { return double(vs > 0) + double(vs + 1 < VS); };
+  const std::vector<plan_detail::StageInputs> in =
+      pr.spec.empty() ? plan_detail::gpt_stages(pr, mc, l, e.stages, b) : plan_detail::spec_stages(pr, mc, l, e.stages, b);
+  const double sb        = double(pr.value_bytes);
+  const double hop_bytes = plan_detail::hop_bytes(pr, l, e.stages, b);
 
   // --- time: per-stage forward / backward of one microbatch, the schedule simulated -----------
   std::vector<double> tf(P_, 0.0), tb(P_, 0.0);  // per rank, its chunks together
-  std::vector<plan_detail::StageCost> cost(VS);   // per virtual stage
-  const double hop = p > 1 ? mc.p2p(sb * dN * dC) : 0.0;
+  const double hop = p > 1 ? mc.p2p(hop_bytes) : 0.0;
   for (int s = 0; s < p; ++s)
     for (int k = 0; k < v; ++k) {
       const auto vs = vstage(s, k);
-      cost[vs]      = plan_detail::stage_cost(pr, mc, l, e.stages, static_cast<int>(vs), b);
-      tf[std::size_t(s)] += cost[vs].forward + cost[vs].tp_comm + (vs > 0 ? hop : 0.0);
-      tb[std::size_t(s)] += cost[vs].backward + cost[vs].tp_comm + (vs + 1 < VS ? hop : 0.0);
+      tf[std::size_t(s)] += in[vs].cost.forward + in[vs].cost.tp_comm + (vs > 0 ? hop : 0.0);
+      tb[std::size_t(s)] += in[vs].cost.backward + in[vs].cost.tp_comm + (vs + 1 < VS ? hop : 0.0);
     }
   std::vector<int> live(P_, 1);
   if (p > 1)
@@ -451,7 +560,7 @@ inline Estimate estimate(const Problem& pr, const Machine& mc, const Layout& l) 
                .peak_live;  // proves the table too
   std::vector<double> work_f(VS), work_b(VS), wait(VS);
   for (std::size_t vs = 0; vs < VS; ++vs)
-    work_f[vs] = cost[vs].forward, work_b[vs] = cost[vs].backward, wait[vs] = cost[vs].tp_comm;
+    work_f[vs] = in[vs].cost.forward, work_b[vs] = in[vs].cost.backward, wait[vs] = in[vs].cost.tp_comm;
   const double share    = std::clamp(mc.core_share, 1e-3, 1.0);
   const double makespan = plan_detail::simulate(l.schedule, p, m, work_f, work_b, wait, hop,
                                                 share * mc.ranks, l.dp * l.tp, v);
@@ -460,27 +569,20 @@ inline Estimate estimate(const Problem& pr, const Machine& mc, const Layout& l) 
   int busiest = 0;
   for (int s = 1; s < p; ++s)
     if (tf[std::size_t(s)] + tb[std::size_t(s)] > tf[std::size_t(busiest)] + tb[std::size_t(busiest)]) busiest = s;
-  double blocks = 0, hops = 0;
-  bool first = false, last = false;
+  double hops = 0;
   for (int k = 0; k < v; ++k) {
     const auto vs = vstage(busiest, k);
-    e.time.compute += m * (cost[vs].forward + cost[vs].backward) / share;
-    e.time.tp_comm += 2.0 * m * cost[vs].tp_comm;
-    blocks += double(e.stages.count(static_cast<int>(vs)));
+    e.time.compute += m * (in[vs].cost.forward + in[vs].cost.backward) / share;
+    e.time.tp_comm += 2.0 * m * in[vs].cost.tp_comm;
+    e.bytes.tp += m * in[vs].tp_bytes;
     hops += hops_of(vs);
-    first = first || vs == 0;
-    last  = last || vs + 1 == VS;
   }
   e.time.pp_comm = p > 1 ? m * hop * hops : 0.0;
   e.time.bubble  = makespan - e.time.compute - e.time.tp_comm - e.time.pp_comm;
-  if (l.tp > 1) {  // per block 4 all-reduces of (N, C); embedding 1; LM head 1 and 3 of N values
-    e.bytes.tp = m * sb * dN * dC * (4.0 * blocks + first + last);
-    if (last) e.bytes.tp += m * 3.0 * 8.0 * dN;
-  }
-  e.bytes.pp = m * 2.0 * sb * dN * dC * hops;
+  e.bytes.pp     = m * 2.0 * hop_bytes * hops;
   const auto rank_parameters = [&](int s) {
     double P = 0;
-    for (int k = 0; k < v; ++k) P += plan_detail::stage_parameters(c, e.stages, static_cast<int>(vstage(s, k)), l.tp);
+    for (int k = 0; k < v; ++k) P += in[vstage(s, k)].parameters;
     return P;
   };
   if (l.dp > 1) e.bytes.dp = sb * rank_parameters(busiest) * (l.zero ? 2 : 1);
@@ -490,6 +592,9 @@ inline Estimate estimate(const Problem& pr, const Machine& mc, const Layout& l) 
   }
 
   // --- memory and the step's tail per stage --------------------------------------------------
+  const double rows = double(pr.batch / static_cast<std::size_t>(l.dp)) *
+                      (pr.spec.empty() ? double(pr.model.context) : pr.spec.rows_per_sample);
+  const double data_per_row = pr.spec.empty() ? 8.0 : pr.spec.data_bytes_per_row;  // ids and targets, int32
   double tail = 0, tail_dp = 0, tail_opt = 0;
   for (int s = 0; s < p; ++s) {
     const double P = rank_parameters(s);
@@ -498,25 +603,17 @@ inline Estimate estimate(const Problem& pr, const Machine& mc, const Layout& l) 
     const double shard             = std::ceil(P / l.dp);
     mem.optimizer                  = l.zero ? sb * P + 4 * sb * shard + shard : 2 * sb * P;
     mem.buckets                    = (l.dp > 1 && !l.zero) ? sb * P : 0.0;
-    mem.data =
-        8.0 * double(pr.batch / static_cast<std::size_t>(l.dp) * T);  // ids and targets, int32
-    const double block =
-        sb * (4 * dN * dC + 4 * dN + 13 * dN * dCl + double(b * Hl) * double(T) * double(T));
+    mem.data                       = data_per_row * rows;
     // one live microbatch of a chunk; with several chunks the live (chunk, microbatch) pairs
     // count at their chunks' mean
     double per_mb = 0;
     for (int k = 0; k < v; ++k) {
       const auto vs = vstage(s, k);
-      per_mb += (double(e.stages.count(static_cast<int>(vs))) * block + sb * dN * dC) / v;  // + the input
-      if (vs == 0) per_mb += 8.0 * dN / v;                                  // the embeddings' saved ids
-      if (vs + 1 == VS) per_mb += sb * (dN * dC + 2 * dN) / v;  // LM-head gradient, final norm's stats
+      per_mb += in[vs].activations / v;
+      mem.transient = std::max(mem.transient, in[vs].transient);
     }
     mem.live_microbatches = live[static_cast<std::size_t>(s)];
     mem.activations       = mem.live_microbatches * per_mb;
-    // a block's backward: its MLP part, or its attention's score gradient (b Hl T x T)
-    double transient = sb * std::max(4 * dN * dCl + 2 * dN * dC, double(b * Hl) * double(T) * double(T));
-    if (s + 1 == p) transient = std::max(transient, sb * (2 * dN * double(Vl) + dN * dC));
-    mem.transient = transient;
     e.memory.push_back(mem);
     // dp: the buckets' all-reduce overlaps the last backward except its last bucket; ZeRO's
     // reduce-scatter + all-gather (the same volume) do not overlap, and pack / unpack the values
@@ -527,7 +624,7 @@ inline Estimate estimate(const Problem& pr, const Machine& mc, const Layout& l) 
     } else if (l.dp > 1) {
       const double buckets = std::max(1.0, std::ceil(grad_bytes / double(pr.bucket_bytes)));
       const double ar      = mc.all_reduce(grad_bytes, l.dp);
-      dp                   = ar / buckets + std::max(0.0, ar * (buckets - 1) / buckets - tb[s]) +
+      dp                   = ar / buckets + std::max(0.0, ar * (buckets - 1) / buckets - tb[std::size_t(s)]) +
            mc.memory(2 * grad_bytes) / share;
     }
     // zero_grad (write G), norm (read G), AdamW (read p g m v, write p m v) on what this rank
