@@ -12,6 +12,7 @@
 //   - a checkpoint saved at dp2 x tp2 loads at tp4, at tp2 x pp2, at dp4 and into ZeRO-1 at dp4 with the same
 //     parameters (a layout-free fingerprint, 1e-12) and the same next-step loss; a ZeRO-1
 //     checkpoint with pipeline stages resumes as ZeRO-1 and as AdamW at tp2 x pp2 alike;
+//   - --recompute (per-block activation recomputation) on tp2 x pp2 gives the one-rank losses;
 //   - --zero (ZeRO-1) gives AdamW's losses; --auto calibrates, prints the planner's table and
 //     trains with its best layout; the report and the metrics carry each rank's peak memory;
 //   - each bad input gives its message on stderr and a non-zero exit, within a time limit.
@@ -131,6 +132,20 @@ TEST_CASE("--chunks 2: interleaved 1F1B on 2 stages prints the one-rank losses a
   CHECK_THAT(r.out, ContainsSubstring("1f1b, 2 chunks per stage") && ContainsSubstring("layers [0,1) [1,2) [2,3) [3,4)") &&
                         ContainsSubstring("sample (prompt"));
   const auto a = losses(one), b = losses(inter);
+  REQUIRE((a.size() == 3 && b.size() == 3));
+  for (const auto& [step, l] : a) {
+    INFO("step " << step << ": " << l << " / " << b.at(step));
+    CHECK(rel(b.at(step), l) <= 1e-5);
+  }
+}
+
+TEST_CASE("train_gpt --recompute prints the losses of the run that keeps its activations", "[examples][train_gpt]") {
+  const auto one = tmp("one_recompute_ref.json"), again = tmp("recompute.json");
+  REQUIRE(run(small + "--steps 3 --metrics " + one).rc == 0);
+  const auto r = run(small + "--steps 3 --tp 2 --pp 2 --microbatches 2 --recompute --metrics " + again, 4);
+  REQUIRE(r.rc == 0);
+  CHECK_THAT(r.out, ContainsSubstring("activations recomputed per block") && ContainsSubstring("sample (prompt"));
+  const auto a = losses(one), b = losses(again);
   REQUIRE((a.size() == 3 && b.size() == 3));
   for (const auto& [step, l] : a) {
     INFO("step " << step << ": " << l << " / " << b.at(step));
