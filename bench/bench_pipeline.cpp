@@ -251,7 +251,6 @@ std::vector<Row> measure(const pmt::Mesh<Backend>& mesh, const std::vector<Model
 
 int main(int argc, char* argv[]) {
   pmt::ScopeGuard guard(argc, argv);
-  pmt::keep_freed_host_memory();  // as train_gpt: no fresh pages per step (pmt/core/host_memory.hpp)
   pmt::comm::Communicator<Backend> world(MPI_COMM_WORLD);
   const std::string mode = argc > 1 ? argv[1] : "model";
   const int reps         = argc > 2 ? std::atoi(argv[2]) : 5;

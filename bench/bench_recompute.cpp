@@ -75,6 +75,7 @@ Result run(const pmt::comm::Communicator<Backend>& world, bool recompute, int st
     std::vector<Model::Batch> mbs;
     for (std::size_t i = 0; i < microbatches; ++i) mbs.push_back(batch(step, i));
     mem.enable();
+    pmt::Workspace::instance().release();  // the step allocates its memory afresh, and is measured
     mem.reset_peak();
     const auto base = mem.current_bytes();
     Kokkos::Timer timer;
@@ -121,6 +122,7 @@ Result run_gpt(const pmt::comm::Communicator<Backend>& world, bool recompute, in
     std::vector<GptModel::Batch> mbs;
     for (std::size_t i = 0; i < microbatches; ++i) mbs.push_back(gpt_batch(step, i));
     mem.enable();
+    pmt::Workspace::instance().release();  // the step allocates its memory afresh, and is measured
     mem.reset_peak();
     const auto base = mem.current_bytes();
     Kokkos::Timer timer;

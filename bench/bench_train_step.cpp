@@ -148,10 +148,6 @@ int products(std::size_t L, std::size_t C, std::size_t T, std::size_t B, std::si
 
 int main(int argc, char* argv[]) {
   pmt::ScopeGuard guard(argc, argv);
-  // Keep freed activation memory for the next step (pmt/core/host_memory.hpp; printed below);
-  // PMT_KEEP_FREED_HOST_MEMORY=0 measures glibc's default instead.
-  const char* keep_env = std::getenv("PMT_KEEP_FREED_HOST_MEMORY");
-  const bool kept = (keep_env == nullptr || std::string(keep_env) != "0") && pmt::keep_freed_host_memory();
   if (argc == 2 && std::string(argv[1]) == "peak") {
     std::printf("peak gflops=%.1f threads=%d isa=%s\n", pmt::bench::measured_fp32_peak_gflops(), Exec().concurrency(),
                 pmt::obs::peak_isa().name);
@@ -235,8 +231,8 @@ int main(int argc, char* argv[]) {
   const double flops = double(B * T) * (6 * P + 6 * double(L) * T * C);
   if (world.rank() == 0)
     std::printf("pmt_step ms=%.3f tokens_per_s=%.1f flops_per_step=%.6e ranks=%d threads=%d loss=%.4f "
-                "host_memory_kept=%d matmul=%s blas_core=%s\n",
-                t * 1e3, double(B * T) * world.size() / t, flops, world.size(), Exec().concurrency(), loss, kept ? 1 : 0,
+                "matmul=%s blas_core=%s\n",
+                t * 1e3, double(B * T) * world.size() / t, flops, world.size(), Exec().concurrency(), loss,
                 pmt::ops::matmul_path_label().c_str(),
                 pmt::detail::blas_core_name().empty() ? "-" : pmt::detail::blas_core_name().c_str());
   return 0;

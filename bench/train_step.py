@@ -51,8 +51,7 @@ STEPS = 7
 peak_at_start = max(float(fields("peak", run([exe, "peak"], {"OMP_NUM_THREADS": str(threads)}))["gflops"]) for _ in range(3))
 configs = [("width 256", 4, 256, 4, 128, 8, 256), ("width 768", 4, 768, 12, 128, 8, 256)]
 print(f"pmt bench train_step: fp32, one rank, {threads} threads (PyTorch: the same threads)")
-print(f"{'model':<10} {'pmt ms':>9} {'tok/s':>9} {'GFLOP/s':>9} {'torch ms':>9} {'pmt/torch':>10} "
-      f"{'pmt ms (*)':>12} {'(*)/torch':>10}")
+print(f"{'model':<10} {'pmt ms':>9} {'tok/s':>9} {'GFLOP/s':>9} {'torch ms':>9} {'pmt/torch':>10}")
 results, products = {}, {}
 # pmt and PyTorch alternate, ROUNDS times; each time is the median of the rounds' medians, and each
 # ratio the median of the rounds' ratios: a round's runs are adjacent in time, so a slow phase of
@@ -60,7 +59,7 @@ results, products = {}, {}
 ROUNDS = int(os.environ.get("PMT_TRAIN_STEP_ROUNDS", "5"))
 for name, L, C, H, T, B, V in configs:
     args = [str(a) for a in (L, C, H, T, B, V, STEPS)]
-    pmt_ms, torch_ms, default_ms, mkl_ms, prod_ms, mkl_prod_ms = [], [], [], [], [], []
+    pmt_ms, torch_ms, mkl_ms, prod_ms, mkl_prod_ms = [], [], [], [], []
     for _ in range(ROUNDS):
         p = fields("pmt_step", run([exe] + args, {"OMP_NUM_THREADS": str(threads)}))
         pmt_ms.append(float(p["ms"]))
@@ -72,9 +71,6 @@ for name, L, C, H, T, B, V in configs:
             if binary:
                 times.append(float(fields("pmt_products", run([binary, "products"] + args,
                                                               {"OMP_NUM_THREADS": str(threads)}))["ms"]))
-        # the same step with the C library's default malloc (no pmt::keep_freed_host_memory)
-        d = fields("pmt_step", run([exe] + args, {"OMP_NUM_THREADS": str(threads), "PMT_KEEP_FREED_HOST_MEMORY": "0"}))
-        default_ms.append(float(d["ms"]))
         if torch_py:
             t = fields("torch_step", run([torch_py, os.path.join(here, "torch_gpt.py")] + args + [str(threads)], {}))
             torch_ms.append(float(t["ms"]))
@@ -92,11 +88,9 @@ for name, L, C, H, T, B, V in configs:
     if mkl_exe:
         mkl_ratio = sorted(a / b for a, b in zip(mkl_ms, torch_ms))[ROUNDS // 2] if torch_py else None
         results[name + " mkl"] = (sorted(mkl_ms)[ROUNDS // 2], flops, t_ms, mkl_ratio)
-    d_ms = sorted(default_ms)[ROUNDS // 2]
     ratio = f"{round_ratio:10.2f}" if t_ms else "       n/a"
-    d_ratio = f"{d_ms / t_ms:10.2f}" if t_ms else "       n/a"
     print(f"{name:<10} {ms:9.1f} {float(p['tokens_per_s']):9.0f} {flops / ms / 1e6:9.1f} "
-          f"{(f'{t_ms:9.1f}' if t_ms else '      n/a')} {ratio} {d_ms:12.1f} {d_ratio}"
+          f"{(f'{t_ms:9.1f}' if t_ms else '      n/a')} {ratio}"
           f"   pmt matmul: {p.get('matmul', '?')} (OpenBLAS core {p.get('blas_core', '?')})")
 for name, L, C, H, T, B, V in configs:
     if name + " mkl" in results:
@@ -113,8 +107,6 @@ for name, (pr_ms, pr_ratio, rest_ms) in products.items():
                                   if name.startswith("width 256") else "")
     print(f"{name:<10} the step's matmuls alone: {pr_ms:.1f} ms"
           f"{f' = {pr_ratio:.2f} x torch' if pr_ratio else ''}, the rest of pmt's step {rest_ms:.1f} ms{budget}")
-print("(*) pmt with the C library's default malloc, which returns each step's freed activations to the kernel:\n"
-      "    bench_train_step with PMT_KEEP_FREED_HOST_MEMORY=0 (pmt/core/host_memory.hpp)")
 if torch_py:
     print(f"(PyTorch {torch_version}; each time: median over {ROUNDS} alternating runs of the median of {STEPS} steps; "
           f"pmt/torch: median of the {ROUNDS} rounds' ratios)")

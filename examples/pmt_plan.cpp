@@ -156,7 +156,6 @@ int main(int argc, char* argv[]) {
     return 0;
   }
   pmt::ScopeGuard guard(argc, argv);
-  pmt::keep_freed_host_memory();  // calibrate the way train_gpt runs (pmt/core/host_memory.hpp)
   const bool root = pmt::world_rank() == 0;
   try {
     using Backend = pmt::comm::default_backend_t<Kokkos::DefaultHostExecutionSpace>;

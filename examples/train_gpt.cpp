@@ -580,8 +580,6 @@ int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_p
                 pmt::ops::matmul_path() == pmt::ops::MatmulPath::Auto
                     ? "matmul auto: vendor BLAS or portable kernel, timed per shape class in the first step and agreed over the ranks"
                     : pmt::ops::matmul_path_summary().c_str());
-    std::printf("host memory: %s\n", pmt::freed_host_memory_kept() ? "freed blocks up to 32 MiB kept for reuse (pmt::keep_freed_host_memory)"
-                                                                   : "the C library's default (pmt::keep_freed_host_memory not available)");
   }
   std::FILE* metrics = nullptr;
   if (root && !o.metrics.empty()) {
@@ -866,9 +864,6 @@ int main(int argc, char* argv[]) {
   char** kokkos_argv_p = kokkos_argv.data();
   pmt::ScopeGuard guard(kokkos_argc, kokkos_argv_p);
   const bool root = pmt::world_rank() == 0;
-  // Each step frees its activations and allocates them again: keep that memory in the process
-  // instead of faulting fresh pages in every step (pmt/core/host_memory.hpp).
-  pmt::keep_freed_host_memory();
   try {
 #if PMT_ENABLE_MPI
     pmt::comm::Communicator<Backend> world(MPI_COMM_WORLD);

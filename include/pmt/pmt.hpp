@@ -11,7 +11,7 @@
 
 #include "pmt/core/environment.hpp"
 #include "pmt/core/error.hpp"
-#include "pmt/core/host_memory.hpp"
+#include "pmt/core/workspace.hpp"
 #include "pmt/core/instrument.hpp"
 #include "pmt/core/measured_choice.hpp"
 #include "pmt/policy/axis.hpp"

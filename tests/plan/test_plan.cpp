@@ -7,8 +7,8 @@
 // predicted count exactly and its peak is within 20 % of the prediction for its stage.
 // A user's Chain describes itself (plan::describe: the same ModelSpec from every tp) and the planner
 // searches it like a Gpt; its memory model matches what a StagedModel allocates on every layout
-// (parameters exactly, the peak from 20 % below to 30 % above the prediction: outputs in flight
-// to the next stage are counted for every live microbatch, the most a run can hold).
+// (parameters exactly, the peak within 20 % of the prediction, which counts an output in flight
+// to the next stage for every live microbatch, the most a run can hold, where a run may hold one).
 // plan::measure (the interleaved measurement of layouts) returns every layout's timed steps, the
 // same on every rank, and rejects what cannot run; plan::spearman ranks with ties.
 // (Step-time predictions are checked against measurement by bench/plan_check.py, not here.)
@@ -237,6 +237,7 @@ std::pair<double, double> measure_memory(const pmt::plan::Problem& pr, const pmt
       std::conditional_t<Zero, pmt::optim::ZeroAdamW<T, Host, Backend>, pmt::optim::AdamW<T, Host>>;
   using Policy    = pmt::Hybrid<pmt::DataParallel<>, pmt::TensorSplit<>, pmt::Pipeline<>>;
   auto& mem       = pmt::obs::MemoryTracker::instance();
+  pmt::Workspace::instance().release();  // an earlier layout's step memory goes: this one's is measured
   const auto base = static_cast<double>(mem.current_bytes());
   mem.reset_peak();
   double params = 0;
@@ -427,6 +428,7 @@ std::pair<double, double> measure_chain_memory(const pmt::plan::Problem& pr, con
   using Opt    = std::conditional_t<Zero, pmt::optim::ZeroAdamW<T, Host, Backend>, pmt::optim::AdamW<T, Host>>;
   using Policy = pmt::Hybrid<pmt::DataParallel<>, pmt::TensorSplit<>, pmt::Pipeline<>>;
   auto& mem       = pmt::obs::MemoryTracker::instance();
+  pmt::Workspace::instance().release();  // an earlier layout's step memory goes: this one's is measured
   const auto base = static_cast<double>(mem.current_bytes());
   mem.reset_peak();
   double params = 0;
@@ -541,10 +543,16 @@ TEST_CASE("the planner's memory model matches what a Chain allocates on every la
                        << want.activations / 1048576.0 << "), measured " << peak / 1048576.0 << " MiB; parameters predicted "
                        << want.parameters / 4 << ", the model's " << params);
           CHECK(pmt::test::all_ranks(params * 4.0 == want.parameters));
-          // a stage's outputs in flight to the next stage live until their sends complete, which
-          // depends on when the receiver gets to them: the prediction counts every live
-          // microbatch's (the most), so a run may stay below it by more than it may exceed it
-          CHECK(pmt::test::all_ranks(err >= -0.2 && err <= 0.3));
+          // a stage's outputs in flight to the next stage live until the receiver takes them, which
+          // depends on timing: the prediction counts one per live microbatch (the most), and a run
+          // may hold as few as one; within 20 % of the prediction once those are allowed for
+          const auto last_layer = e.stages.end(static_cast<int>(stage)) - 1;
+          const double per_mb   = double(pr.batch) / l.dp / l.microbatches;
+          const double in_flight = stage + 1 < l.pp ? (want.live_microbatches - 1) * 4.0 * per_mb *
+                                                          pr.spec.layers[last_layer].output_local(l.tp)
+                                                    : 0.0;
+          const double err_low = (want.total() - in_flight - peak) / peak;
+          CHECK(pmt::test::all_ranks(err >= -0.2 && err_low <= 0.2));
           if (w.rank() == 0)
             WARN(l.describe() << ": rank 0 predicted " << want.total() / 1048576.0 << " MiB, measured " << peak / 1048576.0
                               << " MiB (" << 100 * err << " %); params " << want.parameters / 1048576.0 << " optim "

@@ -9,7 +9,9 @@
 // prove the dropout masks layout-independent (over dp rows, tp columns, stages and
 // microbatches). Bounds (double): per-step losses, each parameter norm-wise and every element
 // relative <= 1e-10. Also: the contract's extents at every cut, the balanced plan, bad input to
-// a stage, a plan of the wrong size, evaluation mode keeping no activation, and dropout's rate.
+// a stage, a plan of the wrong size, evaluation mode keeping no activation, and dropout's rate;
+// recomputation's bit-for-bit parameters and lower peak; and steady-state steps allocating
+// nothing (the workspace), with and without recomputation.
 #include <catch2/catch_template_test_macros.hpp>
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
@@ -304,6 +306,7 @@ TEST_CASE("activation recomputation: the same parameters bit for bit, a lower pe
       std::vector<Model::Batch> mbs;
       for (std::size_t i = 0; i < 8; ++i) mbs.push_back(Task<false>::batch(step, i * 4, 4));
       mem.enable();
+      pmt::Workspace::instance().release();  // the step allocates its memory afresh, and is measured
       mem.reset_peak();
       const auto base = mem.current_bytes();
       tr.step(mbs, options(step));
@@ -324,4 +327,40 @@ TEST_CASE("activation recomputation: the same parameters bit for bit, a lower pe
   // stage 0 keeps 8 microbatches' activations of its layers without, 8 inputs with recomputation
   const pmt::Mesh<Backend> probe(w, shape);
   if (probe.coord(pmt::Axis::pp) == 0) CHECK(recomputed.peak < plain.peak);
+}
+
+TEST_CASE("a user's Chain: a training step after the first allocates nothing (with recomputation too)",
+          "[train][any_model][workspace][mpi]") {
+  const auto& w = pmt::test::world();
+  const int n   = w.size();
+  using Model  = Task<true>::Model;  // the classifier: cross-entropy, dropout
+  using Opt    = pmt::optim::AdamW<T, Host>;
+  using Policy = pmt::Hybrid<pmt::DataParallel<>, pmt::TensorSplit<>, pmt::Pipeline<>>;
+  auto& mem    = pmt::obs::MemoryTracker::instance();
+  const pmt::MeshShape shape = n >= 2 ? pmt::MeshShape{1, n / 2, 2} : pmt::MeshShape{};
+  for (bool recompute : {false, true})
+    DYNAMIC_SECTION("tp " << shape.tp << " x pp " << shape.pp << (recompute ? ", recomputation" : "")) {
+      pmt::Mesh<Backend> mesh(w, shape);
+      Model model(mesh, make_net(mesh, Task<true>::out), {}, pmt::nn::StagedOptions{{}, 1, "mlp", recompute});
+      Opt opt(model.parameters(), hyper);
+      pmt::train::Trainer<Model, Opt, Host, Backend, Policy> tr(mesh, model, opt);
+      tr.set_schedule(pmt::parallel::ScheduleKind::GPipe);
+      std::vector<std::vector<Model::Batch>> steps(4);
+      for (int step = 0; step < 4; ++step)
+        for (std::size_t i = 0; i < 4; ++i) steps[std::size_t(step)].push_back(Task<true>::batch(step, i * 8, 8));
+      for (int step = 0; step < 2; ++step) tr.step(steps[std::size_t(step)], options(step));
+      mem.enable();
+      mem.reset_allocations();
+      for (int step = 2; step < 4; ++step) tr.step(steps[std::size_t(step)], options(step));
+      const auto count  = mem.allocations();
+      const auto labels = mem.allocation_labels();
+      mem.enable(false);
+      std::string names;
+      for (const auto& l : labels) names += " " + l;
+      UNSCOPED_INFO("rank " << w.rank() << ": " << count << " allocations in steps 3 and 4:" << names);
+      // none but, with pp > 1, a pipeline send buffer when more sends are in flight than ever before
+      bool only_sends = true;
+      for (const auto& l : labels) only_sends = only_sends && shape.pp > 1 && l == "pmt::parallel::pipeline::send";
+      CHECK(pmt::test::all_ranks(count == 0 || (only_sends && count <= 2)));
+    }
 }

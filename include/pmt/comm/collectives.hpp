@@ -25,6 +25,7 @@
 #include "pmt/core/instrument.hpp"
 #include "pmt/core/error.hpp"
 #include "pmt/core/tensor.hpp"
+#include "pmt/core/workspace.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -151,8 +152,7 @@ void all_reduce_host_values(const Communicator<B>& c, const Exec& exec, const V&
   Kokkos::View<T*, Kokkos::LayoutRight, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> host(values.data(),
                                                                                                          values.size());
   if constexpr (std::is_same_v<B, Nccl>) {
-    Kokkos::View<T*, Kokkos::LayoutRight, typename Exec::memory_space> dev(
-        Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::comm::host_values"), host.size());
+    auto dev = workspace_view<Kokkos::View<T*, Kokkos::LayoutRight, typename Exec::memory_space>>("pmt::comm::host_values", host.size());
     Kokkos::deep_copy(exec, dev, host);
     all_reduce(c, exec, dev, op);
     Kokkos::deep_copy(exec, host, dev);

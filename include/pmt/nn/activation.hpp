@@ -12,6 +12,7 @@
 #include "pmt/nn/module.hpp"
 #include "pmt/ops/elementwise.hpp"
 #include "pmt/policy/placement.hpp"
+#include "pmt/core/workspace.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -36,7 +37,7 @@ class Pointwise {
 
   Tensor<T, 2, Exec> forward(const Exec& exec, const Tensor<T, 2, Exec>& x) {
     const Instrument instrument(region(true));
-    Tensor<T, 2, Exec> y(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::Pointwise::y"), x.extent(0), x.extent(1));
+    auto y = workspace_view<Tensor<T, 2, Exec>>("pmt::nn::Pointwise::y", x.extent(0), x.extent(1));
     if constexpr (Kind == PointwiseKind::Gelu) ops::gelu(exec, x, y);
     else if constexpr (Kind == PointwiseKind::Relu) ops::relu(exec, x, y);
     else if constexpr (Kind == PointwiseKind::Silu) ops::silu(exec, x, y);
@@ -51,7 +52,7 @@ class Pointwise {
       return detail::str("backward: dy is ", shape_str(dy), " but the forward saved ", shape_str(s),
                          "; call forward first, with gradients on (not under pmt::NoGrad)");
     });
-    Tensor<T, 2, Exec> dx(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::Pointwise::dx"), dy.extent(0), dy.extent(1));
+    auto dx = workspace_view<Tensor<T, 2, Exec>>("pmt::nn::Pointwise::dx", dy.extent(0), dy.extent(1));
     if constexpr (Kind == PointwiseKind::Gelu) ops::gelu_backward(exec, s, dy, dx);
     else if constexpr (Kind == PointwiseKind::Relu) ops::relu_backward(exec, s, dy, dx);
     else if constexpr (Kind == PointwiseKind::Silu) ops::silu_backward(exec, s, dy, dx);

@@ -28,6 +28,7 @@
 #include "pmt/ops/attention.hpp"
 #include "pmt/ops/elementwise.hpp"
 #include "pmt/parallel/regions.hpp"
+#include "pmt/core/workspace.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -104,7 +105,7 @@ class QkvProjection {
     });
     const Instrument instrument("pmt::nn::QkvProjection::forward");
     if (grad_enabled()) *m_x = x;
-    Tensor<T, 2, Exec> y(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::QkvProjection::y"), x.extent(0), 3 * local());
+    auto y = workspace_view<Tensor<T, 2, Exec>>("pmt::nn::QkvProjection::y", x.extent(0), 3 * local());
     detail::fill_qkv_bias(exec, y, m_bq.value, m_bv.value);
     ops::matmul(exec, ops::Trans::N, ops::Trans::N, T(1), x, weight(m_w.value), T(1), y);
     return y;
@@ -122,7 +123,7 @@ class QkvProjection {
     ops::matmul(exec, ops::Trans::T, ops::Trans::N, T(1), x, dy, T(1), weight(m_w.grad));  // (C, 3 Cl)
     ops::column_sum(exec, dy, m_sums, T(0));
     detail::add_qkv_bias_grads(exec, m_sums, m_bq.grad, m_bv.grad);
-    Tensor<T, 2, Exec> dx(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::QkvProjection::dx"), dy.extent(0), m_C);
+    auto dx = workspace_view<Tensor<T, 2, Exec>>("pmt::nn::QkvProjection::dx", dy.extent(0), m_C);
     ops::matmul(exec, ops::Trans::N, ops::Trans::T, T(1), dy, weight(m_w.value), T(0), dx);  // (N, C)
     parallel::copy_to_backward(m_tp, exec, dx);  // x entered the column-split region whole
     return dx;
@@ -173,7 +174,7 @@ class CausalSelfAttention {
       saved.cache = ops::make_attention_cache<T, Exec>(static_cast<std::int64_t>(B), static_cast<std::int64_t>(Tn),
                                                    static_cast<std::int64_t>(Cl), static_cast<std::int64_t>(Hl));
     auto qkv = m_qkv.forward(exec, x);  // (N, 3 C/tp) = [q | k | v]
-    Tensor<T, 2, Exec> att(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::attention::out"), B * Tn, Cl);
+    auto att = workspace_view<Tensor<T, 2, Exec>>("pmt::nn::attention::out", B * Tn, Cl);
     ops::attention_forward(exec, as3(qkv, B, Tn), as3(att, B, Tn), saved.cache);
     return m_proj.forward(exec, att);  // (N, C), all-reduced over tp
   }
@@ -192,7 +193,7 @@ class CausalSelfAttention {
     const std::size_t Cl = m_C / static_cast<std::size_t>(m_tp.size());
     auto datt = m_proj.backward(exec, dy);  // (N, C/tp)
     // every element written by attention_backward
-    Tensor<T, 2, Exec> dqkv(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::attention::dqkv"), B * Tn, 3 * Cl);
+    auto dqkv = workspace_view<Tensor<T, 2, Exec>>("pmt::nn::attention::dqkv", B * Tn, 3 * Cl);
     ops::attention_backward(exec, as3(datt, B, Tn), as3(dqkv, B, Tn), saved.cache);
     return m_qkv.backward(exec, dqkv);  // all-reduced over tp
   }

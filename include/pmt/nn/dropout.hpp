@@ -21,6 +21,7 @@
 #include "pmt/core/tensor.hpp"
 #include "pmt/nn/module.hpp"
 #include "pmt/policy/placement.hpp"
+#include "pmt/core/workspace.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -75,7 +76,7 @@ class Dropout {
     if (evaluating() || m_p == 0) return x;  // evaluation: the identity
     const RandomContext ctx = random_context();
     if (grad_enabled()) *m_saved = {ctx.step, ctx.row0, x.extent(0), x.extent(1)};
-    Tensor<T, 2, Exec> y(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::Dropout::y"), x.extent(0), x.extent(1));
+    auto y = workspace_view<Tensor<T, 2, Exec>>("pmt::nn::Dropout::y", x.extent(0), x.extent(1));
     run(exec, x, y, ctx.step, ctx.row0, "pmt::nn::Dropout::forward");
     return y;
   }
@@ -87,7 +88,7 @@ class Dropout {
       return detail::str("dy is ", shape_str(dy), " but the forward saw (", c.rows, ", ", c.cols,
                          "); call forward first, with gradients on (not under pmt::NoGrad)");
     });
-    Tensor<T, 2, Exec> dx(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::Dropout::dx"), dy.extent(0), dy.extent(1));
+    auto dx = workspace_view<Tensor<T, 2, Exec>>("pmt::nn::Dropout::dx", dy.extent(0), dy.extent(1));
     run(exec, dy, dx, c.step, c.row0, "pmt::nn::Dropout::backward");  // the same mask and scale
     return dx;
   }

@@ -19,6 +19,7 @@
 #include "pmt/ops/elementwise.hpp"
 #include "pmt/ops/embedding.hpp"
 #include "pmt/parallel/regions.hpp"
+#include "pmt/core/workspace.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -62,7 +63,7 @@ class Embedding {
     const auto V = static_cast<std::int64_t>(m_V);
     const std::int64_t v0 = m_v0, vl = static_cast<std::int64_t>(m_table.local_shape[0]);
     auto& saved = *m_local;
-    if (saved.extent(0) != ids.extent(0)) saved = Ids("pmt::nn::Embedding::local_ids", ids.extent(0));
+    if (saved.extent(0) != ids.extent(0)) saved = workspace_view<Ids>("pmt::nn::Embedding::local_ids", ids.extent(0));
     auto local = saved;
     std::int64_t bad = 0;
     Kokkos::parallel_reduce(

@@ -41,6 +41,7 @@
 #include "pmt/parallel/stage_module.hpp"
 #include "pmt/parallel/stages.hpp"
 #include "pmt/parallel/regions.hpp"
+#include "pmt/core/workspace.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -269,15 +270,15 @@ class Gpt {
     // Tied LM head: logits (N, V/tp) = h wte_shard^T.
     auto& head = head_table();
     auto table = head.table().value2d();
-    Activation logits(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::Gpt::logits"), N, table.extent(0));
+    auto logits = workspace_view<Activation>("pmt::nn::Gpt::logits", N, table.extent(0));
     ops::matmul(exec, ops::Trans::N, ops::Trans::T, T(1), h, table, T(0), logits);
-    Activation dlogits(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::Gpt::dlogits"), N, table.extent(0));
+    auto dlogits = workspace_view<Activation>("pmt::nn::Gpt::dlogits", N, table.extent(0));
     const double l = vocab_parallel_cross_entropy(m_tp, exec, logits, targets, head.vocab_offset(),
                                                   static_cast<std::int64_t>(m_cfg.vocab), normaliser, dlogits, ignore_index);
     if (loss != nullptr) *loss += l;
     // Backward of the head: dh = dlogits wte_shard (partial over the vocabulary: all-reduce),
     // d wte_shard += dlogits^T h.
-    Activation dh(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::Gpt::dh"), N, C);
+    auto dh = workspace_view<Activation>("pmt::nn::Gpt::dh", N, C);
     ops::matmul(exec, ops::Trans::N, ops::Trans::N, T(1), dlogits, table, T(0), dh);
     parallel::copy_to_backward(m_tp, exec, dh);  // h entered the vocabulary-split head whole
     ops::matmul(exec, ops::Trans::T, ops::Trans::N, T(1), dlogits, h, T(1), head.table().grad2d());
@@ -310,7 +311,7 @@ class Gpt {
     for (auto& b : m_blocks[std::size_t(k)]) x = b->forward(exec, x, B, Tn);
     auto h     = m_lnf->forward(exec, x);
     auto table = head_table().table().value2d();
-    Activation logits(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::Gpt::logits"), x.extent(0), table.extent(0));
+    auto logits = workspace_view<Activation>("pmt::nn::Gpt::logits", x.extent(0), table.extent(0));
     ops::matmul(exec, ops::Trans::N, ops::Trans::T, T(1), h, table, T(0), logits);
     return logits;
   }
@@ -419,7 +420,7 @@ class Gpt {
   /// Token + position embeddings of ids (N = B T) on the first stage.
   Activation embed(const Exec& exec, const Ids& ids, std::size_t N, std::size_t Tn) {
     positions(exec, N, Tn);
-    Activation x(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::Gpt::x"), N, m_cfg.width);  // overwritten
+    auto x = workspace_view<Activation>("pmt::nn::Gpt::x", N, m_cfg.width);  // overwritten
     m_wte->forward(exec, ids, x);
     m_wpe->forward(exec, m_pos, x, /*accumulate=*/true);
     return x;

@@ -11,6 +11,7 @@
 #include "pmt/core/activation_slot.hpp"
 #include "pmt/ops/layernorm.hpp"
 #include "pmt/policy/placement.hpp"
+#include "pmt/core/workspace.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -42,15 +43,15 @@ class LayerNorm {
     auto& c = grad_enabled() ? *m_saved : scratch;
     if (grad_enabled()) c.x = x;
     if (c.mean.extent(0) != x.extent(0)) {
-      c.mean = Tensor<T, 1, Exec>("pmt::nn::LayerNorm::mean", x.extent(0));
-      c.rstd = Tensor<T, 1, Exec>("pmt::nn::LayerNorm::rstd", x.extent(0));
+      c.mean = workspace_view<Tensor<T, 1, Exec>>("pmt::nn::LayerNorm::mean", x.extent(0));  // written by the forward
+      c.rstd = workspace_view<Tensor<T, 1, Exec>>("pmt::nn::LayerNorm::rstd", x.extent(0));
     }
-    Tensor<T, 2, Exec> y(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::LayerNorm::y"), x.extent(0), x.extent(1));
+    auto y = workspace_view<Tensor<T, 2, Exec>>("pmt::nn::LayerNorm::y", x.extent(0), x.extent(1));
     ops::layernorm_forward(exec, x, m_w.value, m_b.value, y, c.mean, c.rstd, m_eps);
     return y;
   }
   Tensor<T, 2, Exec> backward(const Exec& exec, const Tensor<T, 2, Exec>& dy) {
-    Tensor<T, 2, Exec> dx(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::LayerNorm::dx"), dy.extent(0), dy.extent(1));
+    auto dx = workspace_view<Tensor<T, 2, Exec>>("pmt::nn::LayerNorm::dx", dy.extent(0), dy.extent(1));
     const Instrument instrument("pmt::nn::LayerNorm::backward");
     const auto c = m_saved.take();
     detail::require(c.x.data() != nullptr && c.x.extent(0) == dy.extent(0) && c.x.extent(1) == dy.extent(1),

@@ -24,6 +24,7 @@
 #include "pmt/policy/placement.hpp"
 #include "pmt/policy/policy_traits.hpp"
 #include "pmt/parallel/regions.hpp"
+#include "pmt/core/workspace.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -125,7 +126,7 @@ class Linear {
     });
     const Instrument instrument("pmt::nn::Linear::forward");
     if (grad_enabled()) *m_x = x;  // pmt::NoGrad: nothing kept
-    Tensor<T, 2, Exec> y(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::Linear::y"), x.extent(0), out_local());
+    auto y = workspace_view<Tensor<T, 2, Exec>>("pmt::nn::Linear::y", x.extent(0), out_local());
     if (std::is_same_v<split, Row> && m_tp.size() > 1) {
       ops::matmul(exec, ops::Trans::N, ops::Trans::N, T(1), x, m_w.value2d(), T(0), y);  // (N, out_l)
       parallel::reduce_from(m_tp, exec, y);                                              // partial sums -> whole
@@ -153,7 +154,7 @@ class Linear {
                     });
     ops::matmul(exec, ops::Trans::T, ops::Trans::N, T(1), x, dy, T(1), m_w.grad2d());  // (in_l, out_l)
     if (m_bias) ops::column_sum(exec, dy, m_b.grad, T(1));
-    Tensor<T, 2, Exec> dx(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::Linear::dx"), dy.extent(0), in_local());
+    auto dx = workspace_view<Tensor<T, 2, Exec>>("pmt::nn::Linear::dx", dy.extent(0), in_local());
     ops::matmul(exec, ops::Trans::N, ops::Trans::T, T(1), dy, m_w.value2d(), T(0), dx);  // (N, in_l)
     if constexpr (std::is_same_v<split, Col>) parallel::copy_to_backward(m_tp, exec, dx);  // conjugate of the identity forward
     return dx;

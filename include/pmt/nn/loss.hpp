@@ -18,6 +18,7 @@
 #include "pmt/ops/detail/rowwise.hpp"
 #include "pmt/ops/reduction.hpp"
 #include "pmt/parallel/regions.hpp"
+#include "pmt/core/workspace.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -50,8 +51,8 @@ double vocab_parallel_cross_entropy(const comm::Communicator<Backend>& tp, const
   });
   detail::check_targets(exec, op, targets, V, ignore_index, logits);
   using Mem = typename Exec::memory_space;
-  Kokkos::View<T*, Kokkos::LayoutRight, Mem> row_max("pmt::nn::ce::max", N);
-  Kokkos::View<T**, Kokkos::LayoutRight, Mem> stats("pmt::nn::ce::stats", N, 2);  // sum exp, target logit
+  auto row_max = workspace_view<Kokkos::View<T*, Kokkos::LayoutRight, Mem>>("pmt::nn::ce::max", N);
+  auto stats   = workspace_view<Kokkos::View<T**, Kokkos::LayoutRight, Mem>>("pmt::nn::ce::stats", N, 2);  // sum exp, target logit
   Kokkos::parallel_for(op, Kokkos::RangePolicy<Exec>(exec, 0, N), KOKKOS_LAMBDA(std::int64_t n) {
     row_max(n) = detail::lane_max(&logits(n, 0), Vl);
   });
@@ -63,7 +64,7 @@ double vocab_parallel_cross_entropy(const comm::Communicator<Backend>& tp, const
     stats(n, 1) = (t >= v0 && t < v0 + Vl) ? logits(n, t - v0) : T(0);
   });
   parallel::reduce_from(tp, exec, stats);
-  Kokkos::View<double*, Kokkos::LayoutRight, Mem> row_loss("pmt::nn::ce::row_loss", N);
+  auto row_loss = workspace_view<Kokkos::View<double*, Kokkos::LayoutRight, Mem>>("pmt::nn::ce::row_loss", N);
   const T scale = static_cast<T>(1.0 / normaliser);
   Kokkos::parallel_for(op, Kokkos::RangePolicy<Exec>(exec, 0, N), KOKKOS_LAMBDA(std::int64_t n) {
     const auto t   = static_cast<std::int64_t>(targets(n));
@@ -76,7 +77,7 @@ double vocab_parallel_cross_entropy(const comm::Communicator<Backend>& tp, const
       dlogits(n, j) = use ? (p - (j + v0 == t ? T(1) : T(0))) * scale : T(0);
     }
   });
-  Kokkos::View<double, Kokkos::LayoutRight, Mem> loss("pmt::nn::ce::loss");
+  auto loss = workspace_view<Kokkos::View<double, Kokkos::LayoutRight, Mem>>("pmt::nn::ce::loss");
   detail::chunked_reduce<detail::ReduceKind::Sum>(exec, row_loss, loss, 1.0 / normaliser, op);
   return detail::read_scalar(loss);
 }

@@ -17,6 +17,7 @@
 #include "pmt/core/tensor.hpp"
 #include "pmt/ops/cross_entropy.hpp"
 #include "pmt/ops/reduction.hpp"
+#include "pmt/core/workspace.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -42,8 +43,7 @@ struct MseLoss {
     detail::require<ConfigError>(normaliser > 0, op, [&] { return detail::str("normaliser is ", normaliser, "; expected > 0"); });
     const auto cols = static_cast<std::int64_t>(y.extent(1));
     const T scale   = static_cast<T>(2.0 / normaliser);
-    Kokkos::View<double*, Kokkos::LayoutRight, typename Exec::memory_space> row(
-        Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::MseLoss::rows"), y.extent(0));
+    auto row = workspace_view<Kokkos::View<double*, Kokkos::LayoutRight, typename Exec::memory_space>>("pmt::nn::MseLoss::rows", y.extent(0));
     Kokkos::parallel_for(op, Kokkos::RangePolicy<Exec>(exec, 0, static_cast<std::int64_t>(y.extent(0))),
                          KOKKOS_LAMBDA(std::int64_t n) {
                            double acc = 0;
@@ -54,7 +54,7 @@ struct MseLoss {
                            }
                            row(n) = acc;
                          });
-    Kokkos::View<double, Kokkos::LayoutRight, typename Exec::memory_space> loss("pmt::nn::MseLoss::loss");
+    auto loss = workspace_view<Kokkos::View<double, Kokkos::LayoutRight, typename Exec::memory_space>>("pmt::nn::MseLoss::loss");
     detail::chunked_reduce<detail::ReduceKind::Sum>(exec, row, loss, 1.0 / normaliser, op);
     return detail::read_scalar(loss);
   }
@@ -70,7 +70,7 @@ struct CrossEntropyLoss {
 
   double operator()(const Exec& exec, const Tensor<T, 2, Exec>& y, const target_type& target, double normaliser,
                     const Tensor<T, 2, Exec>& dy) const {
-    Kokkos::View<T, Kokkos::LayoutRight, typename Exec::memory_space> loss("pmt::nn::CrossEntropyLoss::loss");
+    auto loss = workspace_view<Kokkos::View<T, Kokkos::LayoutRight, typename Exec::memory_space>>("pmt::nn::CrossEntropyLoss::loss");
     ops::softmax_cross_entropy(exec, y, target, normaliser, loss, dy, static_cast<long>(ignore_index));
     return static_cast<double>(detail::read_scalar(loss));
   }

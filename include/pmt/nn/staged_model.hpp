@@ -37,6 +37,7 @@
 #include "pmt/nn/module.hpp"
 #include "pmt/parallel/stage_module.hpp"
 #include "pmt/parallel/stages.hpp"
+#include "pmt/core/workspace.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -156,7 +157,7 @@ class StagedModel {
       y = m_net.forward(exec, x, begin(k), end(k));
     }
     if (!last) return y;
-    Activation dy(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::nn::StagedModel::dy"), y.extent(0), y.extent(1));
+    auto dy = workspace_view<Activation>("pmt::nn::StagedModel::dy", y.extent(0), y.extent(1));
     const double l = m_loss(exec, y, mb.target, normaliser, dy);
     if (loss != nullptr) *loss += l;
     if (grad_enabled()) *m_dy = dy;

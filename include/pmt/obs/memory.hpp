@@ -8,6 +8,7 @@
 //   mem.enable();             // after Kokkos::initialize; a user's loaded tool keeps its callbacks
 //   ... build the model, train ...
 //   mem.peak_bytes("Host");   // the high-water mark since enable() or reset_peak()
+//   mem.allocations();        // how many allocations since enable() or reset_allocations()
 // Only allocations made after enable() count (a deallocation of an older one is ignored). The
 // callbacks chain to those installed before (a Kokkos Tools library keeps seeing every event);
 // enable(false) puts the previous ones back. Not for concurrent allocation from several threads
@@ -19,6 +20,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 namespace pmt::obs {
 
@@ -55,6 +57,21 @@ class MemoryTracker {
   std::uint64_t peak_bytes(const std::string& space = "") const {
     return sum(space, &Counter::peak);
   }
+  /// \brief Kokkos allocations since enable() or reset_allocations(), and the labels of the
+  /// first 64 of them (a training step after the first makes none: core/workspace.hpp).
+  std::uint64_t allocations() const {
+    std::lock_guard<std::mutex> lock(m_mutex);
+    return m_allocations;
+  }
+  std::vector<std::string> allocation_labels() const {
+    std::lock_guard<std::mutex> lock(m_mutex);
+    return m_labels;
+  }
+  void reset_allocations() {
+    std::lock_guard<std::mutex> lock(m_mutex);
+    m_allocations = 0;
+    m_labels.clear();
+  }
   /// \brief The peak restarts from what is held now (e.g. after setup, to see one step's peak).
   void reset_peak() {
     std::lock_guard<std::mutex> lock(m_mutex);
@@ -83,6 +100,8 @@ class MemoryTracker {
       c.current += size;
       if (c.current > c.peak) c.peak = c.current;
       t.m_live[ptr] = {handle.name, size};
+      ++t.m_allocations;
+      if (t.m_allocations <= 64) t.m_labels.emplace_back(label != nullptr ? label : "");
     }
     if (t.m_prev_alloc) t.m_prev_alloc(handle, label, ptr, size);
   }
@@ -104,6 +123,8 @@ class MemoryTracker {
   bool m_on = false;
   std::map<std::string, Counter> m_spaces;
   std::unordered_map<const void*, std::pair<std::string, std::uint64_t>> m_live;
+  std::uint64_t m_allocations = 0;
+  std::vector<std::string> m_labels;
   // the callback types, spelled the same way in Kokkos 3.4 and 4.x
   using AllocateFn            = decltype(Kokkos::Tools::Experimental::EventSet{}.allocate_data);
   using DeallocateFn          = decltype(Kokkos::Tools::Experimental::EventSet{}.deallocate_data);

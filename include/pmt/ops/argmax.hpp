@@ -9,6 +9,7 @@
 
 #include "pmt/core/error.hpp"
 #include "pmt/core/tensor.hpp"
+#include "pmt/core/workspace.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -50,8 +51,7 @@ std::pair<std::int64_t, std::int64_t> accuracy(const Exec& exec, const XV& logit
   detail::require(targets.extent(0) == logits.extent(0) && logits.extent(1) > 0, "pmt::ops::accuracy", [&] {
     return detail::str("logits is ", shape_str(logits), " and targets ", shape_str(targets), "; expected (N, C > 0) and (N)");
   });
-  Kokkos::View<std::int64_t*, Kokkos::LayoutRight, typename Exec::memory_space> ids(
-      Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::ops::accuracy::ids"), logits.extent(0));
+  auto ids = workspace_view<Kokkos::View<std::int64_t*, Kokkos::LayoutRight, typename Exec::memory_space>>("pmt::ops::accuracy::ids", logits.extent(0));
   argmax_rows(exec, logits, ids);
   std::int64_t correct = 0, counted = 0;
   const auto N = static_cast<std::int64_t>(logits.extent(0));

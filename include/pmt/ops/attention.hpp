@@ -26,6 +26,7 @@
 #include "pmt/core/tensor.hpp"
 #include "pmt/ops/matmul.hpp"
 #include "pmt/ops/softmax.hpp"
+#include "pmt/core/workspace.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -42,9 +43,8 @@ namespace pmt::detail {
 template <class T, class Exec>
 Tensor<T, 4, Exec> attention_buffer(const char* label, std::int64_t B, std::int64_t H, std::int64_t rows,
                                     std::int64_t cols) {
-  return Tensor<T, 4, Exec>(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)),
-                            static_cast<std::size_t>(B), static_cast<std::size_t>(H),
-                            static_cast<std::size_t>(rows), static_cast<std::size_t>(cols));
+  return workspace_view<Tensor<T, 4, Exec>>(label, static_cast<std::size_t>(B), static_cast<std::size_t>(H),
+                                            static_cast<std::size_t>(rows), static_cast<std::size_t>(cols));
 }
 
 }  // namespace pmt::detail

@@ -15,6 +15,7 @@
 #include "pmt/core/tensor.hpp"
 #include "pmt/ops/detail/rowwise.hpp"
 #include "pmt/ops/reduction.hpp"
+#include "pmt/core/workspace.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -75,9 +76,7 @@ void softmax_cross_entropy(const Exec& exec, const LV& logits, const TV& targets
   });
   detail::check_targets(exec, op, targets, V, ignore_index, logits);
   using T = typename LV::non_const_value_type;
-  Kokkos::View<double*, Kokkos::LayoutRight, typename Exec::memory_space> row_loss(
-      Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::ops::softmax_cross_entropy::row_loss"),
-      static_cast<std::size_t>(N));
+  auto row_loss = workspace_view<Kokkos::View<double*, Kokkos::LayoutRight, typename Exec::memory_space>>("pmt::ops::softmax_cross_entropy::row_loss", static_cast<std::size_t>(N));
   const T gscale = static_cast<T>(dloss / normaliser);
   if (detail::rowwise_use_teams<Exec>()) {  // devices: a row over a team thread's vector lanes
     detail::for_each_row_team(exec, op, N, KOKKOS_LAMBDA(const typename Kokkos::TeamPolicy<Exec>::member_type& m, std::int64_t n) {

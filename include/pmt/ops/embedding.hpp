@@ -11,6 +11,7 @@
 
 #include "pmt/core/error.hpp"
 #include "pmt/core/tensor.hpp"
+#include "pmt/core/workspace.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -106,10 +107,11 @@ void embedding_backward(const Exec& exec, const IV& ids, const DOV& dout, const 
   if (C == 0) return;  // nothing to accumulate (the ids were still checked)
   using Mem = typename Exec::memory_space;
   // Bucket rows by id: counts (integer atomics are exact), exclusive scan, scatter, sort buckets.
-  Kokkos::View<std::int64_t*, Kokkos::LayoutRight, Mem> start("pmt::ops::embedding_backward::start", static_cast<std::size_t>(V + 1));
-  Kokkos::View<std::int64_t*, Kokkos::LayoutRight, Mem> fill("pmt::ops::embedding_backward::fill", static_cast<std::size_t>(V));
-  Kokkos::View<std::int64_t*, Kokkos::LayoutRight, Mem> rows(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::ops::embedding_backward::rows"),
-                                        static_cast<std::size_t>(N));
+  auto start = workspace_view<Kokkos::View<std::int64_t*, Kokkos::LayoutRight, Mem>>("pmt::ops::embedding_backward::start", static_cast<std::size_t>(V + 1));
+  auto fill  = workspace_view<Kokkos::View<std::int64_t*, Kokkos::LayoutRight, Mem>>("pmt::ops::embedding_backward::fill", static_cast<std::size_t>(V));
+  Kokkos::deep_copy(exec, start, std::int64_t(0));  // counts: from zero
+  Kokkos::deep_copy(exec, fill, std::int64_t(0));
+  auto rows = workspace_view<Kokkos::View<std::int64_t*, Kokkos::LayoutRight, Mem>>("pmt::ops::embedding_backward::rows", static_cast<std::size_t>(N));
   Kokkos::parallel_for(op, Kokkos::RangePolicy<Exec>(exec, 0, N), KOKKOS_LAMBDA(std::int64_t n) {
     if (static_cast<std::int64_t>(ids(n)) != ignore_id)
       Kokkos::atomic_add(&start(static_cast<std::int64_t>(ids(n)) + 1), std::int64_t(1));

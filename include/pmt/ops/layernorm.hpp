@@ -11,6 +11,7 @@
 #include "pmt/core/tensor.hpp"
 #include "pmt/ops/detail/rowwise.hpp"
 #include "pmt/ops/reduction.hpp"
+#include "pmt/core/workspace.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -270,9 +271,7 @@ void layernorm_backward(const Exec& exec, const DYV& dy, const XV& x, const WV& 
   }
   // dweight, dbias: partial sums over fixed row chunks, then over chunks in order.
   const auto parts = (N + detail::row_chunk - 1) / detail::row_chunk;
-  Kokkos::View<T***, Kokkos::LayoutRight, typename Exec::memory_space> partial(
-      Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::ops::layernorm_backward::partial"),
-      static_cast<std::size_t>(parts), 2, static_cast<std::size_t>(C));
+  auto partial = workspace_view<Kokkos::View<T***, Kokkos::LayoutRight, typename Exec::memory_space>>("pmt::ops::layernorm_backward::partial", static_cast<std::size_t>(parts), 2, static_cast<std::size_t>(C));
   Kokkos::parallel_for(op, Kokkos::RangePolicy<Exec>(exec, 0, parts), KOKKOS_LAMBDA(std::int64_t p) {
     T* pw = &partial(p, 0, 0);
     T* pb = &partial(p, 1, 0);

@@ -23,6 +23,7 @@
 #include "pmt/ops/elementwise.hpp"
 #include "pmt/ops/optimizer.hpp"
 #include "pmt/ops/reduction.hpp"
+#include "pmt/core/workspace.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -77,8 +78,7 @@ inline bool& multi_tensor_force_table() {
 /// `ptrs` as a View of Exec's memory space (copied there; the copy is done when this returns).
 template <class Exec, class T>
 Kokkos::View<TensorPtr<T>*, typename Exec::memory_space> pointer_table(const std::vector<T*>& ptrs) {
-  Kokkos::View<TensorPtr<T>*, typename Exec::memory_space> d(
-      Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::ops::multi_tensor::pointers"), ptrs.size());
+  auto d = workspace_view<Kokkos::View<TensorPtr<T>*, typename Exec::memory_space>>("pmt::ops::multi_tensor::pointers", ptrs.size());
   auto h = Kokkos::create_mirror_view(d);
   for (std::size_t i = 0; i < ptrs.size(); ++i) h(i) = TensorPtr<T>{ptrs[i]};
   Kokkos::deep_copy(d, h);
@@ -90,8 +90,7 @@ Kokkos::View<TensorPtr<T>*, typename Exec::memory_space> pointer_table(const std
 template <class Exec, class F>
 void for_each_chunk_table(const Exec& exec, const char* label, const std::vector<TensorChunk>& chunks, const F& f) {
   if (chunks.empty()) return;
-  Kokkos::View<TensorChunk*, typename Exec::memory_space> table(
-      Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::ops::multi_tensor::chunks"), chunks.size());
+  auto table = workspace_view<Kokkos::View<TensorChunk*, typename Exec::memory_space>>("pmt::ops::multi_tensor::chunks", chunks.size());
   auto h = Kokkos::create_mirror_view(table);
   for (std::size_t i = 0; i < chunks.size(); ++i) h(i) = chunks[i];
   Kokkos::deep_copy(table, h);

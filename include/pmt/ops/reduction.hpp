@@ -12,6 +12,7 @@
 
 #include "pmt/core/error.hpp"
 #include "pmt/core/tensor.hpp"
+#include "pmt/core/workspace.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -64,9 +65,7 @@ void chunked_reduce(const Exec& exec, const XV& x, const OV& out, double post_sc
   auto fx          = flat(x);
   const auto n     = static_cast<std::int64_t>(fx.extent(0));
   const auto parts = (n + reduce_chunk - 1) / reduce_chunk;
-  Kokkos::View<double*, Kokkos::LayoutRight, typename Exec::memory_space> partial(
-      Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::ops::reduce::partial"),
-      static_cast<std::size_t>(parts));
+  auto partial = workspace_view<Kokkos::View<double*, Kokkos::LayoutRight, typename Exec::memory_space>>("pmt::ops::reduce::partial", static_cast<std::size_t>(parts));
   Kokkos::parallel_for(label, Kokkos::RangePolicy<Exec>(exec, 0, parts), KOKKOS_LAMBDA(std::int64_t c) {
     const std::int64_t lo = c * reduce_chunk, hi = lo + reduce_chunk < n ? lo + reduce_chunk : n;
     partial(c) = reduce_span<kind>(fx, lo, hi);
@@ -126,13 +125,13 @@ void squared_norm(const Exec& exec, const XV& x, const OV& out) {
 /// \brief Host-value forms: run the reduction, fence, return the number.
 template <class Exec, class XV>
 double sum_value(const Exec& exec, const XV& x) {
-  Kokkos::View<double, Kokkos::LayoutRight, typename Exec::memory_space> out("pmt::ops::sum::out");
+  auto out = workspace_view<Kokkos::View<double, Kokkos::LayoutRight, typename Exec::memory_space>>("pmt::ops::sum::out");
   sum(exec, x, out);
   return detail::read_scalar(out);
 }
 template <class Exec, class XV>
 double squared_norm_value(const Exec& exec, const XV& x) {
-  Kokkos::View<double, Kokkos::LayoutRight, typename Exec::memory_space> out("pmt::ops::squared_norm::out");
+  auto out = workspace_view<Kokkos::View<double, Kokkos::LayoutRight, typename Exec::memory_space>>("pmt::ops::squared_norm::out");
   squared_norm(exec, x, out);
   return detail::read_scalar(out);
 }
@@ -154,9 +153,7 @@ void column_sum(const Exec& exec, const XV& x, const OV& out, typename OV::non_c
   const auto C       = static_cast<std::int64_t>(x.extent(1));
   if (C == 0) return;
   const auto parts   = (R + detail::row_chunk - 1) / detail::row_chunk;
-  Kokkos::View<T**, Kokkos::LayoutRight, typename Exec::memory_space> partial(
-      Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::ops::column_sum::partial"),
-      static_cast<std::size_t>(parts), static_cast<std::size_t>(C));
+  auto partial = workspace_view<Kokkos::View<T**, Kokkos::LayoutRight, typename Exec::memory_space>>("pmt::ops::column_sum::partial", static_cast<std::size_t>(parts), static_cast<std::size_t>(C));
   Kokkos::parallel_for("pmt::ops::column_sum", Kokkos::RangePolicy<Exec>(exec, 0, parts),
                        KOKKOS_LAMBDA(std::int64_t p) {
                          const std::int64_t lo = p * detail::row_chunk;

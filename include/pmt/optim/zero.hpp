@@ -23,6 +23,7 @@
 #include "pmt/ops/optimizer.hpp"
 #include "pmt/ops/reduction.hpp"
 #include "pmt/optim/optimizers.hpp"
+#include "pmt/core/workspace.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -81,7 +82,7 @@ class ZeroAdamW {
     // global norm: my part of sharded and of replicated parameters, summed over dp; sharded over tp
     auto g = m_g;
     auto rep = m_replicated;
-    Kokkos::View<double*, Kokkos::HostSpace> sums("pmt::optim::ZeroAdamW::norm", 2);
+    auto sums = workspace_view<Kokkos::View<double*, Kokkos::HostSpace>>("pmt::optim::ZeroAdamW::norm", 2);
     double s_sh = 0, s_rep = 0;
     Kokkos::parallel_reduce("pmt::optim::ZeroAdamW::norm", Kokkos::RangePolicy<Exec>(exec, 0, m_shard),
                             KOKKOS_LAMBDA(std::size_t i, double& a) { a += rep(i) == 0 ? double(g(i)) * double(g(i)) : 0.0; }, s_sh);

@@ -6,8 +6,9 @@
 //                           (a receive of each kind is always in flight, overlapping compute)
 //   Forward i               model.forward_chunk in activation slot k (a free slot, taken now)
 //   Backward i              model.backward_chunk in the slot of i, which is then free again
-//   SendAct i / SendGrad i  non-blocking send; completed sends are reaped as the run goes and
-//                           all are waited for at the end
+//   SendAct i / SendGrad i  non-blocking send from one of the runner's send buffers (the tensor
+//                           copied there; they stay from step to step); completed sends are
+//                           reaped as the run goes and all are waited for at the end
 // While a forward or backward computes, the model's calls to pmt::progress() poll the pending
 // sends and receives, so a large message (MPI's rendezvous protocol) moves during the compute
 // instead of after it.
@@ -31,6 +32,7 @@
 #include "pmt/core/activation_slot.hpp"
 #include "pmt/parallel/schedule.hpp"
 #include "pmt/parallel/stage_module.hpp"
+#include "pmt/core/workspace.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -39,6 +41,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <deque>
 #include <functional>
 #include <map>
 #include <string>
@@ -127,7 +130,6 @@ class PipelineRunner {
     std::vector<std::size_t> last_backward(static_cast<std::size_t>(m_chunks), 0);  // per chunk: its last backward's index
     for (std::size_t k = 0; k < actions.size(); ++k)
       if (actions[k].kind == Action::Backward) last_backward[static_cast<std::size_t>(actions[k].chunk)] = k;
-    std::vector<comm::Request> sends;
     struct Pending {
       std::size_t at = static_cast<std::size_t>(-1);
       comm::Request rq;
@@ -140,8 +142,7 @@ class PipelineRunner {
           auto& buf       = kind_ == Action::RecvAct ? in_act[at(actions[k])] : in_grad[at(actions[k])];
           const auto e   = kind_ == Action::RecvAct ? m_model.input_extent(actions[k].chunk, mb_)
                                                         : m_model.output_extent(actions[k].chunk, mb_);
-          buf = Activation(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("pmt::parallel::pipeline::recv")),
-                           e[0], e[1]);
+          buf = workspace_view<Activation>("pmt::parallel::pipeline::recv", e[0], e[1]);
           p.rq = kind_ == Action::RecvAct ? comm::irecv(m_pp, exec, buf, prev, tag_act) : comm::irecv(m_pp, exec, buf, next, tag_grad);
           p.at = k;
           return;
@@ -150,7 +151,8 @@ class PipelineRunner {
     post(next_act, 0, Action::RecvAct);
     post(next_grad, 0, Action::RecvGrad);
     comm::ProgressScope progress([&] {
-      for (auto& rq : sends) rq.test();
+      for (auto& b : m_send_buffers)
+        if (b.busy && b.rq.test()) b.busy = false;
       next_act.rq.test();
       next_grad.rq.test();
     });
@@ -222,17 +224,25 @@ class PipelineRunner {
         case Action::SendGrad: {
           const Instrument instrument("pmt::parallel::pipeline::send", Track::P2P, label(a),
                                       flow(a.kind == Action::SendAct, m_me, a.chunk, a.mb));
-          sends.push_back(a.kind == Action::SendAct ? comm::isend(m_pp, exec, out[i], next, tag_act)
-                                                    : comm::isend(m_pp, exec, out[i], prev, tag_grad));
-          out[i] = Activation();  // the Request keeps the buffer until the send completes
+          // the tensor goes out from a send buffer of the runner's (see send_buffer), and its own
+          // memory returns to the workspace at once, whenever the receiver takes the message
+          SendBuffer& sb = send_buffer(out[i]);
+          Kokkos::deep_copy(exec, sb.buf, out[i]);
+          exec.fence();
+          sb.rq = a.kind == Action::SendAct ? comm::isend(m_pp, exec, sb.buf, next, tag_act)
+                                            : comm::isend(m_pp, exec, sb.buf, prev, tag_grad);
+          sb.busy = true;
+          out[i]  = Activation();
           break;
         }
       }
       m_stats.events.push_back({a, start, now()});
-      // reap completed sends so their buffers are freed as the run goes
-      for (auto& rq : sends) rq.test();
+      // reap completed sends so their buffers serve again as the run goes
+      for (auto& b : m_send_buffers)
+        if (b.busy && b.rq.test()) b.busy = false;
     }
-    for (auto& rq : sends) rq.wait();
+    for (auto& b : m_send_buffers)
+      if (b.busy) b.rq.wait(), b.busy = false;
     m_stats.wall = now();
     double loss = 0;
     for (double l : losses) loss += l;
@@ -255,6 +265,24 @@ class PipelineRunner {
   std::map<std::pair<int, int>, Schedule> m_tables;
   std::map<std::pair<int, int>, ScheduleReport> m_reports;
   PipelineStats m_stats;
+  /// A buffer a tensor is sent from, and its send (busy until the send completes).
+  struct SendBuffer {
+    Activation buf;
+    comm::Request rq;
+    bool busy = false;
+  };
+  /// The runner keeps its send buffers from step to step: how many sends are in flight at once
+  /// depends on when the receivers take them, and that timing must not decide what the workspace
+  /// holds. A new buffer is allocated only when more sends of a shape are in flight than ever before.
+  SendBuffer& send_buffer(const Activation& x) {
+    for (auto& b : m_send_buffers)
+      if (!b.busy && b.buf.extent(0) == x.extent(0) && b.buf.extent(1) == x.extent(1)) return b;
+    m_send_buffers.push_back({Activation(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("pmt::parallel::pipeline::send")),
+                                         x.extent(0), x.extent(1)),
+                              comm::Request(), false});
+    return m_send_buffers.back();
+  }
+  std::deque<SendBuffer> m_send_buffers;  // a deque: references stay valid as it grows
 };
 
 }  // namespace pmt::parallel

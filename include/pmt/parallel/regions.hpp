@@ -27,6 +27,7 @@
 #endif
 #if PMT_ENABLE_NCCL && PMT_ENABLE_MPI
 #include "pmt/comm/nccl.hpp"
+#include "pmt/core/workspace.hpp"
 #endif
 
 #include <Kokkos_Core.hpp>
@@ -72,7 +73,7 @@ Tensor<typename V::non_const_value_type, 2, Exec> scatter_to(const comm::Communi
     return detail::str("x is ", shape_str(x), "; its ", x.extent(1), " columns do not divide over ", p, " ranks");
   });
   const std::size_t c = x.extent(1) / p, c0 = static_cast<std::size_t>(axis.rank()) * c;
-  Tensor<T, 2, Exec> out(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::parallel::scatter_to"), x.extent(0), c);
+  auto out = workspace_view<Tensor<T, 2, Exec>>("pmt::parallel::scatter_to", x.extent(0), c);
   Kokkos::deep_copy(exec, out, Kokkos::subview(x, Kokkos::ALL, std::make_pair(c0, c0 + c)));
   return out;
 }
@@ -84,11 +85,11 @@ Tensor<typename V::non_const_value_type, 2, Exec> gather_from(const comm::Commun
   const auto p = static_cast<std::size_t>(axis.size());
   if (p == 1) return x;
   const std::size_t N = x.extent(0), c = x.extent(1);
-  Tensor<T, 1, Exec> blocks(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::parallel::gather_from::blocks"), p * N * c);
+  auto blocks = workspace_view<Tensor<T, 1, Exec>>("pmt::parallel::gather_from::blocks", p * N * c);
   const Kokkos::View<const T*, Kokkos::LayoutRight, typename Exec::memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>> mine(
       x.data(), N * c);
   comm::all_gather(axis, exec, mine, blocks);
-  Tensor<T, 2, Exec> out(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::parallel::gather_from"), N, c * p);
+  auto out = workspace_view<Tensor<T, 2, Exec>>("pmt::parallel::gather_from", N, c * p);
   Kokkos::parallel_for("pmt::parallel::gather_from", Kokkos::RangePolicy<Exec>(exec, 0, static_cast<std::int64_t>(N)),
                        KOKKOS_LAMBDA(std::int64_t n) {
                          for (std::size_t r = 0; r < p; ++r)

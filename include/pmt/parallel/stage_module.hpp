@@ -49,6 +49,7 @@
 #include "pmt/core/parameter.hpp"
 #include "pmt/core/tensor.hpp"
 #include "pmt/ops/elementwise.hpp"
+#include "pmt/core/workspace.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -191,7 +192,7 @@ void finalize_grads(const Exec& exec, const comm::Communicator<Backend>& pp, Mod
                                                         " of ", pp.size(), "; expected another stage of the pipeline");
                                    });
       auto& mine = tied.param->grad;
-      Tensor<T, 1, Exec> other(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pmt::parallel::finalize_grads::peer"), mine.size());
+      auto other = workspace_view<Tensor<T, 1, Exec>>("pmt::parallel::finalize_grads::peer", mine.size());
       auto rq = comm::irecv(pp, exec, other, tied.peer, /*tag=*/7);
       auto sq = comm::isend(pp, exec, mine, tied.peer, 7);
       rq.wait();

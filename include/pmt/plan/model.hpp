@@ -41,8 +41,9 @@
 // per stage the sum of its layers' parameters, saved values and forward FLOPs (at the GEMM rate,
 // each layer's input and output through memory, the backward twice the forward), its layers'
 // tp all-reduces; per live microbatch its layers' saved values and its output (in flight to the
-// next stage, or the loss gradient); as transient the widest layer's gradient; its stages are
-// balanced as StagedModel balances a Chain. The schedule's simulation, the dp / ZeRO tail and the optimizer are the same.
+// next stage, or the loss gradient); as transient the widest layer's input gradient and the
+// pipeline's receive buffers posted ahead and send copy; its stages are balanced as StagedModel
+// balances a Chain. The schedule's simulation, the dp / ZeRO tail and the optimizer are the same.
 // Every number is a prediction for the heaviest stage (memory) or the critical path (time); the
 // planner (plan/planner.hpp) ranks layouts by it, and bench/plan_check.py measures how well.
 
@@ -491,13 +492,18 @@ inline std::vector<StageInputs> spec_stages(const Problem& pr, const Machine& mc
       in.cost.tp_comm += 0.5 * (mc.all_reduce(sb * R * y.forward_reduce, l.tp) + mc.all_reduce(sb * R * y.backward_reduce, l.tp));
       in.parameters += y.parameters_local(l.tp);
       in.activations += sb * R * y.saved_local(l.tp);
-      // a backward holds its dy and its dx; the dy replaced the next layer's saved input, just freed
-      in.transient = std::max(in.transient, sb * R * std::max(y.input_local(l.tp), y.output_local(l.tp)));
+      // a backward adds its dx (its dy is the next layer's dx, or a received or the loss gradient)
+      in.transient = std::max(in.transient, sb * R * y.input_local(l.tp));
       if (l.tp > 1) in.tp_bytes += sb * R * (y.forward_reduce + y.backward_reduce);
     }
-    // the stage's output: sent to the next stage (its buffer lives until the send completes), or
+    // the stage's output: sent to the next stage (in flight until the next stage takes it), or
     // on the last stage the loss gradient the backward starts from
-    in.activations += sb * R * spec.layers[last - 1].output_local(l.tp);
+    const double out_bytes = sb * R * spec.layers[last - 1].output_local(l.tp);
+    in.activations += out_bytes;
+    // the pipeline's buffers beside: a receive of each kind posted ahead (the next input, the
+    // next output gradient) and the output's copy in a send buffer as it goes out
+    if (vs + 1 < stages.stages()) in.transient += 2 * out_bytes;
+    if (vs > 0) in.transient += sb * R * spec.layers[first].input_local(l.tp);
   }
   return out;
 }

@@ -8,6 +8,9 @@
 //   all-reduces of each chunk's last microbatch start during its backward
 //   -> finish the dp sync -> parallel::finalize_grads (tied parameters summed between stages)
 //   -> clip by the global norm (over tp and pp) -> optimizer step with the scheduled learning rate.
+// Each step() and evaluate() runs inside a WorkspaceScope (core/workspace.hpp): the first step
+// allocates the activations, gradients and scratch it needs, every later step of the same shapes
+// reuses them and allocates nothing.
 // step() returns the global loss: the sum over dp ranks and microbatches of the per-batch losses,
 // each already divided by the global token count the caller passes (the same on every rank).
 // The policy (5th parameter) is a Hybrid<DataParallel<Mode>, TensorSplit<>, Pipeline<S, Schedule>>
@@ -19,7 +22,6 @@
 // parameters are averaged over dp every H steps; optimizer state stays local, so with plain SGD
 // and H = 1 this is synchronous DP). ZeRO optimizers (shards_over_dp) reduce-scatter themselves.
 
-#include "pmt/core/host_memory.hpp"
 #include "pmt/core/instrument.hpp"
 #include "pmt/comm/agree.hpp"
 #include "pmt/comm/collectives.hpp"
@@ -35,6 +37,7 @@
 #include "pmt/parallel/stage_module.hpp"
 #include "pmt/policy/hybrid.hpp"
 #include "pmt/policy/policies.hpp"
+#include "pmt/core/workspace.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -149,6 +152,8 @@ class Trainer {
       m_model.on_grads_ready([this](const std::vector<Parameter<T, Exec>*>& ps) { m_sync.ready(m_exec, ps); });
     if (mesh.degree(Axis::pp) > 1) m_runner.emplace(mesh, model);
   }
+  /// Frees the step memory the Workspace keeps that nothing holds any more.
+  ~Trainer() { Workspace::instance().release(); }
   Trainer(const Trainer&)            = delete;  // the model's hook points at this object
   Trainer& operator=(const Trainer&) = delete;
 
@@ -157,9 +162,9 @@ class Trainer {
   double step(const std::vector<Batch>& microbatches, const StepOptions& o) {
     check_batch("pmt::train::Trainer::step", microbatches, o.normaliser);
     const Instrument instrument("pmt::train::Trainer::step");
+    const WorkspaceScope workspace;  // the step's memory: planned by the first step, reused by the next
     const RandomStepScope random_step(static_cast<std::uint64_t>(o.step >= 0 ? o.step : m_calls));
     ++m_calls;
-    if constexpr (is_host_space_v<Exec>) m_faults.begin();
     m_opt.zero_grad(m_exec);
     const int dp            = m_mesh.degree(Axis::dp);
     const double normaliser = H > 0 ? o.normaliser / dp : o.normaliser;
@@ -182,7 +187,6 @@ class Trainer {
       if (++m_steps % H == 0 && dp > 1)
         for (auto* p : m_model.parameters()) comm::all_reduce(m_mesh.comm(Axis::dp), m_exec, p->value, comm::ReduceOp::Avg);
     }
-    if constexpr (is_host_space_v<Exec>) m_faults.end("pmt::train::Trainer::step");
     if (!m_agreed_step) m_agreed_step = (comm::agree_choices(m_mesh.world(), m_exec), true);
     return total;
   }
@@ -192,6 +196,7 @@ class Trainer {
   /// optimizer step; the gradients are cleared afterwards.
   double evaluate(const std::vector<Batch>& microbatches, double normaliser) {
     check_batch("pmt::train::Trainer::evaluate", microbatches, normaliser);
+    const WorkspaceScope workspace;
     const double loss = run_microbatches(microbatches, normaliser, /*dp_sync=*/false);
     m_opt.zero_grad(m_exec);
     const double total = global_loss(loss);
@@ -234,7 +239,7 @@ class Trainer {
   }
   /// The sum over dp and pp of each rank's loss (only the last stage's is non-zero).
   double global_loss(double local) const {
-    Kokkos::View<double, Kokkos::HostSpace> total("pmt::train::loss");
+    auto total = workspace_view<Kokkos::View<double, Kokkos::HostSpace>>("pmt::train::loss");
     total() = local;
     comm::all_reduce_host_values(m_mesh.comm(Axis::dp), m_exec, total);
     if (m_mesh.degree(Axis::pp) > 1) comm::all_reduce_host_values(m_mesh.comm(Axis::pp), m_exec, total);
@@ -276,7 +281,6 @@ class Trainer {
   // whether the first step / evaluation has agreed the measured choices (matmul paths) over the
   // world: every rank takes the same paths from then on (core/measured_choice.hpp)
   bool m_agreed_step = false, m_agreed_eval = false;
-  detail::PageFaultWatch m_faults;  // host spaces: warns once about page faults per step
 };
 
 }  // namespace pmt::train
