@@ -25,6 +25,7 @@ template <class Exec>
 using default_backend_t = std::conditional_t<is_host_space_v<Exec>, std::conditional_t<PMT_ENABLE_MPI != 0, Mpi, Self>,
                                              std::conditional_t<PMT_ENABLE_NCCL != 0, Nccl, Self>>;
 
+/// \brief True for the backends pmt provides (Self, Mpi, Nccl).
 template <class B>
 inline constexpr bool is_comm_backend_v =
     std::is_same_v<B, Self> || std::is_same_v<B, Mpi> || std::is_same_v<B, Nccl>;
@@ -33,6 +34,7 @@ inline constexpr bool is_comm_backend_v =
 /// (floating-point types only).
 enum class ReduceOp { Sum, Avg, Max, Min };
 
+/// \brief "sum", "avg", "max" or "min".
 inline constexpr const char* to_string(ReduceOp op) {
   switch (op) {
     case ReduceOp::Sum: return "sum";
@@ -46,6 +48,7 @@ inline constexpr const char* to_string(ReduceOp op) {
 /// \brief Element types collectives move.
 enum class DataType { Int8, UInt8, Int32, UInt32, Int64, UInt64, Float32, Float64 };
 
+/// \brief The DataType of T (float, double, 8/32/64-bit integers; another type does not compile).
 template <class T>
 constexpr DataType data_type_of() {
   using U = std::remove_cv_t<T>;
@@ -60,6 +63,7 @@ constexpr DataType data_type_of() {
   else static_assert(sizeof(U) == 0, "pmt::comm: collectives move float, double and 8/32/64-bit integers");
 }
 
+/// \brief Bytes per element of t.
 inline constexpr std::size_t size_of(DataType t) {
   switch (t) {
     case DataType::Int8:
@@ -74,6 +78,7 @@ inline constexpr std::size_t size_of(DataType t) {
   return 0;
 }
 
+/// \brief "int8" ... "float64".
 inline constexpr const char* to_string(DataType t) {
   switch (t) {
     case DataType::Int8: return "int8";

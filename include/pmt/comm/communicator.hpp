@@ -27,6 +27,10 @@
 
 namespace pmt::comm {
 
+/// \brief A group of ranks of one backend (see the file comment): rank(), size(), split(),
+/// barrier() and the raw operations the collectives of comm/collectives.hpp call.
+/// Communicator<Self> (one rank) is here, Communicator<Mpi> in comm/mpi.hpp, Communicator<Nccl> in
+/// comm/nccl.hpp. \throws pmt::CommError from the backend.
 template <class Backend>
 class Communicator;
 

@@ -16,6 +16,9 @@
 
 namespace pmt::comm {
 
+/// \brief A non-blocking operation in flight (see the file comment): wait() blocks until it is
+/// complete, test() polls once; it keeps the operation's Views alive and waits when destroyed
+/// pending. \throws pmt::CommError from wait() / test() when the backend fails.
 class Request {
  public:
   /// `progress(block)` completes the operation when `block`, or polls it once; it returns true

@@ -24,6 +24,7 @@ namespace pmt {
 /// \brief Where an event sits in the timeline of its rank.
 enum class Track : int { Compute = 0, P2P = 1, Collective = 2, Optimizer = 3 };
 
+/// \brief "compute", "p2p", "collective" or "optimizer".
 inline const char* track_name(Track t) {
   switch (t) {
     case Track::Compute: return "compute";

@@ -19,6 +19,9 @@
 
 namespace pmt {
 
+/// \brief A trainable tensor (see the file comment): value and grad (this rank's shard, flat),
+/// local_shape, the GlobalSlice it holds of the global tensor, tp_replicated, pp_copy, and a
+/// layout-free name (checkpoints match by it).
 template <class T, class Exec>
 struct Parameter {
   std::string name;

@@ -22,6 +22,9 @@
 
 namespace pmt::io {
 
+/// \brief A byte-level text corpus split into training and validation bytes (see the file
+/// comment), read once into memory; batches are drawn from (seed, step) so every layout sees the
+/// same global batch. \throws pmt::IoError for a missing, unreadable or too short file.
 class TokenDataset {
  public:
   /// \brief The most bytes a dataset reads by default (it is held in memory): 4 GiB.

@@ -79,6 +79,8 @@ class Pointwise {
   Saved<Tensor<T, 2, Exec>> m_saved;  // the input (Tanh: the output), per activation slot
 };
 
+/// \brief The pointwise layers: y = f(x) elementwise, any placement in and the same out (see
+/// Pointwise); Gelu (tanh approximation), Relu, Silu (x sigmoid(x)) and Tanh.
 template <class T, class Exec = Kokkos::DefaultExecutionSpace>
 using Gelu = Pointwise<T, Exec, PointwiseKind::Gelu>;
 template <class T, class Exec = Kokkos::DefaultExecutionSpace>

@@ -145,6 +145,10 @@ class QkvProjection {
   Saved<Tensor<T, 2, Exec>> m_x;   // the input, per activation slot
 };
 
+/// \brief Multi-head causal self-attention with the heads split over tp (see the file comment):
+/// x (B T, C) replicated -> y (B T, C) replicated; one all-reduce forward and one backward.
+/// \throws pmt::ShapeError when C is not divisible by the heads or the heads by tp, or an input
+/// is not (B T, C).
 template <class T, class Exec = Kokkos::DefaultExecutionSpace, class Backend = comm::default_backend_t<Exec>>
 class CausalSelfAttention {
  public:

@@ -32,6 +32,9 @@ namespace pmt::nn {
 /// \brief Whether an Embedding splits its vocabulary over tp.
 enum class VocabSplit { No, Yes };
 
+/// \brief A lookup table (V, C): ids (N) -> x (N, C) replicated. With VocabSplit::Yes each tp rank
+/// holds V / tp rows and the looked-up rows are all-reduced over tp (see the file comment).
+/// \throws pmt::ShapeError for ids outside [0, V) (naming how many) or V not divisible by tp.
 template <class T, class Exec = Kokkos::DefaultExecutionSpace, class Backend = comm::default_backend_t<Exec>>
 class Embedding {
  public:

@@ -20,6 +20,9 @@
 
 namespace pmt::nn {
 
+/// \brief y = (x - mean) / sqrt(var + eps) * weight + bias over the last dimension C, per row:
+/// x (N, C) replicated -> y (N, C) replicated; weight (ones) and bias (zeros) replicated over tp.
+/// \throws pmt::ShapeError when dy does not match the saved input.
 template <class T, class Exec = Kokkos::DefaultExecutionSpace>
 class LayerNorm {
  public:

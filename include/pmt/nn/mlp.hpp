@@ -13,6 +13,8 @@
 
 namespace pmt::nn {
 
+/// \brief The transformer MLP: Linear<Col> (d -> hidden) -> Gelu -> Linear<Row> (hidden -> d);
+/// one all-reduce forward (Row), one backward (Col).
 template <class T, class Exec = Kokkos::DefaultExecutionSpace, class Backend = comm::default_backend_t<Exec>>
 using Mlp = Chain<Linear<T, TensorSplit<Col>, Exec, Backend>, Gelu<T, Exec>, Linear<T, TensorSplit<Row>, Exec, Backend>>;
 

@@ -24,6 +24,8 @@
 
 namespace pmt::obs {
 
+/// \brief The bytes of Kokkos allocations held now and at the peak, per memory space, and the
+/// number of allocations (see the file comment). One per process: instance().
 class MemoryTracker {
  public:
   static MemoryTracker& instance() {

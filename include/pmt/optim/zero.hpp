@@ -35,6 +35,10 @@
 
 namespace pmt::optim {
 
+/// \brief AdamW with its state sharded over dp (ZeRO-1, see the file comment): step() reduce-
+/// scatters the gradients over dp, clips by the global norm, updates this rank's part and
+/// all-gathers the values. \throws pmt::ConfigError for a dp communicator of another size than
+/// the mesh's.
 template <class T, class Exec, class Backend>
 class ZeroAdamW {
  public:

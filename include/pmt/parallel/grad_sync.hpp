@@ -31,6 +31,9 @@
 
 namespace pmt::parallel {
 
+/// \brief Data-parallel gradient sync (see the file comment): parameters in buckets of about
+/// bucket_bytes, a bucket's all-reduce (sum over dp) started as soon as its gradients are final
+/// during backward, finish() waits for all. \throws pmt::ConfigError from finish() without arm().
 template <class T, class Exec, class Backend>
 class GradSync {
  public:

@@ -65,6 +65,10 @@ struct PipelineStats {
   double idle() const { return wall > 0 ? 1.0 - compute / wall : 0.0; }
 };
 
+/// \brief Runs one stage's part of a pipeline schedule (see the file comment) for any stage module:
+/// run() takes the step's microbatches and returns this stage's loss sum; stats() says what the
+/// last run measured. \throws pmt::ConfigError for no microbatch or a schedule the model's
+/// chunks cannot run.
 template <class Model, class Exec, class Backend>
 class PipelineRunner {
   static_assert(check_stage_module<Model, Exec>());

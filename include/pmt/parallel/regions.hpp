@@ -37,6 +37,7 @@
 
 namespace pmt::parallel {
 
+/// \brief The reduction of reduce_from (Sum by default; Max for a row's maximum).
 using comm::ReduceOp;
 
 /// \brief Forward of copy_to: x itself (every rank of the axis uses the whole tensor).

@@ -48,6 +48,7 @@ struct Action {
   friend bool operator==(const Action& a, const Action& b) { return a.kind == b.kind && a.mb == b.mb && a.chunk == b.chunk; }
 };
 
+/// \brief "F", "B", "SendAct" ...: an action's name in tables and traces.
 inline const char* kind_name(Action::Kind k) {
   switch (k) {
     case Action::Forward: return "forward";
@@ -63,6 +64,7 @@ inline const char* kind_name(Action::Kind k) {
 /// \brief Which schedule (run time counterpart of pmt::GPipe / pmt::OneFOneB).
 enum class ScheduleKind { GPipe, OneFOneB };
 
+/// \brief "gpipe" or "1f1b".
 inline const char* schedule_name(ScheduleKind k) { return k == ScheduleKind::GPipe ? "gpipe" : "1f1b"; }
 
 /// \brief One action list per stage (rank of the pp axis).

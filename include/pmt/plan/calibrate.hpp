@@ -47,6 +47,7 @@
 
 namespace pmt::plan {
 
+/// \brief How calibrate() measures the machine.
 struct CalibrateOptions {
   double window_seconds       = 0.03;  ///< rank 0 repeats each piece timed alone this long (median)
   double block_window_seconds = 0.1;   ///< every rank runs each block shape back to back this long,

@@ -47,6 +47,7 @@
 
 namespace pmt::plan {
 
+/// \brief How measure() trains the shortlisted layouts side by side.
 struct MeasureOptions {
   int rounds       = 10;  ///< visits of every layout
   int warmup_steps = 1;   ///< untimed steps at the start of each visit

@@ -8,6 +8,7 @@ namespace pmt {
 /// \brief The three mesh axes: data, tensor and pipeline parallel.
 enum class Axis { dp, tp, pp };
 
+/// \brief "dp", "tp" or "pp".
 inline constexpr const char* to_string(Axis a) { return a == Axis::dp ? "dp" : (a == Axis::tp ? "tp" : "pp"); }
 
 /// \brief Column split: a weight (in, out) is split along out; the output stays sharded.

@@ -11,11 +11,15 @@
 
 namespace pmt {
 
+/// \brief Where a tensor lives over tp: Replicated (every rank holds it whole), Sharded (each
+/// rank a slice of its last dimension), Partial (each rank a partial sum of it), AnyPlacement
+/// (a layer that keeps whatever comes in).
 struct Replicated {};
 struct Sharded {};
 struct Partial {};
 struct AnyPlacement {};
 
+/// \brief True for Replicated, Sharded and Partial.
 template <class P>
 inline constexpr bool is_placement_v =
     std::is_same_v<P, Replicated> || std::is_same_v<P, Sharded> || std::is_same_v<P, Partial>;

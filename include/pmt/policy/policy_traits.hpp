@@ -23,6 +23,10 @@ namespace pmt {
 template <class P>
 struct policy_traits {};
 
+/// \brief The policies' traits: whether a policy has a mesh axis, is a layer or a model policy,
+/// its static degree, its split (Col, Row or none) and, for layer policies, the placements in and
+/// out: Replicate Replicated -> Replicated, TensorSplit<Col> Replicated -> Sharded,
+/// TensorSplit<Row> Sharded -> Replicated.
 template <>
 struct policy_traits<Replicate> {
   static constexpr bool has_axis = false, layer_policy = true, model_policy = false;
@@ -33,6 +37,7 @@ struct policy_traits<Replicate> {
   using output_placement = Replicated;
 };
 
+/// \brief Column split over tp: Replicated in, Sharded out.
 template <>
 struct policy_traits<TensorSplit<Col>> {
   static constexpr bool has_axis = true, layer_policy = true, model_policy = false;
@@ -43,6 +48,7 @@ struct policy_traits<TensorSplit<Col>> {
   using output_placement = Sharded;
 };
 
+/// \brief Row split over tp: Sharded in, Replicated out (an all-reduce inside).
 template <>
 struct policy_traits<TensorSplit<Row>> {
   static constexpr bool has_axis = true, layer_policy = true, model_policy = false;
@@ -53,6 +59,7 @@ struct policy_traits<TensorSplit<Row>> {
   using output_placement = Replicated;
 };
 
+/// \brief TensorSplit<> on a model: the tp axis, each layer choosing its split.
 template <>
 struct policy_traits<TensorSplit<AutoSplit>> {
   static constexpr bool has_axis = true, layer_policy = false, model_policy = true;
@@ -61,6 +68,7 @@ struct policy_traits<TensorSplit<AutoSplit>> {
   using split = void;
 };
 
+/// \brief DataParallel<Mode>: the dp axis, a model policy.
 template <class Mode>
 struct policy_traits<DataParallel<Mode>> {
   static constexpr bool has_axis = true, layer_policy = false, model_policy = true;
@@ -69,6 +77,7 @@ struct policy_traits<DataParallel<Mode>> {
   using split = void;
 };
 
+/// \brief Pipeline<Stages, Schedule>: the pp axis, Stages stages (pmt::dynamic: any).
 template <int Stages, class Schedule>
 struct policy_traits<Pipeline<Stages, Schedule>> {
   static constexpr bool has_axis = true, layer_policy = false, model_policy = true;
@@ -77,6 +86,7 @@ struct policy_traits<Pipeline<Stages, Schedule>> {
   using split = void;
 };
 
+/// \brief True when P has a policy_traits specialization (is_parallel_policy_v below).
 template <class P, class = void>
 struct is_parallel_policy : std::false_type {};
 template <class P>

@@ -72,6 +72,7 @@ struct StepOptions {
   std::int64_t step = -1;
 };
 
+/// \brief The averaging period H of LocalSgd<H> (0 for synchronous data parallelism).
 template <class Mode>
 inline constexpr int local_sgd_period_v = 0;
 template <int H>
@@ -124,6 +125,10 @@ struct trainer_policy<Hybrid<Ps...>> {
   static constexpr parallel::ScheduleKind schedule = pipeline_of<PpP>::schedule;
 };
 
+/// \brief One training step of any stage module over a dp x tp x pp Mesh (see the file comment):
+/// step(microbatches, options) returns the global loss; evaluate() the loss without an update.
+/// \throws pmt::ConfigError when the mesh does not fit the policy, for no microbatch or a
+/// non-positive normaliser; what the model and the optimizer throw.
 template <class Model, class Optimizer, class Exec, class Backend, class Policy = Synchronous>
 class Trainer {
   static_assert(parallel::check_stage_module<Model, Exec>());
