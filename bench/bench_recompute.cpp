@@ -62,24 +62,23 @@ struct Result {
   std::vector<T> values;
 };
 
-Result run(const pmt::comm::Communicator<Backend>& world, bool recompute, int steps) {
-  pmt::Mesh<Backend> mesh(world, pmt::MeshShape{1, world.size() / 2, 2});
-  Model model(mesh, make_net(mesh), {}, pmt::nn::StagedOptions{{}, 1, "mlp", recompute});
-  Opt opt(model.parameters(), {0.9, 0.95, 1e-8, 0.0});
-  pmt::train::Trainer<Model, Opt, Exec, Backend, Policy> trainer(mesh, model, opt);
-  trainer.set_schedule(pmt::parallel::ScheduleKind::GPipe);
+/// `steps` steps of the trainer over the microbatches batch(step, i), i < microbatches: the peak of
+/// each step's Kokkos allocations above what is held before it (each step's memory allocated
+/// afresh), the median step time and the trained parameters.
+template <class Model, class Trainer, class MakeBatch>
+Result measure(Model& model, Trainer& trainer, int steps, double normaliser, const MakeBatch& batch) {
   auto& mem = pmt::obs::MemoryTracker::instance();
   Result r;
   std::vector<double> times;
   for (int step = 0; step < steps; ++step) {
-    std::vector<Model::Batch> mbs;
+    std::vector<typename Model::Batch> mbs;
     for (std::size_t i = 0; i < microbatches; ++i) mbs.push_back(batch(step, i));
     mem.enable();
     pmt::Workspace::instance().release();  // the step allocates its memory afresh, and is measured
     mem.reset_peak();
     const auto base = mem.current_bytes();
     Kokkos::Timer timer;
-    trainer.step(mbs, {double(rows * microbatches), 1e-3, 1.0});
+    trainer.step(mbs, {normaliser, 1e-3, 1.0});
     times.push_back(timer.seconds());
     r.peak_mib = std::max(r.peak_mib, double(mem.peak_bytes() - base) / (1 << 20));
     mem.enable(false);
@@ -90,6 +89,15 @@ Result run(const pmt::comm::Communicator<Backend>& world, bool recompute, int st
     r.values.insert(r.values.end(), h.data(), h.data() + h.size());
   }
   return r;
+}
+
+Result run(const pmt::comm::Communicator<Backend>& world, bool recompute, int steps) {
+  pmt::Mesh<Backend> mesh(world, pmt::MeshShape{1, world.size() / 2, 2});
+  Model model(mesh, make_net(mesh), {}, pmt::nn::StagedOptions{{}, 1, "mlp", recompute});
+  Opt opt(model.parameters(), {0.9, 0.95, 1e-8, 0.0});
+  pmt::train::Trainer<Model, Opt, Exec, Backend, Policy> trainer(mesh, model, opt);
+  trainer.set_schedule(pmt::parallel::ScheduleKind::GPipe);
+  return measure(model, trainer, steps, double(rows * microbatches), batch);
 }
 
 // --- the GPT: recomputation per block -------------------------------------------------------
@@ -115,28 +123,7 @@ Result run_gpt(const pmt::comm::Communicator<Backend>& world, bool recompute, in
   Opt opt(model.parameters(), {0.9, 0.95, 1e-8, 0.0});
   pmt::train::Trainer<GptModel, Opt, Exec, Backend, Policy> trainer(mesh, model, opt);
   trainer.set_schedule(pmt::parallel::ScheduleKind::GPipe);
-  auto& mem = pmt::obs::MemoryTracker::instance();
-  Result r;
-  std::vector<double> times;
-  for (int step = 0; step < steps; ++step) {
-    std::vector<GptModel::Batch> mbs;
-    for (std::size_t i = 0; i < microbatches; ++i) mbs.push_back(gpt_batch(step, i));
-    mem.enable();
-    pmt::Workspace::instance().release();  // the step allocates its memory afresh, and is measured
-    mem.reset_peak();
-    const auto base = mem.current_bytes();
-    Kokkos::Timer timer;
-    trainer.step(mbs, {double(microbatches * sequences * gpt.context), 1e-3, 1.0});
-    times.push_back(timer.seconds());
-    r.peak_mib = std::max(r.peak_mib, double(mem.peak_bytes() - base) / (1 << 20));
-    mem.enable(false);
-  }
-  r.seconds = pmt::bench::median(times);
-  for (auto* p : model.parameters()) {
-    auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), p->value);
-    r.values.insert(r.values.end(), h.data(), h.data() + h.size());
-  }
-  return r;
+  return measure(model, trainer, steps, double(microbatches * sequences * gpt.context), gpt_batch);
 }
 
 /// 1 on every rank when a and b hold the same values on every rank, else 0.
