@@ -35,6 +35,8 @@ struct Options {
   pmt::plan::Problem problem;
   int ranks = 0, top = 10, measure = 0, rounds = 10;  // measure: -1 all
   double gemm_gflops = 0, memory_gbps = 10, link_gbps = 5, latency_us = 5, memory_mib = 0;
+  int ranks_per_node = 0;  // 0: one link model for every pair of ranks
+  double intra_gbps = 0, intra_latency_us = 2, inter_gbps = 0, inter_latency_us = 5;
   bool no_zero = false, no_gpipe = false, help = false, verbose = false;
   std::string csv;
 };
@@ -47,6 +49,10 @@ const char* usage =
     "a machine given by hand instead of calibrating (per rank)\n"
     "  --ranks N  --gemm-gflops X  --memory-gbps X (10)  --link-gbps X (5)  --latency-us X (5)\n"
     "  --memory-mib X           memory per rank (calibrated: MemAvailable / ranks on the node)\n"
+    "  --ranks-per-node N       ranks on a node: collectives and sends are costed on the links they\n"
+    "                           cross (tp fastest in the rank order, then dp, then pp)\n"
+    "  --intra-gbps X  --intra-latency-us X (2)   the links inside a node (per rank)\n"
+    "  --inter-gbps X  --inter-latency-us X (5)   the network between nodes (per rank)\n"
     "search and output\n"
     "  --no-zero  --no-gpipe    leave ZeRO-1 / GPipe out\n"
     "  --top N (10)             rows of the table\n"
@@ -126,6 +132,16 @@ Options parse(int argc, char* argv[]) {
       o.latency_us = x;
     else if (a == "--memory-mib")
       o.memory_mib = x;
+    else if (a == "--ranks-per-node")
+      o.ranks_per_node = static_cast<int>(whole());
+    else if (a == "--intra-gbps")
+      o.intra_gbps = x;
+    else if (a == "--intra-latency-us")
+      o.intra_latency_us = x;
+    else if (a == "--inter-gbps")
+      o.inter_gbps = x;
+    else if (a == "--inter-latency-us")
+      o.inter_latency_us = x;
     else
       throw pmt::ConfigError(prog, "unknown flag " + a + " (see --help)");
   }
@@ -134,6 +150,11 @@ Options parse(int argc, char* argv[]) {
         prog,
         "--ranks plans for a machine given by hand: give --gemm-gflops too (or run under "
         "mpiexec without --ranks to calibrate)");
+  if (o.ranks_per_node > 0 && (o.ranks <= 0 || o.intra_gbps <= 0 || o.inter_gbps <= 0))
+    throw pmt::ConfigError(prog, "--ranks-per-node describes a machine given by hand: give --ranks, --intra-gbps and "
+                                 "--inter-gbps too");
+  if (o.ranks_per_node <= 0 && (o.intra_gbps > 0 || o.inter_gbps > 0))
+    throw pmt::ConfigError(prog, "--intra-gbps and --inter-gbps need --ranks-per-node (how many ranks share a node)");
   if (o.ranks > 0 && o.measure != 0)
     throw pmt::ConfigError(prog,
                            "--measure trains on the ranks it runs on: drop --ranks (the machine by "
@@ -173,6 +194,11 @@ int main(int argc, char* argv[]) {
       machine.link_latency = o.latency_us * 1e-6;
       machine.memory_bytes = o.memory_mib * 1048576.0;
       machine.source       = "given";
+      if (o.ranks_per_node > 0) {
+        machine.ranks_per_node = o.ranks_per_node;
+        machine.intra          = {0, o.intra_latency_us * 1e-6, o.intra_gbps};
+        machine.inter          = {0, o.inter_latency_us * 1e-6, o.inter_gbps};
+      }
     } else {
       pmt::plan::CalibrateOptions co;
       co.memory_bytes = o.memory_mib * 1048576.0;

@@ -565,3 +565,42 @@ TEST_CASE("the planner's memory model matches what a Chain allocates on every la
     }
   mem.enable(false);
 }
+
+TEST_CASE("nodes: each axis's collectives are costed on the links they cross", "[plan][topology]") {
+  pmt::plan::Machine m = machine(16);
+  m.ranks_per_node     = 4;
+  m.intra              = {0, 0.0, 100.0};  // GB/s per rank; no latency, so the ratios are exact
+  m.inter              = {0, 0.0, 10.0};
+  const double b       = 64e6;
+  // a group of 4 inside a node (tp, stride 1) against 4 ranks on 4 nodes (dp of tp 4, stride 4):
+  // the same ring, on links 10x apart
+  CHECK(m.placement(4, 1) == std::make_pair(4, 1));
+  CHECK(m.placement(4, 4) == std::make_pair(1, 4));
+  const double inside = m.all_reduce_on(b, 4, 1), across = m.all_reduce_on(b, 4, 4);
+  CHECK(std::abs(inside - 1.5 * b / 100e9) < 1e-12);
+  CHECK(std::abs(across / inside - 10.0) < 1e-12);
+  // 8 ranks over 2 nodes: reduce-scatter and all-gather inside (4), the node's quarter between the 2
+  CHECK(m.placement(8, 1) == std::make_pair(4, 2));
+  CHECK(std::abs(m.all_reduce_on(b, 8, 1) - (1.5 * b / 100e9 + (b / 4) / 10e9)) < 1e-12);
+  // pipeline hops: inside a node while the stages fit in one, on the network once they span nodes
+  CHECK(m.p2p_on(b, 2, 2) == b / 100e9);
+  CHECK(m.p2p_on(b, 4, 4) == b / 10e9);
+  // without nodes nothing changes: the one link model
+  const pmt::plan::Machine flat = machine(16);
+  CHECK(flat.all_reduce_on(b, 8, 1) == flat.all_reduce(b, 8));
+  CHECK(flat.p2p_on(b, 4, 4) == flat.p2p(b));
+
+  // in a prediction: with a slow network, tp 4 (inside a node) keeps its tp cost and dp pays,
+  // and tp 8 (across two nodes) pays more for tp than with links as fast as inside
+  pmt::plan::Problem pr = problem(256, 8, 256, 8, 64);
+  pmt::plan::Machine fast = m;
+  fast.inter              = fast.intra;
+  const pmt::plan::Layout tp4{4, 4, 1, 1, pmt::parallel::ScheduleKind::OneFOneB, false};
+  const pmt::plan::Layout tp8{2, 8, 1, 1, pmt::parallel::ScheduleKind::OneFOneB, false};
+  const auto slow4 = pmt::plan::estimate(pr, m, tp4), fast4 = pmt::plan::estimate(pr, fast, tp4);
+  const auto slow8 = pmt::plan::estimate(pr, m, tp8), fast8 = pmt::plan::estimate(pr, fast, tp8);
+  CHECK(slow4.time.tp_comm == fast4.time.tp_comm);
+  CHECK(slow4.time.dp_comm > fast4.time.dp_comm);
+  CHECK(slow8.time.tp_comm > 1.5 * fast8.time.tp_comm);
+  CHECK_THAT(pmt::plan::describe(m), ContainsSubstring("nodes of 4 ranks: inside 100 GB/s"));
+}

@@ -92,6 +92,14 @@ struct Machine {
     double latency, gbps;
   };
   std::vector<Link> links;
+  /// Nodes: with ranks_per_node > 0 the ranks sit on nodes of that many (in the Mesh's order, tp
+  /// fastest, then dp, then pp), and every collective and send is costed on the links it crosses:
+  /// `intra` inside a node (NVLink, shared memory), `inter` between nodes (the network, per rank).
+  /// An all-reduce over a group that spans nodes is hierarchical: reduce-scatter inside each node,
+  /// all-reduce of the node's part between the nodes, all-gather inside (see all_reduce_on).
+  /// 0: one link model for every pair (links, or link_gbps and link_latency).
+  int ranks_per_node = 0;
+  Link intra{0, 5e-6, 5}, inter{0, 5e-6, 5};
   /// the share of its speed alone a rank keeps when every rank computes at once (cores / (ranks x
   /// threads), at most 1): with less than 1 the simulation places rank r on core r mod cores
   /// (`mpiexec --map-by core`) and a rank waiting in a pipeline bubble lends its core to the
@@ -113,6 +121,36 @@ struct Machine {
     const Link* l = link(g);
     if (l) return l->latency + 2.0 * (g - 1) / g * bytes / (l->gbps * 1e9);
     return 2.0 * (g - 1) / g * bytes / (link_gbps * 1e9) + 2.0 * (g - 1) * link_latency;
+  }
+  /// How a group of g ranks, `stride` apart in the Mesh's order (tp 1, dp tp, pp tp dp), sits on
+  /// the nodes: {ranks per node in the group, nodes it spans}; {g, 1} without a topology.
+  std::pair<int, int> placement(int g, int stride) const {
+    if (ranks_per_node <= 0 || g <= 1) return {g, 1};
+    const int per_node = stride >= ranks_per_node ? 1 : std::max(1, std::min(g, ranks_per_node / std::max(stride, 1)));
+    return {per_node, (g + per_node - 1) / per_node};
+  }
+  /// An all-reduce of `bytes` over a group of g ranks `stride` apart: all_reduce() without a
+  /// topology; with one, a ring inside a node, or hierarchical over nodes (each rank's share of the
+  /// inter-node all-reduce at the per-rank network rate).
+  double all_reduce_on(double bytes, int g, int stride) const {
+    if (g <= 1) return 0;
+    if (ranks_per_node <= 0) return all_reduce(bytes, g);
+    const auto [in, nodes] = placement(g, stride);
+    const auto ring        = [](const Link& l, double b, int n) {
+      return n <= 1 ? 0.0 : 2.0 * (n - 1) * l.latency + 2.0 * (n - 1) / n * b / (l.gbps * 1e9);
+    };
+    if (nodes == 1) return ring(intra, bytes, g);
+    // reduce-scatter + all-gather inside the node (one ring's worth), the node's 1/in of the
+    // buffer all-reduced between the nodes by each of its ranks at once
+    return ring(intra, bytes, in) + ring(inter, bytes / in, nodes);
+  }
+  /// A send between neighbours of a group of g ranks `stride` apart and its receive (pipeline
+  /// stages: stride tp dp, g = pp): on the network when the group spans nodes (some hop of the
+  /// ring crosses them, and the pipeline waits for its slowest hop), else inside the node.
+  double p2p_on(double bytes, int g, int stride) const {
+    if (ranks_per_node <= 0) return p2p(bytes);
+    const Link& l = placement(g, stride).second > 1 ? inter : intra;
+    return l.latency + bytes / (l.gbps * 1e9);
   }
   /// a send to the next stage and its receive (as an exchange between 2 ranks)
   double p2p(double bytes) const {
@@ -144,7 +182,11 @@ inline std::string describe(const Machine& m) {
       m.memory_bytes > 0 ? detail::str(std::round(m.memory_bytes / 1048576.0), " MiB").c_str()
                          : "unlimited",
       m.source.c_str());
-  return m.matmul.empty() ? std::string(line) : std::string(line) + "; " + m.matmul;
+  std::string out(line);
+  if (m.ranks_per_node > 0)
+    out += detail::str("; nodes of ", m.ranks_per_node, " ranks: inside ", m.intra.gbps, " GB/s + ", 1e6 * m.intra.latency,
+                       " us, between ", m.inter.gbps, " GB/s + ", 1e6 * m.inter.latency, " us per rank");
+  return m.matmul.empty() ? out : out + "; " + m.matmul;
 }
 
 /// \brief The training problem: a Gpt (`model`) or any other model (`spec`, when it has layers),
@@ -305,7 +347,7 @@ inline StageCost stage_cost(const Problem& pr, const Machine& mc, const Layout& 
     k.backward         = 2 * k.forward;
     k.tp_comm =
         L * 2 *
-        mc.all_reduce(sb * N * C, l.tp);  // attention and MLP outputs (backward: their inputs)
+        mc.all_reduce_on(sb * N * C, l.tp, 1);  // attention and MLP outputs (backward: their inputs)
   }
   if (mc.head_seconds) {
     // measured with all ranks at once (the embeddings, final norm, LM head, loss and their tp
@@ -316,13 +358,13 @@ inline StageCost stage_cost(const Problem& pr, const Machine& mc, const Layout& 
   if (s == 0) {  // token + position embeddings; the vocab-parallel lookup's all-reduce
     k.forward += mc.memory(sb * 3.0 * N * C) + 4 * mc.kernel_seconds;
     k.backward += mc.memory(sb * 4.0 * N * C) + 4 * mc.kernel_seconds;
-    k.tp_comm += mc.all_reduce(sb * N * C, l.tp);
+    k.tp_comm += mc.all_reduce_on(sb * N * C, l.tp, 1);
   }
   if (s + 1 == plan.stages()) {
     // final LayerNorm, logits, cross-entropy, and the LM head's backward done right away
     k.forward += mc.gemm(N, Vl, C) + mc.gemm(N, C, Vl) + mc.gemm(Vl, C, N) +
                  mc.memory(sb * (2.0 * N * C + 4.0 * N * Vl)) + 10 * mc.kernel_seconds;
-    k.tp_comm += mc.all_reduce(sb * N * C, l.tp) + 3 * mc.all_reduce(8.0 * N, l.tp);
+    k.tp_comm += mc.all_reduce_on(sb * N * C, l.tp, 1) + 3 * mc.all_reduce_on(8.0 * N, l.tp, 1);
   }
   return k;
 }
@@ -489,7 +531,7 @@ inline std::vector<StageInputs> spec_stages(const Problem& pr, const Machine& mc
       in.cost.forward += fwd;
       in.cost.backward += 2 * fwd;
       // estimate() waits tp_comm once in the forward and once in the backward: the mean of the two
-      in.cost.tp_comm += 0.5 * (mc.all_reduce(sb * R * y.forward_reduce, l.tp) + mc.all_reduce(sb * R * y.backward_reduce, l.tp));
+      in.cost.tp_comm += 0.5 * (mc.all_reduce_on(sb * R * y.forward_reduce, l.tp, 1) + mc.all_reduce_on(sb * R * y.backward_reduce, l.tp, 1));
       in.parameters += y.parameters_local(l.tp);
       in.activations += sb * R * y.saved_local(l.tp);
       // a backward adds its dx (its dy is the next layer's dx, or a received or the loss gradient)
@@ -553,7 +595,7 @@ inline Estimate estimate(const Problem& pr, const Machine& mc, const Layout& l) 
 
   // --- time: per-stage forward / backward of one microbatch, the schedule simulated -----------
   std::vector<double> tf(P_, 0.0), tb(P_, 0.0);  // per rank, its chunks together
-  const double hop = p > 1 ? mc.p2p(hop_bytes) : 0.0;
+  const double hop = p > 1 ? mc.p2p_on(hop_bytes, p, l.tp * l.dp) : 0.0;
   for (int s = 0; s < p; ++s)
     for (int k = 0; k < v; ++k) {
       const auto vs = vstage(s, k);
@@ -626,10 +668,10 @@ inline Estimate estimate(const Problem& pr, const Machine& mc, const Layout& l) 
     double dp               = 0;
     const double grad_bytes = sb * P;
     if (l.zero) {
-      dp = mc.all_reduce(grad_bytes, l.dp) + mc.memory(4 * grad_bytes) / share;
+      dp = mc.all_reduce_on(grad_bytes, l.dp, l.tp) + mc.memory(4 * grad_bytes) / share;
     } else if (l.dp > 1) {
       const double buckets = std::max(1.0, std::ceil(grad_bytes / double(pr.bucket_bytes)));
-      const double ar      = mc.all_reduce(grad_bytes, l.dp);
+      const double ar      = mc.all_reduce_on(grad_bytes, l.dp, l.tp);
       dp                   = ar / buckets + std::max(0.0, ar * (buckets - 1) / buckets - tb[std::size_t(s)]) +
            mc.memory(2 * grad_bytes) / share;
     }
@@ -640,8 +682,8 @@ inline Estimate estimate(const Problem& pr, const Machine& mc, const Layout& l) 
                                 ? mc.optimizer_seconds_per_value * (2 * P + 7 * updated) / 9
                                 : mc.memory(sb * (2 * P + 7 * updated))) /
                            share +
-                       mc.all_reduce(16, l.tp) + mc.all_reduce(16, l.pp) +
-                       (l.zero ? mc.all_reduce(16, l.dp) : 0.0) +
+                       mc.all_reduce_on(16, l.tp, 1) + mc.all_reduce_on(16, l.pp, l.tp * l.dp) +
+                       (l.zero ? mc.all_reduce_on(16, l.dp, l.tp) : 0.0) +
                        2 * double(P > 0) * 20 * mc.kernel_seconds;
     if (dp + opt > tail) tail = dp + opt, tail_dp = dp, tail_opt = opt;
   }
