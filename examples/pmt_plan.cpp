@@ -38,7 +38,7 @@ struct Options {
   int ranks_per_node = 0;  // 0: one link model for every pair of ranks
   double intra_gbps = 0, intra_latency_us = 2, inter_gbps = 0, inter_latency_us = 5;
   bool no_zero = false, no_gpipe = false, help = false, verbose = false;
-  std::string csv;
+  std::string csv, rankfile;
 };
 
 const char* usage =
@@ -53,6 +53,8 @@ const char* usage =
     "                           cross (tp fastest in the rank order, then dp, then pp)\n"
     "  --intra-gbps X  --intra-latency-us X (2)   the links inside a node (per rank)\n"
     "  --inter-gbps X  --inter-latency-us X (5)   the network between nodes (per rank)\n"
+    "  --rankfile FILE          with --ranks-per-node: write an Open MPI rankfile placing the best\n"
+    "                           layout's tp groups inside nodes\n"
     "search and output\n"
     "  --no-zero  --no-gpipe    leave ZeRO-1 / GPipe out\n"
     "  --top N (10)             rows of the table\n"
@@ -86,8 +88,8 @@ Options parse(int argc, char* argv[]) {
     char* end           = nullptr;
     errno               = 0;
     const double x      = std::strtod(v.c_str(), &end);
-    if (a == "--csv") {
-      o.csv = v;
+    if (a == "--csv" || a == "--rankfile") {
+      (a == "--csv" ? o.csv : o.rankfile) = v;
       continue;
     }
     if (a == "--measure" && v == "all") {
@@ -153,6 +155,8 @@ Options parse(int argc, char* argv[]) {
   if (o.ranks_per_node > 0 && (o.ranks <= 0 || o.intra_gbps <= 0 || o.inter_gbps <= 0))
     throw pmt::ConfigError(prog, "--ranks-per-node describes a machine given by hand: give --ranks, --intra-gbps and "
                                  "--inter-gbps too");
+  if (o.ranks_per_node <= 0 && !o.rankfile.empty())
+    throw pmt::ConfigError(prog, "--rankfile places ranks on nodes: give --ranks-per-node too");
   if (o.ranks_per_node <= 0 && (o.intra_gbps > 0 || o.inter_gbps > 0))
     throw pmt::ConfigError(prog, "--intra-gbps and --inter-gbps need --ranks-per-node (how many ranks share a node)");
   if (o.ranks > 0 && o.measure != 0)
@@ -230,14 +234,28 @@ int main(int argc, char* argv[]) {
       std::fputs(plan.table(static_cast<std::size_t>(o.top)).c_str(), stdout);
       if (!plan.ranked.empty()) {
         const auto& b = plan.best().layout;
-        std::printf(
-            "\nrun it: mpiexec -n %d train_gpt --dp %d --tp %d --pp %d --microbatches %d%s%s%s   (or "
-            "train_gpt --auto)\n",
-            machine.ranks, b.dp, b.tp, b.pp, b.microbatches,
-            b.pp > 1
-                ? (std::string(" --schedule ") + pmt::parallel::schedule_name(b.schedule)).c_str()
-                : "",
-            b.chunks > 1 ? (" --chunks " + std::to_string(b.chunks)).c_str() : "", b.zero ? " --zero" : "");
+        const std::string flags =
+            pmt::detail::str("train_gpt --dp ", b.dp, " --tp ", b.tp, " --pp ", b.pp, " --microbatches ", b.microbatches,
+                             b.pp > 1 ? std::string(" --schedule ") + pmt::parallel::schedule_name(b.schedule) : std::string(),
+                             b.chunks > 1 ? " --chunks " + std::to_string(b.chunks) : std::string(), b.zero ? " --zero" : "");
+        std::printf("\nrun it: mpiexec -n %d %s   (or train_gpt --auto)\n", machine.ranks, flags.c_str());
+        if (machine.ranks_per_node > 0) {
+          // the Mesh's order is tp fastest, then dp, then pp: consecutive world ranks on one node
+          // keep each tp group (of at most ranks_per_node) inside it
+          const int n = machine.ranks_per_node;
+          std::printf("on nodes of %d ranks, consecutive ranks per node (tp groups inside a node):\n"
+                      "  mpiexec -n %d --map-by ppr:%d:node --rank-by slot --bind-to core %s\n"
+                      "  srun -n %d --ntasks-per-node=%d --distribution=block:block %s\n",
+                      n, machine.ranks, n, flags.c_str(), machine.ranks, n, flags.c_str());
+          if (!o.rankfile.empty()) {
+            std::FILE* f = std::fopen(o.rankfile.c_str(), "w");
+            if (!f) throw pmt::IoError(prog, o.rankfile + ": cannot be written");
+            for (int r = 0; r < machine.ranks; ++r) std::fprintf(f, "rank %d=+n%d slot=%d\n", r, r / n, r % n);
+            std::fclose(f);
+            std::printf("  rankfile %s (Open MPI, relative nodes +n0 ...): mpiexec -n %d --rankfile %s %s\n",
+                        o.rankfile.c_str(), machine.ranks, o.rankfile.c_str(), flags.c_str());
+          }
+        }
       }
       if (!measured.empty()) {
         const std::size_t n = measured.size();
