@@ -43,8 +43,11 @@ echo
 # Activation recomputation on a pipeline stage: peak memory and step time with and without
 env -u OMP_PLACES OMP_NUM_THREADS=1 OMP_PROC_BIND=false mpiexec -n 2 --bind-to none "$build/bench/bench_recompute" "${PMT_BENCH_REPS_RECOMPUTE:-5}"
 echo
+# Loss against communicated bytes: synchronous, bf16-compressed, local SGD and DiLoCo on the main job's GPT (4 ranks)
+python3 "$root/bench/dp_comm.py" "$build" 4 "${PMT_BENCH_STEPS_DP:-800}" 8
+echo
 # What the instrumentation costs (compiled out / recorder off / recorder on)
-python3 "$root/bench/trace_overhead.py" "$build" "${PMT_BENCH_ROUNDS_TRACE:-7}"
+& "$build" "${PMT_BENCH_ROUNDS_TRACE:-7}"
 echo
 # The planner's predictions against every candidate trained side by side (4 ranks: 2 per core, bound; 2 ranks)
 python3 "$root/bench/plan_check.py" "$build" 4 "${PMT_BENCH_REPS_PLAN:-3}" 8

@@ -39,6 +39,7 @@ struct Options {
   double intra_gbps = 0, intra_latency_us = 2, inter_gbps = 0, inter_latency_us = 5;
   bool no_zero = false, no_gpipe = false, help = false, verbose = false;
   std::string csv, rankfile;
+  std::vector<pmt::plan::DpChoice> dp_modes = {pmt::plan::DpChoice{}};
 };
 
 const char* usage =
@@ -57,6 +58,10 @@ const char* usage =
     "                           layout's tp groups inside nodes\n"
     "search and output\n"
     "  --no-zero  --no-gpipe    leave ZeRO-1 / GPipe out\n"
+    "  --dp-modes LIST          data-parallel modes to consider with dp > 1 (default sync): a comma-\n"
+    "                           separated list of sync, bf16 (compressed gradients), local:H, diloco:H\n"
+    "                           (averages every H steps), stale:S (gradients applied S steps late);\n"
+    "                           all but sync change how the model trains\n"
     "  --top N (10)             rows of the table\n"
     "  --verbose                what the calibration measured, piece by piece\n"
     "  --csv FILE               every ranked candidate: layout, predicted step ms and peak MiB per "
@@ -88,6 +93,17 @@ Options parse(int argc, char* argv[]) {
     char* end           = nullptr;
     errno               = 0;
     const double x      = std::strtod(v.c_str(), &end);
+    if (a == "--dp-modes") {
+      o.dp_modes.clear();
+      std::size_t at = 0;
+      while (at <= v.size()) {
+        const auto comma = v.find(',', at);
+        o.dp_modes.push_back(pmt::plan::parse_dp_choice(v.substr(at, comma == std::string::npos ? std::string::npos : comma - at)));
+        if (comma == std::string::npos) break;
+        at = comma + 1;
+      }
+      continue;
+    }
     if (a == "--csv" || a == "--rankfile") {
       (a == "--csv" ? o.csv : o.rankfile) = v;
       continue;
@@ -211,6 +227,11 @@ int main(int argc, char* argv[]) {
     pmt::plan::SearchOptions so;
     so.allow_zero   = !o.no_zero;
     so.allow_gpipe  = !o.no_gpipe;
+    so.dp_modes     = o.dp_modes;
+    for (const auto& c : o.dp_modes)
+      if (o.measure != 0 && c.mode != pmt::plan::DpMode::Sync && c.mode != pmt::plan::DpMode::Bf16)
+        throw pmt::ConfigError(prog, "--measure trains the synchronous dp modes only (sync, bf16); --dp-modes names " + c.describe() +
+                                         ", whose step time depends on the phase of its period");
     const auto plan = pmt::plan::search(o.problem, machine, so);
     std::vector<pmt::plan::Measured> measured;  // of the first measured.size() ranked candidates
     if (o.measure != 0) {
@@ -237,7 +258,12 @@ int main(int argc, char* argv[]) {
         const std::string flags =
             pmt::detail::str("train_gpt --dp ", b.dp, " --tp ", b.tp, " --pp ", b.pp, " --microbatches ", b.microbatches,
                              b.pp > 1 ? std::string(" --schedule ") + pmt::parallel::schedule_name(b.schedule) : std::string(),
-                             b.chunks > 1 ? " --chunks " + std::to_string(b.chunks) : std::string(), b.zero ? " --zero" : "");
+                             b.chunks > 1 ? " --chunks " + std::to_string(b.chunks) : std::string(), b.zero ? " --zero" : "",
+                             b.sync.mode == pmt::plan::DpMode::Bf16       ? std::string(" --compress bf16")
+                             : b.sync.mode == pmt::plan::DpMode::LocalSgd ? " --local-sgd " + std::to_string(b.sync.period)
+                             : b.sync.mode == pmt::plan::DpMode::DiLoCo   ? " --diloco " + std::to_string(b.sync.period)
+                             : b.sync.mode == pmt::plan::DpMode::Stale    ? " --staleness " + std::to_string(b.sync.period)
+                                                                          : std::string());
         std::printf("\nrun it: mpiexec -n %d %s   (or train_gpt --auto)\n", machine.ranks, flags.c_str());
         if (machine.ranks_per_node > 0) {
           // the Mesh's order is tp fastest, then dp, then pp: consecutive world ranks on one node

@@ -50,7 +50,6 @@ using Backend = pmt::comm::default_backend_t<Exec>;
 using Model   = pmt::nn::Gpt<float, Exec, Backend>;
 using AdamW   = pmt::optim::AdamW<float, Exec>;
 using Zero    = pmt::optim::ZeroAdamW<float, Exec, Backend>;
-using Policy  = pmt::Hybrid<pmt::DataParallel<>, pmt::TensorSplit<>, pmt::Pipeline<>>;
 using Ids     = Model::Ids;
 constexpr const char* prog = "train_gpt";
 namespace fs = std::filesystem;
@@ -74,6 +73,11 @@ struct Options {
   std::vector<std::string> layout_flags;  // --dp, --tp, ... as given (--auto chooses them)
   std::vector<std::string> kokkos_args;   // --kokkos-*: passed to Kokkos, and only these
   std::string schedule = "1f1b", data = PMT_DEFAULT_DATA_DIR, ckpt_dir, metrics, trace, matmul;
+  std::string compress = "none";   // dp gradients on the wire: none or bf16 (error feedback)
+  int local_sgd = 0, diloco = 0;   // a period: parameters averaged (and DiLoCo's outer step) every so many steps
+  int staleness = -1;              // >= 0: bounded staleness, gradient sums applied this many steps late
+  double outer_lr = 0.7, outer_momentum = 0.9;
+  bool outer_given = false;
 };
 
 /// Kokkos' own flags (3.4 to 5.x), each as --name or --name=value.
@@ -99,6 +103,13 @@ std::string usage() {
              "  --microbatches N        microbatches per step and dp rank (default 2 pp with pp > 1, else 1);\n"
              "                          must divide batch / dp\n"
              "  --zero                  ZeRO-1: AdamW's state sharded over dp\n"
+             "  --compress none|bf16    dp gradients sent as bf16 with error feedback (half the bytes; default none)\n"
+             "  --local-sgd H           no gradient all-reduce: each dp replica trains on its own data, the\n"
+             "                          parameters are averaged every H steps\n"
+             "  --diloco H              DiLoCo: as --local-sgd H, then an outer Nesterov SGD step on the averaged\n"
+             "                          change (--outer-lr X, default 0.7; --outer-momentum X, default 0.9)\n"
+             "  --staleness S           asynchronous dp: each step applies the gradient sum started S steps\n"
+             "                          before, whose all-reduce overlaps those S steps (0: synchronous)\n"
              "  --recompute             activation recomputation per block: backward runs each block's forward\n"
              "                          again (about a third more compute, a block's input kept per microbatch)\n"
              "  --auto                  let the planner choose all of the above: it calibrates on the ranks,\n"
@@ -182,7 +193,8 @@ Options parse(int argc, char* argv[]) {
     const auto known = {"--dp", "--tp", "--pp", "--chunks", "--schedule", "--microbatches", "--layers", "--width", "--heads",
                         "--context", "--batch", "--steps", "--lr", "--warmup", "--seed", "--data", "--val-every",
                         "--ckpt-dir", "--ckpt-every", "--metrics", "--trace", "--threads", "--matmul", "--keep",
-                        "--watchdog", "--on-nonfinite"};
+                        "--watchdog", "--on-nonfinite", "--compress", "--local-sgd", "--diloco", "--outer-lr",
+                        "--outer-momentum", "--staleness"};
     if (std::find(known.begin(), known.end(), a) == known.end())
       throw pmt::ConfigError(prog, "unknown flag " + a + " (see --help)");
     if (i + 1 >= argc) throw pmt::ConfigError(prog, a + " needs a value (see --help)");
@@ -214,6 +226,20 @@ Options parse(int argc, char* argv[]) {
     else if (a == "--ckpt-every") o.ckpt_every = as_int(0);
     else if (a == "--threads") o.threads = as_int(1);
     else if (a == "--keep") o.keep = as_int(1);
+    else if (a == "--local-sgd") o.local_sgd = as_int(1);
+    else if (a == "--diloco") o.diloco = as_int(1);
+    else if (a == "--staleness") o.staleness = as_int(0);
+    else if (a == "--compress") {
+      if (v != "none" && v != "bf16") throw pmt::ConfigError(prog, "--compress " + v + ": expected none or bf16");
+      o.compress = v;
+    } else if (a == "--outer-lr" || a == "--outer-momentum") {
+      char* end = nullptr;
+      const double x = std::strtod(v.c_str(), &end);
+      const bool ok = end && *end == '\0' && (a == "--outer-lr" ? x > 0 : x >= 0 && x < 1);
+      if (!ok) throw pmt::ConfigError(prog, a + " " + v + (a == "--outer-lr" ? ": expected a positive number" : ": expected 0 <= X < 1"));
+      (a == "--outer-lr" ? o.outer_lr : o.outer_momentum) = x;
+      o.outer_given = true;
+    }
     else if (a == "--watchdog") {
       char* end  = nullptr;
       o.watchdog = std::strtod(v.c_str(), &end);
@@ -278,6 +304,18 @@ void validate(Options& o, int ranks) {
     throw pmt::ConfigError(prog, pmt::detail::str("--chunks ", o.chunks, " with 1f1b (interleaved) needs microbatches a multiple of pp = ",
                                                   o.pp, "; got ", o.microbatches));
   if (o.zero && o.dp == 1) throw pmt::ConfigError(prog, "--zero shards the optimizer state over dp, and dp is 1");
+  if ((o.local_sgd > 0) + (o.diloco > 0) + (o.staleness >= 0) > 1)
+    throw pmt::ConfigError(prog, "--local-sgd, --diloco and --staleness are three data-parallel modes: give one");
+  if (o.staleness >= 0 && (o.zero || o.compress != "none"))
+    throw pmt::ConfigError(prog, pmt::detail::str("--staleness applies whole fp32 gradient sums late; it does not combine with ",
+                                                  o.zero ? "--zero" : "--compress"));
+  if ((o.local_sgd > 0 || o.diloco > 0) && o.zero)
+    throw pmt::ConfigError(prog, pmt::detail::str(o.diloco > 0 ? "--diloco" : "--local-sgd",
+                                                  " keeps replicas apart between averages; --zero needs synchronous gradients"));
+  if (o.compress != "none" && (o.local_sgd > 0 || o.diloco > 0 || o.zero))
+    throw pmt::ConfigError(prog, pmt::detail::str("--compress ", o.compress, " compresses the synchronous gradient all-reduce; ",
+                                                  o.zero ? "--zero reduce-scatters instead" : "this run does not all-reduce gradients"));
+  if (o.outer_given && o.diloco == 0) throw pmt::ConfigError(prog, "--outer-lr and --outer-momentum set DiLoCo's outer step: they need --diloco H");
 }
 
 /// Checks the checkpoint and output flags (before the preflight acts on them).
@@ -377,7 +415,11 @@ std::vector<std::pair<std::string, std::string>> run_config(const Options& o, co
           {"data", std::to_string(data.size()) + ":" + hash},
           {"lr", lr},
           {"warmup", std::to_string(o.warmup)},
-          {"steps", std::to_string(o.steps)}};
+          {"steps", std::to_string(o.steps)},
+          {"dp_mode", o.diloco > 0   ? pmt::detail::str("diloco:", o.diloco, ":", o.outer_lr, ":", o.outer_momentum)
+                      : o.local_sgd > 0 ? pmt::detail::str("local-sgd:", o.local_sgd)
+                      : o.staleness >= 0 ? pmt::detail::str("stale:", o.staleness)
+                                        : "sync:" + o.compress}};
 }
 
 /// The number of ranks on this node, from the launcher's environment (1 when unknown).
@@ -479,9 +521,10 @@ std::unique_ptr<Guards> preflight(const Options& o, const Comm& world) {
   return g;
 }
 
-/// The run with optimizer Opt (AdamW, or ZeroAdamW with --zero): builds the model over the mesh,
-/// trains, validates, checkpoints, reports and samples.
-template <class Opt>
+/// The run with optimizer Opt (AdamW, or ZeroAdamW with --zero) and data-parallel mode Mode
+/// (Synchronous, LocalSgd<> or DiLoCo<>): builds the model over the mesh, trains, validates,
+/// checkpoints, reports and samples.
+template <class Opt, class Mode>
 int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_ptr<pmt::io::TokenDataset>& data, Guards& guards) {
   const bool root = pmt::world_rank() == 0;
   auto& memory    = pmt::obs::MemoryTracker::instance();  // Kokkos allocations: the peak per rank, in the report
@@ -499,7 +542,14 @@ int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_p
     else
       return Opt(model.parameters(), hyper);
   }();
-  pmt::train::Trainer<Model, Opt, Exec, Backend, Policy> trainer(mesh, model, opt);
+  pmt::train::TrainerOptions topts(pmt::parallel::GradSyncOptions{
+      pmt::parallel::GradSync<float, Exec, Backend>::default_bucket_bytes,
+      o.compress == "bf16" ? pmt::parallel::GradCompression::bf16 : pmt::parallel::GradCompression::none});
+  topts.period    = std::max(o.local_sgd, o.diloco);
+  topts.staleness = std::max(o.staleness, 0);
+  topts.outer  = {o.outer_lr, o.outer_momentum, true};
+  using Policy = pmt::Hybrid<pmt::DataParallel<Mode>, pmt::TensorSplit<>, pmt::Pipeline<>>;
+  pmt::train::Trainer<Model, Opt, Exec, Backend, Policy> trainer(mesh, model, opt, Exec(), topts);
   trainer.set_schedule(o.schedule == "gpipe" ? pmt::parallel::ScheduleKind::GPipe : pmt::parallel::ScheduleKind::OneFOneB);
   int start = 0;
   if (o.resume) {
@@ -524,7 +574,7 @@ int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_p
       if (root) std::printf("no checkpoint in %s: starting from step 0\n", o.ckpt_dir.c_str());
     } else {
       try {
-        const auto info = pmt::io::load_checkpoint(latest, mesh, opt, model_description(o));
+        const auto info = pmt::io::load_checkpoint(latest, mesh, opt, model_description(o), trainer.state());
         start           = static_cast<int>(info.step);
         // the saved run's configuration: a different one would not continue its losses
         std::string changed;
@@ -637,7 +687,7 @@ int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_p
     info.extra = {{"data_position", std::to_string(step)}, {"matmul_paths", pmt::encode_measured_choices()}};
     for (const auto& [key, value] : run_config(o, *data)) info.extra[key] = value;
     try {  // AdamW's or ZeRO-1's state: the same files
-      const std::string where = pmt::io::save_checkpoint(o.ckpt_dir, mesh, opt, info);
+      const std::string where = pmt::io::save_checkpoint(o.ckpt_dir, mesh, opt, info, trainer.state());
       if (root) std::printf("checkpoint: %s\n", where.c_str());
     } catch (const pmt::IoError& e) {
       throw Agreed{e.what(), false};  // save_checkpoint raises on every rank
@@ -662,7 +712,7 @@ int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_p
     double loss     = 0;
     {
       const pmt::Instrument instrument("train_gpt::step", pmt::Track::Optimizer, [step] { return "step " + std::to_string(step); });
-      loss = trainer.step(mbs, pmt::train::StepOptions{tokens, lr, 1.0, /*skip_nonfinite=*/true});
+      loss = trainer.step(mbs, pmt::train::StepOptions{tokens, lr, 1.0, /*skip_nonfinite=*/true, /*step=*/step});
     }
     if (trainer.last_step_skipped()) {  // nan or inf: the update was not applied (on every rank alike)
       // which ranks hold non-finite gradients of their own
@@ -751,6 +801,15 @@ int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_p
                     all(3 * q) == slowest && world.size() > 1 ? "  <- slowest" : "");
       }
       std::printf("imbalance (slowest / mean compute): %.3f\n", mean > 0 ? slowest / mean : 1.0);
+      if (o.dp > 1)
+        std::printf("dp communication: %.2f MiB handed to dp all-reduces by rank 0 over %d steps (%s)\n",
+                    double(trainer.dp_bytes_sent()) / 1048576.0, o.steps - start,
+                    o.diloco > 0      ? pmt::detail::str("DiLoCo: parameters averaged every ", o.diloco, " steps").c_str()
+                    : o.local_sgd > 0 ? pmt::detail::str("local SGD: parameters averaged every ", o.local_sgd, " steps").c_str()
+                    : o.staleness >= 0 ? pmt::detail::str("gradients every step, fp32, applied ", o.staleness, " steps late").c_str()
+                    : o.zero          ? "ZeRO-1 reduce-scatters and all-gathers itself: not counted"
+                                      : pmt::detail::str("gradients every step, ", o.compress == "bf16" ? "bf16 with error feedback" : "fp32").c_str());
+      if (metrics) std::fprintf(metrics, "{\"dp_bytes_sent\": %llu}\n", static_cast<unsigned long long>(trainer.dp_bytes_sent()));
       if (metrics && o.memory_report) {
         std::string list;
         for (int q = 0; q < world.size(); ++q) list += (q ? ", " : "") + std::to_string(static_cast<long long>(all(3 * q + 2)));
@@ -890,7 +949,11 @@ int main(int argc, char* argv[]) {
     } catch (const pmt::Error& e) {
       throw Agreed{e.what()};
     }
-    return o.zero ? run<Zero>(o, world, data, *guards) : run<AdamW>(o, world, data, *guards);
+    if (o.zero) return run<Zero, pmt::Synchronous>(o, world, data, *guards);
+    if (o.local_sgd > 0) return run<AdamW, pmt::LocalSgd<>>(o, world, data, *guards);
+    if (o.diloco > 0) return run<AdamW, pmt::DiLoCo<>>(o, world, data, *guards);
+    if (o.staleness >= 0) return run<AdamW, pmt::BoundedStaleness<>>(o, world, data, *guards);
+    return run<AdamW, pmt::Synchronous>(o, world, data, *guards);
   } catch (const Agreed& e) {
     if (root || (!e.alike && e.message.find("other rank(s)") == std::string::npos))
       std::fprintf(stderr, "%s: error: %s\n", prog, own(e.message).c_str());

@@ -6,8 +6,11 @@
 #include <catch2/catch_test_macros.hpp>
 
 #include "comm_test.hpp"
+#include "pmt/core/bf16.hpp"
 
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 using pmt::comm::ReduceOp;
@@ -163,4 +166,49 @@ TEST_CASE("iall_reduce overlapping a Kokkos kernel gives the same result and kee
   bool ok = (!PMT_ENABLE_MPI || held >= 2) && buf.use_count() == 1;
   for (std::size_t i = 0; i < n; ++i) ok = ok && buf(i) == ref(i) && other(i) == 2.0 * double(i);
   CHECK(pmt::test::all_ranks(ok));
+}
+
+TEST_CASE("bf16 rounds to nearest even, keeps nan and inf, and moves through the collectives", "[comm][bf16][mpi]") {
+  // conversions: exact values stay, ties go to the even neighbour, overflow becomes inf
+  const auto bits = [](float f) { return pmt::bf16(f).bits; };
+  CHECK(bits(1.0f) == 0x3F80);
+  CHECK(bits(-2.5f) == 0xC020);
+  CHECK(static_cast<float>(pmt::bf16(3.140625f)) == 3.140625f);  // 8 significant bits: exact
+  CHECK(bits(1.0f + 1.0f / 256) == 0x3F80);                      // halfway, even below
+  CHECK(bits(1.0f + 3.0f / 256) == 0x3F82);                      // halfway, even above
+  CHECK(bits(1.0f + 1.0f / 256 + 1.0f / 65536) == 0x3F81);       // just above halfway
+  CHECK(bits(std::numeric_limits<float>::infinity()) == 0x7F80);
+  CHECK(bits(std::numeric_limits<float>::max()) == 0x7F80);      // rounds past the largest bf16
+  CHECK(std::isnan(static_cast<float>(pmt::bf16(std::numeric_limits<float>::quiet_NaN()))));
+  CHECK(std::isnan(static_cast<float>(pmt::bf16(-std::numeric_limits<float>::signaling_NaN()))));
+  // all_reduce (sum, max, min; in place and out of place) and all_gather of bf16: values whose
+  // sums are exact in bf16, so results compare bitwise
+  const auto run = [](const auto& c) {
+    Host exec;
+    const int r = c.rank(), p = c.size();
+    bool ok = true;
+    for (std::size_t n : {std::size_t(0), std::size_t(13), std::size_t(1) << 16})
+      for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min})
+        for (bool in_place : {false, true}) {
+          Vec<pmt::bf16> send("send", n), recv("recv", n);
+          for (std::size_t i = 0; i < n; ++i) send(i) = pmt::bf16(float(r + 1) + float(i % 5));
+          if (in_place) pmt::comm::all_reduce(c, exec, send, op), recv = send;
+          else pmt::comm::all_reduce(c, exec, send, recv, op);
+          exec.fence();
+          for (std::size_t i = 0; i < n; ++i) {
+            const float k = float(i % 5);
+            const float expect = op == ReduceOp::Sum ? float(p * (p + 1) / 2) + float(p) * k : op == ReduceOp::Max ? float(p) + k : 1.0f + k;
+            ok = ok && static_cast<float>(recv(i)) == expect;
+          }
+        }
+    Vec<pmt::bf16> mine("mine", 3), all("all", 3 * std::size_t(p));
+    for (std::size_t i = 0; i < 3; ++i) mine(i) = pmt::bf16(float(10 * r) + float(i));
+    pmt::comm::all_gather(c, exec, mine, all);
+    exec.fence();
+    for (int q = 0; q < p; ++q)
+      for (std::size_t i = 0; i < 3; ++i) ok = ok && static_cast<float>(all(3 * std::size_t(q) + i)) == float(10 * q) + float(i);
+    return ok;
+  };
+  CHECK(pmt::test::all_ranks(run(pmt::test::world())));
+  CHECK(run(pmt::comm::Communicator<pmt::comm::Self>()));
 }

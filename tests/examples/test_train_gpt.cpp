@@ -15,8 +15,11 @@
 //   - --recompute (per-block activation recomputation) on tp2 x pp2 gives the one-rank losses;
 //   - --zero (ZeRO-1) gives AdamW's losses; --auto calibrates, prints the planner's table and
 //     trains with its best layout; the report and the metrics carry each rank's peak memory;
+//   - each data-parallel mode (bf16-compressed gradients, local SGD, DiLoCo, bounded staleness)
+//     resumes 3 + 3 steps bit for bit on dp 2, and reports its bytes (bf16: half of fp32's);
 //   - each bad input gives its message on stderr and a non-zero exit, within a time limit.
 // This binary is not an MPI program itself (it starts mpiexec), so it has its own main.
+#include <catch2/catch_approx.hpp>
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
@@ -277,6 +280,35 @@ TEST_CASE("a ZeRO-1 checkpoint with pipeline stages resumes as ZeRO-1 and as Ada
   CHECK(rel(next[1], next[0]) <= 1e-5);
 }
 
+TEST_CASE("the data-parallel modes resume bit for bit and report their bytes", "[examples][train_gpt][checkpoint][dp]") {
+  // each mode's own state (the bf16 residuals, DiLoCo's anchor and momentum, the stale sums in
+  // flight) travels with the checkpoint: 3 + resume 3 equals 6 steps
+  static std::map<std::string, double> mib;  // over the sections (Catch enters the test once per section)
+  for (const std::string mode : {"", "--compress bf16", "--local-sgd 2", "--diloco 2", "--staleness 2"}) {
+    DYNAMIC_SECTION("mode '" << mode << "'") {
+      const auto dir = tmp("dp_mode");
+      const auto r = run(small + mode + " --dp 2 --steps 6 --ckpt-every 3 --overwrite --ckpt-dir " + dir + " --metrics " + dir + ".json", 2);
+      REQUIRE(r.rc == 0);
+      const std::regex re(R"(dp communication: ([0-9.]+) MiB)");
+      std::smatch m;
+      REQUIRE(std::regex_search(r.out, m, re));
+      mib[mode] = std::stod(m[1]);
+      fs::remove_all(dir + "/step-00000006");
+      { std::ofstream(dir + "/LATEST") << "step-00000003\n"; }
+      const auto again = run(small + mode + " --dp 2 --steps 6 --resume --ckpt-dir " + dir + " --metrics " + dir + "2.json", 2);
+      REQUIRE(again.rc == 0);
+      const auto a = losses(dir + ".json"), b = losses(dir + "2.json");
+      REQUIRE(b.size() == 3);
+      for (const auto& [step, l] : b) CHECK(l == a.at(step));
+    }
+  }
+  if (mib.size() == 5) {
+    CHECK(mib.at("--compress bf16") == Catch::Approx(mib.at("") / 2).epsilon(0.01));  // half the bytes
+    CHECK(mib.at("--local-sgd 2") < mib.at(""));                                       // parameters every 2nd step
+    CHECK(mib.at("--staleness 2") == Catch::Approx(mib.at("")).epsilon(0.01));         // every step, applied late
+  }
+}
+
 TEST_CASE("bad input: a message on stderr, a non-zero exit, no hang", "[examples][train_gpt][errors]") {
   const auto short_file = tmp("short.txt");
   { std::ofstream(short_file) << "too short"; }
@@ -308,6 +340,12 @@ TEST_CASE("bad input: a message on stderr, a non-zero exit, no hang", "[examples
       {"--matmul blas", 2, "--matmul is 'blas'; expected vendor, portable or auto"},
       {"--auto --dp 2", 2, "--auto chooses the layout; drop --dp"},
       {"--zero", 1, "--zero shards the optimizer state over dp, and dp is 1"},
+      {"--local-sgd 2 --diloco 2", 1, "three data-parallel modes: give one"},
+      {"--compress gzip", 1, "--compress gzip: expected none or bf16"},
+      {"--compress bf16 --local-sgd 2", 2, "this run does not all-reduce gradients"},
+      {"--outer-lr 0.5", 1, "--outer-lr and --outer-momentum set DiLoCo's outer step: they need --diloco H"},
+      {"--diloco 2 --outer-momentum 1", 1, "--outer-momentum 1: expected 0 <= X < 1"},
+      {"--staleness 1 --zero", 2, "--staleness applies whole fp32 gradient sums late"},
       {"--resume --steps 2 --width 128 --ckpt-dir " + ckpt, 1, "holds a different model"},
   };
   for (const auto& c : cases) {

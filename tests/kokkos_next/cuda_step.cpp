@@ -123,13 +123,13 @@ using Backend = pmt::comm::Nccl;
 template <class Exec, class B>
 using Model = pmt::nn::Gpt<float, Exec, B>;
 
-/// Two steps of a small Gpt on `Exec` with AdamW (or ZeRO-1's AdamW), dp = world size; the
-/// per-step losses.
-template <class Exec, class B, bool zero = false>
-std::vector<double> train(const pmt::comm::Communicator<B>& world) {
+/// Two steps of a small Gpt on `Exec` with AdamW (or ZeRO-1's AdamW), dp = world size, data-parallel
+/// mode Mode; the per-step losses.
+template <class Exec, class B, bool zero = false, class Mode = pmt::Synchronous>
+std::vector<double> train(const pmt::comm::Communicator<B>& world, const pmt::train::TrainerOptions& options = {}) {
   using G  = Model<Exec, B>;
   using Op = std::conditional_t<zero, pmt::optim::ZeroAdamW<float, Exec, B>, pmt::optim::AdamW<float, Exec>>;
-  using P  = pmt::Hybrid<pmt::DataParallel<>, pmt::TensorSplit<>, pmt::Pipeline<>>;
+  using P  = pmt::Hybrid<pmt::DataParallel<Mode>, pmt::TensorSplit<>, pmt::Pipeline<>>;
   pmt::Mesh<B> mesh(world, pmt::MeshShape{world.size(), 1, 1});
   const pmt::nn::GptConfig cfg{96, 32, 2, 64, 4, 7};
   G model(mesh, cfg);
@@ -140,7 +140,7 @@ std::vector<double> train(const pmt::comm::Communicator<B>& world) {
     else
       return Op(model.parameters(), hyper);
   }();
-  pmt::train::Trainer<G, Op, Exec, B, P> trainer(mesh, model, opt);
+  pmt::train::Trainer<G, Op, Exec, B, P> trainer(mesh, model, opt, Exec(), options);
   const std::size_t per = 2, T = cfg.context;
   std::vector<pmt::train::Microbatch<typename G::Ids>> mbs{
       {typename G::Ids("ids", per * T), typename G::Ids("targets", per * T), per, T}};
@@ -178,6 +178,18 @@ int main(int argc, char* argv[]) {
   const auto dev  = train<Dev, Backend>(nccl);
   const auto zero = train<Dev, Backend, true>(nccl);
   const auto host = train<Host, pmt::comm::Mpi>(world);
+  // the other data-parallel modes on the device: bf16-compressed gradients (with dp > 1), DiLoCo
+  // and bounded staleness; their first step's loss is the synchronous one's
+  pmt::train::TrainerOptions packed(pmt::parallel::GradSyncOptions{std::size_t(1) << 20, pmt::parallel::GradCompression::bf16});
+  pmt::train::TrainerOptions period;
+  period.period = 2, period.staleness = 1;
+  const auto bf16   = train<Dev, Backend>(nccl, packed);
+  const auto diloco = train<Dev, Backend, false, pmt::DiLoCo<>>(nccl, period);
+  const auto stale  = train<Dev, Backend, false, pmt::BoundedStaleness<>>(nccl, period);
+  if (root)
+    for (const auto* other : {&bf16, &diloco, &stale})
+      expect(std::abs((*other)[0] - dev[0]) <= 1e-5 * std::abs(dev[0]),
+             pmt::detail::str("first step of a data-parallel mode on Kokkos::Cuda + NCCL: loss ", (*other)[0], ", synchronous ", dev[0]));
   for (std::size_t s = 0; s < dev.size(); ++s)
     if (root) {
       expect(std::abs(dev[s] - host[s]) <= 1e-5 * std::abs(host[s]),

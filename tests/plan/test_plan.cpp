@@ -12,6 +12,7 @@
 // plan::measure (the interleaved measurement of layouts) returns every layout's timed steps, the
 // same on every rank, and rejects what cannot run; plan::spearman ranks with ties.
 // (Step-time predictions are checked against measurement by bench/plan_check.py, not here.)
+#include <catch2/catch_approx.hpp>
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 #include <algorithm>
@@ -603,4 +604,61 @@ TEST_CASE("nodes: each axis's collectives are costed on the links they cross", "
   CHECK(slow4.time.dp_comm > fast4.time.dp_comm);
   CHECK(slow8.time.tp_comm > 1.5 * fast8.time.tp_comm);
   CHECK_THAT(pmt::plan::describe(m), ContainsSubstring("nodes of 4 ranks: inside 100 GB/s"));
+}
+
+TEST_CASE("data-parallel modes: bytes, time and memory of compression, periodic averages and staleness",
+          "[plan][dp_modes]") {
+  using pmt::plan::DpChoice;
+  using pmt::plan::DpMode;
+  pmt::plan::Problem pr = problem(256, 8, 256, 8, 64);
+  pmt::plan::Machine slow = machine(8);
+  slow.link_gbps = 0.05;  // the dp all-reduce dominates
+  const auto at = [&](DpChoice c, const pmt::plan::Machine& m) {
+    pmt::plan::Layout l{8, 1, 1, 1, pmt::parallel::ScheduleKind::OneFOneB, false, 1, c};
+    return pmt::plan::estimate(pr, m, l);
+  };
+  const auto sync = at({DpMode::Sync, 1}, slow), bf16 = at({DpMode::Bf16, 1}, slow);
+  const auto local = at({DpMode::LocalSgd, 4}, slow), diloco = at({DpMode::DiLoCo, 4}, slow);
+  const double grad_bytes = sync.bytes.dp, P = grad_bytes / 4;
+  // bytes: bf16 half; the averages a quarter per step
+  CHECK(bf16.bytes.dp == grad_bytes / 2);
+  CHECK(local.bytes.dp == grad_bytes / 4);
+  // time: bf16's all-reduce carries half the bytes; local SGD pays a blocking average every 4th step
+  CHECK(bf16.time.dp_comm < 0.6 * sync.time.dp_comm);
+  CHECK(local.time.dp_comm == Catch::Approx(slow.all_reduce_on(grad_bytes, 8, 1) / 4).epsilon(1e-12));
+  CHECK(diloco.time.dp_comm > local.time.dp_comm);  // the outer step's memory traffic
+  // memory beside the parameters: buckets, wire + residual, nothing, anchor + momentum, S + 1 sums
+  const auto buckets = [](const pmt::plan::Estimate& e) { return e.memory[0].buckets; };
+  CHECK(buckets(sync) == 4 * P);
+  CHECK(buckets(bf16) == 6 * P);
+  CHECK(buckets(local) == 0);
+  CHECK(buckets(diloco) == 8 * P);
+  CHECK(buckets(at({DpMode::Stale, 2}, slow)) == 12 * P);
+  // staleness: on a slow link the sum needs more than S steps and the rest is exposed; on a fast
+  // one it hides entirely behind S steps (only packing is left)
+  const auto stale1 = at({DpMode::Stale, 1}, slow), stale4 = at({DpMode::Stale, 4}, slow);
+  CHECK(stale1.time.dp_comm > stale4.time.dp_comm);
+  pmt::plan::Machine fast = machine(8);
+  fast.link_gbps = 1000;
+  CHECK(at({DpMode::Stale, 1}, fast).time.dp_comm == Catch::Approx(fast.memory(2 * grad_bytes)).epsilon(1e-9));
+  // the search: sync only unless asked; asked, the communication-bound machine ranks the cheaper
+  // modes first
+  const auto plain = pmt::plan::search(pr, slow);
+  for (const auto& e : plain.ranked) CHECK(e.layout.sync.mode == DpMode::Sync);
+  pmt::plan::SearchOptions so;
+  so.dp_modes = {DpChoice{DpMode::Sync, 1}, DpChoice{DpMode::Bf16, 1}, DpChoice{DpMode::LocalSgd, 8}};
+  const auto asked = pmt::plan::search(pr, slow, so);
+  CHECK(asked.best().layout.sync.mode != DpMode::Sync);
+  CHECK_THAT(asked.table(3), ContainsSubstring(", local 8") || ContainsSubstring(", bf16"));
+  // what cannot run says why
+  pmt::plan::Layout one{1, 8, 1, 1, pmt::parallel::ScheduleKind::OneFOneB, false, 1, {DpMode::Bf16, 1}};
+  CHECK(pmt::plan::why_invalid(pr, one, 8) == "dp mode bf16 needs dp > 1");
+  pmt::plan::Layout zero{8, 1, 1, 1, pmt::parallel::ScheduleKind::OneFOneB, true, 1, {DpMode::LocalSgd, 2}};
+  CHECK(pmt::plan::why_invalid(pr, zero, 8) == "dp mode local 2 does not combine with ZeRO-1");
+  // the flag's words
+  CHECK(pmt::plan::parse_dp_choice("diloco:16").describe() == "diloco 16");
+  CHECK(pmt::plan::parse_dp_choice("stale:0").describe() == "stale 0");
+  CHECK(pmt::plan::parse_dp_choice("bf16").mode == DpMode::Bf16);
+  for (const char* bad : {"local", "local:0", "sync:2", "stale:-1", "fp8", "diloco:x"})
+    CHECK_THROWS_WITH(pmt::plan::parse_dp_choice(bad), ContainsSubstring("is not a data-parallel mode"));
 }

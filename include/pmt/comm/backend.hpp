@@ -5,6 +5,7 @@
 // layer headers include only this header, never <mpi.h> or <nccl.h>.
 
 #include "pmt/config.hpp"
+#include "pmt/core/bf16.hpp"
 #include "pmt/core/tensor.hpp"
 
 #include <cstdint>
@@ -46,21 +47,25 @@ inline constexpr const char* to_string(ReduceOp op) {
 }
 
 /// \brief Element types collectives move.
-enum class DataType { Int8, UInt8, Int32, UInt32, Int64, UInt64, Float32, Float64 };
+/// BFloat16 (pmt::bf16) moves 16-bit floats; its Sum, Max and Min work in float per pair of
+/// values and round back to bf16 (each hop of a reduction rounds once).
+enum class DataType { Int8, UInt8, Int32, UInt32, Int64, UInt64, Float32, Float64, BFloat16 };
 
-/// \brief The DataType of T (float, double, 8/32/64-bit integers; another type does not compile).
+/// \brief The DataType of T (float, double, pmt::bf16, 8/32/64-bit integers; another type does not
+/// compile).
 template <class T>
 constexpr DataType data_type_of() {
   using U = std::remove_cv_t<T>;
   if constexpr (std::is_same_v<U, float>) return DataType::Float32;
   else if constexpr (std::is_same_v<U, double>) return DataType::Float64;
+  else if constexpr (std::is_same_v<U, bf16>) return DataType::BFloat16;
   else if constexpr (std::is_integral_v<U> && std::is_signed_v<U> && sizeof(U) == 1) return DataType::Int8;
   else if constexpr (std::is_integral_v<U> && std::is_unsigned_v<U> && sizeof(U) == 1) return DataType::UInt8;
   else if constexpr (std::is_integral_v<U> && std::is_signed_v<U> && sizeof(U) == 4) return DataType::Int32;
   else if constexpr (std::is_integral_v<U> && std::is_unsigned_v<U> && sizeof(U) == 4) return DataType::UInt32;
   else if constexpr (std::is_integral_v<U> && std::is_signed_v<U> && sizeof(U) == 8) return DataType::Int64;
   else if constexpr (std::is_integral_v<U> && std::is_unsigned_v<U> && sizeof(U) == 8) return DataType::UInt64;
-  else static_assert(sizeof(U) == 0, "pmt::comm: collectives move float, double and 8/32/64-bit integers");
+  else static_assert(sizeof(U) == 0, "pmt::comm: collectives move float, double, pmt::bf16 and 8/32/64-bit integers");
 }
 
 /// \brief Bytes per element of t.
@@ -68,6 +73,7 @@ inline constexpr std::size_t size_of(DataType t) {
   switch (t) {
     case DataType::Int8:
     case DataType::UInt8: return 1;
+    case DataType::BFloat16: return 2;
     case DataType::Int32:
     case DataType::UInt32:
     case DataType::Float32: return 4;
@@ -78,7 +84,7 @@ inline constexpr std::size_t size_of(DataType t) {
   return 0;
 }
 
-/// \brief "int8" ... "float64".
+/// \brief "int8" ... "float64", "bfloat16".
 inline constexpr const char* to_string(DataType t) {
   switch (t) {
     case DataType::Int8: return "int8";
@@ -89,6 +95,7 @@ inline constexpr const char* to_string(DataType t) {
     case DataType::UInt64: return "uint64";
     case DataType::Float32: return "float32";
     case DataType::Float64: return "float64";
+    case DataType::BFloat16: return "bfloat16";
   }
   return "?";
 }

@@ -48,11 +48,37 @@ inline MPI_Datatype mpi_type(comm::DataType t) {
     case comm::DataType::UInt64: return MPI_UINT64_T;
     case comm::DataType::Float32: return MPI_FLOAT;
     case comm::DataType::Float64: return MPI_DOUBLE;
+    case comm::DataType::BFloat16: return MPI_UINT16_T;  // reduced by the bf16 operations below
   }
   return MPI_DATATYPE_NULL;
 }
 
-inline MPI_Op mpi_op(comm::ReduceOp op) {
+/// The user-defined MPI operations over bf16 (MPI has no 16-bit float): each pair of values is
+/// combined in float and rounded back to bf16. Created on first use (after MPI_Init), commutative.
+template <int Kind>  // 0 sum, 1 max, 2 min
+void bf16_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const bf16*>(in);
+  auto* b       = static_cast<bf16*>(inout);
+  for (int i = 0; i < *len; ++i) {
+    const float x = static_cast<float>(a[i]), y = static_cast<float>(b[i]);
+    b[i] = bf16(Kind == 0 ? x + y : Kind == 1 ? (x > y ? x : y) : (x < y ? x : y));
+  }
+}
+inline MPI_Op bf16_op(comm::ReduceOp op) {
+  struct Ops {
+    MPI_Op sum = MPI_OP_NULL, max = MPI_OP_NULL, min = MPI_OP_NULL;
+    Ops() {
+      MPI_Op_create(&bf16_reduce<0>, 1, &sum);
+      MPI_Op_create(&bf16_reduce<1>, 1, &max);
+      MPI_Op_create(&bf16_reduce<2>, 1, &min);
+    }
+  };
+  static const Ops ops;
+  return op == comm::ReduceOp::Max ? ops.max : op == comm::ReduceOp::Min ? ops.min : ops.sum;
+}
+
+inline MPI_Op mpi_op(comm::ReduceOp op, comm::DataType t) {
+  if (t == comm::DataType::BFloat16) return bf16_op(op);
   switch (op) {
     case comm::ReduceOp::Sum:
     case comm::ReduceOp::Avg: return MPI_SUM;  // Avg divides afterwards
@@ -130,7 +156,7 @@ class Communicator<Mpi> {
     detail::static_check_mpi_space<Exec>();
     exec.fence();
     check(MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, icount(count), detail::mpi_type(t),
-                        detail::mpi_op(op), native()),
+                        detail::mpi_op(op, t), native()),
           "all_reduce", "MPI_Allreduce");
   }
 
@@ -147,12 +173,12 @@ class Communicator<Mpi> {
     if (in_place) {
       void* whole = const_cast<void*>(send);
       check(MPI_Reduce_scatter_block(MPI_IN_PLACE, whole, icount(recv_count), detail::mpi_type(t),
-                                     detail::mpi_op(op), native()),
+                                     detail::mpi_op(op, t), native()),
             "reduce_scatter", "MPI_Reduce_scatter_block");
       if (rank() != 0 && bytes > 0) std::memcpy(recv, whole, bytes);  // host memory (MPI path)
     } else {
       check(MPI_Reduce_scatter_block(send, recv, icount(recv_count), detail::mpi_type(t),
-                                     detail::mpi_op(op), native()),
+                                     detail::mpi_op(op, t), native()),
             "reduce_scatter", "MPI_Reduce_scatter_block");
     }
   }
@@ -197,7 +223,7 @@ class Communicator<Mpi> {
     exec.fence();
     auto req = std::make_shared<MPI_Request>(MPI_REQUEST_NULL);
     check(MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, icount(count), detail::mpi_type(t),
-                         detail::mpi_op(op), native(), req.get()),
+                         detail::mpi_op(op, t), native(), req.get()),
           "iall_reduce", "MPI_Iallreduce");
     return make_request(req, "iall_reduce", std::move(keep), std::move(on_complete));
   }

@@ -42,6 +42,7 @@ inline ncclDataType_t nccl_type(comm::DataType t) {
     case comm::DataType::UInt64: return ncclUint64;
     case comm::DataType::Float32: return ncclFloat32;
     case comm::DataType::Float64: return ncclFloat64;
+    case comm::DataType::BFloat16: return ncclBfloat16;
   }
   return ncclFloat32;
 }

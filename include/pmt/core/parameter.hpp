@@ -54,4 +54,22 @@ struct Parameter {
   }
 };
 
+/// \brief Named per-parameter state kept outside the optimizer that a checkpoint saves beside it
+/// (the Trainer's: DiLoCo's outer anchor and momentum, the error-feedback residual of compressed
+/// gradients). `of[i]` belongs to the i-th parameter of the optimizer's parameters() and has its
+/// size (an empty tensor: this parameter has none). A state a checkpoint lacks is loaded as zeros,
+/// or as the parameter's loaded value when `defaults_to_value`; `loaded`, when set, is set to
+/// true by a load.
+template <class T, class Exec>
+struct ParameterStates {
+  /// One named state of every parameter.
+  struct State {
+    std::string name;
+    std::vector<Tensor<T, 1, Exec>> of;
+    bool defaults_to_value = false;
+  };
+  std::vector<State> states;
+  bool* loaded = nullptr;
+};
+
 }  // namespace pmt

@@ -6,7 +6,10 @@
 // writes and reads AdamW's files: its moments are all-gathered over dp for the save, and each
 // rank keeps its part on load, so a checkpoint moves between the two optimizers and between dp
 // degrees. The manifest names the optimizer ("optimizer adamw|sgd|none"); loading into another
-// optimizer is refused, and load_weights takes the parameters of any checkpoint.
+// optimizer is refused, and load_weights takes the parameters of any checkpoint. Named
+// per-parameter states beside the optimizer's (ParameterStates: a Trainer's state(), e.g. DiLoCo's
+// outer anchor and momentum, the residual of compressed gradients) travel as records of their own
+// kind; a checkpoint without them loads them as zeros (or as the parameters, where the state says).
 //   DIR/step-00000006/shard-00003.bin   one per world rank: that rank's parameter shards and
 //                                        their Adam moments (pipeline copies such as the tied
 //                                        LM head are not written: the owning stage writes them)
@@ -630,6 +633,57 @@ class ZeroAsAdamW {
   std::vector<std::size_t> m_offset;
 };
 
+/// An optimizer's state with named per-parameter states appended (ParameterStates: the
+/// Trainer's). Opt may be const (for saving).
+template <class Opt>
+class WithStates {
+ public:
+  using value_type      = typename std::remove_const_t<Opt>::value_type;
+  using execution_space = typename std::remove_const_t<Opt>::execution_space;
+  using T               = value_type;
+  using Exec            = execution_space;
+  /// \throws pmt::ConfigError when a state does not have one tensor of each parameter's size.
+  WithStates(Opt& opt, const ParameterStates<T, Exec>& extra) : m_opt(&opt), m_extra(extra), m_base(opt.states()) {
+    const auto& ps = opt.parameters();
+    for (const auto& st : m_extra.states) {
+      bool ok = st.of.size() == ps.size();
+      for (std::size_t i = 0; ok && i < ps.size(); ++i) ok = st.of[i].size() == 0 || st.of[i].size() == ps[i]->size();
+      pmt::detail::require<ConfigError>(ok, "pmt::io::checkpoint", [&] {
+        return pmt::detail::str("state \"", st.name, "\" has ", st.of.size(), " tensors for ", ps.size(),
+                                " parameters (or one of another size than its parameter)");
+      });
+    }
+  }
+  const std::vector<Parameter<T, Exec>*>& parameters() const noexcept { return m_opt->parameters(); }
+  const char* kind() const noexcept { return m_opt->kind(); }
+  std::vector<std::string> states() const {
+    auto out = m_base;
+    for (const auto& st : m_extra.states) out.push_back(st.name);
+    return out;
+  }
+  Tensor<T, 1, Exec> state(std::size_t i, std::size_t k) const {
+    return k < m_base.size() ? m_opt->state(i, k) : m_extra.states[k - m_base.size()].of.at(i);
+  }
+  std::int64_t steps() const noexcept { return m_opt->steps(); }
+  void set_steps(std::int64_t n) noexcept { m_opt->set_steps(n); }
+  bool defaults_to_value(std::size_t k) const noexcept {
+    return k >= m_base.size() && m_extra.states[k - m_base.size()].defaults_to_value;
+  }
+  void mark_loaded() const noexcept {
+    if (m_extra.loaded) *m_extra.loaded = true;
+  }
+
+ private:
+  Opt* m_opt;
+  ParameterStates<T, Exec> m_extra;
+  std::vector<std::string> m_base;
+};
+
+template <class Opt, class = void>
+inline constexpr bool has_state_defaults_v = false;
+template <class Opt>
+inline constexpr bool has_state_defaults_v<Opt, std::void_t<decltype(std::declval<const Opt&>().defaults_to_value(std::size_t(0)))>> = true;
+
 template <class Opt, class Backend>
 std::string save(const std::string& dir, const Mesh<Backend>& mesh, const Opt& opt, const CheckpointInfo& info) {
   using T                 = typename Opt::value_type;
@@ -662,14 +716,20 @@ std::string save(const std::string& dir, const Mesh<Backend>& mesh, const Opt& o
     std::vector<std::size_t> index;
     for (std::size_t i = 0; i < ps.size(); ++i)
       if (!ps[i]->pp_copy) index.push_back(i);
-    checkpoint_detail::put(bytes, static_cast<std::uint32_t>((1 + kinds.size()) * index.size()));
+    using Entry = std::pair<std::string, Tensor<T, 1, Exec>>;
+    std::vector<std::vector<Entry>> records;  // per parameter: its value, then each state it has
+    std::uint32_t count = 0;
     for (std::size_t i : index) {
-      const auto& p = *ps[i];
+      auto& entries = records.emplace_back(std::vector<Entry>{Entry("param/", ps[i]->value)});
+      for (std::size_t k = 0; k < kinds.size(); ++k)
+        if (auto st = opt.state(i, k); st.size() > 0) entries.emplace_back(kinds[k] + "/", st);
+      count += static_cast<std::uint32_t>(entries.size());
+    }
+    checkpoint_detail::put(bytes, count);
+    for (std::size_t j = 0; j < index.size(); ++j) {
+      const auto& p = *ps[index[j]];
       const auto sh = checkpoint_detail::shape_of(p);
-      using Entry = std::pair<std::string, Tensor<T, 1, Exec>>;
-      std::vector<Entry> entries{Entry("param/", p.value)};
-      for (std::size_t k = 0; k < kinds.size(); ++k) entries.emplace_back(kinds[k] + "/", opt.state(i, k));
-      for (const auto& [prefix, view] : entries) {
+      for (const auto& [prefix, view] : records[j]) {
         const std::string name = prefix + p.name;
         checkpoint_detail::put(bytes, static_cast<std::uint32_t>(name.size()));
         bytes += name;
@@ -775,6 +835,7 @@ CheckpointInfo load(const std::string& step_dir, const Mesh<Backend>& mesh, Opt&
     std::vector<std::vector<T>> hv(ps.size());
     std::vector<std::vector<std::vector<T>>> hst(kinds.size(), std::vector<std::vector<T>>(ps.size()));
     std::vector<std::vector<char>> got(ps.size());  // which elements some shard provided (dp replicas repeat them)
+    std::vector<std::vector<char>> found(kinds.size(), std::vector<char>(ps.size(), 0));  // a record of state k for parameter i
     for (std::size_t i = 0; i < ps.size(); ++i) {
       hv[i].resize(ps[i]->size());
       for (auto& st : hst) st[i].resize(ps[i]->size());
@@ -797,6 +858,7 @@ CheckpointInfo load(const std::string& step_dir, const Mesh<Backend>& mesh, Opt&
             throw IoError("pmt::io::checkpoint", pmt::detail::str(path, ": ", rec.name, " has global shape (", rec.global[0], ", ",
                                                                    rec.global[1], "); the model's is (", sh.g[0], ", ", sh.g[1], ")"));
           auto& dst = kind == "param" ? hv[i] : hst[state_k][i];
+          if (kind != "param") found[state_k][i] = 1;
           // the overlap of the saved slice [o, o + l) with ours, per dimension
           std::uint64_t lo[2], hi[2];
           bool any = true;
@@ -837,9 +899,17 @@ CheckpointInfo load(const std::string& step_dir, const Mesh<Backend>& mesh, Opt&
     using HostView = Kokkos::View<const T*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
     for (std::size_t i = 0; i < ps.size(); ++i) {
       Kokkos::deep_copy(ps[i]->value, HostView(hv[i].data(), hv[i].size()));
-      for (std::size_t k = 0; k < kinds.size(); ++k) Kokkos::deep_copy(opt.state(i, k), HostView(hst[k][i].data(), hst[k][i].size()));
+      for (std::size_t k = 0; k < kinds.size(); ++k) {
+        const auto st = opt.state(i, k);
+        if (st.size() == 0) continue;  // this parameter has no such state
+        bool from_value = false;       // a state the checkpoint lacks: zeros, or the loaded value
+        if constexpr (checkpoint_detail::has_state_defaults_v<Opt>) from_value = !found[k][i] && opt.defaults_to_value(k);
+        const auto& src = from_value ? hv[i] : hst[k][i];
+        Kokkos::deep_copy(st, HostView(src.data(), src.size()));
+      }
     }
     if (!kinds.empty()) opt.set_steps(adam_steps);
+    if constexpr (checkpoint_detail::has_state_defaults_v<Opt>) opt.mark_loaded();
   } catch (...) {  // whatever it is, the other ranks must not wait for this one
     err = std::current_exception();
   }
@@ -857,15 +927,17 @@ CheckpointInfo load(const std::string& step_dir, const Mesh<Backend>& mesh, Opt&
 /// anything is written, when two parameters share a name (the other ranks: pmt::IoError).
 template <class T, class Exec, class Backend>
 std::string save_checkpoint(const std::string& dir, const Mesh<Backend>& mesh, const optim::AdamW<T, Exec>& opt,
-                            const CheckpointInfo& info) {
-  return checkpoint_detail::save(dir, mesh, checkpoint_detail::AdamWState<T, Exec>(opt), info);
+                            const CheckpointInfo& info, const ParameterStates<T, Exec>& extra = {}) {
+  const checkpoint_detail::AdamWState<T, Exec> state(opt);
+  return checkpoint_detail::save(dir, mesh, checkpoint_detail::WithStates<const decltype(state)>(state, extra), info);
 }
 
 /// \brief Sgd: the parameters and the momentum buffers ("optimizer sgd").
 template <class T, class Exec, class Backend>
 std::string save_checkpoint(const std::string& dir, const Mesh<Backend>& mesh, const optim::Sgd<T, Exec>& opt,
-                            const CheckpointInfo& info) {
-  return checkpoint_detail::save(dir, mesh, checkpoint_detail::SgdState<T, Exec>(opt), info);
+                            const CheckpointInfo& info, const ParameterStates<T, Exec>& extra = {}) {
+  const checkpoint_detail::SgdState<T, Exec> state(opt);
+  return checkpoint_detail::save(dir, mesh, checkpoint_detail::WithStates<const decltype(state)>(state, extra), info);
 }
 
 /// \brief The weights only, no optimizer state ("optimizer none"): for inference, evaluation or
@@ -881,9 +953,10 @@ std::string save_weights(const std::string& dir, const Mesh<Backend>& mesh, cons
 /// the time of the save).
 template <class T, class Exec, class Backend>
 std::string save_checkpoint(const std::string& dir, const Mesh<Backend>& mesh,
-                            const optim::ZeroAdamW<T, Exec, Backend>& opt, const CheckpointInfo& info) {
+                            const optim::ZeroAdamW<T, Exec, Backend>& opt, const CheckpointInfo& info,
+                            const ParameterStates<T, Exec>& extra = {}) {
   const checkpoint_detail::ZeroAsAdamW<T, Exec, Backend> state(opt, Exec());
-  return checkpoint_detail::save(dir, mesh, state, info);
+  return checkpoint_detail::save(dir, mesh, checkpoint_detail::WithStates<const decltype(state)>(state, extra), info);
 }
 
 /// \brief Loads the checkpoint in `step_dir` (e.g. latest_checkpoint(dir)) into the parameters
@@ -894,17 +967,19 @@ std::string save_checkpoint(const std::string& dir, const Mesh<Backend>& mesh,
 /// when two parameters share a name.
 template <class T, class Exec, class Backend>
 CheckpointInfo load_checkpoint(const std::string& step_dir, const Mesh<Backend>& mesh, optim::AdamW<T, Exec>& opt,
-                               const std::string& expected_model) {
+                               const std::string& expected_model, const ParameterStates<T, Exec>& extra = {}) {
   checkpoint_detail::AdamWState<T, Exec> state(opt);
-  return checkpoint_detail::load(step_dir, mesh, state, expected_model);
+  checkpoint_detail::WithStates<decltype(state)> with(state, extra);
+  return checkpoint_detail::load(step_dir, mesh, with, expected_model);
 }
 
 /// \brief Sgd: the parameters and momentum buffers of an Sgd checkpoint, on any layout.
 template <class T, class Exec, class Backend>
 CheckpointInfo load_checkpoint(const std::string& step_dir, const Mesh<Backend>& mesh, optim::Sgd<T, Exec>& opt,
-                               const std::string& expected_model) {
+                               const std::string& expected_model, const ParameterStates<T, Exec>& extra = {}) {
   checkpoint_detail::SgdState<T, Exec> state(opt);
-  return checkpoint_detail::load(step_dir, mesh, state, expected_model);
+  checkpoint_detail::WithStates<decltype(state)> with(state, extra);
+  return checkpoint_detail::load(step_dir, mesh, with, expected_model);
 }
 
 /// \brief The parameters of any checkpoint (AdamW's, Sgd's or save_weights'), on any layout;
@@ -920,9 +995,11 @@ CheckpointInfo load_weights(const std::string& step_dir, const Mesh<Backend>& me
 /// rank keeps its part of the moments.
 template <class T, class Exec, class Backend>
 CheckpointInfo load_checkpoint(const std::string& step_dir, const Mesh<Backend>& mesh,
-                               optim::ZeroAdamW<T, Exec, Backend>& opt, const std::string& expected_model) {
+                               optim::ZeroAdamW<T, Exec, Backend>& opt, const std::string& expected_model,
+                               const ParameterStates<T, Exec>& extra = {}) {
   checkpoint_detail::ZeroAsAdamW<T, Exec, Backend> state(opt);
-  CheckpointInfo info = checkpoint_detail::load(step_dir, mesh, state, expected_model);
+  checkpoint_detail::WithStates<decltype(state)> with(state, extra);
+  CheckpointInfo info = checkpoint_detail::load(step_dir, mesh, with, expected_model);
   state.store(Exec());
   return info;
 }

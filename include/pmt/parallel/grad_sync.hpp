@@ -14,7 +14,14 @@
 // equal to one rank on the global batch). Gradient accumulation: arm(false) for all but the
 // last microbatch, so nothing is communicated until the last.
 // Communication: one all_reduce(dp, sum) per bucket, non-blocking but the last.
+// Compression (GradSyncOptions::compression = GradCompression::bf16): each bucket travels as
+// bf16, half the bytes, with error feedback: a rank sends bf16(g + r) and keeps the rounding
+// error r = (g + r) - bf16(g + r) for its next step, so what one step's rounding drops the next
+// step sends (the residual r lives per rank, one per gradient element; residual() shows it to
+// checkpoints). The sum is taken in bf16 (each hop of MPI's reduction rounds once) and the
+// gradients are read back from it. bytes_sent() counts the payload of every all-reduce.
 
+#include "pmt/core/bf16.hpp"
 #include "pmt/core/instrument.hpp"
 #include "pmt/comm/collectives.hpp"
 #include "pmt/comm/communicator.hpp"
@@ -26,10 +33,52 @@
 #include <Kokkos_Core.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <vector>
 
+namespace pmt::detail {
+
+/// w = bf16(g + r), r = (g + r) - w: what a rank sends, and the rounding error it keeps (free
+/// functions: CUDA's extended lambdas may not sit in a private member).
+template <class Exec, class G, class R, class W>
+void compress_bf16(const Exec& exec, const G& g, const R& r, const W& w) {
+  using T = typename G::non_const_value_type;
+  Kokkos::parallel_for("pmt::parallel::GradSync::compress", Kokkos::RangePolicy<Exec>(exec, 0, g.size()),
+                       KOKKOS_LAMBDA(std::size_t i) {
+                         const T v    = g(i) + r(i);
+                         const bf16 c = bf16(static_cast<float>(v));
+                         w(i)         = c;
+                         r(i)         = v - static_cast<T>(static_cast<float>(c));
+                       });
+}
+
+/// g = w (bf16 to T).
+template <class Exec, class W, class G>
+void decompress_bf16(const Exec& exec, const W& w, const G& g) {
+  using T = typename G::non_const_value_type;
+  Kokkos::parallel_for("pmt::parallel::GradSync::decompress", Kokkos::RangePolicy<Exec>(exec, 0, g.size()),
+                       KOKKOS_LAMBDA(std::size_t i) { g(i) = static_cast<T>(static_cast<float>(w(i))); });
+}
+
+}  // namespace pmt::detail
+
 namespace pmt::parallel {
+
+/// \brief How GradSync sends gradients: as they are, or as bf16 with error feedback.
+enum class GradCompression { none, bf16 };
+
+/// \brief "none" or "bf16".
+inline constexpr const char* to_string(GradCompression c) { return c == GradCompression::bf16 ? "bf16" : "none"; }
+
+/// \brief GradSync's settings: the bucket size and the compression on the wire. Converts from a
+/// bucket size alone.
+struct GradSyncOptions {
+  std::size_t bucket_bytes    = std::size_t(25) << 20;  ///< parameters per bucket (as PyTorch DDP's 25 MiB)
+  GradCompression compression = GradCompression::none;
+  GradSyncOptions() = default;
+  GradSyncOptions(std::size_t bucket, GradCompression c = GradCompression::none) : bucket_bytes(bucket), compression(c) {}
+};
 
 /// \brief Data-parallel gradient sync (see the file comment): parameters in buckets of about
 /// bucket_bytes, a bucket's all-reduce (sum over dp) started as soon as its gradients are final
@@ -40,8 +89,9 @@ class GradSync {
   static constexpr std::size_t default_bucket_bytes = std::size_t(25) << 20;
 
   GradSync(const comm::Communicator<Backend>& dp, const std::vector<Parameter<T, Exec>*>& params,
-           std::size_t bucket_bytes = default_bucket_bytes)
-      : m_dp(dp) {
+           GradSyncOptions options = {})
+      : m_dp(dp), m_compression(options.compression) {
+    const std::size_t bucket_bytes = options.bucket_bytes;
     Bucket current;
     std::size_t bytes = 0;
     for (auto it = params.rbegin(); it != params.rend(); ++it) {  // backward order
@@ -61,7 +111,13 @@ class GradSync {
         n += p->size();
       }
       // one rank has nothing to sum: no buffers (they would double the gradients' memory)
-      if (m_dp.size() > 1) m_buckets[b].buffer = Tensor<T, 1, Exec>("pmt::parallel::GradSync::bucket", n);
+      if (m_dp.size() <= 1) continue;
+      if (compressed()) {
+        m_buckets[b].wire     = Tensor<bf16, 1, Exec>("pmt::parallel::GradSync::bucket_bf16", n);
+        m_buckets[b].residual = Tensor<T, 1, Exec>("pmt::parallel::GradSync::residual", n);
+      } else {
+        m_buckets[b].buffer = Tensor<T, 1, Exec>("pmt::parallel::GradSync::bucket", n);
+      }
     }
   }
 
@@ -120,16 +176,14 @@ class GradSync {
       if (!b.launched) {  // the last bucket: nothing left to overlap, a blocking all-reduce
         pack(exec, b);
         const Instrument instrument("pmt::parallel::GradSync::wait", Track::Collective, "dp gradient bucket");
-        comm::all_reduce(m_dp, exec, b.buffer, comm::ReduceOp::Sum);
+        if (compressed()) comm::all_reduce(m_dp, exec, b.wire, comm::ReduceOp::Sum);
+        else comm::all_reduce(m_dp, exec, b.buffer, comm::ReduceOp::Sum);
+        m_bytes += payload(b);
       } else {
         const Instrument instrument("pmt::parallel::GradSync::wait", Track::Collective, "dp gradient bucket");
         b.request.wait();
       }
-      std::size_t offset = 0;
-      for (auto* p : b.params) {
-        Kokkos::deep_copy(exec, p->grad, Kokkos::subview(b.buffer, std::make_pair(offset, offset + p->size())));
-        offset += p->size();
-      }
+      unpack(exec, b);
       b.launched = false;
     }
     m_armed    = false;
@@ -137,6 +191,25 @@ class GradSync {
   }
 
   std::size_t buckets() const noexcept { return m_buckets.size(); }
+  GradCompression compression() const noexcept { return m_compression; }
+  /// \brief Bytes this rank has handed to all-reduces so far (the buckets' payload: 2 bytes per
+  /// gradient element with bf16 compression, sizeof(T) without). A ring all-reduce over dp ranks
+  /// moves 2 (dp - 1) / dp times this over each rank's link.
+  std::uint64_t bytes_sent() const noexcept { return m_bytes; }
+  /// \brief The error-feedback residual of parameter `p` (its shape flattened; with bf16
+  /// compression on dp > 1), or an empty tensor (no compression, one dp rank, or a parameter this
+  /// object does not synchronise). The residual is a rank's own: checkpoints save it per rank.
+  Tensor<T, 1, Exec> residual(const Parameter<T, Exec>* p) const {
+    const auto it = m_bucket_of.find(p);
+    if (it == m_bucket_of.end() || !compressed() || m_dp.size() <= 1) return {};
+    const Bucket& b = m_buckets[it->second];
+    std::size_t offset = 0;
+    for (auto* q : b.params) {
+      if (q == p) return Kokkos::subview(b.residual, std::make_pair(offset, offset + q->size()));
+      offset += q->size();
+    }
+    return {};
+  }
   /// \brief How many buckets started during backward (before finish()) in the last synchronised
   /// step (over all of a stage's chunks).
   std::size_t launched_early() const noexcept { return m_launched_early; }
@@ -144,26 +217,52 @@ class GradSync {
  private:
   struct Bucket {
     std::vector<Parameter<T, Exec>*> params;
-    Tensor<T, 1, Exec> buffer;
+    Tensor<T, 1, Exec> buffer;    // uncompressed: the gradients, then their sum
+    Tensor<bf16, 1, Exec> wire;   // bf16: what this rank sends, then the sum
+    Tensor<T, 1, Exec> residual;  // bf16: the rounding error kept for the next step
     std::size_t ready = 0;
     bool launched     = false;
     comm::Request request;
   };
 
+  bool compressed() const noexcept { return m_compression == GradCompression::bf16; }
+  std::uint64_t payload(const Bucket& b) const noexcept {
+    return compressed() ? b.wire.size() * sizeof(bf16) : b.buffer.size() * sizeof(T);
+  }
   void pack(const Exec& exec, Bucket& b) {
     std::size_t offset = 0;
     for (auto* p : b.params) {
-      Kokkos::deep_copy(exec, Kokkos::subview(b.buffer, std::make_pair(offset, offset + p->size())), p->grad);
+      if (compressed()) {
+        detail::compress_bf16(exec, p->grad, Kokkos::subview(b.residual, std::make_pair(offset, offset + p->size())),
+                              Kokkos::subview(b.wire, std::make_pair(offset, offset + p->size())));
+      } else {
+        Kokkos::deep_copy(exec, Kokkos::subview(b.buffer, std::make_pair(offset, offset + p->size())), p->grad);
+      }
+      offset += p->size();
+    }
+  }
+  void unpack(const Exec& exec, Bucket& b) {
+    std::size_t offset = 0;
+    for (auto* p : b.params) {
+      if (compressed()) {
+        detail::decompress_bf16(exec, Kokkos::subview(b.wire, std::make_pair(offset, offset + p->size())), p->grad);
+      } else {
+        Kokkos::deep_copy(exec, p->grad, Kokkos::subview(b.buffer, std::make_pair(offset, offset + p->size())));
+      }
       offset += p->size();
     }
   }
   void launch(const Exec& exec, Bucket& b) {
     pack(exec, b);
-    b.request  = comm::iall_reduce(m_dp, exec, b.buffer, comm::ReduceOp::Sum);
+    if (compressed()) b.request = comm::iall_reduce(m_dp, exec, b.wire, comm::ReduceOp::Sum);
+    else b.request = comm::iall_reduce(m_dp, exec, b.buffer, comm::ReduceOp::Sum);
+    m_bytes += payload(b);
     b.launched = true;
   }
 
   comm::Communicator<Backend> m_dp;
+  GradCompression m_compression;
+  std::uint64_t m_bytes = 0;
   std::vector<Bucket> m_buckets;
   std::map<const Parameter<T, Exec>*, std::size_t> m_bucket_of;
   bool m_armed                 = false;

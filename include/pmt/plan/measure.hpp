@@ -93,7 +93,9 @@ struct Run {
       : mesh(world, MeshShape{l.dp, l.tp, l.pp}),
         model(mesh, pr.model, {}, l.chunks),
         opt(make_opt(model, mesh, optim::AdamWOptions{0.9, 0.95, 1e-8, 0.1})),
-        trainer(mesh, model, opt),
+        trainer(mesh, model, opt, Exec(),
+                parallel::GradSyncOptions{pr.bucket_bytes, l.sync.mode == DpMode::Bf16 ? parallel::GradCompression::bf16
+                                                                                         : parallel::GradCompression::none}),
         tokens(double(pr.batch) * double(pr.model.context)) {
     trainer.set_schedule(l.schedule);
     const std::size_t T = pr.model.context, local = pr.batch / std::size_t(l.dp),
@@ -171,6 +173,10 @@ std::vector<Measured> measure(const comm::Communicator<Backend>& world, const Pr
     const std::string why = why_invalid(pr, l, world.size());
     detail::require<ConfigError>(why.empty(), "pmt::plan::measure",
                                  [&] { return l.describe() + ": " + why; });
+    detail::require<ConfigError>(l.sync.mode == DpMode::Sync || l.sync.mode == DpMode::Bf16, "pmt::plan::measure", [&] {
+      return l.describe() + ": measures the synchronous dp modes (sync, bf16) only; a step of " + l.sync.describe() +
+             " takes another time at each phase of its period";
+    });
   }
   std::vector<std::function<void()>> steps;
   std::vector<std::shared_ptr<void>> keep;  // the runs, alive until the end

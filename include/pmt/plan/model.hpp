@@ -13,7 +13,9 @@
 //               first stage + V C / tp + T C; last stage + 2 C (+ V C / tp, the tied head's copy,
 //               pp > 1)
 //   gradients   as many; optimizer AdamW 2 P; ZeRO-1 P (flat buffer) + 4 P / dp + P / dp bytes
-//   dp buckets  P with dp > 1 and no ZeRO (parallel/grad_sync.hpp)
+//   dp buckets  P with dp > 1 and no ZeRO (parallel/grad_sync.hpp); by data-parallel mode (DpMode):
+//               bf16 2 P bytes of wire + P residual, local SGD none, DiLoCo 2 P (anchor and
+//               momentum), bounded staleness (S + 1) P
 //   activations per block and live microbatch s (4 N C + 4 N + 13 N Cl + b Hl T^2: one T x T
 //               matrix per head, the softmax output); the stage's input N C; the last stage's
 //               LM-head gradient N C; live microbatches: the schedule's count per stage
@@ -35,7 +37,11 @@
 //               activations and gradients one
 //               p2p hop apart; then the dp gradient all-reduce (overlapping the last backward when
 //               it has more than one bucket) or ZeRO's reduce-scatter + all-gather, and the
-//               optimizer (zero_grad, norm, AdamW on what the rank updates).
+//               optimizer (zero_grad, norm, AdamW on what the rank updates). The dp modes: bf16
+//               all-reduces half the bytes (plus packing with the residual); local SGD and DiLoCo
+//               all-reduce the parameters every H steps, blocking (DiLoCo's outer step reads and
+//               writes three copies); bounded staleness exposes what its all-reduce does not fit
+//               into S steps.
 // Any other model: a Problem with a ModelSpec (plan/model_spec.hpp; a Chain reports one,
 // plan/describe.hpp) is counted from its layers' own figures instead of the Gpt's formulas above:
 // per stage the sum of its layers' parameters, saved values and forward FLOPs (at the GEMM rate,
@@ -51,6 +57,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <utility>
@@ -199,18 +206,71 @@ struct Problem {
   std::size_t bucket_bytes = std::size_t(25) << 20;  ///< the dp gradient bucket size (GradSync)
 };
 
+/// \brief How the dp replicas communicate (train::Trainer's data-parallel modes): the gradients'
+/// sum every step (Sync; Bf16: as bf16 with error feedback; Stale: applied `period` steps late,
+/// its all-reduce overlapping those steps), or the parameters' average every `period` steps
+/// (LocalSgd; DiLoCo: with the outer step). Only Sync is exact (equal to one rank); the others
+/// trade how the model trains for communication, so a search considers them only when asked.
+enum class DpMode { Sync, Bf16, LocalSgd, DiLoCo, Stale };
+
+/// \brief A data-parallel mode and its period (LocalSgd, DiLoCo: steps between averages; Stale:
+/// the bound S; otherwise unused).
+struct DpChoice {
+  DpMode mode = DpMode::Sync;
+  int period  = 1;
+  /// \brief "sync", "bf16", "local 8", "diloco 8", "stale 1".
+  std::string describe() const {
+    switch (mode) {
+      case DpMode::Sync: return "sync";
+      case DpMode::Bf16: return "bf16";
+      case DpMode::LocalSgd: return detail::str("local ", period);
+      case DpMode::DiLoCo: return detail::str("diloco ", period);
+      case DpMode::Stale: return detail::str("stale ", period);
+    }
+    return "?";
+  }
+};
+
+/// \brief Parses "sync", "bf16", "local:H", "diloco:H" or "stale:S".
+/// \throws pmt::ConfigError for anything else, naming it.
+inline DpChoice parse_dp_choice(const std::string& text) {
+  const auto colon = text.find(':');
+  const std::string name = text.substr(0, colon);
+  int period = 1;
+  bool ok = true;
+  if (colon != std::string::npos) {
+    char* end = nullptr;
+    const long v = std::strtol(text.c_str() + colon + 1, &end, 10);
+    ok = end && *end == '\0' && end != text.c_str() + colon + 1 && v >= (name == "stale" ? 0 : 1) && v <= 1000000;
+    period = static_cast<int>(v);
+  }
+  DpChoice c;
+  if (name == "sync" && colon == std::string::npos) c = {DpMode::Sync, 1};
+  else if (name == "bf16" && colon == std::string::npos) c = {DpMode::Bf16, 1};
+  else if (name == "local" && colon != std::string::npos && ok) c = {DpMode::LocalSgd, period};
+  else if (name == "diloco" && colon != std::string::npos && ok) c = {DpMode::DiLoCo, period};
+  else if (name == "stale" && colon != std::string::npos && ok) c = {DpMode::Stale, period};
+  else
+    throw ConfigError("pmt::plan::parse_dp_choice",
+                      detail::str("'", text, "' is not a data-parallel mode; expected sync, bf16, local:H, diloco:H (H >= 1) or stale:S (S >= 0)"));
+  return c;
+}
+
 /// \brief One way to run it.
 struct Layout {
   int dp = 1, tp = 1, pp = 1, microbatches = 1;
   parallel::ScheduleKind schedule = parallel::ScheduleKind::OneFOneB;
   bool zero                       = false;  ///< ZeRO-1 (optim::ZeroAdamW) instead of AdamW
   int chunks                      = 1;      ///< model chunks per stage (with 1F1B: interleaved)
-  /// \brief "dp 2 x tp 1 x pp 2, m 4, 1f1b, zero" ("1f1b x2" with 2 chunks per stage)
+  DpChoice sync{};                          ///< how the dp replicas communicate
+  /// \brief "dp 2 x tp 1 x pp 2, m 4, 1f1b, zero" ("1f1b x2" with 2 chunks per stage; ", bf16",
+  /// ", local 8" ... for a data-parallel mode other than sync)
   std::string describe() const {
     return detail::str(
         "dp ", dp, " x tp ", tp, " x pp ", pp, ", m ", microbatches,
         pp > 1 ? std::string(", ") + parallel::schedule_name(schedule) : std::string(),
-        chunks > 1 ? detail::str(" x", chunks) : std::string(), zero ? ", zero" : "");
+        chunks > 1 ? detail::str(" x", chunks) : std::string(), zero ? ", zero" : "",
+        sync.mode != DpMode::Sync ? ", " + sync.describe() : std::string());
   }
 };
 
@@ -298,6 +358,8 @@ inline std::string why_invalid(const Problem& pr, const Layout& l, int ranks) {
     return detail::str(l.microbatches, " microbatches do not divide the ", local,
                        " sequences per dp rank (batch ", pr.batch, " / dp ", l.dp, ")");
   if (l.zero && l.dp == 1) return "ZeRO-1 shards over dp, and dp is 1";
+  if (l.sync.mode != DpMode::Sync && l.dp == 1) return detail::str("dp mode ", l.sync.describe(), " needs dp > 1");
+  if (l.sync.mode != DpMode::Sync && l.zero) return detail::str("dp mode ", l.sync.describe(), " does not combine with ZeRO-1");
   if (l.chunks > 1 && l.schedule == parallel::ScheduleKind::OneFOneB && l.microbatches % l.pp != 0)
     return detail::str("interleaved 1F1B needs microbatches (", l.microbatches,
                        ") a multiple of pp ", l.pp);
@@ -633,7 +695,16 @@ inline Estimate estimate(const Problem& pr, const Machine& mc, const Layout& l) 
     for (int k = 0; k < v; ++k) P += in[vstage(s, k)].parameters;
     return P;
   };
-  if (l.dp > 1) e.bytes.dp = sb * rank_parameters(busiest) * (l.zero ? 2 : 1);
+  if (l.dp > 1) {
+    const double P = rank_parameters(busiest);
+    switch (l.sync.mode) {
+      case DpMode::Sync: e.bytes.dp = sb * P * (l.zero ? 2 : 1); break;
+      case DpMode::Bf16: e.bytes.dp = 2 * P; break;
+      case DpMode::LocalSgd:
+      case DpMode::DiLoCo: e.bytes.dp = sb * P / l.sync.period; break;  // per step, amortised
+      case DpMode::Stale: e.bytes.dp = sb * P; break;
+    }
+  }
   if (e.time.bubble < 0) {  // ranks waiting elsewhere left the busiest more than its share
     e.time.compute += e.time.bubble;
     e.time.bubble = 0;
@@ -650,7 +721,14 @@ inline Estimate estimate(const Problem& pr, const Machine& mc, const Layout& l) 
     mem.parameters = mem.gradients = sb * P;
     const double shard             = std::ceil(P / l.dp);
     mem.optimizer                  = l.zero ? sb * P + 4 * sb * shard + shard : 2 * sb * P;
-    mem.buckets                    = (l.dp > 1 && !l.zero) ? sb * P : 0.0;
+    mem.buckets                    = 0;
+    if (l.dp > 1 && !l.zero) switch (l.sync.mode) {
+        case DpMode::Sync: mem.buckets = sb * P; break;                                  // GradSync's buckets
+        case DpMode::Bf16: mem.buckets = (2 + sb) * P; break;                            // bf16 wire + residual
+        case DpMode::LocalSgd: break;                                                     // nothing in flight
+        case DpMode::DiLoCo: mem.buckets = 2 * sb * P; break;                            // anchor + momentum
+        case DpMode::Stale: mem.buckets = (l.sync.period + 1) * sb * P; break;           // S + 1 sums
+      }
     mem.data                       = data_per_row * rows;
     // one live microbatch of a chunk; with several chunks the live (chunk, microbatch) pairs
     // count at their chunks' mean
@@ -669,11 +747,27 @@ inline Estimate estimate(const Problem& pr, const Machine& mc, const Layout& l) 
     const double grad_bytes = sb * P;
     if (l.zero) {
       dp = mc.all_reduce_on(grad_bytes, l.dp, l.tp) + mc.memory(4 * grad_bytes) / share;
-    } else if (l.dp > 1) {
+    } else if (l.dp > 1 && (l.sync.mode == DpMode::Sync || l.sync.mode == DpMode::Bf16)) {
+      // bf16: half the bytes on the wire; packing reads g and r and writes the wire and r,
+      // unpacking reads the wire and writes g
+      const bool half      = l.sync.mode == DpMode::Bf16;
+      const double wire    = half ? 2 * P : grad_bytes;
       const double buckets = std::max(1.0, std::ceil(grad_bytes / double(pr.bucket_bytes)));
-      const double ar      = mc.all_reduce_on(grad_bytes, l.dp, l.tp);
+      const double ar      = mc.all_reduce_on(wire, l.dp, l.tp);
       dp                   = ar / buckets + std::max(0.0, ar * (buckets - 1) / buckets - tb[std::size_t(s)]) +
-           mc.memory(2 * grad_bytes) / share;
+           mc.memory(half ? 4 * grad_bytes + 4 * P : 2 * grad_bytes) / share;
+    } else if (l.dp > 1 && l.sync.mode == DpMode::Stale) {
+      // the sum overlaps the S steps before it is applied (all of a step's compute and
+      // communication but its own); what it does not fit into is exposed
+      const double ar   = mc.all_reduce_on(grad_bytes, l.dp, l.tp);
+      const double step = makespan + mc.memory(2 * grad_bytes) / share;
+      dp = std::max(0.0, ar - l.sync.period * step) + mc.memory(2 * grad_bytes) / share;
+    } else if (l.dp > 1) {
+      // LocalSgd / DiLoCo: the parameters' average (blocking) every `period` steps, DiLoCo's
+      // outer step reading x, anchor, momentum and writing them
+      const double avg = mc.all_reduce_on(grad_bytes, l.dp, l.tp) +
+                         (l.sync.mode == DpMode::DiLoCo ? mc.memory(6 * grad_bytes) / share : 0.0);
+      dp = avg / l.sync.period;
     }
     // zero_grad (write G), norm (read G), AdamW (read p g m v, write p m v) on what this rank
     // updates

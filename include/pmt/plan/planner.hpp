@@ -45,6 +45,9 @@ struct SearchOptions {
   bool allow_gpipe     = true;
   int max_microbatches = 64;
   int max_chunks       = 2;  ///< model chunks per stage tried with 1F1B (1: no interleaving)
+  /// The data-parallel modes tried with dp > 1 (ZeRO-1 only with Sync). Sync alone by default: the
+  /// others change how the model trains, which is the user's choice to offer.
+  std::vector<DpChoice> dp_modes = {DpChoice{}};
 };
 
 /// \brief The ranked candidates and the rejections.
@@ -163,8 +166,12 @@ inline Plan search(const Problem& pr, const Machine& mc, const SearchOptions& o 
         for (int sched = 0; sched < schedules; ++sched) {
           const bool gpipe = sched == 1 && pp > 1 && o.allow_gpipe;
           const int chunks = sched == 0 || gpipe ? 1 : sched - (o.allow_gpipe ? 1 : 0) + 1;
-          for (int z = 0; z < (dp > 1 && o.allow_zero ? 2 : 1); ++z) {
-            Layout l{dp, tp, pp, m, gpipe ? parallel::ScheduleKind::GPipe : parallel::ScheduleKind::OneFOneB, z == 1, chunks};
+          // the dp modes (one, sync, with dp 1), each with AdamW, and ZeRO-1 with sync
+          std::vector<std::pair<DpChoice, bool>> modes;
+          for (const auto& c : dp > 1 ? o.dp_modes : std::vector<DpChoice>{DpChoice{}}) modes.push_back({c, false});
+          if (dp > 1 && o.allow_zero) modes.push_back({DpChoice{}, true});
+          for (const auto& [choice, zero] : modes) {
+            Layout l{dp, tp, pp, m, gpipe ? parallel::ScheduleKind::GPipe : parallel::ScheduleKind::OneFOneB, zero, chunks, choice};
             if (chunks > 1 && !why_invalid(pr, l, R).empty()) continue;  // too few layers, or m not a multiple of pp
             Estimate e = estimate(pr, mc, l);
             if (mc.memory_bytes > 0 && e.peak_bytes() > mc.memory_bytes) {

@@ -23,12 +23,33 @@ struct TensorSplit {
 };
 
 /// \brief Data-parallel modes: synchronous gradient averaging (equal to one rank on the global
-/// batch), or local SGD averaging the parameters every H steps.
+/// batch), local SGD averaging the parameters every H steps, DiLoCo or bounded staleness (below).
+/// LocalSgd<> and DiLoCo<> take their period at run time (train::TrainerOptions::period).
 struct Synchronous {};
-template <int H>
+template <int H = dynamic>
 struct LocalSgd {
-  static_assert(H >= 1, "pmt::LocalSgd<H>: the averaging period H must be >= 1");
+  static_assert(H == dynamic || H >= 1, "pmt::LocalSgd<H>: the averaging period H must be >= 1");
   static constexpr int period = H;
+};
+
+/// \brief DiLoCo: H inner optimizer steps per replica with no communication, then an outer step
+/// shared by all replicas: Nesterov-momentum SGD on the dp average of what the H inner steps
+/// changed (train::OuterOptions holds its learning rate and momentum). With an outer learning
+/// rate of 1 and no momentum it is LocalSgd<H>.
+template <int H = dynamic>
+struct DiLoCo {
+  static_assert(H == dynamic || H >= 1, "pmt::DiLoCo<H>: the outer period H must be >= 1");
+  static constexpr int period = H;
+};
+
+/// \brief Bounded staleness: asynchronous data parallelism in which each step applies the dp sum
+/// of the gradients of S steps before, whose all-reduce had those S steps to complete in
+/// (parallel::StaleSync). BoundedStaleness<0> is Synchronous; BoundedStaleness<> takes S at run
+/// time (train::TrainerOptions::staleness).
+template <int S = dynamic>
+struct BoundedStaleness {
+  static_assert(S == dynamic || S >= 0, "pmt::BoundedStaleness<S>: the staleness bound S must be >= 0");
+  static constexpr int bound = S;
 };
 
 /// \brief Data parallelism over the dp axis (a model/trainer-level policy, never a layer's).

@@ -17,10 +17,21 @@
 // (any subset): it fixes the dp mode and the default schedule, and the Mesh must fit it (an axis
 // the Hybrid does not name must have degree 1; Pipeline<S> needs pp = S). A bare Synchronous or
 // LocalSgd<H> is accepted too, as Hybrid<DataParallel<Mode>, TensorSplit<>, Pipeline<>>.
-// DpMode: Synchronous (gradients summed over dp every step) or LocalSgd<H> (no gradient
+// DpMode: Synchronous (gradients summed over dp every step, optionally as bf16 with error
+// feedback: TrainerOptions::sync, parallel/grad_sync.hpp), LocalSgd<H> (no gradient
 // communication; each replica normalises by its share of the tokens, normaliser / dp, and the
 // parameters are averaged over dp every H steps; optimizer state stays local, so with plain SGD
-// and H = 1 this is synchronous DP). ZeRO optimizers (shards_over_dp) reduce-scatter themselves.
+// and H = 1 this is synchronous DP) or DiLoCo<H> (as LocalSgd<H>, but every H steps an outer
+// step: with the anchor A (the parameters all replicas started the period from) and the dp
+// average x of the replicas' parameters, delta = A - x, m = mu m + delta, A -= lr (delta + mu m)
+// (Nesterov; A -= lr m without), and every replica continues from A; the inner optimizer's state
+// stays local). A period ends after global steps H - 1, 2H - 1, ... (StepOptions::step; by
+// default the number of step() calls), so a resumed run keeps the phase. LocalSgd<> and DiLoCo<>
+// take H at run time (TrainerOptions::period). BoundedStaleness<S>: each step starts the dp sum of
+// its gradients without waiting and applies the sum started S steps before (parallel/
+// stale_sync.hpp); no update in the first S steps. state() shows the
+// anchor, the outer momentum and the residuals of compressed gradients to checkpoints.
+// ZeRO optimizers (shards_over_dp) reduce-scatter themselves.
 
 #include "pmt/core/instrument.hpp"
 #include "pmt/comm/agree.hpp"
@@ -34,6 +45,7 @@
 #include "pmt/parallel/grad_sync.hpp"
 #include "pmt/parallel/pipeline.hpp"
 #include "pmt/parallel/schedule.hpp"
+#include "pmt/parallel/stale_sync.hpp"
 #include "pmt/parallel/stage_module.hpp"
 #include "pmt/policy/hybrid.hpp"
 #include "pmt/policy/policies.hpp"
@@ -47,6 +59,26 @@
 #include <string>
 #include <type_traits>
 #include <vector>
+
+namespace pmt::detail {
+
+/// DiLoCo's outer step on one parameter (train/trainer.hpp): delta = a - x, m = mu m + delta,
+/// a -= lr (delta + mu m) (Nesterov) or lr m, x = a. A free function: CUDA's extended lambdas may
+/// not sit in a private member.
+template <class Exec, class V>
+void outer_update(const Exec& exec, const V& x, const V& a, const V& m, typename V::non_const_value_type lr,
+                  typename V::non_const_value_type mu, bool nesterov) {
+  using T = typename V::non_const_value_type;
+  Kokkos::parallel_for("pmt::train::Trainer::outer_step", Kokkos::RangePolicy<Exec>(exec, 0, x.size()),
+                       KOKKOS_LAMBDA(std::size_t k) {
+                         const T delta = a(k) - x(k);
+                         m(k)          = mu * m(k) + delta;
+                         a(k) -= lr * (nesterov ? delta + mu * m(k) : m(k));
+                         x(k) = a(k);
+                       });
+}
+
+}  // namespace pmt::detail
 
 namespace pmt::train {
 
@@ -72,11 +104,51 @@ struct StepOptions {
   std::int64_t step = -1;
 };
 
-/// \brief The averaging period H of LocalSgd<H> (0 for synchronous data parallelism).
+/// \brief What a data-parallel mode is: whether replicas train apart between averages (LocalSgd,
+/// DiLoCo), whether an outer step follows the average (DiLoCo), whether gradient sums arrive late
+/// (BoundedStaleness), and the static period or bound (pmt::dynamic: TrainerOptions::period or
+/// ::staleness; 0 for Synchronous).
 template <class Mode>
-inline constexpr int local_sgd_period_v = 0;
+struct dp_mode_traits {
+  static constexpr bool local = false, diloco = false, stale = false;
+  static constexpr int period = 0;
+};
 template <int H>
-inline constexpr int local_sgd_period_v<LocalSgd<H>> = H;
+struct dp_mode_traits<LocalSgd<H>> {
+  static constexpr bool local = true, diloco = false, stale = false;
+  static constexpr int period = H;
+};
+template <int H>
+struct dp_mode_traits<DiLoCo<H>> {
+  static constexpr bool local = true, diloco = true, stale = false;
+  static constexpr int period = H;
+};
+/// BoundedStaleness<S>: `period` is the bound S.
+template <int S>
+struct dp_mode_traits<BoundedStaleness<S>> {
+  static constexpr bool local = false, diloco = false, stale = true;
+  static constexpr int period = S;
+};
+
+/// \brief DiLoCo's outer optimizer: SGD with (Nesterov) momentum on the averaged parameter change
+/// (the defaults are the DiLoCo paper's). \throws nothing; Trainer checks lr > 0, 0 <= momentum < 1.
+struct OuterOptions {
+  double lr       = 0.7;
+  double momentum = 0.9;
+  bool nesterov   = true;
+};
+
+/// \brief A Trainer's settings beyond the policy: the dp gradient buckets and their compression,
+/// and DiLoCo's outer optimizer. Converts from a bucket size or GradSyncOptions.
+struct TrainerOptions {
+  parallel::GradSyncOptions sync;
+  OuterOptions outer;
+  int period    = 0;  ///< the period of LocalSgd<> and DiLoCo<> (their run-time form), >= 1
+  int staleness = 0;  ///< the bound S of BoundedStaleness<> (its run-time form), >= 0
+  TrainerOptions() = default;
+  TrainerOptions(std::size_t bucket_bytes) : sync(bucket_bytes) {}
+  TrainerOptions(parallel::GradSyncOptions s) : sync(s) {}
+};
 
 /// \brief What a Trainer's policy says: the dp mode, whether each axis may be > 1, the static
 /// number of stages (pmt::dynamic: any) and the default schedule.
@@ -134,27 +206,45 @@ class Trainer {
   static_assert(parallel::check_stage_module<Model, Exec>());
   using policy  = trainer_policy<Policy>;
   using DpMode  = typename policy::dp_mode;
-  static constexpr int H = local_sgd_period_v<DpMode>;
-  static_assert(std::is_same_v<DpMode, Synchronous> || H > 0,
-                "pmt::train::Trainer: DpMode must be pmt::Synchronous or pmt::LocalSgd<H>");
+  using mode    = dp_mode_traits<DpMode>;
+  static constexpr bool local = mode::local, diloco = mode::diloco;  // replicas apart between averages; outer step
+  static constexpr bool stale = mode::stale;                          // gradient sums applied S steps late
+  static_assert(std::is_same_v<DpMode, Synchronous> || local || stale,
+                "pmt::train::Trainer: DpMode must be pmt::Synchronous, pmt::LocalSgd<H>, pmt::DiLoCo<H> or "
+                "pmt::BoundedStaleness<S>");
   // whether the dp gradient buckets are used: ZeRO reduce-scatters itself, local SGD does not sync
-  static constexpr bool syncs_gradients = !Optimizer::shards_over_dp && H == 0;
-  static_assert(!(H > 0 && Optimizer::shards_over_dp),
-                "pmt::train::Trainer: local SGD keeps replicas apart between averages; a ZeRO optimizer "
-                "needs synchronous gradients. Use one or the other");
+  static constexpr bool syncs_gradients = !Optimizer::shards_over_dp && !local && !stale;
+  static_assert(!(stale && Optimizer::shards_over_dp),
+                "pmt::train::Trainer: bounded staleness applies whole gradient sums late; a ZeRO optimizer "
+                "reduce-scatters them itself. Use one or the other");
+  static_assert(!(local && Optimizer::shards_over_dp),
+                "pmt::train::Trainer: local SGD and DiLoCo keep replicas apart between averages; a ZeRO "
+                "optimizer needs synchronous gradients. Use one or the other");
 
  public:
   using T     = typename Model::value_type;
   using Batch = typename Model::Batch;  ///< one microbatch of this dp rank
 
-  Trainer(const Mesh<Backend>& mesh, Model& model, Optimizer& opt, const Exec& exec = Exec(),
-          std::size_t bucket_bytes = parallel::GradSync<T, Exec, Backend>::default_bucket_bytes)
-      : m_mesh(checked(mesh, model)), m_model(model), m_opt(opt), m_exec(exec),
-        m_sync(mesh.comm(Axis::dp), syncs_gradients ? model.parameters() : std::vector<Parameter<T, Exec>*>{}, bucket_bytes), m_schedule(policy::schedule) {
+  /// \throws pmt::ConfigError for gradient compression without synchronous gradients, or outer
+  /// options out of range.
+  Trainer(const Mesh<Backend>& mesh, Model& model, Optimizer& opt, const Exec& exec = Exec(), TrainerOptions options = {})
+      : m_mesh(checked(mesh, model, options)), m_model(model), m_opt(opt), m_exec(exec),
+        m_sync(mesh.comm(Axis::dp), syncs_gradients ? model.parameters() : std::vector<Parameter<T, Exec>*>{}, options.sync),
+        m_schedule(policy::schedule), m_outer(options.outer), m_period(!local ? 0 : mode::period == dynamic ? options.period : mode::period) {
+    if constexpr (diloco)
+      for (auto* p : model.parameters()) {
+        m_anchor.emplace_back("pmt::train::Trainer::outer_anchor", p->size());
+        m_momentum.emplace_back("pmt::train::Trainer::outer_momentum", p->size());
+      }
     // a model that says when gradients are final lets the dp all-reduces overlap its backward;
     // otherwise they all start in finish()
+    if constexpr (stale)
+      m_stale.emplace(mesh.comm(Axis::dp), model.parameters(), mode::period == dynamic ? options.staleness : mode::period);
     if constexpr (parallel::has_grads_hook_v<Model, Exec>)
-      m_model.on_grads_ready([this](const std::vector<Parameter<T, Exec>*>& ps) { m_sync.ready(m_exec, ps); });
+      m_model.on_grads_ready([this](const std::vector<Parameter<T, Exec>*>& ps) {
+        m_sync.ready(m_exec, ps);
+        if constexpr (stale) m_stale->progress();  // the sums in flight move on during backward
+      });
     if (mesh.degree(Axis::pp) > 1) m_runner.emplace(mesh, model);
   }
   /// Frees the step memory the Workspace keeps that nothing holds any more.
@@ -168,17 +258,34 @@ class Trainer {
     check_batch("pmt::train::Trainer::step", microbatches, o.normaliser);
     const Instrument instrument("pmt::train::Trainer::step");
     const WorkspaceScope workspace;  // the step's memory: planned by the first step, reused by the next
-    const RandomStepScope random_step(static_cast<std::uint64_t>(o.step >= 0 ? o.step : m_calls));
+    const std::int64_t global_step = o.step >= 0 ? o.step : m_calls;
+    const RandomStepScope random_step(static_cast<std::uint64_t>(global_step));
     ++m_calls;
+    if constexpr (diloco)
+      if (!m_anchored) {  // the period starts from the parameters as they are now (or as loaded)
+        const auto ps = m_model.parameters();
+        for (std::size_t i = 0; i < ps.size(); ++i) Kokkos::deep_copy(m_exec, m_anchor[i], ps[i]->value);
+        m_anchored = true;
+      }
     m_opt.zero_grad(m_exec);
     const int dp            = m_mesh.degree(Axis::dp);
-    const double normaliser = H > 0 ? o.normaliser / dp : o.normaliser;
+    const double normaliser = local ? o.normaliser / dp : o.normaliser;
     // ZeRO optimizers reduce-scatter the gradients themselves; local SGD does not sync them.
     const double loss = run_microbatches(microbatches, normaliser, syncs_gradients);
     m_sync.finish(m_exec);
     parallel::finalize_grads(m_exec, m_mesh.comm(Axis::pp), m_model);  // tied copies on two stages sum their gradients
-    const double total = global_loss(H > 0 ? loss / dp : loss);
+    const double total = global_loss(local ? loss / dp : loss);
     const bool bad_loss = o.skip_nonfinite && !std::isfinite(total);
+    m_applied = true;
+    if constexpr (stale) {
+      // this step's sum starts; the one of S steps before arrives (none yet in the first S steps)
+      m_applied = m_stale->exchange(m_exec, global_step);
+      if (!m_applied) {
+        m_last_norm = 0, m_last_skipped = false;
+        if (!m_agreed_step) m_agreed_step = (comm::agree_choices(m_mesh.world(), m_exec), true);
+        return total;
+      }
+    }
     if constexpr (Optimizer::shards_over_dp) {
       m_last_norm = m_opt.step(m_exec, o.lr, o.max_norm, o.skip_nonfinite, bad_loss);
       m_last_skipped = bad_loss || (o.skip_nonfinite && !std::isfinite(m_last_norm));
@@ -188,9 +295,15 @@ class Trainer {
       m_last_skipped = bad_loss || (o.skip_nonfinite && !std::isfinite(m_last_norm));
       if (!m_last_skipped) m_opt.step(m_exec, o.lr);
     }
-    if constexpr (H > 0) {
-      if (++m_steps % H == 0 && dp > 1)
-        for (auto* p : m_model.parameters()) comm::all_reduce(m_mesh.comm(Axis::dp), m_exec, p->value, comm::ReduceOp::Avg);
+    if constexpr (local) {
+      if ((global_step + 1) % m_period == 0) {
+        if (dp > 1)
+          for (auto* p : m_model.parameters()) {
+            comm::all_reduce(m_mesh.comm(Axis::dp), m_exec, p->value, comm::ReduceOp::Avg);
+            m_average_bytes += p->bytes();
+          }
+        if constexpr (diloco) outer_step();
+      }
     }
     if (!m_agreed_step) m_agreed_step = (comm::agree_choices(m_mesh.world(), m_exec), true);
     return total;
@@ -208,6 +321,46 @@ class Trainer {
     if (!m_agreed_eval) m_agreed_eval = (comm::agree_choices(m_mesh.world(), m_exec), true);
     return total;
   }
+
+  /// \brief The state a checkpoint saves beside the optimizer's (io::save_checkpoint's last
+  /// argument, and load_checkpoint's to restore it): DiLoCo's "outer_anchor" (loaded as the
+  /// parameters when a checkpoint lacks it) and "outer_momentum"; with compressed gradients the
+  /// "grad_residual" of each parameter (a rank's own); with BoundedStaleness the S gradient sums
+  /// not yet applied, "stale_grad_0" ... (completing those in flight: collective over dp; resume
+  /// with StepOptions::step). Empty for the other modes.
+  ParameterStates<T, Exec> state() {
+    ParameterStates<T, Exec> st;
+    if constexpr (diloco) {
+      st.states.push_back({"outer_anchor", m_anchor, true});
+      st.states.push_back({"outer_momentum", m_momentum, false});
+      st.loaded = &m_anchored;
+    }
+    if constexpr (stale) {
+      for (auto& x : m_stale->states()) st.states.push_back(std::move(x));
+      st.loaded = m_stale->loaded_flag();
+    }
+    if (m_sync.compression() != parallel::GradCompression::none && m_mesh.degree(Axis::dp) > 1) {
+      typename ParameterStates<T, Exec>::State r{"grad_residual", {}, false};
+      for (auto* p : m_model.parameters()) r.of.push_back(m_sync.residual(p));
+      st.states.push_back(std::move(r));
+    }
+    return st;
+  }
+  const OuterOptions& outer_options() const noexcept { return m_outer; }
+  /// \brief Bytes this rank has handed to dp all-reduces: the gradient buckets (GradSync, half
+  /// with bf16 compression) and LocalSgd's and DiLoCo's parameter averages. A ring all-reduce over
+  /// dp ranks moves 2 (dp - 1) / dp times this over each rank's link.
+  std::uint64_t dp_bytes_sent() const noexcept {
+    return m_sync.bytes_sent() + m_average_bytes + (m_stale ? m_stale->bytes_sent() : 0);
+  }
+  /// \brief Whether the last step() applied an update (BoundedStaleness applies none in its
+  /// first S steps; a skipped non-finite step counts as applied here: see last_step_skipped()).
+  bool last_step_applied() const noexcept { return m_applied; }
+  /// \brief BoundedStaleness: the gradient-sum machinery (its bound, the last applied sum's age);
+  /// null for the other modes.
+  const parallel::StaleSync<T, Exec, Backend>* stale_sync() const noexcept { return m_stale ? &*m_stale : nullptr; }
+  /// \brief The averaging period of LocalSgd and DiLoCo (0: synchronous).
+  int period() const noexcept { return m_period; }
 
   double last_grad_norm() const noexcept { return m_last_norm; }
   /// \brief Whether the last step() skipped its update (StepOptions::skip_nonfinite).
@@ -250,7 +403,33 @@ class Trainer {
     if (m_mesh.degree(Axis::pp) > 1) comm::all_reduce_host_values(m_mesh.comm(Axis::pp), m_exec, total);
     return total();
   }
-  static const Mesh<Backend>& checked(const Mesh<Backend>& mesh, const Model& model) {
+  /// DiLoCo's outer step on the averaged parameters (see the file comment); every replica
+  /// continues from the new anchor.
+  void outer_step() {
+    const auto ps = m_model.parameters();
+    const T lr = static_cast<T>(m_outer.lr), mu = static_cast<T>(m_outer.momentum);
+    const bool nesterov = m_outer.nesterov;
+    for (std::size_t i = 0; i < ps.size(); ++i) detail::outer_update(m_exec, ps[i]->value, m_anchor[i], m_momentum[i], lr, mu, nesterov);
+  }
+  static const Mesh<Backend>& checked(const Mesh<Backend>& mesh, const Model& model, const TrainerOptions& options) {
+    detail::require<ConfigError>(options.sync.compression == parallel::GradCompression::none || syncs_gradients, "pmt::train::Trainer", [&] {
+      return detail::str("gradient compression ", parallel::to_string(options.sync.compression),
+                         " needs synchronous data parallelism with a replicated optimizer; this trainer ",
+                         local ? "averages parameters (LocalSgd/DiLoCo)" : "has a ZeRO optimizer, which reduce-scatters itself");
+    });
+    detail::require<ConfigError>(!stale || mode::period != dynamic || options.staleness >= 0, "pmt::train::Trainer", [&] {
+      return detail::str("BoundedStaleness<> takes its bound from TrainerOptions::staleness, which is ", options.staleness,
+                         "; expected >= 0");
+    });
+    detail::require<ConfigError>(!local || mode::period != dynamic || options.period >= 1, "pmt::train::Trainer", [&] {
+      return detail::str("LocalSgd<> and DiLoCo<> take their period from TrainerOptions::period, which is ", options.period,
+                         "; expected >= 1");
+    });
+    detail::require<ConfigError>(!diloco || (options.outer.lr > 0 && options.outer.momentum >= 0 && options.outer.momentum < 1),
+                                 "pmt::train::Trainer", [&] {
+                                   return detail::str("DiLoCo's outer lr is ", options.outer.lr, " and momentum ", options.outer.momentum,
+                                                      "; expected lr > 0 and 0 <= momentum < 1");
+                                 });
     if constexpr (policy::chunks != dynamic)
       detail::require<ConfigError>(model.chunks() == policy::chunks, "pmt::train::Trainer", [&] {
         return detail::str("the policy's schedule is Interleaved<", policy::chunks, "> but the model holds ",
@@ -279,10 +458,16 @@ class Trainer {
   parallel::GradSync<T, Exec, Backend> m_sync;
   parallel::ScheduleKind m_schedule;
   std::optional<parallel::PipelineRunner<Model, Exec, Backend>> m_runner;
+  OuterOptions m_outer;
+  int m_period;                                          // LocalSgd/DiLoCo: steps between averages
+  std::vector<Tensor<T, 1, Exec>> m_anchor, m_momentum;  // DiLoCo: the outer anchor and momentum
+  bool m_anchored     = false;                          // the anchor holds the period's start (or was loaded)
   double m_last_norm  = 0;
   bool m_last_skipped = false;
-  std::int64_t m_steps = 0;  // steps since the last local-SGD average
   std::int64_t m_calls = 0;  // step() calls
+  std::uint64_t m_average_bytes = 0;  // LocalSgd/DiLoCo: parameter bytes all-reduced over dp
+  std::optional<parallel::StaleSync<T, Exec, Backend>> m_stale;  // BoundedStaleness
+  bool m_applied = true;                                         // the last step applied an update
   // whether the first step / evaluation has agreed the measured choices (matmul paths) over the
   // world: every rank takes the same paths from then on (core/measured_choice.hpp)
   bool m_agreed_step = false, m_agreed_eval = false;
