@@ -37,7 +37,7 @@ struct Options {
   double gemm_gflops = 0, memory_gbps = 10, link_gbps = 5, latency_us = 5, memory_mib = 0;
   int ranks_per_node = 0;  // 0: one link model for every pair of ranks
   double intra_gbps = 0, intra_latency_us = 2, inter_gbps = 0, inter_latency_us = 5;
-  bool no_zero = false, no_gpipe = false, help = false, verbose = false;
+  bool no_zero = false, no_gpipe = false, no_recompute = false, help = false, verbose = false;
   std::string csv, rankfile;
   std::vector<pmt::plan::DpChoice> dp_modes = {pmt::plan::DpChoice{}};
 };
@@ -58,6 +58,8 @@ const char* usage =
     "                           layout's tp groups inside nodes\n"
     "search and output\n"
     "  --no-zero  --no-gpipe    leave ZeRO-1 / GPipe out\n"
+    "  --no-recompute           never recompute activations (by default a layout that does not fit\n"
+    "                           in memory is tried again with per-block recomputation)\n"
     "  --dp-modes LIST          data-parallel modes to consider with dp > 1 (default sync): a comma-\n"
     "                           separated list of sync, bf16 (compressed gradients), local:H, diloco:H\n"
     "                           (averages every H steps), stale:S (gradients applied S steps late);\n"
@@ -84,8 +86,8 @@ Options parse(int argc, char* argv[]) {
       o.verbose = true;
       continue;
     }
-    if (a == "--no-zero" || a == "--no-gpipe") {
-      (a == "--no-zero" ? o.no_zero : o.no_gpipe) = true;
+    if (a == "--no-zero" || a == "--no-gpipe" || a == "--no-recompute") {
+      (a == "--no-zero" ? o.no_zero : a == "--no-gpipe" ? o.no_gpipe : o.no_recompute) = true;
       continue;
     }
     if (i + 1 >= argc) throw pmt::ConfigError(prog, a + " needs a value (see --help)");
@@ -227,6 +229,7 @@ int main(int argc, char* argv[]) {
     pmt::plan::SearchOptions so;
     so.allow_zero   = !o.no_zero;
     so.allow_gpipe  = !o.no_gpipe;
+    so.allow_recompute = !o.no_recompute;
     so.dp_modes     = o.dp_modes;
     for (const auto& c : o.dp_modes)
       if (o.measure != 0 && c.mode != pmt::plan::DpMode::Sync && c.mode != pmt::plan::DpMode::Bf16)
@@ -259,6 +262,7 @@ int main(int argc, char* argv[]) {
             pmt::detail::str("train_gpt --dp ", b.dp, " --tp ", b.tp, " --pp ", b.pp, " --microbatches ", b.microbatches,
                              b.pp > 1 ? std::string(" --schedule ") + pmt::parallel::schedule_name(b.schedule) : std::string(),
                              b.chunks > 1 ? " --chunks " + std::to_string(b.chunks) : std::string(), b.zero ? " --zero" : "",
+                             b.recompute ? " --recompute" : "",
                              b.sync.mode == pmt::plan::DpMode::Bf16       ? std::string(" --compress bf16")
                              : b.sync.mode == pmt::plan::DpMode::LocalSgd ? " --local-sgd " + std::to_string(b.sync.period)
                              : b.sync.mode == pmt::plan::DpMode::DiLoCo   ? " --diloco " + std::to_string(b.sync.period)

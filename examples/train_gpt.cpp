@@ -345,6 +345,7 @@ void choose_layout(Options& o, const Comm& world) {
   if (pmt::world_rank() == 0 && !plan.machine.advice.empty()) std::printf("--auto: note: %s\n", plan.machine.advice.c_str());
   const auto& b   = plan.best().layout;  // raises, with the rejections, when nothing runs
   o.dp = b.dp, o.tp = b.tp, o.pp = b.pp, o.microbatches = b.microbatches, o.zero = b.zero, o.chunks = b.chunks;
+  o.recompute = o.recompute || b.recompute;
   o.schedule = pmt::parallel::schedule_name(b.schedule);
   if (pmt::world_rank() == 0)
     std::printf("--auto: the planner's top 5 of %zu layouts (%s)\n%s\n", plan.ranked.size(),

@@ -5,6 +5,7 @@
 #include "pmt/pmt.hpp"
 #include "pmt_test.hpp"
 
+#include <cstdlib>
 #include <string>
 
 using Catch::Matchers::ContainsSubstring;
@@ -58,4 +59,31 @@ TEST_CASE("a parallel_reduce runs on every enabled space on every rank", "[core]
       "pmt::test::sum", Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(0, 1000),
       KOKKOS_LAMBDA(int i, long& acc) { acc += i; }, total);
   REQUIRE(pmt::test::all_ranks(total == 499500));
+}
+
+TEST_CASE("ScopeGuard flushes denormals to zero on the host threads it starts", "[core][environment][denormals]") {
+#if defined(__x86_64__) || defined(__i386__)
+  const char* keep = std::getenv("PMT_DENORMALS");
+  const bool expect = !keep || std::string(keep) != "keep";
+  // every host thread of Kokkos inherited the main thread's setting
+  using Host = Kokkos::DefaultHostExecutionSpace;
+  int flushed = 0;
+  Kokkos::parallel_reduce("flushed", Kokkos::RangePolicy<Host>(0, 4 * Host().concurrency()),
+                          KOKKOS_LAMBDA(int, int& n) { n += pmt::denormals_flushed() ? 1 : 0; }, flushed);
+  CHECK(pmt::denormals_flushed() == expect);
+  CHECK(flushed == (expect ? 4 * Host().concurrency() : 0));
+  // and it does what it says: a product below the smallest normal float is zero, a denormal input
+  // counts as zero
+  volatile float small = 1e-30f, tiny = 1e-10f;
+  const float product = small * tiny;  // 1e-40: denormal
+  CHECK((product == 0.0f) == expect);
+  CHECK(pmt::flush_denormals(false));
+  CHECK(!pmt::denormals_flushed());
+  const float kept = small * tiny;
+  CHECK(kept > 0.0f);
+  CHECK(pmt::flush_denormals(expect));  // as it was
+  CHECK_THAT(pmt::environment_report(), ContainsSubstring(expect ? "flushed to zero on the host" : "kept (IEEE"));
+#else
+  CHECK(!pmt::flush_denormals());
+#endif
 }

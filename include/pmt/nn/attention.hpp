@@ -173,7 +173,11 @@ class CausalSelfAttention {
     });
     const Instrument instrument("pmt::nn::CausalSelfAttention::forward");
     const std::size_t Cl = m_C / static_cast<std::size_t>(m_tp.size()), Hl = m_H / static_cast<std::size_t>(m_tp.size());
-    Cache& saved = grad_enabled() ? *m_saved : m_scratch;  // pmt::NoGrad / KeepNothing: reused, not kept
+    // pmt::NoGrad / KeepNothing: the buffers come from the workspace and go back after this
+    // forward, so every layer's no-grad forward (recomputation's first pass, evaluation) reuses
+    // the same ones instead of each layer holding its own
+    Cache scratch;
+    Cache& saved = grad_enabled() ? *m_saved : scratch;
     if (saved.cache.B != static_cast<std::int64_t>(B) || saved.cache.T_ != static_cast<std::int64_t>(Tn))
       saved.cache = ops::make_attention_cache<T, Exec>(static_cast<std::int64_t>(B), static_cast<std::int64_t>(Tn),
                                                    static_cast<std::int64_t>(Cl), static_cast<std::int64_t>(Hl));
@@ -232,7 +236,6 @@ class CausalSelfAttention {
     ops::AttentionCache<T, Exec> cache;
   };
   Saved<Cache> m_saved;  // per activation slot
-  Cache m_scratch;       // a forward that keeps nothing computes in this one
 };
 
 }  // namespace pmt::nn

@@ -91,7 +91,7 @@ struct Run {
 
   Run(const comm::Communicator<Backend>& world, const Problem& pr, const Layout& l)
       : mesh(world, MeshShape{l.dp, l.tp, l.pp}),
-        model(mesh, pr.model, {}, l.chunks),
+        model(mesh, pr.model, nn::GptOptions{{}, l.chunks, l.recompute}),
         opt(make_opt(model, mesh, optim::AdamWOptions{0.9, 0.95, 1e-8, 0.1})),
         trainer(mesh, model, opt, Exec(),
                 parallel::GradSyncOptions{pr.bucket_bytes, l.sync.mode == DpMode::Bf16 ? parallel::GradCompression::bf16

@@ -20,6 +20,10 @@
 //               matrix per head, the softmax output); the stage's input N C; the last stage's
 //               LM-head gradient N C; live microbatches: the schedule's count per stage
 //               (parallel::check: 1F1B p - s, GPipe m; pp = 1: 1)
+//   recompute   (Layout::recompute, nn::GptOptions::recompute) a block keeps N C instead, one
+//               block's activations join the transient, and the blocks' forward with its tp
+//               all-reduces is paid again in the backward; a ModelSpec's chunk keeps its input
+//               and its saved values join the transient
 //   transient   the largest of a block's backward (4 N Cl + 2 N C: the incoming gradient, one
 //               MLP-sized gradient and a residual's; each layer's saved activations are freed as
 //               its backward returns, so the rest fits in what they free), its attention's score
@@ -263,14 +267,17 @@ struct Layout {
   bool zero                       = false;  ///< ZeRO-1 (optim::ZeroAdamW) instead of AdamW
   int chunks                      = 1;      ///< model chunks per stage (with 1F1B: interleaved)
   DpChoice sync{};                          ///< how the dp replicas communicate
+  /// Activation recomputation: a Gpt's blocks (nn::GptOptions::recompute), a ModelSpec's chunks
+  /// (nn::StagedOptions::recompute) keep only their input and run their forward again in backward.
+  bool recompute = false;
   /// \brief "dp 2 x tp 1 x pp 2, m 4, 1f1b, zero" ("1f1b x2" with 2 chunks per stage; ", bf16",
-  /// ", local 8" ... for a data-parallel mode other than sync)
+  /// ", local 8" ... for a data-parallel mode other than sync; ", recompute")
   std::string describe() const {
     return detail::str(
         "dp ", dp, " x tp ", tp, " x pp ", pp, ", m ", microbatches,
         pp > 1 ? std::string(", ") + parallel::schedule_name(schedule) : std::string(),
         chunks > 1 ? detail::str(" x", chunks) : std::string(), zero ? ", zero" : "",
-        sync.mode != DpMode::Sync ? ", " + sync.describe() : std::string());
+        sync.mode != DpMode::Sync ? ", " + sync.describe() : std::string(), recompute ? ", recompute" : "");
   }
 };
 
@@ -384,33 +391,45 @@ struct StageCost {
   double forward = 0, backward = 0, tp_comm = 0;  // tp_comm: forward's; backward's is as much
 };
 
+/// One GPT block on one microbatch of b sequences.
+inline StageCost block_cost(const Problem& pr, const Machine& mc, const Layout& l, std::size_t b) {
+  const auto& c        = pr.model;
+  const std::size_t tp = static_cast<std::size_t>(l.tp), T = c.context, N = b * T, C = c.width,
+                    Cl = C / tp, Hl = c.heads / tp, hs = C / c.heads;
+  const double sb = double(pr.value_bytes);
+  StageCost k;
+  if (mc.block_seconds) {  // measured with all ranks at once: as work alone, times the share
+    const double share = std::clamp(mc.core_share, 1e-3, 1.0);
+    const auto fb      = mc.block_seconds(b, l.tp);
+    k.forward = fb.first * share, k.backward = fb.second * share;
+    return k;
+  }
+  // q, k, v (Col), proj (Row), fc (Col), fc2 (Row); attention: scores and weighted sum per head
+  const double gemms = 3 * mc.gemm(N, Cl, C) + mc.gemm(N, C, Cl) + mc.gemm(N, 4 * Cl, C) + mc.gemm(N, C, 4 * Cl) +
+                       double(b * Hl) * (mc.gemm(T, T, hs) + mc.gemm(T, hs, T));
+  // memory-bound kernels: 2 LayerNorms, 2 residual adds, pack / merge of heads, mask + softmax, GELU
+  const double bytes = sb * (10.0 * N * C + 16.0 * N * Cl + 4.0 * double(b * Hl) * T * T);
+  k.forward          = gemms + mc.memory(bytes) + 24 * mc.kernel_seconds;
+  k.backward         = 2 * k.forward;
+  k.tp_comm          = 2 * mc.all_reduce_on(sb * N * C, l.tp, 1);  // attention and MLP outputs (backward: their inputs)
+  return k;
+}
+
+/// One block's forward with its tp all-reduces: what recomputation repeats in the backward.
+inline double block_forward(const Problem& pr, const Machine& mc, const Layout& l, std::size_t b) {
+  const auto k = block_cost(pr, mc, l, b);
+  return k.forward + k.tp_comm;
+}
+
 inline StageCost stage_cost(const Problem& pr, const Machine& mc, const Layout& l,
                             const parallel::StagePlan& plan, int s, std::size_t b) {
   const auto& c        = pr.model;
-  const std::size_t tp = static_cast<std::size_t>(l.tp), T = c.context, N = b * T, C = c.width,
-                    Cl = C / tp, Hl = c.heads / tp, hs = C / c.heads, Vl = c.vocab / tp;
+  const std::size_t tp = static_cast<std::size_t>(l.tp), T = c.context, N = b * T, C = c.width, Vl = c.vocab / tp;
   const double sb = double(pr.value_bytes);
-  StageCost k;
   const double L     = double(plan.count(s));
   const double share = std::clamp(mc.core_share, 1e-3, 1.0);
-  if (mc.block_seconds) {  // measured with all ranks at once: as work alone, times the share
-    const auto fb = mc.block_seconds(b, l.tp);
-    k.forward = L * fb.first * share, k.backward = L * fb.second * share;
-  } else {
-    // one block: q, k, v (Col), proj (Row), fc (Col), fc2 (Row); attention: scores and weighted sum
-    // per head
-    const double gemms = 3 * mc.gemm(N, Cl, C) + mc.gemm(N, C, Cl) + mc.gemm(N, 4 * Cl, C) +
-                         mc.gemm(N, C, 4 * Cl) +
-                         double(b * Hl) * (mc.gemm(T, T, hs) + mc.gemm(T, hs, T));
-    // memory-bound kernels: 2 LayerNorms, 2 residual adds, pack / merge of heads, mask + softmax,
-    // GELU
-    const double bytes = sb * (10.0 * N * C + 16.0 * N * Cl + 4.0 * double(b * Hl) * T * T);
-    k.forward          = L * (gemms + mc.memory(bytes) + 24 * mc.kernel_seconds);
-    k.backward         = 2 * k.forward;
-    k.tp_comm =
-        L * 2 *
-        mc.all_reduce_on(sb * N * C, l.tp, 1);  // attention and MLP outputs (backward: their inputs)
-  }
+  const StageCost one = block_cost(pr, mc, l, b);
+  StageCost k{L * one.forward, L * one.backward, L * one.tp_comm};
   if (mc.head_seconds) {
     // measured with all ranks at once (the embeddings, final norm, LM head, loss and their tp
     // all-reduces): on the last stage, as work alone
@@ -560,11 +579,24 @@ inline std::vector<StageInputs> gpt_stages(const Problem& pr, const Machine& mc,
     const double L  = double(stages.count(vs));
     in.cost         = stage_cost(pr, mc, l, stages, vs, b);
     in.parameters   = stage_parameters(c, stages, vs, l.tp);
-    in.activations  = L * block + sb * dN * dC + (head ? 8.0 * dN : 0.0) + (tail ? sb * (dN * dC + 2 * dN) : 0.0);
+    // with recomputation a block keeps only its input (N C) and its backward first runs its
+    // forward again: one block's activations live at a time, and the blocks' forward (with its
+    // tp all-reduces) is paid twice
+    in.activations  = L * (l.recompute ? sb * dN * dC : block) + sb * dN * dC + (head ? 8.0 * dN : 0.0) +
+                     (tail ? sb * (dN * dC + 2 * dN) : 0.0) +
+                     (tail && l.recompute ? sb * dN * dC : 0.0);  // the final LayerNorm's input, not recomputed
     // a block's backward: its MLP part, or its attention's score gradient (b Hl T x T); the last
     // stage's logits and their gradient
     in.transient = sb * std::max(4 * dN * dCl + 2 * dN * dC, double(b * Hl) * double(T) * double(T));
     if (tail) in.transient = std::max(in.transient, sb * (2 * dN * double(Vl) + dN * dC));
+    // the block recomputed for its backward, beside what the workspace keeps of the backward
+    // before it (buffers of other shapes, such as the logits, stay cached for the next step)
+    if (l.recompute && L > 0) in.transient += block;
+    // the pipeline's buffers beside (as for a ModelSpec below): a receive of each kind posted
+    // ahead and the output's copy in a send buffer
+    if (vs + 1 < stages.stages()) in.transient += 2 * sb * dN * dC;
+    if (vs > 0) in.transient += sb * dN * dC;
+    if (l.recompute) in.cost.backward += block_forward(pr, mc, l, b) * L;
     if (l.tp > 1) {  // per block 4 all-reduces of (N, C); embedding 1; LM head 1 and 3 of N values
       in.tp_bytes = sb * dN * dC * (4.0 * L + head + tail);
       if (tail) in.tp_bytes += 3.0 * 8.0 * dN;
@@ -582,8 +614,11 @@ inline std::vector<StageInputs> spec_stages(const Problem& pr, const Machine& mc
   for (int vs = 0; vs < stages.stages(); ++vs) {
     auto& in = out[std::size_t(vs)];
     const auto first = stages.begin(vs), last = stages.end(vs);
-    // the stage's input, unless its first layer keeps it anyway
-    in.activations = spec.layers[first].saved > 0 ? 0.0 : sb * R * spec.layers[first].input_local(l.tp);
+    // the stage's input, unless its first layer keeps it anyway (always, with recomputation: the
+    // chunk keeps only its input, and its backward runs its forward again, whose saved values
+    // then live for the chunk's backward)
+    in.activations = spec.layers[first].saved > 0 && !l.recompute ? 0.0 : sb * R * spec.layers[first].input_local(l.tp);
+    double saved = 0, forward = 0;
     for (std::size_t i = first; i < last; ++i) {
       const auto& y  = spec.layers[i];
       const double f = R * y.flops_local(l.tp);
@@ -592,13 +627,20 @@ inline std::vector<StageInputs> spec_stages(const Problem& pr, const Machine& mc
                          2 * mc.kernel_seconds;
       in.cost.forward += fwd;
       in.cost.backward += 2 * fwd;
+      forward += fwd;
       // estimate() waits tp_comm once in the forward and once in the backward: the mean of the two
       in.cost.tp_comm += 0.5 * (mc.all_reduce_on(sb * R * y.forward_reduce, l.tp, 1) + mc.all_reduce_on(sb * R * y.backward_reduce, l.tp, 1));
       in.parameters += y.parameters_local(l.tp);
-      in.activations += sb * R * y.saved_local(l.tp);
+      saved += sb * R * y.saved_local(l.tp);
       // a backward adds its dx (its dy is the next layer's dx, or a received or the loss gradient)
       in.transient = std::max(in.transient, sb * R * y.input_local(l.tp));
       if (l.tp > 1) in.tp_bytes += sb * R * (y.forward_reduce + y.backward_reduce);
+    }
+    if (l.recompute) {
+      in.transient += saved;
+      in.cost.backward += forward + in.cost.tp_comm;
+    } else {
+      in.activations += saved;
     }
     // the stage's output: sent to the next stage (in flight until the next stage takes it), or
     // on the last stage the loss gradient the backward starts from

@@ -43,6 +43,9 @@ struct Rejection {
 struct SearchOptions {
   bool allow_zero      = true;
   bool allow_gpipe     = true;
+  /// A layout that does not fit in memory is tried again with activation recomputation
+  /// (Layout::recompute), and runs with it when that fits.
+  bool allow_recompute = true;
   int max_microbatches = 64;
   int max_chunks       = 2;  ///< model chunks per stage tried with 1F1B (1: no interleaving)
   /// The data-parallel modes tried with dp > 1 (ZeRO-1 only with Sync). Sync alone by default: the
@@ -174,6 +177,12 @@ inline Plan search(const Problem& pr, const Machine& mc, const SearchOptions& o 
             Layout l{dp, tp, pp, m, gpipe ? parallel::ScheduleKind::GPipe : parallel::ScheduleKind::OneFOneB, zero, chunks, choice};
             if (chunks > 1 && !why_invalid(pr, l, R).empty()) continue;  // too few layers, or m not a multiple of pp
             Estimate e = estimate(pr, mc, l);
+            if (mc.memory_bytes > 0 && e.peak_bytes() > mc.memory_bytes && o.allow_recompute) {
+              Layout r = l;  // recomputation when (and only when) memory requires it
+              r.recompute = true;
+              Estimate again = estimate(pr, mc, r);
+              if (again.peak_bytes() <= mc.memory_bytes) e = std::move(again), l = r;
+            }
             if (mc.memory_bytes > 0 && e.peak_bytes() > mc.memory_bytes) {
               plan.rejected.push_back(
                   {l, detail::str("needs ", planner_detail::fixed(e.peak_bytes() / 1048576.0),
