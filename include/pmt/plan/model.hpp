@@ -518,14 +518,17 @@ inline double simulate(parallel::ScheduleKind kind, int p, int m, const std::vec
       }
     }
     if (all_done) return now;
-    // each stage's rate: its slowest rank's share of the core it sits on
-    std::fill(load.begin(), load.end(), 0);
-    for (int r = 0; r < ranks; ++r)
-      if (phase[static_cast<std::size_t>(r / per_stage)] == 1) ++load[static_cast<std::size_t>(r % slots)];
-    for (std::size_t s = 0; s < static_cast<std::size_t>(p); ++s) {
-      rate[s] = 1.0;
-      for (int r = int(s) * per_stage; r < (int(s) + 1) * per_stage; ++r)
-        rate[s] = std::min(rate[s], slot_speed / std::max(1, load[static_cast<std::size_t>(r % slots)]));
+    // each stage's rate: its slowest rank's share of the core it sits on (a core per rank: all 1,
+    // and nothing to count; a cluster's thousands of ranks then cost O(p) per event)
+    if (cores < ranks) {
+      std::fill(load.begin(), load.end(), 0);
+      for (int r = 0; r < ranks; ++r)
+        if (phase[static_cast<std::size_t>(r / per_stage)] == 1) ++load[static_cast<std::size_t>(r % slots)];
+      for (std::size_t s = 0; s < static_cast<std::size_t>(p); ++s) {
+        rate[s] = 1.0;
+        for (int r = int(s) * per_stage; r < (int(s) + 1) * per_stage; ++r)
+          rate[s] = std::min(rate[s], slot_speed / std::max(1, load[static_cast<std::size_t>(r % slots)]));
+      }
     }
     double dt = ready_at - now;
     for (std::size_t s = 0; s < static_cast<std::size_t>(p); ++s) {
