@@ -124,12 +124,22 @@ inline void warn_about_environment(int rank) {
 
 namespace pmt {
 
+// x86 hosts (GCC and Clang) have the MXCSR control register; device passes and other targets not.
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && !defined(__CUDA_ARCH__)
+#define PMT_HAVE_MXCSR 1
+#else
+#define PMT_HAVE_MXCSR 0
+#endif
+namespace detail {
+inline constexpr unsigned mxcsr_ftz_daz = 0x8040u;  // FTZ (bit 15) and DAZ (bit 6)
+}  // namespace detail
+
 /// \brief Sets (or with `on` false clears) flush-to-zero and denormals-are-zero for this thread's
 /// SSE/AVX arithmetic (x86 MXCSR; threads it creates later inherit it). Returns false where the
 /// target has no such control (nothing changes).
 inline bool flush_denormals(bool on = true) noexcept {
-#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && !defined(__CUDA_ARCH__)
-  constexpr unsigned ftz_daz = 0x8040u;  // FTZ (bit 15) and DAZ (bit 6)
+#if PMT_HAVE_MXCSR
+  constexpr unsigned ftz_daz = detail::mxcsr_ftz_daz;
   const unsigned csr = __builtin_ia32_stmxcsr();
   __builtin_ia32_ldmxcsr(on ? (csr | ftz_daz) : (csr & ~ftz_daz));
   return true;
@@ -141,8 +151,8 @@ inline bool flush_denormals(bool on = true) noexcept {
 
 /// \brief Whether this thread flushes denormals to zero (x86: MXCSR FTZ and DAZ both set).
 inline bool denormals_flushed() noexcept {
-#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && !defined(__CUDA_ARCH__)
-  return (__builtin_ia32_stmxcsr() & 0x8040u) == 0x8040u;
+#if PMT_HAVE_MXCSR
+  return (__builtin_ia32_stmxcsr() & detail::mxcsr_ftz_daz) == detail::mxcsr_ftz_daz;
 #else
   return false;
 #endif

@@ -646,12 +646,14 @@ class WithStates {
   WithStates(Opt& opt, const ParameterStates<T, Exec>& extra) : m_opt(&opt), m_extra(extra), m_base(opt.states()) {
     const auto& ps = opt.parameters();
     for (const auto& st : m_extra.states) {
-      bool ok = st.of.size() == ps.size();
-      for (std::size_t i = 0; ok && i < ps.size(); ++i) ok = st.of[i].size() == 0 || st.of[i].size() == ps[i]->size();
-      pmt::detail::require<ConfigError>(ok, "pmt::io::checkpoint", [&] {
-        return pmt::detail::str("state \"", st.name, "\" has ", st.of.size(), " tensors for ", ps.size(),
-                                " parameters (or one of another size than its parameter)");
+      pmt::detail::require<ConfigError>(st.of.size() == ps.size(), "pmt::io::checkpoint", [&] {
+        return pmt::detail::str("state \"", st.name, "\" has ", st.of.size(), " tensors for ", ps.size(), " parameters");
       });
+      for (std::size_t i = 0; i < ps.size(); ++i)
+        pmt::detail::require<ConfigError>(st.of[i].size() == 0 || st.of[i].size() == ps[i]->size(), "pmt::io::checkpoint", [&] {
+          return pmt::detail::str("state \"", st.name, "\" of parameter ", ps[i]->name, " has ", st.of[i].size(),
+                                  " values; the parameter has ", ps[i]->size(), " (or none)");
+        });
     }
   }
   const std::vector<Parameter<T, Exec>*>& parameters() const noexcept { return m_opt->parameters(); }

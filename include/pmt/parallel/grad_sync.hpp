@@ -71,10 +71,13 @@ enum class GradCompression { none, bf16 };
 /// \brief "none" or "bf16".
 inline constexpr const char* to_string(GradCompression c) { return c == GradCompression::bf16 ? "bf16" : "none"; }
 
+/// \brief The default gradient bucket: 25 MiB, as PyTorch DDP's.
+inline constexpr std::size_t default_bucket_bytes = std::size_t(25) << 20;
+
 /// \brief GradSync's settings: the bucket size and the compression on the wire. Converts from a
 /// bucket size alone.
 struct GradSyncOptions {
-  std::size_t bucket_bytes    = std::size_t(25) << 20;  ///< parameters per bucket (as PyTorch DDP's 25 MiB)
+  std::size_t bucket_bytes    = default_bucket_bytes;  ///< parameters per bucket
   GradCompression compression = GradCompression::none;
   GradSyncOptions() = default;
   GradSyncOptions(std::size_t bucket, GradCompression c = GradCompression::none) : bucket_bytes(bucket), compression(c) {}
@@ -86,7 +89,7 @@ struct GradSyncOptions {
 template <class T, class Exec, class Backend>
 class GradSync {
  public:
-  static constexpr std::size_t default_bucket_bytes = std::size_t(25) << 20;
+  static constexpr std::size_t default_bucket_bytes = parallel::default_bucket_bytes;
 
   GradSync(const comm::Communicator<Backend>& dp, const std::vector<Parameter<T, Exec>*>& params,
            GradSyncOptions options = {})

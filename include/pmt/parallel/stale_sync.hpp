@@ -109,9 +109,7 @@ class StaleSync {
     std::vector<typename ParameterStates<T, Exec>::State> out;
     for (int k = 0; k < m_bound; ++k) {
       typename ParameterStates<T, Exec>::State st{"stale_grad_" + std::to_string(k), {}, false};
-      const auto& buf = m_slots[static_cast<std::size_t>(m_state_slot[static_cast<std::size_t>(k)])];
-      for (std::size_t i = 0; i < m_params.size(); ++i)
-        st.of.push_back(Kokkos::subview(buf, std::make_pair(m_offset[i], m_offset[i] + m_params[i]->size())));
+      for (std::size_t i = 0; i < m_params.size(); ++i) st.of.push_back(part(m_state_slot[static_cast<std::size_t>(k)], i));
       out.push_back(std::move(st));
     }
     return out;
@@ -141,15 +139,15 @@ class StaleSync {
     }
     return 0;  // unreachable: at most S of S + 1 slots are pending here
   }
+  /// Parameter i's part of a slot.
+  Tensor<T, 1, Exec> part(int slot, std::size_t i) const {
+    return Kokkos::subview(m_slots[static_cast<std::size_t>(slot)], std::make_pair(m_offset[i], m_offset[i] + m_params[i]->size()));
+  }
   void pack(const Exec& exec, int slot) {
-    for (std::size_t i = 0; i < m_params.size(); ++i)
-      Kokkos::deep_copy(exec, Kokkos::subview(m_slots[static_cast<std::size_t>(slot)], std::make_pair(m_offset[i], m_offset[i] + m_params[i]->size())),
-                        m_params[i]->grad);
+    for (std::size_t i = 0; i < m_params.size(); ++i) Kokkos::deep_copy(exec, part(slot, i), m_params[i]->grad);
   }
   void unpack(const Exec& exec, int slot) {
-    for (std::size_t i = 0; i < m_params.size(); ++i)
-      Kokkos::deep_copy(exec, m_params[i]->grad,
-                        Kokkos::subview(m_slots[static_cast<std::size_t>(slot)], std::make_pair(m_offset[i], m_offset[i] + m_params[i]->size())));
+    for (std::size_t i = 0; i < m_params.size(); ++i) Kokkos::deep_copy(exec, m_params[i]->grad, part(slot, i));
   }
 
   comm::Communicator<Backend> m_dp;

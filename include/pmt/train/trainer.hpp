@@ -29,8 +29,8 @@
 // default the number of step() calls), so a resumed run keeps the phase. LocalSgd<> and DiLoCo<>
 // take H at run time (TrainerOptions::period). BoundedStaleness<S>: each step starts the dp sum of
 // its gradients without waiting and applies the sum started S steps before (parallel/
-// stale_sync.hpp); no update in the first S steps. state() shows the
-// anchor, the outer momentum and the residuals of compressed gradients to checkpoints.
+// stale_sync.hpp); no update in the first S steps. state() shows checkpoints what these modes
+// keep: DiLoCo's anchor and outer momentum, the residuals of compressed gradients, the stale sums.
 // ZeRO optimizers (shards_over_dp) reduce-scatter themselves.
 
 #include "pmt/core/instrument.hpp"
