@@ -5,7 +5,7 @@
 // and keeps the faster; that first call is the untimed warm-up), OpenBLAS called directly, and MKL called directly (loaded with dlopen from
 // $PMT_MKL_LIB; bench/fetch_mkl.sh fetches the PyPI wheel). Every result is checked against
 // OpenBLAS' (ok / WRONG). Peak = the measured fp32 FMA throughput of this machine (see
-// bench_common.hpp); the 345 GFLOP/s figure assumed an AVX-512 Xeon.
+// bench_common.hpp).
 #include "bench_common.hpp"
 
 #include <cblas.h>

@@ -47,7 +47,7 @@ echo
 python3 "$root/bench/dp_comm.py" "$build" 4 "${PMT_BENCH_STEPS_DP:-800}" 8
 echo
 # What the instrumentation costs (compiled out / recorder off / recorder on)
-& "$build" "${PMT_BENCH_ROUNDS_TRACE:-7}"
+python3 "$root/bench/trace_overhead.py" "$build" "${PMT_BENCH_ROUNDS_TRACE:-7}"
 echo
 # The planner's predictions against every candidate trained side by side (4 ranks: 2 per core, bound; 2 ranks)
 python3 "$root/bench/plan_check.py" "$build" 4 "${PMT_BENCH_REPS_PLAN:-3}" 8

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
-"""Training-step benchmark driver (issue 5): pmt's Gpt against the same model in PyTorch, same
+"""Training-step benchmark driver: pmt's Gpt against the same model in PyTorch, same
 threads, in one run; and data-parallel weak scaling at 2 ranks. Prints a table and the target
 lines. Usage: train_step.py BUILD_DIR [TORCH_PYTHON]
+PMT_TRAIN_STEP_WIDTHS=128,512 adds widths; PMT_BENCH_CSV=FILE writes one row per width.
 
 With PMT_MKL_BUILD=DIR (a build of pmt against MKL's CBLAS: cmake ... $(bench/fetch_mkl.sh --cmake))
 each round also runs that build's step: pmt and PyTorch then compute their products with the same
@@ -49,7 +50,10 @@ def fields(line_tag, text):
 
 STEPS = 7
 peak_at_start = max(float(fields("peak", run([exe, "peak"], {"OMP_NUM_THREADS": str(threads)}))["gflops"]) for _ in range(3))
-configs = [("width 256", 4, 256, 4, 128, 8, 256), ("width 768", 4, 768, 12, 128, 8, 256)]
+# 4 blocks, 64-wide heads, context 128, batch 8, vocabulary 256; widths 256 and 768 carry the targets,
+# PMT_TRAIN_STEP_WIDTHS adds others (e.g. 128,256,512,768 for the plot of docs/benchmarks.md)
+widths = sorted({256, 768} | {int(w) for w in os.environ.get("PMT_TRAIN_STEP_WIDTHS", "").split(",") if w.strip()})
+configs = [(f"width {w}", 4, w, max(1, w // 64), 128, 8, 256) for w in widths]
 print(f"pmt bench train_step: fp32, one rank, {threads} threads (PyTorch: the same threads)")
 print(f"{'model':<10} {'pmt ms':>9} {'tok/s':>9} {'GFLOP/s':>9} {'torch ms':>9} {'pmt/torch':>10}")
 results, products = {}, {}
@@ -84,7 +88,8 @@ for name, L, C, H, T, B, V in configs:
     for label, step_ms, alone_ms in ((name, pmt_ms, prod_ms), (name + ", MKL", mkl_ms, mkl_prod_ms)):
         if alone_ms:
             products[label] = (median(alone_ms), median([a / b for a, b in zip(alone_ms, torch_ms)]) if torch_py else None,
-                               median([a - b for a, b in zip(step_ms, alone_ms)]))
+                               median([a - b for a, b in zip(step_ms, alone_ms)]),
+                               median([a / b for a, b in zip(step_ms, alone_ms)]))
     if mkl_exe:
         mkl_ratio = sorted(a / b for a, b in zip(mkl_ms, torch_ms))[ROUNDS // 2] if torch_py else None
         results[name + " mkl"] = (sorted(mkl_ms)[ROUNDS // 2], flops, t_ms, mkl_ratio)
@@ -101,7 +106,7 @@ for name, L, C, H, T, B, V in configs:
 # (bench_train_step products; 6 P tokens of the step's FLOPs). No framework on that BLAS takes less
 # than this for the step; "the rest" is pmt's step minus it, paired by round (attention, GELU,
 # LayerNorm, bias, loss, clipping, AdamW: everything that is not one of those matmuls).
-for name, (pr_ms, pr_ratio, rest_ms) in products.items():
+for name, (pr_ms, pr_ratio, rest_ms, _) in products.items():
     t_ms = results[name.split(",")[0]][2]
     budget = "" if not t_ms else (f"; the 0.7 x torch goal leaves {0.7 * t_ms - pr_ms:.1f} ms for the rest"
                                   if name.startswith("width 256") else "")
@@ -114,8 +119,8 @@ if torch_py:
 # Data-parallel weak scaling: each rank its own batch, one thread per rank, ranks bound to cores.
 # bench_train_step's paired mode times, in each of DP_ROUNDS rounds, one step of rank 0 alone (the
 # other rank asleep) and one step of both ranks, a fraction of a second apart; the efficiency is
-# the median of the rounds' ratios. (Until the fourteenth session: separate 1-rank and 2-rank runs
-# seconds apart, whose ratio read the VM's slow phases as much as pmt.)
+# the median of the rounds' ratios (separate 1-rank and 2-rank runs seconds apart would read
+# the VM's slow phases as much as pmt).
 DP_ROUNDS = int(os.environ.get("PMT_DP_ROUNDS", "15"))
 s0 = steal_s()
 dp = fields("pmt_dp_paired", run(["mpiexec", "-n", "2", "--bind-to", "core", exe, "4", "256", "4", "128", "8", "256",
@@ -150,4 +155,14 @@ if torch_py:
 if peak_gflops > 0:
     mfu = flops768 / ms768 / 1e6 / peak_gflops
     print(f"target train_step_width768_fraction_of_peak measured={mfu:.3f} goal=0.550 {'met' if mfu >= 0.55 else 'missed'}")
+# the step against its own floor (pmt's default BLAS path, paired by round): what pmt adds to the products
+floor = products["width 256"][3]
+print(f"target train_step_width256_vs_matmul_floor measured={floor:.3f} goal=1.150 {'met' if floor <= 1.15 else 'missed'}")
+csv = os.environ.get("PMT_BENCH_CSV", "")
+if csv:  # one row per width, for bench/plots.py
+    with open(csv, "w") as f:
+        f.write("width,pmt_ms,torch_ms,pmt_over_torch,matmuls_alone_ms,peak_gflops\n")
+        for (name, L, C, H, T, B, V) in configs:
+            ms, _, t_ms, r = results[name]
+            f.write(f"{C},{ms:.2f},{t_ms or ''},{r or ''},{products[name][0]:.2f},{peak_gflops:.1f}\n")
 print(f"target dp2_weak_scaling_efficiency measured={eff:.3f} goal=0.900 {'met' if eff >= 0.9 else 'missed'}")

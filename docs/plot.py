@@ -6,6 +6,12 @@ action) and a loss-curve PNG from its --metrics file. Needs matplotlib (Debian: 
   python3 docs/plot.py timeline run-trace.json docs/img/timeline_1f1b.png [--steps FIRST LAST]
   (interleaved schedules: bars labelled microbatch.chunk)
   python3 docs/plot.py loss run-metrics.json docs/img/loss.png
+
+Benchmark pictures (docs/benchmarks.md), from the output of the benchmarks:
+
+  python3 docs/plot.py steptime train_step.csv docs/img/bench_step_time.png   (PMT_BENCH_CSV of bench/train_step.py)
+  python3 docs/plot.py allreduce allreduce.txt docs/img/bench_allreduce.png   (bench_allreduce's tables, np 2 and 4)
+  python3 docs/plot.py bubble pipeline.txt docs/img/bench_bubble.png          (bench_pipeline sleep tables, pp 2 and 4)
 """
 import json
 import re
@@ -85,11 +91,87 @@ def loss(metrics_path, png):
     fig.savefig(png, dpi=110)
 
 
+def steptime(csv_path, png):
+    """Step time against model width: pmt, PyTorch, and the step's matmuls alone (the floor)."""
+    rows = [line.strip().split(",") for line in open(csv_path)][1:]
+    width = [int(r[0]) for r in rows]
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    ax.plot(width, [float(r[1]) for r in rows], "o-", label="pmt step")
+    if all(r[2] for r in rows):
+        ax.plot(width, [float(r[2]) for r in rows], "s-", label="PyTorch step")
+    ax.plot(width, [float(r[4]) for r in rows], "^--", label="the step's matmuls alone (floor)")
+    ax.set_xlabel("model width (4 blocks, context 128, batch 8)")
+    ax.set_ylabel("ms per training step")
+    ax.set_xticks(width)
+    ax.set_yscale("log")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+
+
+def allreduce(log_path, png):
+    """Bus bandwidth against message size, pmt's all_reduce and raw MPI_Allreduce, per rank count."""
+    tables, np_ = {}, None
+    row = re.compile(r"^\s*(\d+)\s+\d+ \|\s+[\d.]+\s+[\d.]+\s+([\d.]+) \|\s+[\d.]+\s+[\d.]+\s+([\d.]+) \|")
+    for line in open(log_path):
+        m = re.search(r"(\d+) ranks", line)
+        if line.startswith("pmt bench_allreduce") and m:
+            np_ = int(m.group(1))
+            tables[np_] = []
+        m = row.match(line)
+        if m and np_ is not None:
+            tables[np_].append(tuple(float(x) for x in m.groups()))
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    for n, rows in sorted(tables.items()):
+        size = [r[0] for r in rows]
+        line, = ax.plot(size, [r[1] for r in rows], "o-", label=f"pmt, {n} ranks")
+        ax.plot(size, [r[2] for r in rows], "x--", color=line.get_color(), label=f"MPI_Allreduce, {n} ranks")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+
+
+def bubble(log_path, png):
+    """Pipeline bubble against microbatches per schedule and stage count, with (p-1)/(m+p-1)."""
+    series, p = {}, None
+    row = re.compile(r"^(\S+)\s+(\d+)\s+([\d.]+)%\s+([\d.]+)%")
+    for line in open(log_path):
+        m = re.search(r"pp = (\d+) stages", line)
+        if m:
+            p = int(m.group(1))
+        m = row.match(line)
+        if m and p is not None:
+            series.setdefault((p, m.group(1)), []).append((int(m.group(2)), float(m.group(3)), float(m.group(4))))
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    theory_drawn = set()
+    for (stages, sched), rows in sorted(series.items()):
+        rows.sort()
+        line, = ax.plot([r[0] for r in rows], [r[1] for r in rows], "o-", label=f"{sched}, pp {stages}")
+        key = (stages, sched.endswith("v2"))
+        if key not in theory_drawn:
+            theory_drawn.add(key)
+            ax.plot([r[0] for r in rows], [r[2] for r in rows], ":", color="grey")
+    ax.plot([], [], ":", color="grey", label="theory (p-1)/(m+p-1), (p-1)/(2m+p-1) interleaved")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("microbatches m")
+    ax.set_ylabel("bubble (% of the step)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+
+
 if __name__ == "__main__":
-    if len(sys.argv) < 4 or sys.argv[1] not in ("timeline", "loss"):
+    modes = {"loss": loss, "steptime": steptime, "allreduce": allreduce, "bubble": bubble}
+    if len(sys.argv) < 4 or sys.argv[1] not in ("timeline",) + tuple(modes):
         sys.exit(__doc__)
     if sys.argv[1] == "timeline":
         rng = (int(sys.argv[5]), int(sys.argv[6])) if len(sys.argv) > 6 and sys.argv[4] == "--steps" else (None, None)
         timeline(sys.argv[2], sys.argv[3], *rng)
     else:
-        loss(sys.argv[2], sys.argv[3])
+        modes[sys.argv[1]](sys.argv[2], sys.argv[3])
