@@ -86,6 +86,20 @@ def path_exists(span, doc):
     return "/" not in span and bool(glob.glob(os.path.join(ROOT, "**", span), recursive=True))
 
 
+def slug(heading):
+    """The anchor a Markdown renderer gives a heading: lower case, punctuation dropped, spaces as -."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(path):
+    """The anchors of a Markdown file's headings (outside code blocks)."""
+    text = re.sub(r"```.*?```", "", open(path, encoding="utf-8").read(), flags=re.S)
+    return {slug(h) for h in re.findall(r"^#+\s+(.*)$", text, flags=re.M)}
+
+
+LINK = re.compile(r"\]\(([^)\s]*)#([^)\s]+)\)")
+
+
 MODEL_WITH_POLICY = re.compile(r"\bGpt<([^<>]|<[^<>]*(<[^<>]*>)?[^<>]*>)*?\b(Hybrid|DataParallel|TensorSplit|Pipeline)<")
 PATH = re.compile(r"^[\w./-]+\.(hpp|cpp|py|sh|md|cmake|json|txt|supp)$")
 ENTITY = re.compile(r"\bpmt::((?:\w+::)*\w+)")
@@ -111,6 +125,11 @@ def check(files):
             s = span.strip()
             if PATH.match(s) and not path_exists(s, doc):
                 problems.append(f"{rel}: `{span}` is not a file of the project")
+        # links to a heading of a Markdown file: the heading exists
+        for target, anchor in LINK.findall(open(doc, encoding="utf-8").read()):
+            path = os.path.normpath(os.path.join(os.path.dirname(doc), target)) if target else doc
+            if path.endswith(".md") and os.path.isfile(path) and anchor not in anchors(path):
+                problems.append(f"{rel}: link to {target or rel}#{anchor}: no such heading there")
         # a model type given a policy: models are Gpt<T, Exec, Backend>; policies go to the Trainer
         for m in MODEL_WITH_POLICY.finditer(open(doc, encoding="utf-8").read()):
             problems.append(f"{rel}: `{m.group(0)}...` gives Gpt a policy; it is Gpt<T, Exec, Backend> (the Trainer takes the policy)")
