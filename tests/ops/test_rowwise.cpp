@@ -141,7 +141,7 @@ TEST_CASE("the row exponential sums exp(x - max) to float accuracy, underflows t
   }
   CHECK(worst <= 3e-7);
   CHECK(std::abs(s - ref_sum) <= 1e-6 * ref_sum);
-  INFO("AVX2 row kernel: " << PMT_ROWWISE_AVX2);
+  INFO("host back end: " << pmt::detail::host::Native::name);
   std::vector<float> z(32, -1.0f), ez(32);
   z[5] = std::nanf("");
   z[20] = -std::numeric_limits<float>::infinity();
@@ -215,7 +215,7 @@ TEMPLATE_TEST_CASE("the row sum is lane_sum's result bit for bit, on every lengt
   std::vector<T> x(100);
   for (std::size_t j = 0; j < x.size(); ++j) x[j] = T(0.1) * T((j * 37) % 101) - T(3.3) + T(1e-3) * T(j);
   for (int n = 0; n <= 100; ++n) {
-    INFO("n = " << n << ", AVX2 row kernels: " << PMT_ROWWISE_AVX2);
+    INFO("n = " << n << ", host back end: " << pmt::detail::host::Native::name);
     const T expect = pmt::detail::lane_sum<T>(x.data(), n, [](T e) { return e; });
     CHECK(pmt::detail::row_sum<T>(x.data(), n) == expect);
   }
@@ -308,7 +308,7 @@ TEST_CASE("layernorm forward with fp32 statistics equals the reference (vector b
   for (int C : {1, 7, 8, 16, 24, 33, 64, 100}) {
     const int N = 203;
     LayernormCase<float, float> lc(N, C, 14);
-    INFO("C = " << C << ", AVX2 row kernels: " << PMT_ROWWISE_AVX2);
+    INFO("C = " << C << ", host back end: " << pmt::detail::host::Native::name);
     for (int n = 0; n < N; ++n) {
       const auto [m, rs] = lc.reference(n);
       CHECK(std::abs(lc.mean(n) - m) <= 1e-5 * std::max(1.0, std::abs(m)));

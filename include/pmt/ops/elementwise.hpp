@@ -7,6 +7,7 @@
 #include "pmt/core/error.hpp"
 #include "pmt/detail/kokkos_compat.hpp"
 #include "pmt/core/tensor.hpp"
+#include "pmt/ops/detail/host_backend.hpp"
 #include "pmt/ops/detail/rowwise.hpp"
 
 #include <Kokkos_Core.hpp>
@@ -98,35 +99,26 @@ KOKKOS_INLINE_FUNCTION T gelu_tanh_grad(T x) {
   return s + x * s * (T(1) - s) * T(2 * gelu_k) * (T(1) + T(3 * gelu_a) * x * x);
 }
 
-#if PMT_ROWWISE_AVX2
-inline __m256 gelu_s8(__m256 x) {  // s = 1 / (1 + exp(-2u)) for eight floats
-  const __m256 z = _mm256_mul_ps(_mm256_set1_ps(static_cast<float>(-2 * gelu_k)),
-                                 _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(static_cast<float>(gelu_a)), x),
-                                                 _mm256_mul_ps(x, x), x));
-  const __m256 zc = _mm256_min_ps(_mm256_max_ps(z, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
-  return _mm256_div_ps(_mm256_set1_ps(1.0f), _mm256_add_ps(_mm256_set1_ps(1.0f), exp8_clamped(zc)));
+/// The tanh GELU's constants for a host SIMD back end K, rounded to float as the portable loops
+/// round them.
+template <class K>
+typename K::GeluConstants gelu_constants() {
+  return {static_cast<float>(-2 * gelu_k), static_cast<float>(gelu_a), static_cast<float>(2 * gelu_k),
+          static_cast<float>(3 * gelu_a)};
 }
-#endif
 
-/// y[i] = f(x[i]) (and the 2-input form) over contiguous floats with eight-wide AVX2 code on the
-/// host where available: chunks of 64 per iteration, the last chunk's tail element by element.
-/// Returns false when it does not apply (other types, spaces or CPUs): the caller's loop runs.
-template <class Exec, class T, class F8, class F1>
-bool host_simd_map(const Exec& exec, const char* label, std::size_t n, F8 f8, F1 f1) {
-#if PMT_ROWWISE_AVX2
-  if constexpr (std::is_same_v<T, float> && is_host_space_v<Exec>) {
-    constexpr std::size_t chunk = 64;
-    Kokkos::parallel_for(label, Kokkos::RangePolicy<Exec>(exec, 0, (n + chunk - 1) / chunk), [=](std::size_t c) {
-      const std::size_t lo = c * chunk, hi = lo + chunk < n ? lo + chunk : n;
-      std::size_t i = lo;
-      for (; i + 8 <= hi; i += 8) f8(i);
-      for (; i < hi; ++i) f1(i);
-    });
-    return true;
-  }
-#endif
-  (void)exec, (void)label, (void)n, (void)f8, (void)f1;
-  return false;
+/// y[i] = f(x[i]) over contiguous elements with the host SIMD back end K: f8(i) does eight
+/// elements from i, f1(i) one; chunks of 64 per iteration, the last chunk's tail element by
+/// element. Only for host spaces whose back end has SIMD kernels (host_kernels_t).
+template <class Exec, class F8, class F1>
+void host_simd_map(const Exec& exec, const char* label, std::size_t n, F8 f8, F1 f1) {
+  constexpr std::size_t chunk = 64;
+  Kokkos::parallel_for(label, Kokkos::RangePolicy<Exec>(exec, 0, (n + chunk - 1) / chunk), [=](std::size_t c) {
+    const std::size_t lo = c * chunk, hi = lo + chunk < n ? lo + chunk : n;
+    std::size_t i = lo;
+    for (; i + 8 <= hi; i += 8) f8(i);
+    for (; i < hi; ++i) f1(i);
+  });
 }
 }  // namespace pmt::detail
 
@@ -141,21 +133,15 @@ void gelu(const Exec& exec, const XV& x, const YV& y) {
   detail::require_same_shape("pmt::ops::gelu", "x", x, "y", y);
   auto fx = detail::flat(x), fy = detail::flat(y);
   using T = typename YV::non_const_value_type;
-  if constexpr (std::is_same_v<typename XV::non_const_value_type, T>) {
+  using K = detail::host_kernels_t<Exec, T>;
+  if constexpr (K::simd && std::is_same_v<typename XV::non_const_value_type, T>) {
     const auto* xp = fx.data();
     T* yp          = fy.data();
-    if (detail::host_simd_map<Exec, T>(
-            exec, "pmt::ops::gelu", fy.extent(0),
-            [=]([[maybe_unused]] std::size_t i) {
-#if PMT_ROWWISE_AVX2
-              if constexpr (std::is_same_v<T, float>) {
-                const __m256 xv = _mm256_loadu_ps(xp + i);
-                _mm256_storeu_ps(yp + i, _mm256_mul_ps(xv, detail::gelu_s8(xv)));
-              }
-#endif
-            },
-            [=](std::size_t i) { yp[i] = detail::gelu_tanh(xp[i]); }))
-      return;
+    const auto c   = detail::gelu_constants<K>();
+    detail::host_simd_map(
+        exec, "pmt::ops::gelu", fy.extent(0), [=](std::size_t i) { K::gelu8(xp, yp, i, c); },
+        [=](std::size_t i) { yp[i] = detail::gelu_tanh(xp[i]); });
+    return;
   }
   Kokkos::parallel_for("pmt::ops::gelu", Kokkos::RangePolicy<Exec>(exec, 0, fy.extent(0)),
                        KOKKOS_LAMBDA(std::size_t i) { fy(i) = detail::gelu_tanh(fx(i)); });
@@ -172,28 +158,17 @@ void gelu_backward(const Exec& exec, const XV& x, const DYV& dy, const DXV& dx) 
   detail::require_same_shape("pmt::ops::gelu_backward", "dx", dx, "x", x);
   auto fx = detail::flat(x), fdy = detail::flat(dy), fdx = detail::flat(dx);
   using T = typename DXV::non_const_value_type;
-  if constexpr (std::is_same_v<typename XV::non_const_value_type, T> &&
+  using K = detail::host_kernels_t<Exec, T>;
+  if constexpr (K::simd && std::is_same_v<typename XV::non_const_value_type, T> &&
                 std::is_same_v<typename DYV::non_const_value_type, T>) {
     const auto* xp  = fx.data();
     const auto* dyp = fdy.data();
     T* dxp          = fdx.data();
-    if (detail::host_simd_map<Exec, T>(
-            exec, "pmt::ops::gelu_backward", fx.extent(0),
-            [=]([[maybe_unused]] std::size_t i) {
-#if PMT_ROWWISE_AVX2
-              if constexpr (std::is_same_v<T, float>) {
-                const __m256 xv = _mm256_loadu_ps(xp + i), s = detail::gelu_s8(xv);
-                const __m256 du2 = _mm256_mul_ps(_mm256_set1_ps(static_cast<float>(2 * detail::gelu_k)),
-                                                 _mm256_fmadd_ps(_mm256_set1_ps(static_cast<float>(3 * detail::gelu_a)),
-                                                                 _mm256_mul_ps(xv, xv), _mm256_set1_ps(1.0f)));
-                // s + x s (1 - s) du2
-                const __m256 g = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_mul_ps(xv, s), _mm256_sub_ps(_mm256_set1_ps(1.0f), s)), du2, s);
-                _mm256_storeu_ps(dxp + i, _mm256_mul_ps(_mm256_loadu_ps(dyp + i), g));
-              }
-#endif
-            },
-            [=](std::size_t i) { dxp[i] = dyp[i] * detail::gelu_tanh_grad(xp[i]); }))
-      return;
+    const auto c    = detail::gelu_constants<K>();
+    detail::host_simd_map(
+        exec, "pmt::ops::gelu_backward", fx.extent(0), [=](std::size_t i) { K::gelu_backward8(xp, dyp, dxp, i, c); },
+        [=](std::size_t i) { dxp[i] = dyp[i] * detail::gelu_tanh_grad(xp[i]); });
+    return;
   }
   Kokkos::parallel_for("pmt::ops::gelu_backward", Kokkos::RangePolicy<Exec>(exec, 0, fx.extent(0)),
                        KOKKOS_LAMBDA(std::size_t i) { fdx(i) = fdy(i) * detail::gelu_tanh_grad(fx(i)); });

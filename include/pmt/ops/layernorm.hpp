@@ -9,6 +9,7 @@
 #include "pmt/core/error.hpp"
 #include "pmt/detail/kokkos_compat.hpp"
 #include "pmt/core/tensor.hpp"
+#include "pmt/ops/detail/host_backend.hpp"
 #include "pmt/ops/detail/rowwise.hpp"
 #include "pmt/ops/reduction.hpp"
 #include "pmt/core/workspace.hpp"
@@ -37,92 +38,6 @@ void check_layernorm(const char* op, const X& x, const W& w, const W& b, const Y
                shape_str(rstd), "; mean and rstd must be (", N, ")");
   });
 }
-
-#if PMT_ROWWISE_AVX2
-/// y = ((x - m) rs) w + b over [j, C) of one row, eight at a time, then one by one.
-inline void layernorm_normalise_row_avx2(const float* xr, float* yr, const float* wp, const float* bp,
-                                         std::int64_t j, std::int64_t C, float m, float rs) {
-  const __m256 vm = _mm256_set1_ps(m), vr = _mm256_set1_ps(rs);
-  for (; j + 8 <= C; j += 8) {
-    const __m256 h = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(xr + j), vm), vr);
-    _mm256_storeu_ps(yr + j, _mm256_fmadd_ps(h, _mm256_loadu_ps(wp + j), _mm256_loadu_ps(bp + j)));
-  }
-  for (; j < C; ++j) yr[j] = ((xr[j] - m) * rs) * wp[j] + bp[j];
-}
-
-/// layernorm_forward for float x, y and statistics on a host space with AVX2: lane_sum's 16 lanes
-/// in two registers for the mean and the two-pass variance (GCC vectorised the portable loops only
-/// half-way), and rows pipelined in chunks: the mean pass of row n, which reads x from memory,
-/// also normalises and stores row n - 1, whose x is still in L1. The read and the write stream
-/// then run in one loop, which the hardware prefetchers keep busy better than the portable
-/// kernel's software prefetch (on 64 MiB here about 8 % faster, the same bits).
-template <class Exec, class XV, class WV, class YV, class SV>
-void layernorm_forward_rows_avx2(const Exec& exec, const char* op, const XV& x, const WV& weight, const WV& bias,
-                                 const YV& y, const SV& mean, const SV& rstd, float eps) {
-  const auto N = static_cast<std::int64_t>(x.extent(0));
-  const auto C = static_cast<std::int64_t>(x.extent(1));
-  // Chunks of up to 64 rows, at least eight per thread where there are rows enough for it.
-  const std::int64_t per_thread = N / (8 * static_cast<std::int64_t>(exec.concurrency() > 0 ? exec.concurrency() : 1));
-  const std::int64_t chunk  = per_thread < 1 ? 1 : (per_thread > 64 ? 64 : per_thread);
-  const std::int64_t chunks = (N + chunk - 1) / chunk;
-  const float* wp = weight.data();
-  const float* bp = bias.data();
-  Kokkos::parallel_for(op, Kokkos::RangePolicy<Exec>(exec, 0, chunks), [=](std::int64_t k) {
-    const std::int64_t r0 = k * chunk, r1 = r0 + chunk < N ? r0 + chunk : N;
-    float pm = 0, prs = 0;  // row n - 1's statistics
-    for (std::int64_t n = r0; n < r1; ++n) {
-      const float* xr = &x(n, 0);
-      float acc[row_lanes];
-      float sum;
-      if (n > r0) {  // row_sum's lanes, with row n - 1 normalised alongside
-        const float* xp = &x(n - 1, 0);
-        float* yp       = &y(n - 1, 0);
-        const __m256 vm = _mm256_set1_ps(pm), vr = _mm256_set1_ps(prs);
-        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-        std::int64_t j = 0;
-        for (; j + 16 <= C; j += 16) {
-          a0 = _mm256_add_ps(a0, _mm256_loadu_ps(xr + j));
-          a1 = _mm256_add_ps(a1, _mm256_loadu_ps(xr + j + 8));
-          const __m256 h0 = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(xp + j), vm), vr);
-          const __m256 h1 = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(xp + j + 8), vm), vr);
-          _mm256_storeu_ps(yp + j, _mm256_fmadd_ps(h0, _mm256_loadu_ps(wp + j), _mm256_loadu_ps(bp + j)));
-          _mm256_storeu_ps(yp + j + 8, _mm256_fmadd_ps(h1, _mm256_loadu_ps(wp + j + 8), _mm256_loadu_ps(bp + j + 8)));
-        }
-        layernorm_normalise_row_avx2(xp, yp, wp, bp, j, C, pm, prs);
-        _mm256_storeu_ps(acc, a0);
-        _mm256_storeu_ps(acc + 8, a1);
-        for (int l = 0; l < row_lanes; ++l)
-          if (j + l < C) acc[l] += xr[j + l];
-        sum = combine_lanes<float, float>(acc);
-      } else {
-        sum = row_sum<float>(xr, C);
-      }
-      const float m = sum / static_cast<float>(C);
-      // Two-pass variance (no cancellation) over the row, now in L1.
-      const __m256 vm = _mm256_set1_ps(m);
-      __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-      std::int64_t j = 0;
-      for (; j + 16 <= C; j += 16) {
-        const __m256 d0 = _mm256_sub_ps(_mm256_loadu_ps(xr + j), vm);
-        const __m256 d1 = _mm256_sub_ps(_mm256_loadu_ps(xr + j + 8), vm);
-        a0 = _mm256_fmadd_ps(d0, d0, a0);
-        a1 = _mm256_fmadd_ps(d1, d1, a1);
-      }
-      _mm256_storeu_ps(acc, a0);
-      _mm256_storeu_ps(acc + 8, a1);
-      for (int l = 0; l < row_lanes; ++l)
-        if (j + l < C) {
-          const float d = xr[j + l] - m;
-          acc[l] += d * d;
-        }
-      const float v = combine_lanes<float, float>(acc) / static_cast<float>(C);
-      pm = mean(n) = m;
-      prs = rstd(n) = 1.0f / math::sqrt(v + eps);
-    }
-    if (r1 > r0) layernorm_normalise_row_avx2(&x(r1 - 1, 0), &y(r1 - 1, 0), wp, bp, 0, C, pm, prs);
-  });
-}
-#endif
 
 }  // namespace pmt::detail
 
@@ -165,13 +80,12 @@ void layernorm_forward(const Exec& exec, const XV& x, const WV& weight, const WV
     });
     return;
   }
-#if PMT_ROWWISE_AVX2
-  if constexpr (std::is_same_v<typename XV::non_const_value_type, float> && std::is_same_v<T, float> &&
-                std::is_same_v<S, float> && std::is_same_v<typename Exec::memory_space, Kokkos::HostSpace>) {
-    detail::layernorm_forward_rows_avx2(exec, op, x, weight, bias, y, mean, rstd, static_cast<float>(eps));
+  using K = detail::host_kernels_t<Exec, T>;
+  if constexpr (K::simd && std::is_same_v<typename XV::non_const_value_type, T> && std::is_same_v<S, T> &&
+                std::is_same_v<typename Exec::memory_space, Kokkos::HostSpace>) {
+    K::layernorm_forward_rows(exec, op, x, weight, bias, y, mean, rstd, static_cast<float>(eps));
     return;
   }
-#endif
   Kokkos::parallel_for(op, Kokkos::RangePolicy<Exec>(exec, 0, N), KOKKOS_LAMBDA(std::int64_t n) {
     const auto* xr = &x(n, 0);
     T* yr          = &y(n, 0);

@@ -11,6 +11,8 @@
 
 #include "pmt/core/tensor.hpp"
 #include "pmt/detail/kokkos_compat.hpp"
+#include "pmt/ops/detail/host_backend.hpp"
+#include "pmt/ops/detail/lanes.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -18,26 +20,11 @@
 #include <cstdint>
 #include <type_traits>
 
-// Explicit AVX2 + FMA code for the float exp rows of softmax, log-softmax and cross-entropy on
-// the host, where the compiler targets such a CPU (-march=native or -mavx2 -mfma). Elsewhere
-// (other CPUs, GPUs) the portable loops below run; both sum in the same 16-lane order.
-#if defined(__AVX2__) && defined(__FMA__) && !defined(__CUDA_ARCH__) && !defined(__HIP_DEVICE_COMPILE__)
-#define PMT_ROWWISE_AVX2 1
-#include <immintrin.h>
-#else
-#define PMT_ROWWISE_AVX2 0
-#endif
+// The float rows of sums, maxima and exponentials take the host SIMD back end where
+// host_simd_t<float> has one (host_backend.hpp: AVX2 + FMA when the compiler targets it); the
+// portable loops below run everywhere else (other CPUs, GPUs). Both sum in the same 16-lane order.
 
 namespace pmt::detail {
-
-inline constexpr int row_lanes = 16;
-
-template <class S, class T>
-KOKKOS_INLINE_FUNCTION S combine_lanes(S (&acc)[row_lanes]) {
-  for (int w = row_lanes / 2; w > 0; w /= 2)
-    for (int l = 0; l < w; ++l) acc[l] += acc[l + w];
-  return acc[0];
-}
 
 /// sum_j f(x[j]) over a row, in the fixed lane order.
 template <class S, class T, class F>
@@ -52,57 +39,33 @@ KOKKOS_INLINE_FUNCTION S lane_sum(const T* x, std::int64_t n, F f) {
   return combine_lanes<S, T>(acc);
 }
 
-/// sum_j S(x[j]) over a row: lane_sum's lanes, order and result. On AVX2 hosts the float lanes
-/// sit in two registers (GCC vectorises lane_sum's loop only half-way: one ymm, two xmm and a
-/// scalar lane).
+/// sum_j S(x[j]) over a row: lane_sum's lanes, order and result. On a host SIMD back end the
+/// float lanes sit in registers (GCC vectorises lane_sum's loop only half-way: one ymm, two xmm
+/// and a scalar lane).
 template <class S, class T>
 KOKKOS_INLINE_FUNCTION S row_sum(const T* x, std::int64_t n) {
-#if PMT_ROWWISE_AVX2
-  if constexpr (std::is_same_v<S, float> && std::is_same_v<T, float> && row_lanes == 16) {
+  if constexpr (std::is_same_v<S, float> && host_simd_t<T>::simd) {
     S acc[row_lanes];
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-    std::int64_t j = 0;
-    for (; j + 16 <= n; j += 16) {
-      a0 = _mm256_add_ps(a0, _mm256_loadu_ps(x + j));
-      a1 = _mm256_add_ps(a1, _mm256_loadu_ps(x + j + 8));
-    }
-    _mm256_storeu_ps(acc, a0);
-    _mm256_storeu_ps(acc + 8, a1);
+    const std::int64_t j = host_simd_t<T>::lanes_sum(x, n, acc);
     for (int l = 0; l < row_lanes; ++l)
       if (j + l < n) acc[l] += x[j + l];
     return combine_lanes<S, T>(acc);
+  } else {
+    return lane_sum<S>(x, n, [](T e) { return static_cast<S>(e); });
   }
-#endif
-  return lane_sum<S>(x, n, [](T e) { return static_cast<S>(e); });
 }
 
 /// max_j x[j] (-inf for an empty row). Lane l keeps max(x[l], x[l + 16], ...) with
-/// `x > acc ? x : acc` (a NaN in x is skipped, as the scalar form does); on AVX2 hosts the same
-/// lanes in registers: GCC keeps the portable loop scalar (16 vmaxss per 16 elements), which was
-/// 30 % of softmax's time.
+/// `x > acc ? x : acc` (a NaN in x is skipped, as the scalar form does); a host SIMD back end
+/// keeps the same lanes in registers (floats and doubles).
 template <class T>
 KOKKOS_INLINE_FUNCTION T lane_max(const T* x, std::int64_t n) {
   T acc[row_lanes];
   std::int64_t j = 0;
-#if PMT_ROWWISE_AVX2
-  if constexpr (std::is_same_v<T, float> && row_lanes == 16) {
-    // maxps(a, b) = a > b ? a : b per lane: the scalar expression below, NaN handling included.
-    __m256 a0 = _mm256_set1_ps(-infinity<float>()), a1 = a0;
-    for (; j + 16 <= n; j += 16) {
-      a0 = _mm256_max_ps(_mm256_loadu_ps(x + j), a0);
-      a1 = _mm256_max_ps(_mm256_loadu_ps(x + j + 8), a1);
-    }
-    _mm256_storeu_ps(acc, a0);
-    _mm256_storeu_ps(acc + 8, a1);
-  } else if constexpr (std::is_same_v<T, double> && row_lanes == 16) {
-    __m256d a[4];
-    for (auto& v : a) v = _mm256_set1_pd(-infinity<double>());
-    for (; j + 16 <= n; j += 16)
-      for (int q = 0; q < 4; ++q) a[q] = _mm256_max_pd(_mm256_loadu_pd(x + j + 4 * q), a[q]);
-    for (int q = 0; q < 4; ++q) _mm256_storeu_pd(acc + 4 * q, a[q]);
-  } else
-#endif
-  {
+  using K = host_simd_t<std::conditional_t<std::is_same_v<T, double>, float, T>>;  // doubles too
+  if constexpr (K::simd) {
+    j = K::lanes_max(x, n, acc);
+  } else {
     for (int l = 0; l < row_lanes; ++l) acc[l] = -infinity<T>();
     for (; j + row_lanes <= n; j += row_lanes)
       for (int l = 0; l < row_lanes; ++l) acc[l] = x[j + l] > acc[l] ? x[j + l] : acc[l];
@@ -112,26 +75,6 @@ KOKKOS_INLINE_FUNCTION T lane_max(const T* x, std::int64_t n) {
   for (int w = row_lanes / 2; w > 0; w /= 2)
     for (int l = 0; l < w; ++l) acc[l] = acc[l + w] > acc[l] ? acc[l + w] : acc[l];
   return acc[0];
-}
-
-/// Software prefetch of the cache line at p (read, or write when `write`); nothing on a GPU.
-/// The row-wise kernels fetch row r + 1 while they compute on row r (which sits in L1), so that
-/// memory and arithmetic overlap instead of alternating.
-template <bool write = false>
-KOKKOS_INLINE_FUNCTION void prefetch_line(const void* p) {
-#if !defined(__CUDA_ARCH__) && !defined(__HIP_DEVICE_COMPILE__) && (defined(__GNUC__) || defined(__clang__))
-  __builtin_prefetch(p, write ? 1 : 0, 3);
-#else
-  (void)p;
-#endif
-}
-
-/// Prefetches the cache lines of row_lanes elements from row + j (nothing when row is null).
-template <bool write = false, class T>
-KOKKOS_INLINE_FUNCTION void prefetch_lanes(T* row, std::int64_t j) {
-  if (row == nullptr) return;
-  for (std::size_t b = 0; b < row_lanes * sizeof(T); b += 64)
-    prefetch_line<write>(reinterpret_cast<const char*>(row + j) + b);
 }
 
 /// 2^k for an integer-valued float k in [-126, 127], built from the exponent bits (vectorises).
@@ -195,39 +138,6 @@ KOKKOS_INLINE_FUNCTION T exp_nonpositive(T x) {
   }
 }
 
-#if PMT_ROWWISE_AVX2
-/// 2^k p(x - k ln 2) for eight floats, given k (as a float and as an integer): the reduction in
-/// two parts, the degree-5 polynomial, and 2^k added to the exponent bits. For |x - k ln 2| <=
-/// ln 2 / 2, p lies in [0.7, 1.42]; with k in [-126, 127] the result is a normal float.
-inline __m256 exp8_reduced(__m256 xc, __m256 kf, __m256i k) {
-  __m256 r = _mm256_fnmadd_ps(kf, _mm256_set1_ps(0.693359375f), xc);
-  r = _mm256_fmadd_ps(kf, _mm256_set1_ps(2.12194440e-4f), r);
-  __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(1.3981999507e-3f), r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  p = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
-  return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), _mm256_slli_epi32(k, 23)));
-}
-
-/// exp(x) for eight floats x <= 0, the same algorithm as exp_nonpositive<float> written out for
-/// AVX2 (about 18 instructions per eight): k = ceil(x log2 e - 1/2) by one truncating convert
-/// (k >= -126 for x >= -87). 0 below -87 (where exp underflows), NaN stays NaN.
-inline __m256 exp_nonpositive8(__m256 x) {
-  const __m256 lo = _mm256_set1_ps(-87.0f);
-  const __m256 xc = _mm256_max_ps(lo, x);  // NaN in x passes through (maxps returns its 2nd operand)
-  const __m256i k = _mm256_cvttps_epi32(_mm256_fmadd_ps(xc, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(-0.5f)));
-  return _mm256_andnot_ps(_mm256_cmp_ps(x, lo, _CMP_LT_OQ), exp8_reduced(xc, _mm256_cvtepi32_ps(k), k));
-}
-
-/// exp(x) for eight floats in [-87, 88] (callers clamp): k = floor(x log2 e + 1/2), in [-126, 127].
-inline __m256 exp8_clamped(__m256 xc) {
-  const __m256 kf = _mm256_round_ps(_mm256_fmadd_ps(xc, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)),
-                                    _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  return exp8_reduced(xc, kf, _mm256_cvttps_epi32(kf));
-}
-#endif
-
 /// sum_j exp(x[j] - mx) over a row (every x[j] <= mx) in the 16-lane order of lane_sum; with
 /// `y` non-null also y[j] = exp(x[j] - mx). One pass over x: the exponentials are computed once.
 /// While it works on this row it prefetches the next one (`next_x`, and `next_y` for writing;
@@ -236,27 +146,9 @@ template <class T>
 KOKKOS_INLINE_FUNCTION T exp_sum_row(const T* x, std::int64_t n, T mx, T* y, const T* next_x, T* next_y) {
   T acc[row_lanes];
   std::int64_t j = 0;
-#if PMT_ROWWISE_AVX2
-  if constexpr (std::is_same_v<T, float> && row_lanes == 16) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-    const __m256 m = _mm256_set1_ps(mx);
-    for (; j + 16 <= n; j += 16) {
-      prefetch_lanes(next_x, j);
-      prefetch_lanes<true>(next_y, j);
-      const __m256 e0 = exp_nonpositive8(_mm256_sub_ps(_mm256_loadu_ps(x + j), m));
-      const __m256 e1 = exp_nonpositive8(_mm256_sub_ps(_mm256_loadu_ps(x + j + 8), m));
-      if (y) {
-        _mm256_storeu_ps(y + j, e0);
-        _mm256_storeu_ps(y + j + 8, e1);
-      }
-      a0 = _mm256_add_ps(a0, e0);
-      a1 = _mm256_add_ps(a1, e1);
-    }
-    _mm256_storeu_ps(acc, a0);
-    _mm256_storeu_ps(acc + 8, a1);
-  } else
-#endif
-  {
+  if constexpr (host_simd_t<T>::simd) {
+    j = host_simd_t<T>::lanes_exp_sum(x, n, mx, y, next_x, next_y, acc);
+  } else {
     for (int l = 0; l < row_lanes; ++l) acc[l] = T(0);
     for (; j + row_lanes <= n; j += row_lanes) {
       prefetch_lanes(next_x, j);
