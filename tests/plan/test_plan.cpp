@@ -37,6 +37,7 @@
 #include "pmt/obs/memory.hpp"
 #include "pmt/optim/optimizers.hpp"
 #include "pmt/optim/zero.hpp"
+#include "pmt/plan/calibrate.hpp"
 #include "pmt/plan/describe.hpp"
 #include "pmt/plan/measure.hpp"
 #include "pmt/plan/planner.hpp"
@@ -271,6 +272,29 @@ std::pair<double, double> measure_memory(const pmt::plan::Problem& pr, const pmt
 }
 
 }  // namespace
+
+// Hidden ([.]): it needs a process in which the portable kernel has not run yet, so ctest runs it
+// alone (plan_counts_portable_matmul_scratch).
+TEST_CASE("the planner counts the portable matmul kernel's scratch as the runtime keeps it", "[.matmul_scratch]") {
+  auto& mem = pmt::obs::MemoryTracker::instance();
+  mem.enable();
+  pmt::ops::set_matmul_path(pmt::ops::MatmulPath::Auto);
+  Kokkos::View<float**, Host> A("A", 64, 64), B("B", 64, 64), C("C", 64, 64);
+  const double before = static_cast<double>(mem.current_bytes());
+  pmt::ops::matmul<pmt::ops::MatmulPortable>(Host(), pmt::ops::Trans::N, pmt::ops::Trans::N, 1.0f, A, B, 0.0f, C);
+  Kokkos::fence();
+  const double kept = static_cast<double>(mem.current_bytes()) - before;
+  INFO("threads " << Host().concurrency() << ", kept " << kept << " bytes");
+  CHECK(kept == Catch::Approx(pmt::plan::portable_matmul_scratch_bytes<Host>()).epsilon(0.02));
+  // and the model puts it on every stage
+  auto mc                 = machine(1);
+  mc.matmul_scratch_bytes = pmt::plan::portable_matmul_scratch_bytes<Host>();
+  const auto e = pmt::plan::estimate(problem(96, 2, 32, 4, 4), mc, {1, 1, 1, 1, pmt::parallel::ScheduleKind::OneFOneB, false});
+  CHECK(e.memory[0].scratch == mc.matmul_scratch_bytes);
+  pmt::ops::set_matmul_path(pmt::ops::MatmulPath::Vendor);
+  CHECK(pmt::plan::portable_matmul_scratch_bytes<Host>() == (pmt::ops::has_vendor_matmul_v<Host, float> ? 0.0 : kept));
+  pmt::ops::set_matmul_path(pmt::ops::MatmulPath::Auto);
+}
 
 TEST_CASE("the planner's memory model matches what every layout allocates", "[plan][mpi]") {
   auto& mem = pmt::obs::MemoryTracker::instance();

@@ -40,6 +40,7 @@
 #include "pmt/nn/gpt.hpp"
 #include "pmt/nn/layernorm.hpp"
 #include "pmt/ops/elementwise.hpp"
+#include "pmt/ops/detail/matmul_kokkos.hpp"
 #include "pmt/ops/matmul.hpp"
 #include "pmt/ops/optimizer.hpp"
 #include "pmt/ops/reduction.hpp"
@@ -219,13 +220,33 @@ double model_on_mesh(const comm::Communicator<Backend>& world, const Exec& exec,
 
 }  // namespace calibrate_detail
 
+/// \brief Bytes a rank's Kokkos keeps for the portable matmul kernel once the kernel ran on Exec:
+/// its team scratch (the packed panels of ops::detail's tiling). On host spaces every thread of
+/// the pool keeps the request for the rest of the process, plus about 12 KiB of thread data:
+/// twice the request before Kokkos 4, once from Kokkos 4 on (measured for float on AVX-512,
+/// 1,179,648 bytes a team: 2,371,344 bytes per thread on Kokkos 3.4, 1,191,728 on Kokkos 5.2;
+/// Kokkos 4.x is taken to behave as 5.2, unmeasured). So a MatmulAuto process holds it from its first measurement on, even where the
+/// vendor path then wins. 0 when the process' path is pinned to a vendor BLAS that serves Exec
+/// (the kernel never runs) and on device spaces (team scratch there is not kept per thread).
+template <class Exec, class T = float>
+double portable_matmul_scratch_bytes(const Exec& exec = Exec()) {
+  if constexpr (!is_host_space_v<Exec>) {
+    return 0.0;
+  } else {
+    if (ops::has_vendor_matmul_v<Exec, T> && ops::matmul_path() == ops::MatmulPath::Vendor) return 0.0;
+    constexpr double copies = KOKKOS_VERSION < 40000 ? 2.0 : 1.0;
+    return double(exec.concurrency()) * (copies * double(detail::matmul_portable_scratch_bytes<Exec, T>()) + 12288.0);
+  }
+}
+
 /// \brief The Machine measured on `world` for `problem` (see the file comment). Collective.
 template <class Backend, class Exec = Kokkos::DefaultHostExecutionSpace>
 Machine calibrate(const comm::Communicator<Backend>& world, const Problem& problem,
                   const CalibrateOptions& o = {}, const Exec& exec = Exec()) {
   using namespace calibrate_detail;
   Machine mc;
-  mc.ranks = world.size();
+  mc.ranks                = world.size();
+  mc.matmul_scratch_bytes = portable_matmul_scratch_bytes<Exec>(exec);
   // 1. what the search will ask for (blocks and heads per microbatch size and tp): run it once
   //    with a recording machine, then measure exactly those
   std::set<std::pair<std::size_t, int>> blocks;

@@ -29,6 +29,9 @@
 //               its backward returns, so the rest fits in what they free), its attention's score
 //               gradient (b Hl T^2, allocated by the backward only) and the last stage's logits
 //               and their gradient (2 N Vl + N C), times s
+//   scratch     Machine::matmul_scratch_bytes: what the host's Kokkos keeps for the portable
+//               matmul kernel's packed panels once it ran (per thread, for the process; calibrate()
+//               fills it)
 //   time        per microbatch and stage: its blocks' forward and backward (measured: pmt's
 //               GptBlock over tp with every rank at once, tp all-reduces included; or from the
 //               GEMMs at the machine's rate for each shape, the memory-bound kernels' bytes and a
@@ -80,6 +83,9 @@ struct Machine {
   int ranks           = 1;
   double memory_bytes = 0;   ///< usable per rank (0: unlimited)
   double gemm_gflops  = 50;  ///< fp32 GEMM rate per rank alone (blocks not measured)
+  /// bytes per rank the runtime keeps for the portable matmul kernel once it ran (its team
+  /// scratch: plan::portable_matmul_scratch_bytes); 0 where it never runs or keeps nothing
+  double matmul_scratch_bytes = 0;
   /// seconds of one transformer block's forward and backward for a microbatch of b sequences on a
   /// tp group, measured with every rank of the machine doing the same at once, the tp all-reduces
   /// included (plan/calibrate.hpp runs pmt's GptBlock); empty: from the GEMMs, the memory traffic
@@ -285,9 +291,10 @@ struct Layout {
 struct Memory {
   double parameters = 0, gradients = 0, optimizer = 0, buckets = 0, data = 0, activations = 0,
          transient      = 0;
+  double scratch        = 0;  ///< the portable matmul kernel's team scratch (Machine::matmul_scratch_bytes)
   int live_microbatches = 0;  ///< (chunk, microbatch) pairs with several chunks per stage
   double total() const {
-    return parameters + gradients + optimizer + buckets + data + activations + transient;
+    return parameters + gradients + optimizer + buckets + data + activations + transient + scratch;
   }
 };
 
@@ -775,6 +782,7 @@ inline Estimate estimate(const Problem& pr, const Machine& mc, const Layout& l) 
         case DpMode::Stale: mem.buckets = (l.sync.period + 1) * sb * P; break;           // S + 1 sums
       }
     mem.data                       = data_per_row * rows;
+    mem.scratch                    = mc.matmul_scratch_bytes;
     // one live microbatch of a chunk; with several chunks the live (chunk, microbatch) pairs
     // count at their chunks' mean
     double per_mb = 0;

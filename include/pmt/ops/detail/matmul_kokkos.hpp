@@ -12,6 +12,7 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 
@@ -147,6 +148,14 @@ struct MatmulOperand {
   }
 };
 
+/// Bytes of team scratch the portable matmul asks per team: its packed op(A) and op(B) panels.
+template <class Exec, class T>
+std::size_t matmul_portable_scratch_bytes() {
+  using Tiling  = MatmulTiling<Exec, T>;
+  using Scratch = Kokkos::View<T*, typename Exec::scratch_memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  return Scratch::shmem_size(static_cast<std::size_t>(Tiling::MC) * Tiling::KC + static_cast<std::size_t>(Tiling::KC) * Tiling::NC);
+}
+
 /// C[b] = alpha op(A[b]) op(B[b]) + beta C[b] for b < batch; C is (batch, M, N) row-major.
 /// Loop order as in BLIS: a team owns an NC-wide column panel of C and a run of MC-row blocks of
 /// it; per KC panel it packs op(B) once and reuses it over all its row blocks, packing op(A) per
@@ -184,7 +193,7 @@ void matmul_portable(const Exec& exec, std::int64_t batch, std::int64_t M, std::
   // The host's packed panels (about 1 MiB) exceed the level-0 limit that newer Kokkos enforces
   // (32 KiB on OpenMP, "roughly L1"); they go to level 1, which on the host is the same
   // thread-private memory. A GPU team's panels (16 KiB) fit level 0: shared memory.
-  const std::size_t scratch_bytes = Scratch::shmem_size(MC * KC + KC * NC);
+  const std::size_t scratch_bytes = matmul_portable_scratch_bytes<Exec, T>();
   const int level = scratch_bytes <= static_cast<std::size_t>(Policy::scratch_size_max(0)) ? 0 : 1;
   Policy policy(exec, static_cast<int>(league), Tiling::team_size);
   policy = policy.set_scratch_size(level, Kokkos::PerTeam(scratch_bytes));
