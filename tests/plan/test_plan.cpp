@@ -296,6 +296,19 @@ TEST_CASE("the planner counts the portable matmul kernel's scratch as the runtim
   pmt::ops::set_matmul_path(pmt::ops::MatmulPath::Auto);
 }
 
+TEST_CASE("calibration times its blocks as a training step runs them: buffers reused, none left behind",
+          "[plan][mpi]") {
+  auto& ws = pmt::Workspace::instance();
+  ws.release();
+  const auto hits_before = ws.hits();
+  pmt::plan::CalibrateOptions o;
+  o.window_seconds = 0.002, o.block_window_seconds = 0.01, o.block_rounds = 1;
+  const auto mc = pmt::plan::calibrate(pmt::test::world(), problem(64, 2, 32, 4, 4), o);
+  CHECK(mc.block_seconds);
+  CHECK(ws.hits() > hits_before);  // later runs took the first run's buffers
+  CHECK(ws.blocks() == 0);         // and gave them back
+}
+
 TEST_CASE("the planner's memory model matches what every layout allocates", "[plan][mpi]") {
   auto& mem = pmt::obs::MemoryTracker::instance();
   mem.enable();

@@ -37,6 +37,7 @@
 #include "pmt/comm/communicator.hpp"
 #include "pmt/comm/mesh.hpp"
 #include "pmt/core/tensor.hpp"
+#include "pmt/core/workspace.hpp"
 #include "pmt/nn/gpt.hpp"
 #include "pmt/nn/layernorm.hpp"
 #include "pmt/ops/elementwise.hpp"
@@ -160,6 +161,7 @@ std::vector<double> block_on_mesh(const comm::Communicator<Backend>& world, cons
   Kokkos::deep_copy(x, T(0.1));
   double t_f = 0, t_b = 0;
   const auto run = [&] {
+    const WorkspaceScope step;  // the buffers a training step reuses (core/workspace.hpp), not new ones
     Kokkos::Timer timer;
     auto y = x;
     for (auto& blk : stack) y = blk->forward(exec, y, b, c.context);
@@ -177,6 +179,7 @@ std::vector<double> block_on_mesh(const comm::Communicator<Backend>& world, cons
   t_f = t_b = 0;
   comm::barrier(world);
   for (int r = 0; r < reps; ++r) run();
+  Workspace::instance().release();  // the calibration's buffers do not stay for what runs next
   const double per = double(reps) * double(stack.size());
   return {max_over(world, t_f / per), max_over(world, t_b / per)};
 }
@@ -203,6 +206,7 @@ double model_on_mesh(const comm::Communicator<Backend>& world, const Exec& exec,
   Kokkos::deep_copy(targets, ht);
   double t       = 0;
   const auto run = [&] {
+    const WorkspaceScope step;  // as a Trainer's step: its buffers reused from the previous run
     Kokkos::Timer timer;
     model.forward_backward(exec, ids, targets, b, c.context, double(N));
     exec.fence();
@@ -215,6 +219,7 @@ double model_on_mesh(const comm::Communicator<Backend>& world, const Exec& exec,
   t = 0;
   comm::barrier(world);
   for (int r = 0; r < reps; ++r) run();
+  Workspace::instance().release();
   return max_over(world, t / reps);
 }
 
@@ -225,9 +230,10 @@ double model_on_mesh(const comm::Communicator<Backend>& world, const Exec& exec,
 /// the pool keeps the request for the rest of the process, plus about 12 KiB of thread data:
 /// twice the request before Kokkos 4, once from Kokkos 4 on (measured for float on AVX-512,
 /// 1,179,648 bytes a team: 2,371,344 bytes per thread on Kokkos 3.4, 1,191,728 on Kokkos 5.2;
-/// Kokkos 4.x is taken to behave as 5.2, unmeasured). So a MatmulAuto process holds it from its first measurement on, even where the
-/// vendor path then wins. 0 when the process' path is pinned to a vendor BLAS that serves Exec
-/// (the kernel never runs) and on device spaces (team scratch there is not kept per thread).
+/// Kokkos 4.x is taken to behave as 5.2, unmeasured). So a MatmulAuto process holds it from its
+/// first measurement on, even where the vendor path then wins. 0 when the process' path is
+/// pinned to a vendor BLAS that serves Exec (the kernel never runs) and on device spaces (team
+/// scratch there is not kept per thread).
 template <class Exec, class T = float>
 double portable_matmul_scratch_bytes(const Exec& exec = Exec()) {
   if constexpr (!is_host_space_v<Exec>) {
