@@ -5,11 +5,13 @@
 
 #include "ops_test.hpp"
 #include "pmt/ops/cross_entropy.hpp"
+#include "pmt/ops/elementwise.hpp"
 #include "pmt/ops/layernorm.hpp"
 #include "pmt/ops/softmax.hpp"
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -532,3 +534,48 @@ TEMPLATE_TEST_CASE("the device-shaped team path of softmax, layernorm and cross-
     for (int v = 0; v < V; ++v) CHECK(grads[1](5, v) == T(0));
   }
 }
+
+#if PMT_HOST_AVX512
+// The AVX-512 back end must give the AVX2 back end's bits: the same operations per element, the
+// same 16 lanes per row (one register instead of two).
+TEST_CASE("the AVX-512 host back end gives the AVX2 back end's bits", "[ops][rowwise][simd]") {
+  using A = pmt::detail::host::Avx2;
+  using B = pmt::detail::host::Avx512;
+  constexpr int n = 16 * 61 + 11;  // whole blocks and a tail
+  std::vector<float> x(n), dy(n);
+  std::uint32_t s = 12345;
+  const auto next = [&s] {
+    s = s * 1664525u + 1013904223u;
+    return static_cast<float>(s >> 8) / 16777216.0f;
+  };
+  for (int i = 0; i < n; ++i) x[static_cast<std::size_t>(i)] = -100.0f + 120.0f * next(), dy[static_cast<std::size_t>(i)] = next() - 0.5f;
+  x[3] = std::nanf(""), x[40] = -std::numeric_limits<float>::infinity(), x[77] = -87.0f, x[78] = 0.0f;
+  const auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
+  std::vector<float> acc_a(16), acc_b(16);
+  CHECK(A::lanes_sum(x.data() + 4, n - 4, acc_a.data()) == B::lanes_sum(x.data() + 4, n - 4, acc_b.data()));
+  CHECK(same(acc_a, acc_b));
+  CHECK(A::lanes_max(x.data(), n, acc_a.data()) == B::lanes_max(x.data(), n, acc_b.data()));
+  CHECK(same(acc_a, acc_b));
+  std::vector<float> ya(n), yb(n), xs(x.begin() + 5, x.end());  // x <= max: exp(x - 21) over the rest
+  xs.resize(static_cast<std::size_t>(n));
+  xs[10] = 21.0f - 87.0f, xs[11] = std::nanf(""), xs[12] = 21.0f;  // x - max at the bounds: -87, NaN, 0
+  CHECK(A::lanes_exp_sum(xs.data(), n - 5, 21.0f, ya.data(), nullptr, nullptr, acc_a.data()) ==
+        B::lanes_exp_sum(xs.data(), n - 5, 21.0f, yb.data(), nullptr, nullptr, acc_b.data()));
+  CHECK(same(acc_a, acc_b));
+  CHECK(same(ya, yb));
+  const auto c = pmt::detail::gelu_constants<A>();
+  std::fill(ya.begin(), ya.end(), 0.0f), std::fill(yb.begin(), yb.end(), 0.0f);
+  for (std::size_t i = 0; i + 16 <= static_cast<std::size_t>(n); i += 16) {
+    A::gelu(x.data(), ya.data(), i, c), A::gelu(x.data(), ya.data(), i + 8, c);
+    B::gelu(x.data(), yb.data(), i, c);
+  }
+  CHECK(same(ya, yb));
+  for (std::size_t i = 0; i + 16 <= static_cast<std::size_t>(n); i += 16) {
+    A::gelu_backward(x.data(), dy.data(), ya.data(), i, c), A::gelu_backward(x.data(), dy.data(), ya.data(), i + 8, c);
+    B::gelu_backward(x.data(), dy.data(), yb.data(), i, c);
+  }
+  CHECK(same(ya, yb));
+}
+#endif

@@ -107,16 +107,17 @@ typename K::GeluConstants gelu_constants() {
           static_cast<float>(3 * gelu_a)};
 }
 
-/// y[i] = f(x[i]) over contiguous elements with the host SIMD back end K: f8(i) does eight
+/// y[i] = f(x[i]) over contiguous elements with the host SIMD back end K: fw(i) does K::width
 /// elements from i, f1(i) one; chunks of 64 per iteration, the last chunk's tail element by
 /// element. Only for host spaces whose back end has SIMD kernels (host_kernels_t).
-template <class Exec, class F8, class F1>
-void host_simd_map(const Exec& exec, const char* label, std::size_t n, F8 f8, F1 f1) {
-  constexpr std::size_t chunk = 64;
+template <class K, class Exec, class FW, class F1>
+void host_simd_map(const Exec& exec, const char* label, std::size_t n, FW fw, F1 f1) {
+  constexpr std::size_t chunk = 64, w = K::width;
+  static_assert(chunk % w == 0, "pmt: a SIMD back end's width must divide the chunk");
   Kokkos::parallel_for(label, Kokkos::RangePolicy<Exec>(exec, 0, (n + chunk - 1) / chunk), [=](std::size_t c) {
     const std::size_t lo = c * chunk, hi = lo + chunk < n ? lo + chunk : n;
     std::size_t i = lo;
-    for (; i + 8 <= hi; i += 8) f8(i);
+    for (; i + w <= hi; i += w) fw(i);
     for (; i < hi; ++i) f1(i);
   });
 }
@@ -138,8 +139,8 @@ void gelu(const Exec& exec, const XV& x, const YV& y) {
     const auto* xp = fx.data();
     T* yp          = fy.data();
     const auto c   = detail::gelu_constants<K>();
-    detail::host_simd_map(
-        exec, "pmt::ops::gelu", fy.extent(0), [=](std::size_t i) { K::gelu8(xp, yp, i, c); },
+    detail::host_simd_map<K>(
+        exec, "pmt::ops::gelu", fy.extent(0), [=](std::size_t i) { K::gelu(xp, yp, i, c); },
         [=](std::size_t i) { yp[i] = detail::gelu_tanh(xp[i]); });
     return;
   }
@@ -165,8 +166,8 @@ void gelu_backward(const Exec& exec, const XV& x, const DYV& dy, const DXV& dx) 
     const auto* dyp = fdy.data();
     T* dxp          = fdx.data();
     const auto c    = detail::gelu_constants<K>();
-    detail::host_simd_map(
-        exec, "pmt::ops::gelu_backward", fx.extent(0), [=](std::size_t i) { K::gelu_backward8(xp, dyp, dxp, i, c); },
+    detail::host_simd_map<K>(
+        exec, "pmt::ops::gelu_backward", fx.extent(0), [=](std::size_t i) { K::gelu_backward(xp, dyp, dxp, i, c); },
         [=](std::size_t i) { dxp[i] = dyp[i] * detail::gelu_tanh_grad(xp[i]); });
     return;
   }

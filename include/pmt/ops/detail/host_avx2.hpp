@@ -31,6 +31,7 @@ namespace pmt::detail::host {
 struct Avx2 {
   static constexpr bool simd = true;
   static constexpr const char* name = "avx2+fma";
+  static constexpr int width = 8;  ///< floats per register: gelu() and gelu_backward() do this many
 
   /// acc[l] = sum of x[j + l] over the full blocks.
   static std::int64_t lanes_sum(const float* x, std::int64_t n, float* acc) {
@@ -141,13 +142,13 @@ struct Avx2 {
   }
 
   /// y[i .. i + 8) = x s(x): the tanh GELU of eight floats.
-  static void gelu8(const float* x, float* y, std::size_t i, const GeluConstants& c) {
+  static void gelu(const float* x, float* y, std::size_t i, const GeluConstants& c) {
     const __m256 xv = _mm256_loadu_ps(x + i);
     _mm256_storeu_ps(y + i, _mm256_mul_ps(xv, gelu_s8(xv, c)));
   }
 
   /// dx[i .. i + 8) = dy (s + x s (1 - s) 2k (1 + 3a x^2)): the GELU backward of eight floats.
-  static void gelu_backward8(const float* x, const float* dy, float* dx, std::size_t i, const GeluConstants& c) {
+  static void gelu_backward(const float* x, const float* dy, float* dx, std::size_t i, const GeluConstants& c) {
     const __m256 xv = _mm256_loadu_ps(x + i), s = gelu_s8(xv, c);
     const __m256 du2 = _mm256_mul_ps(_mm256_set1_ps(c.two_k),
                                      _mm256_fmadd_ps(_mm256_set1_ps(c.three_a), _mm256_mul_ps(xv, xv), _mm256_set1_ps(1.0f)));

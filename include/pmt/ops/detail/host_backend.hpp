@@ -6,10 +6,13 @@
 //   Portable  no SIMD kernels: device spaces, types other than float, CPUs the build does not
 //             target with AVX2 + FMA, and the device pass of a CUDA build
 //   Avx2      host_avx2.hpp, where PMT_HOST_AVX2 is 1
-// A new back end (AVX-512, NEON) is one more struct with the same members and one more line here.
+//   Avx512    host_avx512.hpp, where PMT_HOST_AVX512 is 1 as well (Avx2 with sixteen floats a
+//             register for the exponential-bound kernels and the row reductions)
+// A new back end (NEON, SVE) is one more struct with the same members and one more line here.
 
 #include "pmt/core/tensor.hpp"
 #include "pmt/ops/detail/host_avx2.hpp"
+#include "pmt/ops/detail/host_avx512.hpp"
 
 #include <type_traits>
 
@@ -22,7 +25,9 @@ struct Portable {
 };
 
 /// The host back end this translation unit's compiler targets.
-#if PMT_HOST_AVX2
+#if PMT_HOST_AVX512
+using Native = Avx512;
+#elif PMT_HOST_AVX2
 using Native = Avx2;
 #else
 using Native = Portable;
