@@ -75,20 +75,24 @@ def timeline(trace_path, png, first=None, last=None):
     fig.savefig(png, dpi=110)
 
 
+def finish(fig, ax, png, xlabel, ylabel, grid="major", legend_size=None):
+    """The benchmark and loss pictures' common end: labels, grid, legend, written as a PNG."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3, which=grid)
+    ax.legend(fontsize=legend_size)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+
+
 def loss(metrics_path, png):
-    train, val = [], []
-    for line in open(metrics_path):
-        r = json.loads(line)
-        (train if "loss" in r else val).append(r)
+    rows = [json.loads(line) for line in open(metrics_path)]
+    train = [r for r in rows if "loss" in r]
+    val = [r for r in rows if "val_loss" in r]  # not the end-of-run report line (peak memory, ...)
     fig, ax = plt.subplots(figsize=(7, 3.6))
     ax.plot([r["step"] for r in train], [r["loss"] for r in train], lw=0.8, label="training loss")
     ax.plot([r["step"] for r in val], [r["val_loss"] for r in val], "o-", label="validation loss")
-    ax.set_xlabel("step")
-    ax.set_ylabel("cross-entropy (nats per byte)")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
+    finish(fig, ax, png, "step", "cross-entropy (nats per byte)")
 
 
 def steptime(csv_path, png):
@@ -100,53 +104,44 @@ def steptime(csv_path, png):
     if all(r[2] for r in rows):
         ax.plot(width, [float(r[2]) for r in rows], "s-", label="PyTorch step")
     ax.plot(width, [float(r[4]) for r in rows], "^--", label="the step's matmuls alone (floor)")
-    ax.set_xlabel("model width (4 blocks, context 128, batch 8)")
-    ax.set_ylabel("ms per training step")
     ax.set_xticks(width)
     ax.set_yscale("log")
-    ax.grid(alpha=0.3, which="both")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
+    finish(fig, ax, png, "model width (4 blocks, context 128, batch 8)", "ms per training step", grid="both")
+
+
+def tables(log_path, header, row, key):
+    """Rows of the tables in a benchmark's output: each line matching `row` (its groups, through
+    `key`) under the last line matching `header` (its first group, an int)."""
+    out, current = {}, None
+    for line in open(log_path):
+        m = re.search(header, line)
+        if m:
+            current = int(m.group(1))
+        m = re.match(row, line)
+        if m and current is not None:
+            k, value = key(current, m)
+            out.setdefault(k, []).append(value)
+    return out
 
 
 def allreduce(log_path, png):
     """Bus bandwidth against message size, pmt's all_reduce and raw MPI_Allreduce, per rank count."""
-    tables, np_ = {}, None
-    row = re.compile(r"^\s*(\d+)\s+\d+ \|\s+[\d.]+\s+[\d.]+\s+([\d.]+) \|\s+[\d.]+\s+[\d.]+\s+([\d.]+) \|")
-    for line in open(log_path):
-        m = re.search(r"(\d+) ranks", line)
-        if line.startswith("pmt bench_allreduce") and m:
-            np_ = int(m.group(1))
-            tables[np_] = []
-        m = row.match(line)
-        if m and np_ is not None:
-            tables[np_].append(tuple(float(x) for x in m.groups()))
+    by_ranks = tables(log_path, r"^pmt bench_allreduce: (\d+) ranks",
+                      r"^\s*(\d+)\s+\d+ \|\s+[\d.]+\s+[\d.]+\s+([\d.]+) \|\s+[\d.]+\s+[\d.]+\s+([\d.]+) \|",
+                      lambda n, m: (n, tuple(float(x) for x in m.groups())))
     fig, ax = plt.subplots(figsize=(7, 3.8))
-    for n, rows in sorted(tables.items()):
+    for n, rows in sorted(by_ranks.items()):
         size = [r[0] for r in rows]
         line, = ax.plot(size, [r[1] for r in rows], "o-", label=f"pmt, {n} ranks")
         ax.plot(size, [r[2] for r in rows], "x--", color=line.get_color(), label=f"MPI_Allreduce, {n} ranks")
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("message size (bytes)")
-    ax.set_ylabel("bus bandwidth (GB/s)")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
+    finish(fig, ax, png, "message size (bytes)", "bus bandwidth (GB/s)")
 
 
 def bubble(log_path, png):
     """Pipeline bubble against microbatches per schedule and stage count, with (p-1)/(m+p-1)."""
-    series, p = {}, None
-    row = re.compile(r"^(\S+)\s+(\d+)\s+([\d.]+)%\s+([\d.]+)%")
-    for line in open(log_path):
-        m = re.search(r"pp = (\d+) stages", line)
-        if m:
-            p = int(m.group(1))
-        m = row.match(line)
-        if m and p is not None:
-            series.setdefault((p, m.group(1)), []).append((int(m.group(2)), float(m.group(3)), float(m.group(4))))
+    series = tables(log_path, r"pp = (\d+) stages", r"^(\S+)\s+(\d+)\s+([\d.]+)%\s+([\d.]+)%",
+                    lambda p, m: ((p, m.group(1)), (int(m.group(2)), float(m.group(3)), float(m.group(4)))))
     fig, ax = plt.subplots(figsize=(7, 3.8))
     theory_drawn = set()
     for (stages, sched), rows in sorted(series.items()):
@@ -158,12 +153,7 @@ def bubble(log_path, png):
             ax.plot([r[0] for r in rows], [r[2] for r in rows], ":", color="grey")
     ax.plot([], [], ":", color="grey", label="theory (p-1)/(m+p-1), (p-1)/(2m+p-1) interleaved")
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("microbatches m")
-    ax.set_ylabel("bubble (% of the step)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
+    finish(fig, ax, png, "microbatches m", "bubble (% of the step)", legend_size=8)
 
 
 if __name__ == "__main__":
