@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Time of one training step (forward + loss + backward + dp sync + clipping + AdamW) of pmt's Gpt,
-// fp32, on the host execution space, with every rank in data parallelism (dp = world size; run
+// fp32 (PMT_BENCH_PRECISION=bf16: bf16 products, fp32 masters), on the host execution space, with every rank in data parallelism (dp = world size; run
 // under mpiexec for weak scaling: each rank processes its own batch).
 // Usage: bench_train_step LAYERS WIDTH HEADS CONTEXT BATCH VOCAB STEPS   (or: bench_train_step peak;
 //        bench_train_step products LAYERS WIDTH HEADS CONTEXT BATCH VOCAB STEPS: the step's matmuls alone)
@@ -203,7 +203,10 @@ int main(int argc, char* argv[]) {
   const char* bucket_env = std::getenv("PMT_BUCKET_KIB");  // dp bucket size (default: GradSync's)
   const std::size_t bucket = bucket_env ? std::size_t(std::atol(bucket_env)) << 10
                                         : pmt::parallel::GradSync<float, Exec, Backend>::default_bucket_bytes;
-  pmt::train::Trainer<Model, Opt, Exec, Backend> trainer(mesh, model, opt, Exec(), bucket);
+  pmt::train::TrainerOptions topts(bucket);
+  const char* precision_env = std::getenv("PMT_BENCH_PRECISION");  // fp32 (default) or bf16
+  topts.precision = pmt::parse_precision(precision_env ? precision_env : "fp32", "PMT_BENCH_PRECISION");
+  pmt::train::Trainer<Model, Opt, Exec, Backend> trainer(mesh, model, opt, Exec(), topts);
   pmt::train::Microbatch<Model::Ids> mb{Model::Ids("ids", B * T), Model::Ids("targets", B * T), B, T};
   auto ids = Kokkos::create_mirror_view(mb.ids), tgt = Kokkos::create_mirror_view(mb.targets);
   for (std::size_t n = 0; n < B * T; ++n) {
@@ -231,9 +234,10 @@ int main(int argc, char* argv[]) {
   const double flops = double(B * T) * (6 * P + 6 * double(L) * T * C);
   if (world.rank() == 0)
     std::printf("pmt_step ms=%.3f tokens_per_s=%.1f flops_per_step=%.6e ranks=%d threads=%d loss=%.4f "
-                "matmul=%s blas_core=%s\n",
+                "matmul=%s blas_core=%s precision=%s\n",
                 t * 1e3, double(B * T) * world.size() / t, flops, world.size(), Exec().concurrency(), loss,
                 pmt::ops::matmul_path_label().c_str(),
-                pmt::detail::blas_core_name().empty() ? "-" : pmt::detail::blas_core_name().c_str());
+                pmt::detail::blas_core_name().empty() ? "-" : pmt::detail::blas_core_name().c_str(),
+                topts.precision == pmt::Precision::bf16 ? pmt::ops::bf16_matmul_isa<Exec>() : "fp32");
   return 0;
 }

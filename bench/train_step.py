@@ -3,7 +3,8 @@
 """Training-step benchmark driver: pmt's Gpt against the same model in PyTorch, same
 threads, in one run; and data-parallel weak scaling at 2 ranks. Prints a table and the target
 lines. Usage: train_step.py BUILD_DIR [TORCH_PYTHON]
-PMT_TRAIN_STEP_WIDTHS=128,512 adds widths; PMT_BENCH_CSV=FILE writes one row per width.
+PMT_TRAIN_STEP_WIDTHS=128,512 adds widths; PMT_BENCH_CSV=FILE writes one row per width. Each round also
+runs pmt's step with bf16 products (PMT_BENCH_PRECISION=bf16) for the bf16 speedup target.
 
 With PMT_MKL_BUILD=DIR (a build of pmt against MKL's CBLAS: cmake ... $(bench/fetch_mkl.sh --cmake))
 each round also runs that build's step: pmt and PyTorch then compute their products with the same
@@ -37,6 +38,18 @@ def steal_s():
         return 0.0
 
 
+def cpu_name():
+    """The CPU's model name (/proc/cpuinfo), '?' where unknown."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "?"
+
+
 def median(xs):
     """The middle element (the upper one of an even count), as the rounds' medians below."""
     return sorted(xs)[len(xs) // 2]
@@ -56,17 +69,21 @@ widths = sorted({256, 768} | {int(w) for w in os.environ.get("PMT_TRAIN_STEP_WID
 configs = [(f"width {w}", 4, w, max(1, w // 64), 128, 8, 256) for w in widths]
 print(f"pmt bench train_step: fp32, one rank, {threads} threads (PyTorch: the same threads)")
 print(f"{'model':<10} {'pmt ms':>9} {'tok/s':>9} {'GFLOP/s':>9} {'torch ms':>9} {'pmt/torch':>10}")
-results, products = {}, {}
+results, products, bf16_results = {}, {}, {}
 # pmt and PyTorch alternate, ROUNDS times; each time is the median of the rounds' medians, and each
 # ratio the median of the rounds' ratios: a round's runs are adjacent in time, so a slow phase of
 # the machine (seconds long on this VM) weighs on both sides of its ratio
 ROUNDS = int(os.environ.get("PMT_TRAIN_STEP_ROUNDS", "5"))
 for name, L, C, H, T, B, V in configs:
     args = [str(a) for a in (L, C, H, T, B, V, STEPS)]
-    pmt_ms, torch_ms, mkl_ms, prod_ms, mkl_prod_ms = [], [], [], [], []
+    pmt_ms, torch_ms, mkl_ms, prod_ms, mkl_prod_ms, bf16_ms = [], [], [], [], [], []
     for _ in range(ROUNDS):
         p = fields("pmt_step", run([exe] + args, {"OMP_NUM_THREADS": str(threads)}))
         pmt_ms.append(float(p["ms"]))
+        # the same step with bf16 products (fp32 masters): TrainerOptions::precision
+        b = fields("pmt_step", run([exe] + args, {"OMP_NUM_THREADS": str(threads), "PMT_BENCH_PRECISION": "bf16"}))
+        bf16_ms.append(float(b["ms"]))
+        bf16_isa = b.get("precision", "?")
         if mkl_exe:
             m = fields("pmt_step", run([mkl_exe] + args, {"OMP_NUM_THREADS": str(threads)}))
             mkl_ms.append(float(m["ms"]))
@@ -84,6 +101,7 @@ for name, L, C, H, T, B, V in configs:
     p["tokens_per_s"] = str(B * T / (ms / 1e3))
     t_ms = sorted(torch_ms)[ROUNDS // 2] if torch_py else None
     results[name] = (ms, flops, t_ms, round_ratio)
+    bf16_results[name] = (median(bf16_ms), median([a / b for a, b in zip(pmt_ms, bf16_ms)]), bf16_isa)
     # per BLAS: (matmuls alone, their ratio to torch's step, pmt's step minus them), each paired by round
     for label, step_ms, alone_ms in ((name, pmt_ms, prod_ms), (name + ", MKL", mkl_ms, mkl_prod_ms)):
         if alone_ms:
@@ -112,6 +130,9 @@ for name, (pr_ms, pr_ratio, rest_ms, _) in products.items():
                                   if name.startswith("width 256") else "")
     print(f"{name:<10} the step's matmuls alone: {pr_ms:.1f} ms"
           f"{f' = {pr_ratio:.2f} x torch' if pr_ratio else ''}, the rest of pmt's step {rest_ms:.1f} ms{budget}")
+for name, (b_ms, speedup, isa) in bf16_results.items():
+    print(f"{name:<10} bf16 products: {b_ms:.1f} ms, {speedup:.2f} x faster than fp32 (products on {isa}; "
+          f"fp32 masters, the other ops fp32)")
 if torch_py:
     print(f"(PyTorch {torch_version}; each time: median over {ROUNDS} alternating runs of the median of {STEPS} steps; "
           f"pmt/torch: median of the {ROUNDS} rounds' ratios)")
@@ -155,6 +176,10 @@ if torch_py:
 if peak_gflops > 0:
     mfu = flops768 / ms768 / 1e6 / peak_gflops
     print(f"target train_step_width768_fraction_of_peak measured={mfu:.3f} goal=0.550 {'met' if mfu >= 0.55 else 'missed'}")
+# bf16 products against pmt's own fp32 step, paired by round; the line names what ran them
+b_ms, speedup, isa = bf16_results["width 768"]
+print(f"target train_step_width768_bf16_speedup measured={speedup:.3f} goal=1.500 {'met' if speedup >= 1.5 else 'missed'} "
+      f"(products: {isa}; CPU {cpu_name()})")
 # the step against its own floor (pmt's default BLAS path, paired by round): what pmt adds to the products
 floor = products["width 256"][3]
 print(f"target train_step_width256_vs_matmul_floor measured={floor:.3f} goal=1.150 {'met' if floor <= 1.15 else 'missed'}")

@@ -74,6 +74,7 @@ struct Options {
   std::vector<std::string> kokkos_args;   // --kokkos-*: passed to Kokkos, and only these
   std::string schedule = "1f1b", data = PMT_DEFAULT_DATA_DIR, ckpt_dir, metrics, trace, matmul;
   std::string compress = "none";   // dp gradients on the wire: none or bf16 (error feedback)
+  std::string precision = "fp32";  // the model's products: fp32, or bf16 operands with fp32 sums
   int local_sgd = 0, diloco = 0;   // a period: parameters averaged (and DiLoCo's outer step) every so many steps
   int staleness = -1;              // >= 0: bounded staleness, gradient sums applied this many steps late
   double outer_lr = 0.7, outer_momentum = 0.9;
@@ -125,6 +126,9 @@ std::string usage() {
          "                          skips that step's update (10 skipped steps in a row stop it)\n"
          "  --watchdog SECONDS      end the job when one communication call waits longer (default 600; 0: off),\n"
          "                          naming the ranks that never arrived (exit 4)\n"
+             "  --precision fp32|bf16   the model's matrix products: fp32 (default), or bf16 mixed precision\n"
+             "                          (operands rounded to bf16, sums in fp32, on AMX tiles where the CPU has\n"
+             "                          them; fp32 parameters, gradients and optimizer state)\n"
              "  --matmul auto|vendor|portable  the matmul path: auto (default, or PMT_MATMUL) times the vendor\n"
              "                          BLAS and pmt's portable kernel per shape class on first use and keeps\n"
              "                          the faster, the same on every rank; vendor or portable pins one\n"
@@ -194,7 +198,7 @@ Options parse(int argc, char* argv[]) {
                         "--context", "--batch", "--steps", "--lr", "--warmup", "--seed", "--data", "--val-every",
                         "--ckpt-dir", "--ckpt-every", "--metrics", "--trace", "--threads", "--matmul", "--keep",
                         "--watchdog", "--on-nonfinite", "--compress", "--local-sgd", "--diloco", "--outer-lr",
-                        "--outer-momentum", "--staleness"};
+                        "--outer-momentum", "--staleness", "--precision"};
     if (std::find(known.begin(), known.end(), a) == known.end())
       throw pmt::ConfigError(prog, "unknown flag " + a + " (see --help)");
     if (i + 1 >= argc) throw pmt::ConfigError(prog, a + " needs a value (see --help)");
@@ -264,7 +268,10 @@ Options parse(int argc, char* argv[]) {
     }
     else if (a == "--metrics") o.metrics = v;
     else if (a == "--trace") o.trace = v;
-    else if (a == "--matmul") {
+    else if (a == "--precision") {
+      pmt::parse_precision(v, "--precision");  // throws for another word
+      o.precision = v;
+    } else if (a == "--matmul") {
       pmt::ops::parse_matmul_path(v, "--matmul");  // throws for another word
       o.matmul = v;
     }
@@ -417,6 +424,7 @@ std::vector<std::pair<std::string, std::string>> run_config(const Options& o, co
           {"lr", lr},
           {"warmup", std::to_string(o.warmup)},
           {"steps", std::to_string(o.steps)},
+          {"precision", o.precision},
           {"dp_mode", o.diloco > 0   ? pmt::detail::str("diloco:", o.diloco, ":", o.outer_lr, ":", o.outer_momentum)
                       : o.local_sgd > 0 ? pmt::detail::str("local-sgd:", o.local_sgd)
                       : o.staleness >= 0 ? pmt::detail::str("stale:", o.staleness)
@@ -549,6 +557,7 @@ int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_p
   topts.period    = std::max(o.local_sgd, o.diloco);
   topts.staleness = std::max(o.staleness, 0);
   topts.outer  = {o.outer_lr, o.outer_momentum, true};
+  topts.precision = pmt::parse_precision(o.precision);
   using Policy = pmt::Hybrid<pmt::DataParallel<Mode>, pmt::TensorSplit<>, pmt::Pipeline<>>;
   pmt::train::Trainer<Model, Opt, Exec, Backend, Policy> trainer(mesh, model, opt, Exec(), topts);
   trainer.set_schedule(o.schedule == "gpipe" ? pmt::parallel::ScheduleKind::GPipe : pmt::parallel::ScheduleKind::OneFOneB);
@@ -631,6 +640,9 @@ int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_p
                 pmt::ops::matmul_path() == pmt::ops::MatmulPath::Auto
                     ? "matmul auto: vendor BLAS or portable kernel, timed per shape class in the first step and agreed over the ranks"
                     : pmt::ops::matmul_path_summary().c_str());
+    if (o.precision == "bf16")
+      std::printf("precision: bf16 products (%s), fp32 parameters, gradients and optimizer state; MFU counts against the "
+                  "fp32 peak\n", pmt::ops::bf16_matmul_isa<Exec>());
   }
   std::FILE* metrics = nullptr;
   if (root && !o.metrics.empty()) {
@@ -747,7 +759,9 @@ int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_p
       const double done = double(step + 1 - start) / double(o.steps - start);
       const double left = std::chrono::duration<double>(t1 - run_t0).count() * (1 - done) / done;
       std::printf("step %5d/%d  loss %.4f  lr %.2e  %7.0f tok/s  MFU %4.1f%% (%s)  comm %4.1f%%  [%3.0f%%, %dm%02ds left]\n",
-                  step, o.steps, loss, lr, tokens / s, 100.0 * flops / s / peak(), pmt::ops::matmul_path_label().c_str(),
+                  step, o.steps, loss, lr, tokens / s, 100.0 * flops / s / peak(),
+                  o.precision == "bf16" ? pmt::detail::str("bf16 ", pmt::ops::bf16_matmul_isa<Exec>()).c_str()
+                                        : pmt::ops::matmul_path_label().c_str(),
                   100.0 * comm / s, 100.0 * done, int(left) / 60, int(left) % 60);
       if (step == start && pmt::ops::matmul_path() == pmt::ops::MatmulPath::Auto)
         std::printf("%s%s\n", pmt::ops::matmul_path_summary(cores_shared ? 0.0 : peak() / 1e9 / world.size()).c_str(),

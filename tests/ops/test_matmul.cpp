@@ -4,8 +4,11 @@
 #include <catch2/matchers/catch_matchers_string.hpp>
 
 #include "ops_test.hpp"
+#include "pmt/core/bf16.hpp"
+#include "pmt/core/precision.hpp"
 #include "pmt/ops/matmul.hpp"
 
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -137,4 +140,142 @@ TEST_CASE("matmul names the op and every shape when shapes do not fit", "[ops][m
   CHECK_THROWS_WITH(pmt::ops::matmul_batched(exec, Trans::N, Trans::T, 1.0f, A3, B4, 0.0f, A3),
                     StartsWith("pmt::ops::matmul_batched: C is (2, 4, 5) but A is (2, 4, 5) and B is (2, 6, 5); "
                                "C must be (batch, A.rows, B^T.cols) = (2, 4, 6)"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// bf16 mixed precision: C = alpha bf16(op(A)) bf16(op(B)) + beta C with fp32 sums
+
+namespace {
+
+// The reference: the operands rounded to bf16 (pmt::bf16, independently of the paths' rounding),
+// the products summed in long double.
+template <class V>
+V rounded_copy(const V& v) {
+  V r(v.label() + "_bf16", v.layout());
+  auto f = pmt::detail::flat(v);
+  auto g = pmt::detail::flat(r);
+  for (std::size_t i = 0; i < f.extent(0); ++i) g(i) = float(pmt::bf16(f(i)));
+  return r;
+}
+
+template <class Backend>
+void check_bf16_case(Backend backend, Trans ta, Trans tb, std::size_t M, std::size_t N, std::size_t K, double alpha,
+                     double beta) {
+  Host exec;
+  auto A  = ta == Trans::N ? pmt::make_tensor<float, Host>("A", 1, M, K) : pmt::make_tensor<float, Host>("A", 1, K, M);
+  auto B  = tb == Trans::N ? pmt::make_tensor<float, Host>("B", 1, K, N) : pmt::make_tensor<float, Host>("B", 1, N, K);
+  auto C  = pmt::make_tensor<float, Host>("C", 1, M, N);
+  auto Cr = pmt::make_tensor<float, Host>("Cref", 1, M, N);
+  pmt::test::fill_random(A, 11);
+  pmt::test::fill_random(B, 12);
+  pmt::test::fill_random(C, 13);
+  Kokkos::deep_copy(Cr, C);
+  auto s2 = [](auto v) { return Kokkos::subview(v, 0, Kokkos::ALL, Kokkos::ALL); };
+  pmt::ops::matmul_bf16(exec, ta, tb, float(alpha), s2(A), s2(B), float(beta), s2(C), backend);
+  exec.fence();
+  reference(ta, tb, alpha, rounded_copy(A), rounded_copy(B), beta, Cr);
+  INFO("path " << pmt::ops::bf16_matmul_isa<Host>() << " M=" << M << " N=" << N << " K=" << K << " ta="
+               << (ta == Trans::T) << " tb=" << (tb == Trans::T) << " alpha=" << alpha << " beta=" << beta);
+  CHECK(pmt::test::max_rel_diff(C, Cr) <= 4 * pmt::test::tol<float>(static_cast<double>(K)));
+}
+
+}  // namespace
+
+TEST_CASE("matmul_bf16 equals the product of the bf16-rounded operands for every path, transpose and edge size",
+          "[ops][matmul][bf16]") {
+  struct Size { std::size_t M, N, K; };
+  // tile edges: 16 and 32 rows, 16 and 32 columns, 32 k; several row groups and column pairs
+  const std::vector<Size> sizes = {{1, 1, 1},    {37, 53, 29},  {32, 32, 32}, {33, 17, 65}, {7, 3, 0},
+                                    {0, 5, 4},    {130, 257, 300}, {300, 40, 1030}};
+  for (Trans ta : {Trans::N, Trans::T})
+    for (Trans tb : {Trans::N, Trans::T})
+      for (const Size& s : sizes) {
+        check_bf16_case(pmt::ops::MatmulAuto{}, ta, tb, s.M, s.N, s.K, 1.0, 0.0);
+        check_bf16_case(pmt::ops::MatmulAuto{}, ta, tb, s.M, s.N, s.K, -0.5, 2.0);
+        check_bf16_case(pmt::ops::MatmulPortable{}, ta, tb, s.M, s.N, s.K, 1.0, 1.0);
+#if PMT_ENABLE_CBLAS
+        check_bf16_case(pmt::ops::MatmulVendor{}, ta, tb, s.M, s.N, s.K, 0.5, 1.0);
+#endif
+      }
+}
+
+TEST_CASE("matmul_bf16 rounds its operands to nearest even bf16 and does not read C for beta 0", "[ops][matmul][bf16]") {
+  Host exec;
+  // 1 + 2^-8 is the tie between 1 and 1 + 2^-7: it rounds to 1 (even); 1 + 3 * 2^-9 rounds up
+  auto A = pmt::make_tensor<float, Host>("A", 40, 70);
+  auto B = pmt::make_tensor<float, Host>("B", 70, 36);
+  auto C = pmt::make_tensor<float, Host>("C", 40, 36);
+  for (std::size_t i = 0; i < 40; ++i)
+    for (std::size_t k = 0; k < 70; ++k) A(i, k) = k % 2 ? 1.0f + 0.00390625f : 1.0f + 3 * 0.001953125f;
+  Kokkos::deep_copy(B, 1.0f);
+  Kokkos::deep_copy(C, std::numeric_limits<float>::quiet_NaN());
+  pmt::ops::matmul_bf16(exec, Trans::N, Trans::N, 1.0f, A, B, 0.0f, C);
+  exec.fence();
+  const float expect = 35 * 1.0f + 35 * (1.0f + 0.0078125f);  // the rounded values, summed exactly
+  INFO("path " << pmt::ops::bf16_matmul_isa<Host>());
+  bool all = true;
+  for (std::size_t i = 0; i < 40; ++i)
+    for (std::size_t j = 0; j < 36; ++j) all = all && C(i, j) == expect;
+  CHECK(all);
+}
+
+TEST_CASE("ops::matmul in a bf16 PrecisionScope is matmul_bf16; fp32 outside it and for double", "[ops][matmul][bf16]") {
+  Host exec;
+  auto A  = pmt::make_tensor<float, Host>("A", 50, 90);
+  auto B  = pmt::make_tensor<float, Host>("B", 90, 70);
+  auto C1 = pmt::make_tensor<float, Host>("C1", 50, 70);
+  auto C2 = pmt::make_tensor<float, Host>("C2", 50, 70);
+  auto C3 = pmt::make_tensor<float, Host>("C3", 50, 70);
+  pmt::test::fill_random(A, 21);
+  pmt::test::fill_random(B, 22);
+  pmt::ops::matmul_bf16(exec, Trans::N, Trans::N, 1.0f, A, B, 0.0f, C1);
+  {
+    const pmt::PrecisionScope bf16(pmt::Precision::bf16);
+    CHECK(pmt::compute_precision() == pmt::Precision::bf16);
+    pmt::ops::matmul(exec, Trans::N, Trans::N, 1.0f, A, B, 0.0f, C2);
+    {
+      const pmt::PrecisionScope fp32(pmt::Precision::fp32);  // scopes nest
+      pmt::ops::matmul(exec, Trans::N, Trans::N, 1.0f, A, B, 0.0f, C3);
+    }
+    CHECK(pmt::compute_precision() == pmt::Precision::bf16);
+    auto Ad = pmt::make_tensor<double, Host>("Ad", 2, 2), Cd = pmt::make_tensor<double, Host>("Cd", 2, 2);
+    Kokkos::deep_copy(Ad, 1.0 + 1e-6);
+    pmt::ops::matmul(exec, Trans::N, Trans::N, 1.0, Ad, Ad, 0.0, Cd);
+    exec.fence();
+    CHECK(Cd(0, 0) == 2 * (1.0 + 1e-6) * (1.0 + 1e-6));  // double products are not rounded
+  }
+  CHECK(pmt::compute_precision() == pmt::Precision::fp32);
+  exec.fence();
+  CHECK(pmt::test::bitwise_equal(C1, C2));
+  CHECK(pmt::test::max_rel_diff(C3, C1) > 1e-4);  // fp32 differs from bf16 at bf16's rounding
+  CHECK_THROWS_WITH(pmt::parse_precision("fp16", "--precision"),
+                    Catch::Matchers::ContainsSubstring("--precision is 'fp16'; expected fp32 or bf16"));
+}
+
+TEST_CASE("matmul_bf16 gives the same bits on one thread (Serial) as on all (OpenMP)", "[ops][matmul][bf16][spaces]") {
+#if defined(KOKKOS_ENABLE_SERIAL) && defined(KOKKOS_ENABLE_OPENMP)
+  for (Trans ta : {Trans::N, Trans::T}) {
+    auto A  = ta == Trans::N ? pmt::make_tensor<float, Kokkos::OpenMP>("A", 300, 270)
+                             : pmt::make_tensor<float, Kokkos::OpenMP>("A", 270, 300);
+    auto B  = pmt::make_tensor<float, Kokkos::OpenMP>("B", 270, 410);
+    auto C1 = pmt::make_tensor<float, Kokkos::OpenMP>("C1", 300, 410);
+    auto C2 = pmt::make_tensor<float, Kokkos::OpenMP>("C2", 300, 410);
+    pmt::test::fill_random(A, 4);
+    pmt::test::fill_random(B, 5);
+    // AMX where the CPU has it; elsewhere the rounded path on the portable kernel (a vendor BLAS
+    // promises no thread-count independence)
+    if (std::string(pmt::ops::bf16_matmul_isa<Kokkos::OpenMP>()) == "amx-bf16") {
+      pmt::ops::matmul_bf16(Kokkos::Serial(), ta, Trans::N, 1.0f, A, B, 0.0f, C1);
+      pmt::ops::matmul_bf16(Kokkos::OpenMP(), ta, Trans::N, 1.0f, A, B, 0.0f, C2);
+    } else {
+      pmt::ops::matmul_bf16(Kokkos::Serial(), ta, Trans::N, 1.0f, A, B, 0.0f, C1, pmt::ops::MatmulPortable{});
+      pmt::ops::matmul_bf16(Kokkos::OpenMP(), ta, Trans::N, 1.0f, A, B, 0.0f, C2, pmt::ops::MatmulPortable{});
+    }
+    Kokkos::fence();
+    INFO("path " << pmt::ops::bf16_matmul_isa<Kokkos::OpenMP>() << ", OpenMP threads: " << Kokkos::OpenMP().concurrency());
+    CHECK(pmt::test::bitwise_equal(C1, C2));
+  }
+#else
+  SKIP("needs both Kokkos::Serial and Kokkos::OpenMP");
+#endif
 }

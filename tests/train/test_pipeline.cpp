@@ -46,6 +46,13 @@ namespace {
 
 constexpr std::size_t V = 96, Tn = 12, B_global = 16;
 constexpr int Steps = 5;
+// bf16 products on a layout against one rank in bf16 (relative): a layout sums in another fp32
+// order, and a value that lands on the other side of a bf16 rounding boundary moves by 2^-8; Adam
+// carries that into small parameters. Measured worst on np 1, 2, 4: losses 2e-5, the whole model
+// 2.2e-4, one parameter 1.0e-2 (a LayerNorm shift); fp32 layouts agree to 1e-5.
+// The first step starts from the same parameters: only the summation order differs (measured
+// 1.2e-9; an fp32 run differs from a bf16 one by 1e-5 there).
+constexpr double BF16_LOSS_TOL = 1e-4, BF16_MODEL_TOL = 1e-3, BF16_PARAM_TOL = 5e-2, BF16_FIRST_TOL = 1e-7;
 
 template <class Ids>
 pmt::train::Microbatch<Ids> batch(int step, std::size_t first_seq, std::size_t B) {
@@ -69,12 +76,14 @@ struct Reference {
   std::vector<double> losses;
   std::map<std::string, pmt::nn::Parameter<T, Host>*> params;
 
-  explicit Reference(const pmt::nn::GptConfig& cfg) {
+  explicit Reference(const pmt::nn::GptConfig& cfg, pmt::Precision precision = pmt::Precision::fp32) {
     const auto& w = pmt::test::world();
     mesh          = std::make_unique<pmt::Mesh<Backend>>(w.split(w.rank(), 0), pmt::MeshShape{});
     model         = std::make_unique<Model>(*mesh, cfg);
     pmt::optim::AdamW<T, Host> opt(model->parameters(), hyper);
-    pmt::train::Trainer<Model, pmt::optim::AdamW<T, Host>, Host, Backend> tr(*mesh, *model, opt);
+    pmt::train::TrainerOptions topts;
+    topts.precision = precision;
+    pmt::train::Trainer<Model, pmt::optim::AdamW<T, Host>, Host, Backend> tr(*mesh, *model, opt, Host(), topts);
     using Ids = typename Model::Ids;
     for (int step = 0; step < Steps; ++step) losses.push_back(tr.step({batch<Ids>(step, 0, B_global)}, options(step)));
     for (auto* p : model->parameters()) params[p->name] = p;
@@ -86,12 +95,14 @@ struct Reference {
 /// Zero the optimizer is ZeroAdamW (state sharded over dp, norm summed over tp and pp).
 template <class T, bool Zero = false>
 bool matches(const Reference<T>& ref, const pmt::nn::GptConfig& cfg, pmt::MeshShape shape, pmt::parallel::ScheduleKind kind,
-             pmt::parallel::StagePlan plan, int* peak, int* microbatches, int chunks = 1, std::size_t* early = nullptr) {
+             pmt::parallel::StagePlan plan, int* peak, int* microbatches, int chunks = 1, std::size_t* early = nullptr,
+             pmt::Precision precision = pmt::Precision::fp32) {
   using Model   = pmt::nn::Gpt<T, Host, Backend>;
   using Ids     = typename Model::Ids;
   using Opt     = std::conditional_t<Zero, pmt::optim::ZeroAdamW<T, Host, Backend>, pmt::optim::AdamW<T, Host>>;
   using Policy  = pmt::Hybrid<pmt::DataParallel<>, pmt::TensorSplit<>, pmt::Pipeline<>>;
-  const double tol = std::is_same_v<T, double> ? 1e-10 : 1e-5;
+  const bool bf16 = precision == pmt::Precision::bf16;
+  const double tol = std::is_same_v<T, double> ? 1e-10 : (bf16 ? BF16_LOSS_TOL : 1e-5);
   pmt::Mesh<Backend> mesh(pmt::test::world(), shape);
   Model par(mesh, cfg, plan, chunks);
   Opt opt = [&] {
@@ -100,18 +111,21 @@ bool matches(const Reference<T>& ref, const pmt::nn::GptConfig& cfg, pmt::MeshSh
     else
       return Opt(par.parameters(), hyper);
   }();
-  pmt::train::Trainer<Model, Opt, Host, Backend, Policy> tr(mesh, par, opt, Host(), /*bucket_bytes=*/8 << 10);
+  pmt::train::TrainerOptions topts(/*bucket_bytes=*/8 << 10);
+  topts.precision = precision;
+  pmt::train::Trainer<Model, Opt, Host, Backend, Policy> tr(mesh, par, opt, Host(), topts);
   tr.set_schedule(kind);
   const std::size_t B_local = B_global / static_cast<std::size_t>(shape.dp);
   const std::size_t first   = B_local * static_cast<std::size_t>(mesh.coord(pmt::Axis::dp));
   const std::size_t m = std::min<std::size_t>(8, B_local), per = B_local / m;
   *microbatches = static_cast<int>(m);
-  double worst_loss = 0;
+  double worst_loss = 0, first_loss = 0;
   for (int step = 0; step < Steps; ++step) {
     std::vector<pmt::train::Microbatch<Ids>> mbs;
     for (std::size_t i = 0; i < m; ++i) mbs.push_back(batch<Ids>(step, first + i * per, per));
     const double l = tr.step(mbs, options(step));
     worst_loss = std::max(worst_loss, std::abs(l - ref.losses[static_cast<std::size_t>(step)]) / std::abs(ref.losses[static_cast<std::size_t>(step)]));
+    if (step == 0) first_loss = std::abs(l - ref.losses[0]) / std::abs(ref.losses[0]);
   }
   *peak = tr.pipeline() ? tr.pipeline()->stats().peak_live : 1;
   if (early) *early = tr.grad_sync().launched_early();
@@ -137,11 +151,11 @@ bool matches(const Reference<T>& ref, const pmt::nn::GptConfig& cfg, pmt::MeshSh
   pmt::comm::all_reduce(pmt::test::world(), Kokkos::DefaultHostExecutionSpace(), sums);
   const double whole = std::sqrt(sums(0) / sums(1));
   UNSCOPED_INFO("rank " << pmt::test::world().rank() << " (" << mesh.where() << ", " << par.plan().describe()
-                        << "): worst loss difference " << worst_loss << ", whole model " << whole
+                        << "): worst loss difference " << worst_loss << " (first step " << first_loss << "), whole model " << whole
                         << ", worst parameter " << worst_param << " (" << worst_name << ", elementwise " << worst_elem
                         << "), names matched " << named);
-  bool ok = named && worst_loss <= tol && whole <= tol;
-  ok = ok && (std::is_same_v<T, double> ? worst_param <= tol && worst_elem <= tol : worst_param <= 1e-4);
+  bool ok = named && worst_loss <= tol && whole <= (bf16 ? BF16_MODEL_TOL : tol) && first_loss <= (bf16 ? BF16_FIRST_TOL : tol);
+  ok = ok && (std::is_same_v<T, double> ? worst_param <= tol && worst_elem <= tol : worst_param <= (bf16 ? BF16_PARAM_TOL : 1e-4));
   return ok;
 }
 
@@ -168,6 +182,34 @@ TEMPLATE_TEST_CASE("every dp x tp x pp layout and schedule trains like one rank"
           UNSCOPED_INFO("first-stage peak of live microbatches " << peak << " with " << m << " microbatches");
           CHECK(pmt::test::all_ranks(ok && mem_ok));
         }
+      }
+    }
+}
+
+TEST_CASE("bf16 products: every dp x tp x pp layout trains like one rank in bf16, and near fp32", "[train][pipeline][bf16][mpi]") {
+  const int n              = pmt::test::world().size();
+  const pmt::nn::GptConfig cfg{V, /*context=*/16, /*layers=*/4, /*width=*/32, /*heads=*/8, /*seed=*/5};
+  const Reference<float> ref(cfg, pmt::Precision::bf16);
+  SECTION("one rank: bf16 against fp32") {
+    const Reference<float> fp32(cfg);
+    double worst = 0, changed = 0;
+    for (int step = 0; step < Steps; ++step) {
+      const double a = ref.losses[std::size_t(step)], b = fp32.losses[std::size_t(step)];
+      worst = std::max(worst, std::abs(a - b) / std::abs(b));
+      changed = std::max(changed, std::abs(a - b));
+    }
+    INFO("worst relative loss difference bf16 - fp32 over " << Steps << " steps: " << worst);
+    CHECK(worst <= 1e-3);  // measured 4.3e-5: products off by about 2^-9 each, mostly averaging out
+    CHECK(changed > 0);    // the bf16 run did round
+  }
+  for (int pp = 1; pp <= std::min(n, 2); pp *= 2)
+    for (int dp = 1; dp <= n / pp; dp *= 2) {
+      const int tp = n / pp / dp;
+      DYNAMIC_SECTION("dp " << dp << " x tp " << tp << " x pp " << pp) {
+        int peak = 0, m = 0;
+        const bool ok = matches(ref, cfg, {dp, tp, pp}, pmt::parallel::ScheduleKind::OneFOneB, {}, &peak, &m, 1, nullptr,
+                                pmt::Precision::bf16);
+        CHECK(pmt::test::all_ranks(ok));
       }
     }
 }

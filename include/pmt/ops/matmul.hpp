@@ -11,11 +11,27 @@
 // The auto choice can be pinned for the whole process: PMT_MATMUL=vendor|portable|auto in the
 // environment, or pmt::ops::set_matmul_path(MatmulPath::Vendor) in code. A pinned path (or an
 // explicit MatmulVendor / MatmulPortable tag on a call) measures nothing.
+// bf16 mixed precision: matmul_bf16 (and matmul on float Views inside a pmt::PrecisionScope of
+// Precision::bf16, core/precision.hpp) computes C = alpha bf16(op(A)) bf16(op(B)) + beta C: each
+// operand element rounded to the nearest bf16 (ties to even, as pmt::bf16), the products summed
+// in fp32. A product of two bf16 values is exact in fp32, so every path computes the same sum in
+// its own fp32 order. Paths:
+//   MatmulAuto      AMX tiles on a host space whose CPU has AMX-BF16 and whose kernel grants the
+//                   tile state (ops/detail/host_amx.hpp; the same bits for any thread count);
+//                   elsewhere the rounded path with MatmulAuto
+//   MatmulVendor,   the rounded path: op(A) and op(B) rounded into fp32 workspace copies, then the
+//   MatmulPortable  fp32 product of that backend (the reference the AMX path is tested against)
+// bf16_matmul_isa<Exec>() names what MatmulAuto runs ("amx-bf16" or "rounded-fp32").
+// matmul_batched (attention's score products) always computes in the Views' own type.
 
 #include "pmt/config.hpp"
+#include "pmt/core/bf16.hpp"
 #include "pmt/core/error.hpp"
 #include "pmt/core/measured_choice.hpp"
+#include "pmt/core/precision.hpp"
 #include "pmt/core/tensor.hpp"
+#include "pmt/core/workspace.hpp"
+#include "pmt/ops/detail/host_amx.hpp"
 #include "pmt/ops/detail/matmul_cblas.hpp"
 #include "pmt/ops/detail/matmul_cublas.hpp"
 #include "pmt/ops/detail/matmul_kokkos.hpp"
@@ -273,14 +289,94 @@ void matmul_dispatch(const Exec& exec, std::int64_t batch, ops::Trans ta, ops::T
   }
 }
 
+#if PMT_HOST_AMX
+/// C = alpha bf16(op(A)) bf16(op(B)) + beta C with AMX tiles on a host space (amx::available()).
+template <class Exec>
+void matmul_bf16_amx(const Exec& exec, bool at, bool bt, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
+                     const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C,
+                     std::int64_t ldc) {
+  const amx::Packing p(M, N, K);
+  std::uint16_t* Ap = amx::buffer(0, p.a_elems());
+  std::uint16_t* Bp = amx::buffer(1, p.b_elems());
+  using Policy = Kokkos::RangePolicy<Exec>;
+  Kokkos::parallel_for("pmt::ops::matmul_bf16::pack_b", Policy(exec, 0, p.nb),
+                       [=](std::int64_t c) { amx::pack_b(p, c, B, ldb, bt, Bp); });
+  Kokkos::parallel_for("pmt::ops::matmul_bf16::pack_a", Policy(exec, 0, p.mb),
+                       [=](std::int64_t r) { amx::pack_a(p, r, A, lda, at, Ap); });
+  // Work items: (group of row blocks, pair of column blocks), row-group major, a contiguous run
+  // per thread: a thread keeps its rows' packed A (up to 1 MiB a group) in its L2 while it sweeps
+  // the columns. Each C block is one item: its sums do not depend on the thread count.
+  const std::int64_t block_bytes = p.kb * 32 * 32 * 2;  // one packed 32-row block of A
+  std::int64_t group = (std::int64_t(1) << 20) / (block_bytes > 0 ? block_bytes : 1);
+  group = group < 1 ? 1 : (group > 8 ? 8 : group);
+  const std::int64_t groups = (p.mb + group - 1) / group, pairs = p.nb / 2, items = groups * pairs;
+  const std::int64_t threads = exec.concurrency() < items ? exec.concurrency() : items;
+  Kokkos::parallel_for("pmt::ops::matmul_bf16::amx", Policy(exec, 0, threads), [=](std::int64_t t) {
+    const std::int64_t i0 = items * t / threads, i1 = items * (t + 1) / threads;
+    amx::configure();
+    for (std::int64_t i = i0; i < i1; ++i) {
+      const std::int64_t g = i / pairs, c = i % pairs;
+      const std::int64_t r1 = (g + 1) * group < p.mb ? (g + 1) * group : p.mb;
+      for (std::int64_t r = g * group; r < r1; ++r) amx::block(p, r, c, Ap, Bp, alpha, beta, C, ldc);
+    }
+    amx::release();
+  });
+  exec.fence();
+}
+#endif
+
+/// dst = float(bf16(src)) elementwise over a rank-2 View (the rounded path's operand copies).
+template <class Exec, class SV, class DV>
+void round_to_bf16(const Exec& exec, const SV& src, const DV& dst) {
+  const std::int64_t cols = static_cast<std::int64_t>(src.extent(1));
+  Kokkos::parallel_for("pmt::ops::matmul_bf16::round", Kokkos::RangePolicy<Exec>(exec, 0, std::int64_t(src.extent(0))),
+                       KOKKOS_LAMBDA(std::int64_t i) {
+                         for (std::int64_t j = 0; j < cols; ++j) dst(i, j) = float(bf16(float(src(i, j))));
+                       });
+}
+
+/// The bf16 product of float rank-2 Views whose shapes matmul_dims has checked (see the file
+/// comment for the paths).
+template <class Backend, class Exec, class AV, class BV, class CV>
+void matmul_bf16_views(const Exec& exec, ops::Trans ta, ops::Trans tb, const MatmulDims& d, float alpha, const AV& A,
+                       const BV& B, float beta, const CV& C) {
+  const auto ld = [](const auto& v) { return static_cast<std::int64_t>(v.extent(1)); };
+#if PMT_HOST_AMX
+  if constexpr (std::is_same_v<Backend, ops::MatmulAuto> && is_host_space_v<Exec>) {
+    if (amx::available())
+      return matmul_bf16_amx(exec, ta == ops::Trans::T, tb == ops::Trans::T, d.M, d.N, d.K, alpha, A.data(), ld(A),
+                             B.data(), ld(B), beta, C.data(), ld(C));
+  }
+#endif
+  using V2 = Kokkos::View<float**, Kokkos::LayoutRight, typename CV::memory_space>;
+  const auto a = workspace_view<V2>("pmt::ops::matmul_bf16::a", A.extent(0), A.extent(1));
+  const auto b = workspace_view<V2>("pmt::ops::matmul_bf16::b", B.extent(0), B.extent(1));
+  round_to_bf16(exec, A, a);
+  round_to_bf16(exec, B, b);
+  matmul_dispatch<Backend>(exec, 1, ta, tb, d.M, d.N, d.K, alpha, a.data(), ld(a), 0, b.data(), ld(b), 0, beta,
+                           C.data(), 0, "pmt::ops::matmul_bf16");
+}
+
 }  // namespace pmt::detail
 
 namespace pmt::ops {
 
+/// \brief What matmul_bf16 with MatmulAuto runs on Exec in this process: "amx-bf16" (AMX tiles)
+/// or "rounded-fp32" (rounded operand copies, then the fp32 product).
+template <class Exec>
+const char* bf16_matmul_isa() {
+#if PMT_HOST_AMX
+  if constexpr (is_host_space_v<Exec>)
+    if (detail::amx::available()) return "amx-bf16";
+#endif
+  return "rounded-fp32";
+}
+
 // ---------------------------------------------------------------------------------------------
 
 /// \brief C = alpha op(A) op(B) + beta C.   A: (M, K) or (K, M) if ta == T; B: (K, N) or (N, K);
-/// C: (M, N). With beta == 0, C is not read (NaNs in C do not propagate).
+/// C: (M, N). With beta == 0, C is not read (NaNs in C do not propagate). Float Views inside a
+/// PrecisionScope of Precision::bf16 take matmul_bf16.
 /// \tparam Backend MatmulAuto (vendor where available), MatmulVendor or MatmulPortable.
 /// Communication: none. Deterministic: yes for a given backend and thread count; the portable
 /// backend is also independent of the thread count.
@@ -305,6 +401,8 @@ void matmul(const Exec& exec, Trans ta, Trans tb, typename CV::non_const_value_t
   constexpr const char* op = "pmt::ops::matmul";
   const detail::MatmulDims d = detail::matmul_dims(op, ta, tb, A, B, C);
   if (d.M == 0 || d.N == 0) return;
+  if constexpr (std::is_same_v<T, float>)
+    if (compute_precision() == Precision::bf16) return detail::matmul_bf16_views<Backend>(exec, ta, tb, d, alpha, A, B, beta, C);
   detail::matmul_dispatch<Backend>(exec, 1, ta, tb, d.M, d.N, d.K, alpha, A.data(),
                                    static_cast<std::int64_t>(A.extent(1)), 0, B.data(),
                                    static_cast<std::int64_t>(B.extent(1)), 0, beta, C.data(), 0, op);
@@ -330,6 +428,33 @@ void matmul_batched(const Exec& exec, Trans ta, Trans tb, typename CV::non_const
       static_cast<std::int64_t>(A.extent(1) * A.extent(2)), B.data(),
       static_cast<std::int64_t>(B.extent(2)), static_cast<std::int64_t>(B.extent(1) * B.extent(2)),
       beta, C.data(), d.M * d.N, op);
+}
+
+}  // namespace pmt::ops
+
+namespace pmt::ops {
+
+/// \brief C = alpha bf16(op(A)) bf16(op(B)) + beta C with fp32 sums, whatever the PrecisionScope
+/// (see the file comment for its paths). A, B, C: float, rank 2, shaped as for matmul; with
+/// beta == 0, C is not read.
+/// \throws pmt::ShapeError naming every shape when they do not fit.
+/// \code
+/// pmt::ops::matmul_bf16(exec, Trans::N, Trans::N, 1.0f, x, w, 0.0f, y);   // y = bf16(x) bf16(w)
+/// \endcode
+template <class Backend = MatmulAuto, class Exec, class AV, class BV, class CV>
+void matmul_bf16(const Exec& exec, Trans ta, Trans tb, float alpha, const AV& A, const BV& B, float beta, const CV& C,
+                 Backend = {}) {
+  static_check_view<Exec, AV>();
+  static_check_view<Exec, BV>();
+  static_check_view<Exec, CV>();
+  static_assert(AV::rank == 2 && BV::rank == 2 && CV::rank == 2, "pmt::ops::matmul_bf16: A, B and C must be rank-2 Views");
+  static_assert(std::is_same_v<typename AV::non_const_value_type, float> &&
+                    std::is_same_v<typename BV::non_const_value_type, float> &&
+                    std::is_same_v<typename CV::non_const_value_type, float>,
+                "pmt::ops::matmul_bf16: A, B and C must be float Views (the operands are rounded to bf16)");
+  const detail::MatmulDims d = detail::matmul_dims("pmt::ops::matmul_bf16", ta, tb, A, B, C);
+  if (d.M == 0 || d.N == 0) return;
+  detail::matmul_bf16_views<Backend>(exec, ta, tb, d, alpha, A, B, beta, C);
 }
 
 }  // namespace pmt::ops

@@ -39,6 +39,7 @@
 #include "pmt/comm/mesh.hpp"
 #include "pmt/core/error.hpp"
 #include "pmt/core/parameter.hpp"
+#include "pmt/core/precision.hpp"
 #include "pmt/core/random.hpp"
 #include "pmt/optim/clip.hpp"
 #include "pmt/optim/zero.hpp"
@@ -145,6 +146,10 @@ struct TrainerOptions {
   OuterOptions outer;
   int period    = 0;  ///< the period of LocalSgd<> and DiLoCo<> (their run-time form), >= 1
   int staleness = 0;  ///< the bound S of BoundedStaleness<> (its run-time form), >= 0
+  /// The precision of the model's float products in step() and evaluate(): bf16 runs them as
+  /// ops::matmul_bf16 (operands rounded to bf16, fp32 sums) inside a PrecisionScope; parameters,
+  /// gradients, optimizer state and the other ops stay in the model's type (fp32 masters).
+  Precision precision = Precision::fp32;
   TrainerOptions() = default;
   TrainerOptions(std::size_t bucket_bytes) : sync(bucket_bytes) {}
   TrainerOptions(parallel::GradSyncOptions s) : sync(s) {}
@@ -230,7 +235,7 @@ class Trainer {
   Trainer(const Mesh<Backend>& mesh, Model& model, Optimizer& opt, const Exec& exec = Exec(), TrainerOptions options = {})
       : m_mesh(checked(mesh, model, options)), m_model(model), m_opt(opt), m_exec(exec),
         m_sync(mesh.comm(Axis::dp), syncs_gradients ? model.parameters() : std::vector<Parameter<T, Exec>*>{}, options.sync),
-        m_schedule(policy::schedule), m_outer(options.outer), m_period(!local ? 0 : mode::period == dynamic ? options.period : mode::period) {
+        m_schedule(policy::schedule), m_outer(options.outer), m_precision(options.precision), m_period(!local ? 0 : mode::period == dynamic ? options.period : mode::period) {
     if constexpr (diloco)
       for (auto* p : model.parameters()) {
         m_anchor.emplace_back("pmt::train::Trainer::outer_anchor", p->size());
@@ -258,6 +263,7 @@ class Trainer {
     check_batch("pmt::train::Trainer::step", microbatches, o.normaliser);
     const Instrument instrument("pmt::train::Trainer::step");
     const WorkspaceScope workspace;  // the step's memory: planned by the first step, reused by the next
+    const PrecisionScope products(m_precision);  // fp32 or bf16 float products
     const std::int64_t global_step = o.step >= 0 ? o.step : m_calls;
     const RandomStepScope random_step(static_cast<std::uint64_t>(global_step));
     ++m_calls;
@@ -315,6 +321,7 @@ class Trainer {
   double evaluate(const std::vector<Batch>& microbatches, double normaliser) {
     check_batch("pmt::train::Trainer::evaluate", microbatches, normaliser);
     const WorkspaceScope workspace;
+    const PrecisionScope products(m_precision);  // fp32 or bf16 float products
     const double loss = run_microbatches(microbatches, normaliser, /*dp_sync=*/false);
     m_opt.zero_grad(m_exec);
     const double total = global_loss(loss);
@@ -347,6 +354,8 @@ class Trainer {
     return st;
   }
   const OuterOptions& outer_options() const noexcept { return m_outer; }
+  /// \brief The precision of the model's float products in step() and evaluate().
+  Precision precision() const noexcept { return m_precision; }
   /// \brief Bytes this rank has handed to dp all-reduces: the gradient buckets (GradSync, half
   /// with bf16 compression) and LocalSgd's and DiLoCo's parameter averages. A ring all-reduce over
   /// dp ranks moves 2 (dp - 1) / dp times this over each rank's link.
@@ -417,6 +426,11 @@ class Trainer {
                          " needs synchronous data parallelism with a replicated optimizer; this trainer ",
                          local ? "averages parameters (LocalSgd/DiLoCo)" : "has a ZeRO optimizer, which reduce-scatters itself");
     });
+    detail::require<ConfigError>(options.precision == Precision::fp32 || std::is_same_v<typename Model::value_type, float>,
+                                 "pmt::train::Trainer", [&] {
+                                   return detail::str("precision bf16 rounds float products; this model's parameters are ",
+                                                      sizeof(typename Model::value_type) * 8, "-bit. Use a float model or fp32");
+                                 });
     detail::require<ConfigError>(!stale || mode::period != dynamic || options.staleness >= 0, "pmt::train::Trainer", [&] {
       return detail::str("BoundedStaleness<> takes its bound from TrainerOptions::staleness, which is ", options.staleness,
                          "; expected >= 0");
@@ -459,6 +473,7 @@ class Trainer {
   parallel::ScheduleKind m_schedule;
   std::optional<parallel::PipelineRunner<Model, Exec, Backend>> m_runner;
   OuterOptions m_outer;
+  Precision m_precision;
   int m_period;                                          // LocalSgd/DiLoCo: steps between averages
   std::vector<Tensor<T, 1, Exec>> m_anchor, m_momentum;  // DiLoCo: the outer anchor and momentum
   bool m_anchored     = false;                          // the anchor holds the period's start (or was loaded)
