@@ -49,6 +49,8 @@ const char* usage =
     "N (8)\n"
     "a machine given by hand instead of calibrating (per rank)\n"
     "  --ranks N  --gemm-gflops X  --memory-gbps X (10)  --link-gbps X (5)  --latency-us X (5)\n"
+    "  --precision fp32|bf16    the products' precision (train_gpt --precision): calibration and --measure\n"
+    "                           run them in it; by hand, --gemm-gflops is the rate in it (default fp32)\n"
     "  --memory-mib X           memory per rank (calibrated: MemAvailable / ranks on the node)\n"
     "  --ranks-per-node N       ranks on a node: collectives and sends are costed on the links they\n"
     "                           cross (tp fastest in the rank order, then dp, then pp)\n"
@@ -108,6 +110,10 @@ Options parse(int argc, char* argv[]) {
     }
     if (a == "--csv" || a == "--rankfile") {
       (a == "--csv" ? o.csv : o.rankfile) = v;
+      continue;
+    }
+    if (a == "--precision") {
+      o.problem.precision = pmt::parse_precision(v, "--precision");  // throws for another word
       continue;
     }
     if (a == "--measure" && v == "all") {
@@ -249,8 +255,8 @@ int main(int argc, char* argv[]) {
       const auto& m = o.problem.model;
       std::printf(
           "pmt-plan: GPT %zu layers, width %zu, %zu heads, context %zu, vocabulary %zu; batch %zu "
-          "sequences\n",
-          m.layers, m.width, m.heads, m.context, m.vocab, o.problem.batch);
+          "sequences; %s products\n",
+          m.layers, m.width, m.heads, m.context, m.vocab, o.problem.batch, pmt::precision_name(o.problem.precision));
       std::printf("machine: %s\n", pmt::plan::describe(machine).c_str());
       if (!machine.advice.empty()) std::printf("note: %s\n", machine.advice.c_str());
       if (o.verbose) std::fputs(machine.details.c_str(), stdout);
@@ -263,6 +269,7 @@ int main(int argc, char* argv[]) {
                              b.pp > 1 ? std::string(" --schedule ") + pmt::parallel::schedule_name(b.schedule) : std::string(),
                              b.chunks > 1 ? " --chunks " + std::to_string(b.chunks) : std::string(), b.zero ? " --zero" : "",
                              b.recompute ? " --recompute" : "",
+                             o.problem.precision == pmt::Precision::bf16 ? " --precision bf16" : "",
                              b.sync.mode == pmt::plan::DpMode::Bf16       ? std::string(" --compress bf16")
                              : b.sync.mode == pmt::plan::DpMode::LocalSgd ? " --local-sgd " + std::to_string(b.sync.period)
                              : b.sync.mode == pmt::plan::DpMode::DiLoCo   ? " --diloco " + std::to_string(b.sync.period)

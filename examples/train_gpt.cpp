@@ -347,6 +347,7 @@ void choose_layout(Options& o, const Comm& world) {
   problem.model = {256, static_cast<std::size_t>(o.context), static_cast<std::size_t>(o.layers),
                    static_cast<std::size_t>(o.width), static_cast<std::size_t>(o.heads), static_cast<std::uint64_t>(o.seed)};
   problem.batch = static_cast<std::size_t>(o.batch);
+  problem.precision = pmt::parse_precision(o.precision);  // calibrated in the run's precision
   pmt::plan::SearchOptions so;
   const auto plan = pmt::plan::search(problem, pmt::plan::calibrate(world, problem), so);
   if (pmt::world_rank() == 0 && !plan.machine.advice.empty()) std::printf("--auto: note: %s\n", plan.machine.advice.c_str());

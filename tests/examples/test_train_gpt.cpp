@@ -282,9 +282,9 @@ TEST_CASE("a ZeRO-1 checkpoint with pipeline stages resumes as ZeRO-1 and as Ada
 
 TEST_CASE("the data-parallel modes resume bit for bit and report their bytes", "[examples][train_gpt][checkpoint][dp]") {
   // each mode's own state (the bf16 residuals, DiLoCo's anchor and momentum, the stale sums in
-  // flight) travels with the checkpoint: 3 + resume 3 equals 6 steps
+  // flight) travels with the checkpoint: 3 + resume 3 equals 6 steps; bf16 products too
   static std::map<std::string, double> mib;  // over the sections (Catch enters the test once per section)
-  for (const std::string mode : {"", "--compress bf16", "--local-sgd 2", "--diloco 2", "--staleness 2"}) {
+  for (const std::string mode : {"", "--compress bf16", "--local-sgd 2", "--diloco 2", "--staleness 2", "--precision bf16"}) {
     DYNAMIC_SECTION("mode '" << mode << "'") {
       const auto dir = tmp("dp_mode");
       const auto r = run(small + mode + " --dp 2 --steps 6 --ckpt-every 3 --overwrite --ckpt-dir " + dir + " --metrics " + dir + ".json", 2);
@@ -302,10 +302,11 @@ TEST_CASE("the data-parallel modes resume bit for bit and report their bytes", "
       for (const auto& [step, l] : b) CHECK(l == a.at(step));
     }
   }
-  if (mib.size() == 5) {
+  if (mib.size() == 6) {
     CHECK(mib.at("--compress bf16") == Catch::Approx(mib.at("") / 2).epsilon(0.01));  // half the bytes
     CHECK(mib.at("--local-sgd 2") < mib.at(""));                                       // parameters every 2nd step
     CHECK(mib.at("--staleness 2") == Catch::Approx(mib.at("")).epsilon(0.01));         // every step, applied late
+    CHECK(mib.at("--precision bf16") == Catch::Approx(mib.at("")).epsilon(0.01));      // fp32 gradients all the same
   }
 }
 
@@ -338,6 +339,7 @@ TEST_CASE("bad input: a message on stderr, a non-zero exit, no hang", "[examples
       {"--batch 6 --dp 4", 4, "--batch 6 is not divisible by dp = 4"},
       {"--resume", 1, "--resume needs --ckpt-dir"},
       {"--matmul blas", 2, "--matmul is 'blas'; expected vendor, portable or auto"},
+      {"--precision fp16", 1, "--precision is 'fp16'; expected fp32 or bf16"},
       {"--auto --dp 2", 2, "--auto chooses the layout; drop --dp"},
       {"--zero", 1, "--zero shards the optimizer state over dp, and dp is 1"},
       {"--local-sgd 2 --diloco 2", 1, "three data-parallel modes: give one"},

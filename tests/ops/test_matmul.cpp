@@ -179,25 +179,50 @@ void check_bf16_case(Backend backend, Trans ta, Trans tb, std::size_t M, std::si
   CHECK(pmt::test::max_rel_diff(C, Cr) <= 4 * pmt::test::tol<float>(static_cast<double>(K)));
 }
 
+/// Runs `body` once with each bf16 kernel this CPU has pinned (AMX, AVX512-BF16, rounded), then
+/// unpins; returns the names of those that ran as themselves.
+template <class Body>
+std::string for_each_bf16_kernel(Body&& body) {
+  using pmt::ops::Bf16Kernel;
+  std::string ran;
+  for (Bf16Kernel k : {Bf16Kernel::amx, Bf16Kernel::avx512bf16, Bf16Kernel::rounded}) {
+    pmt::ops::set_bf16_kernel(k);
+    if (pmt::ops::bf16_kernel<Host>() != k) continue;  // the CPU lacks it
+    ran += std::string(ran.empty() ? "" : " ") + pmt::ops::bf16_kernel_name(k);
+    body();
+  }
+  pmt::ops::set_bf16_kernel(Bf16Kernel::automatic);
+  return ran;
+}
+
 }  // namespace
 
-TEST_CASE("matmul_bf16 equals the product of the bf16-rounded operands for every path, transpose and edge size",
+TEST_CASE("matmul_bf16 equals the product of the bf16-rounded operands for every kernel, path, transpose and edge size",
           "[ops][matmul][bf16]") {
   struct Size { std::size_t M, N, K; };
   // tile edges: 16 and 32 rows, 16 and 32 columns, 32 k; several row groups and column pairs
   const std::vector<Size> sizes = {{1, 1, 1},    {37, 53, 29},  {32, 32, 32}, {33, 17, 65}, {7, 3, 0},
                                     {0, 5, 4},    {130, 257, 300}, {300, 40, 1030}};
+  const std::string ran = for_each_bf16_kernel([&] {
+    for (Trans ta : {Trans::N, Trans::T})
+      for (Trans tb : {Trans::N, Trans::T})
+        for (const Size& s : sizes) {
+          check_bf16_case(pmt::ops::MatmulAuto{}, ta, tb, s.M, s.N, s.K, 1.0, 0.0);
+          check_bf16_case(pmt::ops::MatmulAuto{}, ta, tb, s.M, s.N, s.K, -0.5, 2.0);
+        }
+  });
+  INFO("kernels this CPU ran: " << ran);
+  CHECK(ran.find("rounded") != std::string::npos);
   for (Trans ta : {Trans::N, Trans::T})
     for (Trans tb : {Trans::N, Trans::T})
       for (const Size& s : sizes) {
-        check_bf16_case(pmt::ops::MatmulAuto{}, ta, tb, s.M, s.N, s.K, 1.0, 0.0);
-        check_bf16_case(pmt::ops::MatmulAuto{}, ta, tb, s.M, s.N, s.K, -0.5, 2.0);
         check_bf16_case(pmt::ops::MatmulPortable{}, ta, tb, s.M, s.N, s.K, 1.0, 1.0);
 #if PMT_ENABLE_CBLAS
         check_bf16_case(pmt::ops::MatmulVendor{}, ta, tb, s.M, s.N, s.K, 0.5, 1.0);
 #endif
       }
 }
+
 
 TEST_CASE("matmul_bf16 rounds its operands to nearest even bf16 and does not read C for beta 0", "[ops][matmul][bf16]") {
   Host exec;
@@ -208,15 +233,19 @@ TEST_CASE("matmul_bf16 rounds its operands to nearest even bf16 and does not rea
   for (std::size_t i = 0; i < 40; ++i)
     for (std::size_t k = 0; k < 70; ++k) A(i, k) = k % 2 ? 1.0f + 0.00390625f : 1.0f + 3 * 0.001953125f;
   Kokkos::deep_copy(B, 1.0f);
-  Kokkos::deep_copy(C, std::numeric_limits<float>::quiet_NaN());
-  pmt::ops::matmul_bf16(exec, Trans::N, Trans::N, 1.0f, A, B, 0.0f, C);
-  exec.fence();
   const float expect = 35 * 1.0f + 35 * (1.0f + 0.0078125f);  // the rounded values, summed exactly
-  INFO("path " << pmt::ops::bf16_matmul_isa<Host>());
-  bool all = true;
-  for (std::size_t i = 0; i < 40; ++i)
-    for (std::size_t j = 0; j < 36; ++j) all = all && C(i, j) == expect;
-  CHECK(all);
+  const std::string ran = for_each_bf16_kernel([&] {
+    Kokkos::deep_copy(C, std::numeric_limits<float>::quiet_NaN());
+    pmt::ops::matmul_bf16(exec, Trans::N, Trans::N, 1.0f, A, B, 0.0f, C);
+    exec.fence();
+    bool all = true;
+    for (std::size_t i = 0; i < 40; ++i)
+      for (std::size_t j = 0; j < 36; ++j) all = all && C(i, j) == expect;
+    INFO("kernel " << pmt::ops::bf16_matmul_isa<Host>());
+    CHECK(all);
+  });
+  INFO("kernels this CPU ran: " << ran);
+  CHECK(!ran.empty());
 }
 
 TEST_CASE("ops::matmul in a bf16 PrecisionScope is matmul_bf16; fp32 outside it and for double", "[ops][matmul][bf16]") {
@@ -262,18 +291,20 @@ TEST_CASE("matmul_bf16 gives the same bits on one thread (Serial) as on all (Ope
     auto C2 = pmt::make_tensor<float, Kokkos::OpenMP>("C2", 300, 410);
     pmt::test::fill_random(A, 4);
     pmt::test::fill_random(B, 5);
-    // AMX where the CPU has it; elsewhere the rounded path on the portable kernel (a vendor BLAS
+    // each host kernel the CPU has; the rounded path on the portable kernel (a vendor BLAS
     // promises no thread-count independence)
-    if (std::string(pmt::ops::bf16_matmul_isa<Kokkos::OpenMP>()) == "amx-bf16") {
-      pmt::ops::matmul_bf16(Kokkos::Serial(), ta, Trans::N, 1.0f, A, B, 0.0f, C1);
-      pmt::ops::matmul_bf16(Kokkos::OpenMP(), ta, Trans::N, 1.0f, A, B, 0.0f, C2);
-    } else {
-      pmt::ops::matmul_bf16(Kokkos::Serial(), ta, Trans::N, 1.0f, A, B, 0.0f, C1, pmt::ops::MatmulPortable{});
-      pmt::ops::matmul_bf16(Kokkos::OpenMP(), ta, Trans::N, 1.0f, A, B, 0.0f, C2, pmt::ops::MatmulPortable{});
-    }
-    Kokkos::fence();
-    INFO("path " << pmt::ops::bf16_matmul_isa<Kokkos::OpenMP>() << ", OpenMP threads: " << Kokkos::OpenMP().concurrency());
-    CHECK(pmt::test::bitwise_equal(C1, C2));
+    for_each_bf16_kernel([&] {
+      if (pmt::ops::bf16_kernel<Kokkos::OpenMP>() != pmt::ops::Bf16Kernel::rounded) {
+        pmt::ops::matmul_bf16(Kokkos::Serial(), ta, Trans::N, 1.0f, A, B, 0.0f, C1);
+        pmt::ops::matmul_bf16(Kokkos::OpenMP(), ta, Trans::N, 1.0f, A, B, 0.0f, C2);
+      } else {
+        pmt::ops::matmul_bf16(Kokkos::Serial(), ta, Trans::N, 1.0f, A, B, 0.0f, C1, pmt::ops::MatmulPortable{});
+        pmt::ops::matmul_bf16(Kokkos::OpenMP(), ta, Trans::N, 1.0f, A, B, 0.0f, C2, pmt::ops::MatmulPortable{});
+      }
+      Kokkos::fence();
+      INFO("kernel " << pmt::ops::bf16_matmul_isa<Kokkos::OpenMP>() << ", OpenMP threads: " << Kokkos::OpenMP().concurrency());
+      CHECK(pmt::test::bitwise_equal(C1, C2));
+    });
   }
 #else
   SKIP("needs both Kokkos::Serial and Kokkos::OpenMP");

@@ -16,12 +16,13 @@
 // operand element rounded to the nearest bf16 (ties to even, as pmt::bf16), the products summed
 // in fp32. A product of two bf16 values is exact in fp32, so every path computes the same sum in
 // its own fp32 order. Paths:
-//   MatmulAuto      AMX tiles on a host space whose CPU has AMX-BF16 and whose kernel grants the
-//                   tile state (ops/detail/host_amx.hpp; the same bits for any thread count);
-//                   elsewhere the rounded path with MatmulAuto
+//   MatmulAuto      on a host space, AMX tiles where the CPU has AMX-BF16 and the kernel grants
+//                   the tile state, else AVX512-BF16 dot products where it has those
+//                   (ops/detail/host_bf16.hpp; the same bits for any thread count); elsewhere
+//                   the rounded path with MatmulAuto. set_bf16_kernel / PMT_BF16_MATMUL pin one
 //   MatmulVendor,   the rounded path: op(A) and op(B) rounded into fp32 workspace copies, then the
 //   MatmulPortable  fp32 product of that backend (the reference the AMX path is tested against)
-// bf16_matmul_isa<Exec>() names what MatmulAuto runs ("amx-bf16" or "rounded-fp32").
+// bf16_matmul_isa<Exec>() names what MatmulAuto runs ("amx-bf16", "avx512-bf16" or "rounded-fp32").
 // matmul_batched (attention's score products) always computes in the Views' own type.
 
 #include "pmt/config.hpp"
@@ -31,7 +32,7 @@
 #include "pmt/core/precision.hpp"
 #include "pmt/core/tensor.hpp"
 #include "pmt/core/workspace.hpp"
-#include "pmt/ops/detail/host_amx.hpp"
+#include "pmt/ops/detail/host_bf16.hpp"
 #include "pmt/ops/detail/matmul_cblas.hpp"
 #include "pmt/ops/detail/matmul_cublas.hpp"
 #include "pmt/ops/detail/matmul_kokkos.hpp"
@@ -147,6 +148,88 @@ inline std::string matmul_path_label() {
   for (const auto& [k, c] : measured_choices())
     if (k.op == matmul_choice_op) used[c.decided() ? c.path : 0] = true;
   return used[0] && used[1] ? "vendor+portable" : (used[1] ? "portable" : (used[0] ? "vendor" : "auto"));
+}
+
+/// \brief The kernels of matmul_bf16's MatmulAuto path: AMX tiles, AVX512-BF16 dot products, or
+/// the rounded path (operands rounded into fp32 copies, then the fp32 product).
+enum class Bf16Kernel { automatic, amx, avx512bf16, rounded };
+
+/// \brief "auto", "amx", "avx512bf16" or "rounded".
+inline const char* bf16_kernel_name(Bf16Kernel k) {
+  return k == Bf16Kernel::amx ? "amx" : k == Bf16Kernel::avx512bf16 ? "avx512bf16" : k == Bf16Kernel::rounded ? "rounded" : "auto";
+}
+
+namespace detail_matmul {
+struct Bf16Setting {
+  std::mutex mu;
+  bool read = false;
+  Bf16Kernel kernel = Bf16Kernel::automatic;
+};
+inline Bf16Setting& bf16_setting() {
+  static Bf16Setting s;
+  return s;
+}
+}  // namespace detail_matmul
+
+/// \brief Pins the kernel of matmul_bf16's MatmulAuto path for the process (automatic: the best
+/// this CPU has); overrides PMT_BF16_MATMUL=auto|amx|avx512bf16|rounded. A kernel the CPU lacks
+/// falls back to the next: amx -> avx512bf16 -> rounded.
+inline void set_bf16_kernel(Bf16Kernel k) {
+  auto& s = detail_matmul::bf16_setting();
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.kernel = k, s.read = true;
+}
+
+/// \brief The pinned kernel (set_bf16_kernel, else PMT_BF16_MATMUL, read once), automatic when
+/// none is. \throws pmt::ConfigError when PMT_BF16_MATMUL holds another word.
+inline Bf16Kernel bf16_kernel_setting() {
+  auto& s = detail_matmul::bf16_setting();
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (!s.read) {
+    const char* env = std::getenv("PMT_BF16_MATMUL");
+    const std::string v = env ? env : "auto";
+    s.kernel = v == "amx"                    ? Bf16Kernel::amx
+               : v == "avx512bf16"           ? Bf16Kernel::avx512bf16
+               : v == "rounded"              ? Bf16Kernel::rounded
+               : v == "auto" || v.empty()    ? Bf16Kernel::automatic
+                                             : throw ConfigError("pmt::ops::matmul_bf16",
+                                                                 detail::str("PMT_BF16_MATMUL is '", v,
+                                                                             "'; expected auto, amx, avx512bf16 or rounded"));
+    s.read = true;
+  }
+  return s.kernel;
+}
+
+/// \brief The op id of matmul_bf16's entries in the measured-choice table: on a CPU whose best
+/// kernel is AVX512-BF16, path 0 the rounded path, 1 the AVX512-BF16 kernel (whose dot products
+/// are not faster than fp32 FMAs on every such CPU), timed per shape class as matmul's paths.
+inline constexpr std::int64_t bf16_choice_op = 3;
+
+/// \brief The kernel matmul_bf16 with MatmulAuto runs on Exec: the pinned one (set_bf16_kernel,
+/// else PMT_BF16_MATMUL, read once) where the CPU has it, else the best it has; rounded on
+/// devices. \throws pmt::ConfigError when PMT_BF16_MATMUL holds another word.
+template <class Exec>
+Bf16Kernel bf16_kernel() {
+  const Bf16Kernel want = bf16_kernel_setting();
+#if PMT_HOST_AMX
+  if constexpr (is_host_space_v<Exec>) {
+    const bool any = want == Bf16Kernel::automatic;
+    if ((any || want == Bf16Kernel::amx) && detail::hostbf16::amx_available()) return Bf16Kernel::amx;
+    if ((any || want == Bf16Kernel::amx || want == Bf16Kernel::avx512bf16) && detail::hostbf16::avx512_available())
+      return Bf16Kernel::avx512bf16;
+  }
+#endif
+  (void)want;
+  return Bf16Kernel::rounded;
+}
+
+/// \brief What matmul_bf16 with MatmulAuto runs on Exec in this process: "amx-bf16" (AMX tiles),
+/// "avx512-bf16" (AVX512-BF16 dot products) or "rounded-fp32" (rounded operand copies, then the
+/// fp32 product).
+template <class Exec>
+const char* bf16_matmul_isa() {
+  const Bf16Kernel k = bf16_kernel<Exec>();
+  return k == Bf16Kernel::amx ? "amx-bf16" : k == Bf16Kernel::avx512bf16 ? "avx512-bf16" : "rounded-fp32";
 }
 
 }  // namespace pmt::ops
@@ -290,19 +373,21 @@ void matmul_dispatch(const Exec& exec, std::int64_t batch, ops::Trans ta, ops::T
 }
 
 #if PMT_HOST_AMX
-/// C = alpha bf16(op(A)) bf16(op(B)) + beta C with AMX tiles on a host space (amx::available()).
+/// C = alpha bf16(op(A)) bf16(op(B)) + beta C with the host kernel `amx` (AMX tiles) or not
+/// (AVX512-BF16) on a host space (ops/detail/host_bf16.hpp).
 template <class Exec>
-void matmul_bf16_amx(const Exec& exec, bool at, bool bt, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
-                     const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C,
-                     std::int64_t ldc) {
-  const amx::Packing p(M, N, K);
-  std::uint16_t* Ap = amx::buffer(0, p.a_elems());
-  std::uint16_t* Bp = amx::buffer(1, p.b_elems());
+void matmul_bf16_host(const Exec& exec, bool amx, bool at, bool bt, std::int64_t M, std::int64_t N, std::int64_t K,
+                      float alpha, const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C,
+                      std::int64_t ldc) {
+  namespace hb = hostbf16;
+  const hb::Packing p(M, N, K);
+  std::uint16_t* Ap = hb::buffer(0, p.a_elems());
+  std::uint16_t* Bp = hb::buffer(1, p.b_elems());
   using Policy = Kokkos::RangePolicy<Exec>;
   Kokkos::parallel_for("pmt::ops::matmul_bf16::pack_b", Policy(exec, 0, p.nb),
-                       [=](std::int64_t c) { amx::pack_b(p, c, B, ldb, bt, Bp); });
+                       [=](std::int64_t c) { hb::pack_b(p, c, B, ldb, bt, Bp); });
   Kokkos::parallel_for("pmt::ops::matmul_bf16::pack_a", Policy(exec, 0, p.mb),
-                       [=](std::int64_t r) { amx::pack_a(p, r, A, lda, at, Ap); });
+                       [=](std::int64_t r) { hb::pack_a(p, r, A, lda, at, Ap); });
   // Work items: (group of row blocks, pair of column blocks), row-group major, a contiguous run
   // per thread: a thread keeps its rows' packed A (up to 1 MiB a group) in its L2 while it sweeps
   // the columns. Each C block is one item: its sums do not depend on the thread count.
@@ -311,16 +396,20 @@ void matmul_bf16_amx(const Exec& exec, bool at, bool bt, std::int64_t M, std::in
   group = group < 1 ? 1 : (group > 8 ? 8 : group);
   const std::int64_t groups = (p.mb + group - 1) / group, pairs = p.nb / 2, items = groups * pairs;
   const std::int64_t threads = exec.concurrency() < items ? exec.concurrency() : items;
-  Kokkos::parallel_for("pmt::ops::matmul_bf16::amx", Policy(exec, 0, threads), [=](std::int64_t t) {
-    const std::int64_t i0 = items * t / threads, i1 = items * (t + 1) / threads;
-    amx::configure();
-    for (std::int64_t i = i0; i < i1; ++i) {
-      const std::int64_t g = i / pairs, c = i % pairs;
-      const std::int64_t r1 = (g + 1) * group < p.mb ? (g + 1) * group : p.mb;
-      for (std::int64_t r = g * group; r < r1; ++r) amx::block(p, r, c, Ap, Bp, alpha, beta, C, ldc);
-    }
-    amx::release();
-  });
+  Kokkos::parallel_for(amx ? "pmt::ops::matmul_bf16::amx" : "pmt::ops::matmul_bf16::avx512bf16", Policy(exec, 0, threads),
+                       [=](std::int64_t t) {
+                         const std::int64_t i0 = items * t / threads, i1 = items * (t + 1) / threads;
+                         if (amx) hb::configure();
+                         for (std::int64_t i = i0; i < i1; ++i) {
+                           const std::int64_t g = i / pairs, c = i % pairs;
+                           const std::int64_t r1 = (g + 1) * group < p.mb ? (g + 1) * group : p.mb;
+                           for (std::int64_t r = g * group; r < r1; ++r) {
+                             if (amx) hb::amx_block(p, r, c, Ap, Bp, alpha, beta, C, ldc);
+                             else hb::avx512_block(p, r, c, Ap, Bp, alpha, beta, C, ldc);
+                           }
+                         }
+                         if (amx) hb::release();
+                       });
   exec.fence();
 }
 #endif
@@ -341,36 +430,53 @@ template <class Backend, class Exec, class AV, class BV, class CV>
 void matmul_bf16_views(const Exec& exec, ops::Trans ta, ops::Trans tb, const MatmulDims& d, float alpha, const AV& A,
                        const BV& B, float beta, const CV& C) {
   const auto ld = [](const auto& v) { return static_cast<std::int64_t>(v.extent(1)); };
+  // the rounded path into `out` (C's shape, contiguous rows)
+  const auto rounded = [&](float* out) {
+    using V2 = Kokkos::View<float**, Kokkos::LayoutRight, typename CV::memory_space>;
+    const auto a = workspace_view<V2>("pmt::ops::matmul_bf16::a", A.extent(0), A.extent(1));
+    const auto b = workspace_view<V2>("pmt::ops::matmul_bf16::b", B.extent(0), B.extent(1));
+    round_to_bf16(exec, A, a);
+    round_to_bf16(exec, B, b);
+    matmul_dispatch<Backend>(exec, 1, ta, tb, d.M, d.N, d.K, alpha, a.data(), ld(a), 0, b.data(), ld(b), 0, beta, out, 0,
+                             "pmt::ops::matmul_bf16");
+  };
 #if PMT_HOST_AMX
   if constexpr (std::is_same_v<Backend, ops::MatmulAuto> && is_host_space_v<Exec>) {
-    if (amx::available())
-      return matmul_bf16_amx(exec, ta == ops::Trans::T, tb == ops::Trans::T, d.M, d.N, d.K, alpha, A.data(), ld(A),
-                             B.data(), ld(B), beta, C.data(), ld(C));
+    const ops::Bf16Kernel k = ops::bf16_kernel<Exec>();
+    const auto kernel = [&](float* out) {
+      matmul_bf16_host(exec, k == ops::Bf16Kernel::amx, ta == ops::Trans::T, tb == ops::Trans::T, d.M, d.N, d.K, alpha,
+                       A.data(), ld(A), B.data(), ld(B), beta, out, ld(C));
+    };
+    if (k == ops::Bf16Kernel::amx) return kernel(C.data());
+    if (k == ops::Bf16Kernel::avx512bf16) {
+      // pinned, or timed against the rounded path per shape class (into scratch, never into C)
+      bool use = ops::bf16_kernel_setting() == ops::Bf16Kernel::avx512bf16;
+      if (!use) {
+        ChoiceKey key = ops::matmul_choice_key<Exec, float>(1, ta, tb, d.M, d.N, d.K);
+        key.op = ops::bf16_choice_op;
+        const auto shape = [&] {
+          return str(d.M, "x", d.N, "x", d.K, " ", ta == ops::Trans::T ? "T" : "N", tb == ops::Trans::T ? "T" : "N", " bf16");
+        };
+        Kokkos::View<float*, typename CV::memory_space> scratch;  // zeros: beta C is read, and stays finite
+        use = measured_choice(key, shape, 2.0 * double(d.M) * double(d.N) * double(d.K), [&](int path) {
+                if (scratch.data() == nullptr)
+                  scratch = Kokkos::View<float*, typename CV::memory_space>("pmt::ops::matmul_bf16::measure",
+                                                                            std::size_t(d.M * d.N));
+                exec.fence();
+                path == 1 ? kernel(scratch.data()) : rounded(scratch.data());
+                exec.fence();
+              }) == 1;
+      }
+      if (use) return kernel(C.data());
+    }
   }
 #endif
-  using V2 = Kokkos::View<float**, Kokkos::LayoutRight, typename CV::memory_space>;
-  const auto a = workspace_view<V2>("pmt::ops::matmul_bf16::a", A.extent(0), A.extent(1));
-  const auto b = workspace_view<V2>("pmt::ops::matmul_bf16::b", B.extent(0), B.extent(1));
-  round_to_bf16(exec, A, a);
-  round_to_bf16(exec, B, b);
-  matmul_dispatch<Backend>(exec, 1, ta, tb, d.M, d.N, d.K, alpha, a.data(), ld(a), 0, b.data(), ld(b), 0, beta,
-                           C.data(), 0, "pmt::ops::matmul_bf16");
+  rounded(C.data());
 }
 
 }  // namespace pmt::detail
 
 namespace pmt::ops {
-
-/// \brief What matmul_bf16 with MatmulAuto runs on Exec in this process: "amx-bf16" (AMX tiles)
-/// or "rounded-fp32" (rounded operand copies, then the fp32 product).
-template <class Exec>
-const char* bf16_matmul_isa() {
-#if PMT_HOST_AMX
-  if constexpr (is_host_space_v<Exec>)
-    if (detail::amx::available()) return "amx-bf16";
-#endif
-  return "rounded-fp32";
-}
 
 // ---------------------------------------------------------------------------------------------
 

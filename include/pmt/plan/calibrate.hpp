@@ -36,6 +36,7 @@
 #include "pmt/comm/collectives.hpp"
 #include "pmt/comm/communicator.hpp"
 #include "pmt/comm/mesh.hpp"
+#include "pmt/core/precision.hpp"
 #include "pmt/core/tensor.hpp"
 #include "pmt/core/workspace.hpp"
 #include "pmt/nn/gpt.hpp"
@@ -250,6 +251,7 @@ template <class Backend, class Exec = Kokkos::DefaultHostExecutionSpace>
 Machine calibrate(const comm::Communicator<Backend>& world, const Problem& problem,
                   const CalibrateOptions& o = {}, const Exec& exec = Exec()) {
   using namespace calibrate_detail;
+  const PrecisionScope products(problem.precision);  // blocks, model and GEMM timed in the planned precision
   Machine mc;
   mc.ranks                = world.size();
   mc.matmul_scratch_bytes = portable_matmul_scratch_bytes<Exec>(exec);
@@ -324,7 +326,9 @@ Machine calibrate(const comm::Communicator<Backend>& world, const Problem& probl
       return std::vector<double>{timer.seconds()};
     })[0];
     mc.gemm_gflops = 2.0 * double(M) * double(N) * double(K) / t / 1e9;
-    mc.matmul      = ops::matmul_path_summary();
+    mc.matmul      = problem.precision == Precision::bf16
+                         ? detail::str("bf16 products (", ops::bf16_matmul_isa<Exec>(), ")")
+                         : ops::matmul_path_summary();
   }
   // the optimizer per parameter: zero_grad, the squared norm and AdamW over 1 M values
   {

@@ -89,13 +89,18 @@ struct Run {
     }
   }
 
+  static train::TrainerOptions trainer_options(const Problem& pr, const Layout& l) {
+    train::TrainerOptions t(parallel::GradSyncOptions{
+        pr.bucket_bytes, l.sync.mode == DpMode::Bf16 ? parallel::GradCompression::bf16 : parallel::GradCompression::none});
+    t.precision = pr.precision;  // the products in the planned precision
+    return t;
+  }
+
   Run(const comm::Communicator<Backend>& world, const Problem& pr, const Layout& l)
       : mesh(world, MeshShape{l.dp, l.tp, l.pp}),
         model(mesh, pr.model, nn::GptOptions{{}, l.chunks, l.recompute}),
         opt(make_opt(model, mesh, optim::AdamWOptions{0.9, 0.95, 1e-8, 0.1})),
-        trainer(mesh, model, opt, Exec(),
-                parallel::GradSyncOptions{pr.bucket_bytes, l.sync.mode == DpMode::Bf16 ? parallel::GradCompression::bf16
-                                                                                         : parallel::GradCompression::none}),
+        trainer(mesh, model, opt, Exec(), trainer_options(pr, l)),
         tokens(double(pr.batch) * double(pr.model.context)) {
     trainer.set_schedule(l.schedule);
     const std::size_t T = pr.model.context, local = pr.batch / std::size_t(l.dp),

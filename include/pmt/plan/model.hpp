@@ -71,6 +71,7 @@
 #include <vector>
 
 #include "pmt/core/error.hpp"
+#include "pmt/core/precision.hpp"
 #include "pmt/nn/gpt_config.hpp"
 #include "pmt/plan/model_spec.hpp"
 #include "pmt/parallel/schedule.hpp"
@@ -82,7 +83,7 @@ namespace pmt::plan {
 struct Machine {
   int ranks           = 1;
   double memory_bytes = 0;   ///< usable per rank (0: unlimited)
-  double gemm_gflops  = 50;  ///< fp32 GEMM rate per rank alone (blocks not measured)
+  double gemm_gflops  = 50;  ///< GEMM rate per rank alone in the problem's precision (blocks not measured)
   /// bytes per rank the runtime keeps for the portable matmul kernel once it ran (its team
   /// scratch: plan::portable_matmul_scratch_bytes); 0 where it never runs or keeps nothing
   double matmul_scratch_bytes = 0;
@@ -214,6 +215,10 @@ struct Problem {
   std::size_t batch        = 8;
   std::size_t value_bytes  = 4;                      ///< float
   std::size_t bucket_bytes = std::size_t(25) << 20;  ///< the dp gradient bucket size (GradSync)
+  /// the precision of the model's products (train::TrainerOptions::precision): calibrate() and
+  /// measure() run them in it; by hand, Machine::gemm_gflops is the rate in it. pmt's bf16 keeps
+  /// activations, parameters, gradients and optimizer state in fp32: the memory model is the same
+  Precision precision = Precision::fp32;
 };
 
 /// \brief How the dp replicas communicate (train::Trainer's data-parallel modes): the gradients'

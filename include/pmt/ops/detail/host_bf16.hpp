@@ -1,17 +1,21 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// The AMX host back end of the bf16 product (ops::matmul_bf16 in ops/matmul.hpp): C = alpha bf16(op(A))
-// bf16(op(B)) + beta C in fp32, with Intel AMX tiles (TDPBF16PS: 16x16 fp32 += 16x32 bf16 times
-// 32x16 bf16, a 16x16x32 product per instruction).
+// The host kernels of the bf16 product (ops::matmul_bf16 in ops/matmul.hpp): C = alpha
+// bf16(op(A)) bf16(op(B)) + beta C with fp32 sums, on x86-64 CPUs with bf16 dot products.
 //   - Operands are float. Packing rounds each element to the nearest bf16 (ties to even, as
 //     pmt::bf16) into tile layout: op(A) in 32-row blocks of two 16x32 tiles per 32 k, op(B) in
-//     16-column VNNI tiles (k pairs interleaved), both zero-padded to whole tiles.
-//   - Each 32x32 block of C sits in four tiles over the whole k extent and is written once: every
+//     16-column VNNI tiles (k pairs interleaved), both zero-padded to whole tiles. Both kernels
+//     read the same packing.
+//   - amx_block: Intel AMX (TDPBF16PS: 16x16 fp32 += 16x32 bf16 times 32x16 bf16 per
+//     instruction), a 32x32 block of C in four accumulator tiles.
+//   - avx512_block: AVX512-BF16 (VDPBF16PS: 16 fp32 += 16 pairs of bf16 products), the same block
+//     as four 8x32 register blocks, where a CPU has AVX512-BF16 but no AMX (Zen 4, Cooper Lake).
+//   - Each block of C is summed over the whole k extent by one thread and written once: every
 //     element is summed in the same order whatever the thread count (deterministic).
 //   - Compiled where the compiler is GCC or Clang on x86-64 (not nvcc's passes) with the AMX
-//     intrinsics; functions carry their own target attributes, so no -m flag is needed. Used only
-//     when the CPU has AMX-TILE, AMX-BF16 and AVX-512BW and Linux grants the tile state
-//     (arch_prctl ARCH_REQ_XCOMP_PERM): amx::available().
+//     intrinsics; functions carry their own target attributes, so no -m flag is needed. amx is
+//     used only where the CPU has AMX-TILE, AMX-BF16 and AVX-512BW and Linux grants the tile state
+//     (arch_prctl ARCH_REQ_XCOMP_PERM); avx512 where it has AVX512-BF16 and AVX-512BW: kernel().
 
 #include <cstddef>
 #include <cstdint>
@@ -29,15 +33,17 @@
 #define PMT_HOST_AMX 0
 #endif
 
-namespace pmt::detail::amx {
+namespace pmt::detail::hostbf16 {
 
 #if PMT_HOST_AMX
 
-#define PMT_AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx2,fma")))
+#define PMT_AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma")))
+
+#define PMT_AVX512BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma")))
 
 /// Whether this CPU and kernel run AMX bf16 tiles for this process (asks Linux for the tile data
 /// state once).
-inline bool available() {
+inline bool amx_available() {
   static const bool ok = [] {
     unsigned a = 0, b = 0, c = 0, d = 0;
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
@@ -161,9 +167,76 @@ PMT_AMX_TARGET inline void pack_b(const Packing& p, std::int64_t c, const float*
   }
 }
 
+/// Whether this CPU runs AVX512-BF16 (and AVX-512BW for the packing).
+inline bool avx512_available() {
+  static const bool ok = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !((b >> 16) & 1u) || !((b >> 30) & 1u)) return false;
+    if (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || !((a >> 5) & 1u)) return false;  // AVX512_BF16
+    return __builtin_cpu_supports("avx512f") != 0;  // and the OS keeps the zmm state
+  }();
+  return ok;
+}
+
+/// C block rows [m0, m0 + rows) x columns [n0, n0 + cols) = alpha acc + beta C (acc: 32 floats a
+/// row); beta 0 reads no C (NaNs in C do not propagate), as the fp32 matmul.
+PMT_AVX512BF16_TARGET inline void store_block(const float* acc, std::int64_t m0, std::int64_t n0, std::int64_t rows,
+                                              std::int64_t cols, float alpha, float beta, float* C, std::int64_t ldc) {
+  const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+  for (std::int64_t i = 0; i < rows; ++i) {
+    float* out = C + (m0 + i) * ldc + n0;
+    for (std::int64_t h = 0; h * 16 < cols; ++h) {
+      const __mmask16 m = lanes(cols - 16 * h);
+      const __m512 x = _mm512_mul_ps(va, _mm512_load_ps(acc + i * 32 + 16 * h));
+      const __m512 y = beta == 0.0f ? x : _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m, out + 16 * h), x);
+      _mm512_mask_storeu_ps(out + 16 * h, m, y);
+    }
+  }
+}
+
+/// The same block as amx_block with AVX512-BF16: per 8 rows, 16 accumulators (8 rows x 32
+/// columns); per k pair, two 16-column VNNI rows of B and one broadcast pair of each A row.
+PMT_AVX512BF16_TARGET inline void avx512_block(const Packing& p, std::int64_t r, std::int64_t c, const std::uint16_t* Ap,
+                                               const std::uint16_t* Bp, float alpha, float beta, float* C,
+                                               std::int64_t ldc) {
+  alignas(64) float acc[32 * 32];
+  const std::uint16_t* a = Ap + r * p.kb * 1024;
+  const std::uint16_t* b0 = Bp + (2 * c) * p.kb * 512;
+  const std::uint16_t* b1 = b0 + p.kb * 512;
+  const std::int64_t m0 = 32 * r, rows = p.M - m0 < 32 ? p.M - m0 : 32;
+  for (std::int64_t i0 = 0; i0 < rows; i0 += 8) {
+    __m512 s[8][2];
+    for (int i = 0; i < 8; ++i) s[i][0] = s[i][1] = _mm512_setzero_ps();
+    // row i of this sub-block: tile (i0 + i) / 16, row (i0 + i) % 16, 32 bf16 (16 pairs) per k block
+    const std::uint16_t* arow = a + (i0 / 16) * 512 + (i0 % 16) * 32;
+    for (std::int64_t kb = 0; kb < p.kb; ++kb) {
+      const std::uint16_t* ak = arow + kb * 1024;
+      const std::uint16_t* bk0 = b0 + kb * 512;
+      const std::uint16_t* bk1 = b1 + kb * 512;
+      for (int q = 0; q < 16; ++q) {
+        const __m512bh x0 = (__m512bh)_mm512_loadu_si512(bk0 + q * 32);
+        const __m512bh x1 = (__m512bh)_mm512_loadu_si512(bk1 + q * 32);
+        for (int i = 0; i < 8; ++i) {
+          std::uint32_t pair;
+          std::memcpy(&pair, ak + i * 32 + 2 * q, sizeof pair);
+          const __m512bh y = (__m512bh)_mm512_set1_epi32(int(pair));
+          s[i][0] = _mm512_dpbf16_ps(s[i][0], y, x0);
+          s[i][1] = _mm512_dpbf16_ps(s[i][1], y, x1);
+        }
+      }
+    }
+    for (int i = 0; i < 8; ++i) {
+      _mm512_store_ps(acc + (i0 + i) * 32, s[i][0]);
+      _mm512_store_ps(acc + (i0 + i) * 32 + 16, s[i][1]);
+    }
+  }
+  const std::int64_t n0 = 32 * c, cols = p.N - n0 < 32 ? p.N - n0 : 32;
+  store_block(acc, m0, n0, rows, cols, alpha, beta, C, ldc);
+}
+
 /// The 32x32 block (row block r, column blocks 2 c and 2 c + 1) of alpha op(A) op(B) + beta C.
 /// The tile configuration must be loaded (configure()).
-PMT_AMX_TARGET inline void block(const Packing& p, std::int64_t r, std::int64_t c, const std::uint16_t* Ap,
+PMT_AMX_TARGET inline void amx_block(const Packing& p, std::int64_t r, std::int64_t c, const std::uint16_t* Ap,
                                  const std::uint16_t* Bp, float alpha, float beta, float* C, std::int64_t ldc) {
   alignas(64) float acc[32 * 32];
   const std::uint16_t* a = Ap + r * p.kb * 1024;
@@ -189,17 +262,7 @@ PMT_AMX_TARGET inline void block(const Packing& p, std::int64_t r, std::int64_t 
   _tile_stored(3, acc + 528, 128);
   const std::int64_t m0 = 32 * r, n0 = 32 * c;
   const std::int64_t rows = p.M - m0 < 32 ? p.M - m0 : 32, cols = p.N - n0 < 32 ? p.N - n0 : 32;
-  const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
-  for (std::int64_t i = 0; i < rows; ++i) {
-    float* out = C + (m0 + i) * ldc + n0;
-    for (std::int64_t h = 0; h * 16 < cols; ++h) {
-      const __mmask16 m = lanes(cols - 16 * h);
-      const __m512 x = _mm512_mul_ps(va, _mm512_load_ps(acc + i * 32 + 16 * h));
-      // beta 0: C is not read (NaNs in C do not propagate), as the fp32 matmul
-      const __m512 y = beta == 0.0f ? x : _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m, out + 16 * h), x);
-      _mm512_mask_storeu_ps(out + 16 * h, m, y);
-    }
-  }
+  store_block(acc, m0, n0, rows, cols, alpha, beta, C, ldc);
 }
 
 /// Per-thread packing buffers, 64-byte aligned, grown as needed and kept.
@@ -212,11 +275,13 @@ inline std::uint16_t* buffer(int which, std::int64_t elems) {
 }
 
 #undef PMT_AMX_TARGET
+#undef PMT_AVX512BF16_TARGET
 
 #else
 
-inline bool available() { return false; }
+inline bool amx_available() { return false; }
+inline bool avx512_available() { return false; }
 
 #endif  // PMT_HOST_AMX
 
-}  // namespace pmt::detail::amx
+}  // namespace pmt::detail::hostbf16
