@@ -52,8 +52,11 @@ const char* usage =
     "  --precision fp32|bf16    the products' precision (train_gpt --precision): calibration and --measure\n"
     "                           run them in it; by hand, --gemm-gflops is the rate in it (default fp32)\n"
     "  --memory-mib X           memory per rank (calibrated: MemAvailable / ranks on the node)\n"
+    "  --activation-bytes 2|4   bytes of an activation value (default 4, as pmt keeps them; 2 plans\n"
+    "                           for a runtime keeping bf16 activations, as GPU frameworks do)\n"
     "  --ranks-per-node N       ranks on a node: collectives and sends are costed on the links they\n"
-    "                           cross (tp fastest in the rank order, then dp, then pp)\n"
+    "                           cross (tp fastest in the rank order, then dp, then pp); calibrating,\n"
+    "                           both links are measured (by default when the launcher's ranks span nodes)\n"
     "  --intra-gbps X  --intra-latency-us X (2)   the links inside a node (per rank)\n"
     "  --inter-gbps X  --inter-latency-us X (5)   the network between nodes (per rank)\n"
     "  --rankfile FILE          with --ranks-per-node: write an Open MPI rankfile placing the best\n"
@@ -158,6 +161,10 @@ Options parse(int argc, char* argv[]) {
       o.latency_us = x;
     else if (a == "--memory-mib")
       o.memory_mib = x;
+    else if (a == "--activation-bytes") {
+      if (x != 2 && x != 4) throw pmt::ConfigError(prog, "--activation-bytes " + v + ": expected 2 or 4");
+      o.problem.activation_bytes = whole();
+    }
     else if (a == "--ranks-per-node")
       o.ranks_per_node = static_cast<int>(whole());
     else if (a == "--intra-gbps")
@@ -176,13 +183,19 @@ Options parse(int argc, char* argv[]) {
         prog,
         "--ranks plans for a machine given by hand: give --gemm-gflops too (or run under "
         "mpiexec without --ranks to calibrate)");
-  if (o.ranks_per_node > 0 && (o.ranks <= 0 || o.intra_gbps <= 0 || o.inter_gbps <= 0))
-    throw pmt::ConfigError(prog, "--ranks-per-node describes a machine given by hand: give --ranks, --intra-gbps and "
-                                 "--inter-gbps too");
+  if (o.ranks_per_node > 0 && o.ranks > 0 && (o.intra_gbps <= 0 || o.inter_gbps <= 0))
+    throw pmt::ConfigError(prog, "--ranks-per-node with a machine given by hand: give --intra-gbps and --inter-gbps too "
+                                 "(under mpiexec without --ranks the calibration measures both links)");
+  if (o.ranks <= 0 && (o.intra_gbps > 0 || o.inter_gbps > 0))
+    throw pmt::ConfigError(prog, "--intra-gbps and --inter-gbps describe a machine given by hand (--ranks); a calibration "
+                                 "measures the links");
   if (o.ranks_per_node <= 0 && !o.rankfile.empty())
     throw pmt::ConfigError(prog, "--rankfile places ranks on nodes: give --ranks-per-node too");
   if (o.ranks_per_node <= 0 && (o.intra_gbps > 0 || o.inter_gbps > 0))
     throw pmt::ConfigError(prog, "--intra-gbps and --inter-gbps need --ranks-per-node (how many ranks share a node)");
+  if (o.ranks <= 0 && o.problem.activation_bytes != 0 && o.problem.activation_bytes != o.problem.value_bytes)
+    throw pmt::ConfigError(prog, "--activation-bytes plans for another runtime's storage: give the machine by hand "
+                                 "(--ranks, --gemm-gflops); a calibration times pmt's own blocks, which keep 4");
   if (o.ranks > 0 && o.measure != 0)
     throw pmt::ConfigError(prog,
                            "--measure trains on the ranks it runs on: drop --ranks (the machine by "
@@ -229,7 +242,8 @@ int main(int argc, char* argv[]) {
       }
     } else {
       pmt::plan::CalibrateOptions co;
-      co.memory_bytes = o.memory_mib * 1048576.0;
+      co.memory_bytes   = o.memory_mib * 1048576.0;
+      co.ranks_per_node = o.ranks_per_node;
       machine         = pmt::plan::calibrate(world, o.problem, co);
     }
     pmt::plan::SearchOptions so;
@@ -275,7 +289,11 @@ int main(int argc, char* argv[]) {
                              : b.sync.mode == pmt::plan::DpMode::DiLoCo   ? " --diloco " + std::to_string(b.sync.period)
                              : b.sync.mode == pmt::plan::DpMode::Stale    ? " --staleness " + std::to_string(b.sync.period)
                                                                           : std::string());
-        std::printf("\nrun it: mpiexec -n %d %s   (or train_gpt --auto)\n", machine.ranks, flags.c_str());
+        const double flops = pmt::plan::gpt_step_flops(o.problem.model, o.problem.batch, b.recompute);
+        const double step  = plan.best().step_seconds();
+        std::printf("\nthe best: %.4g s a step, %.4g GFLOP/s per rank of the model's products (%.4g FLOP a step%s)\n", step,
+                    flops / step / machine.ranks / 1e9, flops, b.recompute ? ", the recomputed forward included" : "");
+        std::printf("run it: mpiexec -n %d %s   (or train_gpt --auto)\n", machine.ranks, flags.c_str());
         if (machine.ranks_per_node > 0) {
           // the Mesh's order is tp fastest, then dp, then pp: consecutive world ranks on one node
           // keep each tp group (of at most ranks_per_node) inside it

@@ -646,6 +646,28 @@ TEST_CASE("nodes: each axis's collectives are costed on the links they cross", "
   CHECK_THAT(pmt::plan::describe(m), ContainsSubstring("nodes of 4 ranks: inside 100 GB/s"));
 }
 
+TEST_CASE("measured links: large buffers at their own rate, ZeRO's reduce-scatter + all-gather as measured", "[plan][links]") {
+  pmt::plan::Machine m = machine(2);
+  m.links              = {{2, 0.0, 8.0}};  // 8 GB/s up to 256 KiB, no latency: the ratios are exact
+  const double b = 4.0 * 1048576.0, small = 262144.0;
+  CHECK(std::abs(m.all_reduce(b, 2) - b / 8e9) < 1e-15);  // one rate without a large-buffer one
+  m.links[0].big_gbps = 4.0;             // beyond 256 KiB at half the rate
+  CHECK(std::abs(m.all_reduce(b, 2) - (small / 8e9 + (b - small) / 4e9)) < 1e-15);
+  CHECK(m.all_reduce(small, 2) == small / 8e9);
+  // ZeRO's pair: an all-reduce's cost until measured, then its own rate
+  CHECK(m.reduce_scatter_all_gather_on(b, 2, 1) == m.all_reduce(b, 2));
+  m.links[0].sharded_gbps = 2.0;
+  CHECK(std::abs(m.reduce_scatter_all_gather_on(b, 2, 1) - b / 2e9) < 1e-15);
+  // in a prediction: a ZeRO layout's dp time follows the pair's rate, a plain one's does not
+  pmt::plan::Problem pr = problem(256, 8, 256, 8, 64);
+  pmt::plan::Machine fast = m;
+  fast.links[0].sharded_gbps = 8.0;
+  const pmt::plan::Layout zero{2, 1, 1, 1, pmt::parallel::ScheduleKind::OneFOneB, true};
+  const pmt::plan::Layout plain{2, 1, 1, 1, pmt::parallel::ScheduleKind::OneFOneB, false};
+  CHECK(pmt::plan::estimate(pr, m, zero).time.dp_comm > pmt::plan::estimate(pr, fast, zero).time.dp_comm);
+  CHECK(pmt::plan::estimate(pr, m, plain).time.dp_comm == pmt::plan::estimate(pr, fast, plain).time.dp_comm);
+}
+
 TEST_CASE("data-parallel modes: bytes, time and memory of compression, periodic averages and staleness",
           "[plan][dp_modes]") {
   using pmt::plan::DpChoice;

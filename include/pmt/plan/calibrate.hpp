@@ -9,9 +9,14 @@
 //   - on rank 0 alone (the others wait): the optimizer per parameter, a GEMM, a triad and a
 //     kernel launch; the model scales these by the core share, cores / (ranks on the node x
 //     threads per rank), when all ranks compute;
-//   - all-reduces of 8 B and 256 KiB in groups of g consecutive ranks (every group at once), each
-//     after a small GEMM, against the same GEMMs alone: latency and bandwidth per group size
-//     (the dp gradient all-reduce, the pipeline's p2p);
+//   - all-reduces of 8 B, 256 KiB and 4 MiB and a reduce-scatter + all-gather of 4 MiB in groups
+//     of g consecutive ranks (every group at once), each after a small GEMM, against the same
+//     GEMMs alone: latency and bandwidths per group size (the tp and dp all-reduces, ZeRO's pair,
+//     the pipeline's p2p);
+//   - nodes, when the ranks span them (the launcher's local size, the same host name on blocks of
+//     consecutive ranks) or CalibrateOptions::ranks_per_node says so: the link inside a node
+//     (all-reduces among a node's ranks) and the network (among the ranks of the same local index
+//     on every node, all at once), for Machine::intra and Machine::inter;
 //   - the memory per rank: MemAvailable of /proc/meminfo over the ranks of this node (or given).
 // Collective: every rank calls it with the same problem; every rank returns the same Machine
 // (Machine::details lists what each piece took). 5-10 s for train_gpt's default model.
@@ -19,6 +24,7 @@
 //   auto plan    = pmt::plan::search(problem, machine);
 
 #include <sched.h>
+#include <unistd.h>
 
 #include <Kokkos_Core.hpp>
 #include <algorithm>
@@ -56,6 +62,10 @@ struct CalibrateOptions {
   double block_window_seconds = 0.1;   ///< every rank runs each block shape back to back this long,
   int block_rounds            = 3;     ///< in this many rounds over all shapes (the median)
   double memory_bytes         = 0;     ///< per rank; 0: MemAvailable / ranks on this node
+  /// nodes of this many consecutive ranks (Machine::ranks_per_node; their links measured apart);
+  /// 0: as the launcher placed the ranks (OMPI_COMM_WORLD_LOCAL_SIZE ..., checked against the
+  /// host names), none when all ranks share one node
+  int ranks_per_node = 0;
 };
 
 namespace calibrate_detail {
@@ -78,11 +88,41 @@ inline int local_ranks() {
 }
 
 template <class Backend>
-double max_over(const comm::Communicator<Backend>& world, double x) {
+double max_over(const comm::Communicator<Backend>& world, double x, comm::ReduceOp op = comm::ReduceOp::Max) {
   Kokkos::View<double, Kokkos::HostSpace> v("pmt::plan::calibrate::max");
   v() = x;
-  comm::all_reduce(world, Kokkos::DefaultHostExecutionSpace(), v, comm::ReduceOp::Max);
+  comm::all_reduce(world, Kokkos::DefaultHostExecutionSpace(), v, op);
   return v();
+}
+
+/// This host's name as a number (FNV-1a, 32 bits: exact in a double).
+inline double host_id() {
+  char name[256] = {};
+  if (gethostname(name, sizeof name - 1) != 0) return 0;
+  std::uint32_t h = 2166136261u;
+  for (const char* c = name; *c; ++c) h = (h ^ static_cast<unsigned char>(*c)) * 16777619u;
+  return double(h);
+}
+
+/// Ranks per node when the ranks span nodes in blocks of consecutive ranks (every rank agrees);
+/// 0 otherwise (one node, or a placement the Mesh's order cannot use), with why in `why`.
+template <class Backend>
+int spanned_nodes(const comm::Communicator<Backend>& world, std::string& why) {
+  const int local = local_ranks();
+  const int lo = int(max_over(world, double(local), comm::ReduceOp::Min)), hi = int(max_over(world, double(local)));
+  if (hi >= world.size() || hi <= 0) return 0;  // one node (or the launcher does not say)
+  if (lo != hi || world.size() % hi != 0) {
+    why = detail::str("the ranks span nodes with ", lo, " to ", hi, " ranks each: one link model for all");
+    return 0;
+  }
+  // consecutive blocks of `hi` ranks must share a host (mpiexec --map-by ppr:N:node, srun block)
+  const auto node = world.split(world.rank() / hi, world.rank());
+  const double id = host_id();
+  if (max_over(world, double(max_over(node, id) != max_over(node, id, comm::ReduceOp::Min))) > 0) {
+    why = detail::str("the ranks span nodes of ", hi, " but not in blocks of consecutive ranks: one link model for all");
+    return 0;
+  }
+  return hi;
 }
 
 /// Rank 0 runs `piece` (returns the seconds of its parts) again and again for `window` seconds,
@@ -381,43 +421,86 @@ Machine calibrate(const comm::Communicator<Backend>& world, const Problem& probl
     }
     mc.kernel_seconds = max_over(world, timer.seconds()) / launches;
   }
-  // 3. the links: all-reduces of 8 bytes and of 256 KiB in groups of g consecutive ranks (as tp
-  //    groups; every group at once), each after a GEMM of about 0.1 ms so that the ranks compute
-  //    in between as in training (on shared cores a collective then waits for its peers to be
-  //    scheduled); what they add to the same GEMMs without them gives latency and bandwidth
+  // 3. the links: all-reduces of 8 bytes, 256 KiB and 4 MiB, and a reduce-scatter + all-gather of
+  //    4 MiB (ZeRO's pair), in groups of g consecutive ranks (as tp groups; every group at once),
+  //    each after a GEMM of about 0.1 ms so that the ranks compute in between as in training (on
+  //    shared cores a collective then waits for its peers to be scheduled); what they add to the
+  //    same GEMMs without them gives latency and bandwidths. Gradient buffers are megabytes: a
+  //    shared-memory all-reduce of them runs at a lower rate than of 256 KiB, and Open MPI's
+  //    reduce-scatter costs about a whole all-reduce there, not half of one.
   if (world.size() > 1) {
     const std::size_t n = 128;
     Tensor<float, 2, Exec> A("pmt::plan::calibrate::A", n, n), B("pmt::plan::calibrate::B", n, n),
         C("pmt::plan::calibrate::C", n, n);
     Kokkos::View<float*, Kokkos::HostSpace> small("pmt::plan::calibrate::small", 2),
-        big("pmt::plan::calibrate::big", 65536);
-    const int iters = 40;
-    for (int g = 2; g <= world.size(); ++g) {
-      if (world.size() % g) continue;
-      const auto group = world.split(world.rank() / g, world.rank());
-      // per-iteration seconds without a collective, with the small one, with the big one: medians
-      // of 5 rounds
-      std::vector<double> t[3];
+        big("pmt::plan::calibrate::big", 65536), large("pmt::plan::calibrate::large", std::size_t(1) << 20);
+    // the link of `group` (g ranks; every rank of the world in a group of g at once)
+    const auto time_link = [&](const comm::Communicator<Backend>& group, int g, const std::string& what) {
+      Kokkos::View<float*, Kokkos::HostSpace> part("pmt::plan::calibrate::part", large.size() / std::size_t(g));
+      const auto whole = Kokkos::subview(large, std::make_pair(std::size_t(0), part.size() * std::size_t(g)));
+      // per-iteration seconds without a collective, with each kind: medians of 5 rounds
+      constexpr int kinds = 5;
+      const int iters[kinds] = {40, 40, 40, 10, 10};
+      std::vector<double> t[kinds];
       for (int round = 0; round < 5; ++round)
-        for (int kind = 0; kind < 3; ++kind) {
+        for (int kind = 0; kind < kinds; ++kind) {
           comm::barrier(world);
           Kokkos::Timer timer;
-          for (int k = 0; k < iters; ++k) {
+          for (int k = 0; k < iters[kind]; ++k) {
             ops::matmul(exec, ops::Trans::N, ops::Trans::N, 1.0f, A, B, 0.0f, C);
             exec.fence();
-            if (kind == 1) comm::all_reduce(group, Kokkos::DefaultHostExecutionSpace(), small);
-            if (kind == 2) comm::all_reduce(group, Kokkos::DefaultHostExecutionSpace(), big);
+            const Kokkos::DefaultHostExecutionSpace host;
+            if (kind == 1) comm::all_reduce(group, host, small);
+            if (kind == 2) comm::all_reduce(group, host, big);
+            if (kind == 3) comm::all_reduce(group, host, large);
+            if (kind == 4) {
+              comm::reduce_scatter(group, host, whole, part);
+              comm::all_gather(group, host, part, whole);
+            }
           }
-          t[kind].push_back(max_over(world, timer.seconds()) / iters);
+          t[kind].push_back(max_over(world, timer.seconds()) / iters[kind]);
         }
       for (auto& v : t) std::sort(v.begin(), v.end());
+      const double ring = 2.0 * (g - 1) / g;
       const double base = t[0][2], lat = std::max(1e-7, t[1][2] - base),
-                   big_s = std::max(lat * 1.01, t[2][2] - base);
-      const double bytes = 4.0 * double(big.size());
-      mc.links.push_back({g, lat, 2.0 * (g - 1) / g * bytes / (big_s - lat) / 1e9});
-      mc.details +=
-          detail::str("all-reduce of ", g, " ranks amid compute: 8 B ", 1e6 * lat, " us, 256 KiB ",
-                      1e6 * big_s, " us (", mc.links.back().gbps, " GB/s)\n");
+                   big_s = std::max(lat * 1.01, t[2][2] - base), large_s = std::max(lat * 1.01, t[3][2] - base),
+                   pair_s = std::max(2 * lat * 1.01, t[4][2] - base);
+      const double big_bytes = 4.0 * double(big.size()), large_bytes = 4.0 * double(large.size());
+      Machine::Link link{g, lat, ring * big_bytes / (big_s - lat) / 1e9};
+      // the bytes beyond the first 256 KiB at the large-buffer rate (Machine::all_reduce)
+      link.big_gbps     = ring * (large_bytes - big_bytes) / std::max(1e-9, large_s - big_s) / 1e9;
+      link.sharded_gbps = ring * 4.0 * double(whole.size()) / (pair_s - 2 * lat) / 1e9;
+      mc.details += detail::str(what, ": 8 B ", 1e6 * lat, " us, 256 KiB ", 1e6 * big_s, " us (", link.gbps,
+                                " GB/s), 4 MiB ", 1e6 * large_s, " us (", link.big_gbps,
+                                " GB/s beyond 256 KiB); reduce-scatter + all-gather of 4 MiB ", 1e6 * pair_s, " us (",
+                                link.sharded_gbps, " GB/s as one all-reduce)\n");
+      return link;
+    };
+    for (int g = 2; g <= world.size(); ++g) {
+      if (world.size() % g) continue;
+      mc.links.push_back(time_link(world.split(world.rank() / g, world.rank()), g,
+                                   detail::str("all-reduce of ", g, " ranks amid compute")));
+    }
+    // 4. nodes: the link inside one (among a node's ranks: the measured group of that size) and
+    //    the network (among the ranks of one local index on every node, every index at once, as
+    //    the inter-node phase of a hierarchical all-reduce runs), as the ring model's per-step
+    //    latency and bandwidth of Machine::intra and Machine::inter
+    std::string why;
+    const int per_node = o.ranks_per_node > 0 ? o.ranks_per_node : spanned_nodes(world, why);
+    detail::require<ConfigError>(per_node >= world.size() || world.size() % std::max(per_node, 1) == 0, "pmt::plan::calibrate",
+                                 [&] { return detail::str("nodes of ", per_node, " ranks do not divide ", world.size(), " ranks"); });
+    if (!why.empty()) mc.details += why + "\n";
+    if (per_node > 0 && per_node < world.size()) {
+      const int nodes = world.size() / per_node;
+      const auto per_step = [](const Machine::Link& l, int g) {
+        return Machine::Link{0, l.latency / (2.0 * (g - 1)), l.big_gbps > 0 ? l.big_gbps : l.gbps};
+      };
+      mc.ranks_per_node = per_node;
+      if (per_node > 1) mc.intra = per_step(*mc.link(per_node), per_node);
+      const auto across = time_link(world.split(world.rank() % per_node, world.rank()), nodes,
+                                    detail::str("all-reduce of ", nodes, " ranks on ", nodes, " nodes (every local index at once)"));
+      mc.inter = per_step(across, nodes);
+      if (per_node == 1) mc.intra = mc.inter;  // never used: no group has two ranks on a node
     }
   }
   mc.memory_bytes = o.memory_bytes > 0 ? o.memory_bytes : mem_available() / local_ranks();

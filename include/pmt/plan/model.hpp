@@ -108,6 +108,12 @@ struct Machine {
   struct Link {
     int ranks;
     double latency, gbps;
+    /// the bandwidth of the all-reduce's bytes beyond 256 KiB (measured at 4 MiB: shared-memory
+    /// all-reduces slow down once a buffer leaves the caches); 0: gbps for every size
+    double big_gbps = 0;
+    /// a reduce-scatter and an all-gather of the same buffer, back to back (ZeRO's pair), as the
+    /// bandwidth of one ring all-reduce of it (measured at 4 MiB); 0: an all-reduce's cost
+    double sharded_gbps = 0;
   };
   std::vector<Link> links;
   /// Nodes: with ranks_per_node > 0 the ranks sit on nodes of that many (in the Mesh's order, tp
@@ -137,8 +143,20 @@ struct Machine {
   double all_reduce(double bytes, int g) const {
     if (g <= 1) return 0;
     const Link* l = link(g);
-    if (l) return l->latency + 2.0 * (g - 1) / g * bytes / (l->gbps * 1e9);
+    if (l) {
+      // the first 256 KiB at the small-buffer rate, the rest at the large-buffer one
+      const double small = std::min(bytes, 262144.0), rest = bytes - small;
+      return l->latency + 2.0 * (g - 1) / g * (small / (l->gbps * 1e9) + rest / ((l->big_gbps > 0 ? l->big_gbps : l->gbps) * 1e9));
+    }
     return 2.0 * (g - 1) / g * bytes / (link_gbps * 1e9) + 2.0 * (g - 1) * link_latency;
+  }
+  /// A reduce-scatter of `bytes` over a group of g ranks `stride` apart, then an all-gather of the
+  /// result (ZeRO): the measured pair where the calibration timed it, else an all-reduce's cost.
+  double reduce_scatter_all_gather_on(double bytes, int g, int stride) const {
+    if (g <= 1) return 0;
+    const Link* l = ranks_per_node <= 0 ? link(g) : nullptr;
+    if (l && l->sharded_gbps > 0) return 2 * l->latency + 2.0 * (g - 1) / g * bytes / (l->sharded_gbps * 1e9);
+    return all_reduce_on(bytes, g, stride);
   }
   /// How a group of g ranks, `stride` apart in the Mesh's order (tp 1, dp tp, pp tp dp), sits on
   /// the nodes: {ranks per node in the group, nodes it spans}; {g, 1} without a topology.
@@ -219,7 +237,26 @@ struct Problem {
   /// measure() run them in it; by hand, Machine::gemm_gflops is the rate in it. pmt's bf16 keeps
   /// activations, parameters, gradients and optimizer state in fp32: the memory model is the same
   Precision precision = Precision::fp32;
+  /// bytes of an activation value: what a microbatch saves and sends (tp all-reduces, pipeline
+  /// hops) and what its memory-bound kernels move. 0: value_bytes, as pmt's runtime keeps them
+  /// (fp32 in either precision). 2 plans for a runtime that keeps bf16 activations beside fp32
+  /// masters, gradients and optimizer state (Megatron-LM, DeepSpeed: the published runs of
+  /// docs/planner.md); parameters, gradients, optimizer state and dp traffic stay value_bytes.
+  std::size_t activation_bytes = 0;
+  double activation_value_bytes() const { return double(activation_bytes > 0 ? activation_bytes : value_bytes); }
 };
+
+/// \brief FLOPs of one training step of a Gpt's products (the count published large runs report
+/// their per-GPU throughput in: Narayanan et al. 2021, eq. 3): per block and token 24 C^2 for
+/// q, k, v, the projection and the MLP and 4 T C for the scores and the weighted sum in the
+/// forward, the backward twice that, and with `recompute` the blocks' forward once more; the LM
+/// head's 2 C V per token, forward and backward (never recomputed). The embeddings, norms and
+/// elementwise kernels are not counted.
+inline double gpt_step_flops(const nn::GptConfig& c, std::size_t batch, bool recompute) {
+  const double tokens = double(batch) * double(c.context), C = double(c.width);
+  const double block  = tokens * (24.0 * C * C + 4.0 * double(c.context) * C);
+  return (recompute ? 4.0 : 3.0) * double(c.layers) * block + 6.0 * tokens * C * double(c.vocab);
+}
 
 /// \brief How the dp replicas communicate (train::Trainer's data-parallel modes): the gradients'
 /// sum every step (Sync; Bf16: as bf16 with error feedback; Stale: applied `period` steps late,
@@ -408,7 +445,7 @@ inline StageCost block_cost(const Problem& pr, const Machine& mc, const Layout& 
   const auto& c        = pr.model;
   const std::size_t tp = static_cast<std::size_t>(l.tp), T = c.context, N = b * T, C = c.width,
                     Cl = C / tp, Hl = c.heads / tp, hs = C / c.heads;
-  const double sb = double(pr.value_bytes);
+  const double sb = pr.activation_value_bytes();
   StageCost k;
   if (mc.block_seconds) {  // measured with all ranks at once: as work alone, times the share
     const double share = std::clamp(mc.core_share, 1e-3, 1.0);
@@ -437,7 +474,7 @@ inline StageCost stage_cost(const Problem& pr, const Machine& mc, const Layout& 
                             const parallel::StagePlan& plan, int s, std::size_t b) {
   const auto& c        = pr.model;
   const std::size_t tp = static_cast<std::size_t>(l.tp), T = c.context, N = b * T, C = c.width, Vl = c.vocab / tp;
-  const double sb = double(pr.value_bytes);
+  const double sb = pr.activation_value_bytes();
   const double L     = double(plan.count(s));
   const double share = std::clamp(mc.core_share, 1e-3, 1.0);
   const StageCost one = block_cost(pr, mc, l, b);
@@ -585,7 +622,7 @@ inline std::vector<StageInputs> gpt_stages(const Problem& pr, const Machine& mc,
   const auto& c        = pr.model;
   const std::size_t tp = static_cast<std::size_t>(l.tp), T = c.context, N = b * T, C = c.width,
                     Cl = C / tp, Hl = c.heads / tp, Vl = c.vocab / tp;
-  const double sb = double(pr.value_bytes), dN = double(N), dC = double(C), dCl = double(Cl);
+  const double sb = pr.activation_value_bytes(), dN = double(N), dC = double(C), dCl = double(Cl);
   const double block = sb * (4 * dN * dC + 4 * dN + 13 * dN * dCl + double(b * Hl) * double(T) * double(T));
   std::vector<StageInputs> out(static_cast<std::size_t>(stages.stages()));
   for (int vs = 0; vs < stages.stages(); ++vs) {
@@ -624,7 +661,7 @@ inline std::vector<StageInputs> gpt_stages(const Problem& pr, const Machine& mc,
 inline std::vector<StageInputs> spec_stages(const Problem& pr, const Machine& mc, const Layout& l,
                                             const parallel::StagePlan& stages, std::size_t b) {
   const auto& spec = pr.spec;
-  const double sb = double(pr.value_bytes), R = double(b) * spec.rows_per_sample;
+  const double sb = pr.activation_value_bytes(), R = double(b) * spec.rows_per_sample;
   std::vector<StageInputs> out(static_cast<std::size_t>(stages.stages()));
   for (int vs = 0; vs < stages.stages(); ++vs) {
     auto& in = out[std::size_t(vs)];
@@ -671,11 +708,11 @@ inline std::vector<StageInputs> spec_stages(const Problem& pr, const Machine& mc
 
 /// Bytes a pipeline cut sends per microbatch (the largest of the cuts between virtual stages).
 inline double hop_bytes(const Problem& pr, const Layout& l, const parallel::StagePlan& stages, std::size_t b) {
-  if (pr.spec.empty()) return double(pr.value_bytes) * double(b * pr.model.context) * double(pr.model.width);
+  if (pr.spec.empty()) return pr.activation_value_bytes() * double(b * pr.model.context) * double(pr.model.width);
   double most = 0;
   for (int vs = 0; vs + 1 < stages.stages(); ++vs)
     most = std::max(most, pr.spec.layers[stages.end(vs) - 1].output_local(l.tp));
-  return double(pr.value_bytes) * double(b) * pr.spec.rows_per_sample * most;
+  return pr.activation_value_bytes() * double(b) * pr.spec.rows_per_sample * most;
 }
 
 }  // namespace plan_detail
@@ -804,7 +841,7 @@ inline Estimate estimate(const Problem& pr, const Machine& mc, const Layout& l) 
     double dp               = 0;
     const double grad_bytes = sb * P;
     if (l.zero) {
-      dp = mc.all_reduce_on(grad_bytes, l.dp, l.tp) + mc.memory(4 * grad_bytes) / share;
+      dp = mc.reduce_scatter_all_gather_on(grad_bytes, l.dp, l.tp) + mc.memory(4 * grad_bytes) / share;
     } else if (l.dp > 1 && (l.sync.mode == DpMode::Sync || l.sync.mode == DpMode::Bf16)) {
       // bf16: half the bytes on the wire; packing reads g and r and writes the wire and r,
       // unpacking reads the wire and writes g

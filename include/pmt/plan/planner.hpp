@@ -46,7 +46,9 @@ struct SearchOptions {
   /// A layout that does not fit in memory is tried again with activation recomputation
   /// (Layout::recompute), and runs with it when that fits.
   bool allow_recompute = true;
-  int max_microbatches = 64;
+  /// microbatch counts tried up to this many (a cluster's runs take microbatches of 1 sequence:
+  /// a trillion parameters on 3,072 ranks fit only with 512 of them)
+  int max_microbatches = 512;
   int max_chunks       = 2;  ///< model chunks per stage tried with 1F1B (1: no interleaving)
   /// The data-parallel modes tried with dp > 1 (ZeRO-1 only with Sync). Sync alone by default: the
   /// others change how the model trains, which is the user's choice to offer.
