@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // pmt on Kokkos::Cuda: every op family on device Views (matmul through cuBLAS and through the
-// portable team kernel), then two training steps of a Gpt with AdamW on Kokkos::Cuda with NCCL
-// collectives over the MPI ranks (one GPU each), compared with the same steps on the host.
+// portable team kernel, the bf16 product through cuBLAS's bf16 GEMM), then two training steps of a
+// Gpt with AdamW on Kokkos::Cuda with NCCL collectives over the MPI ranks (one GPU each), compared
+// with the same steps on the host.
 //
 // Built only where Kokkos has its CUDA backend (the CMake target `cuda_step`), and compiled on
 // machines without one by tests/kokkos_next/compile.sh against Kokkos' headers in a CUDA
@@ -14,6 +15,7 @@
 #include <Kokkos_Core.hpp>
 
 #include <cmath>
+#include <string>
 #include <optional>
 #include <type_traits>
 #include <cstdio>
@@ -76,6 +78,22 @@ void check_matmul(const char* name, double tol) {
   pmt::ops::matmul(Host(), pmt::ops::Trans::N, pmt::ops::Trans::T, T(1), hA, hB, T(0), hC);
   Kokkos::fence();
   expect(rel_diff(C, hC) < tol, pmt::detail::str("matmul ", name, " on Kokkos::Cuda = host"));
+}
+
+/// The bf16 product on the device (cuBLAS's bf16 GEMM, MatmulAuto) against the host's rounded
+/// path: the same rounded operands, fp32 sums in another order.
+void check_matmul_bf16() {
+  const std::size_t m = 96, k = 80, n = 72;
+  M<float> A("A", m, k), B("B", n, k), C("C", m, n);
+  fill(A, 6), fill(B, 7);
+  auto hA = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), A);
+  auto hB = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), B);
+  HM<float> hC("hC", m, n);
+  expect(std::string(pmt::ops::bf16_matmul_isa<Dev>()) == "cublas-bf16", "matmul_bf16 on Kokkos::Cuda runs cuBLAS's bf16 GEMM");
+  pmt::ops::matmul_bf16(Dev(), pmt::ops::Trans::N, pmt::ops::Trans::T, 1.0f, A, B, 0.0f, C);
+  pmt::ops::matmul_bf16<pmt::ops::MatmulVendor>(Host(), pmt::ops::Trans::N, pmt::ops::Trans::T, 1.0f, hA, hB, 0.0f, hC);
+  Kokkos::fence();
+  expect(rel_diff(C, hC) < 1e-5, "matmul_bf16 (cuBLAS) on Kokkos::Cuda = the host's rounded path");
 }
 
 /// Row-wise and elementwise ops on the device against the host.
@@ -172,6 +190,7 @@ int main(int argc, char* argv[]) {
     check_matmul<double, pmt::ops::MatmulPortable>("portable double", 1e-12);
     check_ops<float>(1e-5);
     check_ops<double>(1e-12);
+    check_matmul_bf16();
   }
   pmt::comm::Communicator<pmt::comm::Mpi> world(MPI_COMM_WORLD);
   pmt::comm::Communicator<Backend> nccl(world);

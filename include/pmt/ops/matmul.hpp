@@ -19,10 +19,13 @@
 //   MatmulAuto      on a host space, AMX tiles where the CPU has AMX-BF16 and the kernel grants
 //                   the tile state, else AVX512-BF16 dot products where it has those
 //                   (ops/detail/host_bf16.hpp; the same bits for any thread count); elsewhere
-//                   the rounded path with MatmulAuto. set_bf16_kernel / PMT_BF16_MATMUL pin one
+//                   on Kokkos::Cuda cuBLAS's bf16 GEMM (cublasGemmEx, fp32 sums) on bf16 copies of
+//                   the operands; elsewhere the rounded path.
+//                   set_bf16_kernel / PMT_BF16_MATMUL pin one (rounded: the rounded path on CUDA)
 //   MatmulVendor,   the rounded path: op(A) and op(B) rounded into fp32 workspace copies, then the
 //   MatmulPortable  fp32 product of that backend (the reference the AMX path is tested against)
-// bf16_matmul_isa<Exec>() names what MatmulAuto runs ("amx-bf16", "avx512-bf16" or "rounded-fp32").
+// bf16_matmul_isa<Exec>() names what MatmulAuto runs ("amx-bf16", "avx512-bf16", "cublas-bf16" or
+// "rounded-fp32").
 // matmul_batched (attention's score products) always computes in the Views' own type.
 
 #include "pmt/config.hpp"
@@ -150,13 +153,18 @@ inline std::string matmul_path_label() {
   return used[0] && used[1] ? "vendor+portable" : (used[1] ? "portable" : (used[0] ? "vendor" : "auto"));
 }
 
-/// \brief The kernels of matmul_bf16's MatmulAuto path: AMX tiles, AVX512-BF16 dot products, or
-/// the rounded path (operands rounded into fp32 copies, then the fp32 product).
-enum class Bf16Kernel { automatic, amx, avx512bf16, rounded };
+/// \brief The kernels of matmul_bf16's MatmulAuto path: AMX tiles, AVX512-BF16 dot products,
+/// cuBLAS's bf16 GEMM (on Kokkos::Cuda), or the rounded path (operands rounded into fp32 copies,
+/// then the fp32 product).
+enum class Bf16Kernel { automatic, amx, avx512bf16, rounded, cublas };
 
-/// \brief "auto", "amx", "avx512bf16" or "rounded".
+/// \brief "auto", "amx", "avx512bf16", "rounded" or "cublas".
 inline const char* bf16_kernel_name(Bf16Kernel k) {
-  return k == Bf16Kernel::amx ? "amx" : k == Bf16Kernel::avx512bf16 ? "avx512bf16" : k == Bf16Kernel::rounded ? "rounded" : "auto";
+  return k == Bf16Kernel::amx          ? "amx"
+         : k == Bf16Kernel::avx512bf16 ? "avx512bf16"
+         : k == Bf16Kernel::rounded    ? "rounded"
+         : k == Bf16Kernel::cublas     ? "cublas"
+                                       : "auto";
 }
 
 namespace detail_matmul {
@@ -206,8 +214,9 @@ inline Bf16Kernel bf16_kernel_setting() {
 inline constexpr std::int64_t bf16_choice_op = 3;
 
 /// \brief The kernel matmul_bf16 with MatmulAuto runs on Exec: the pinned one (set_bf16_kernel,
-/// else PMT_BF16_MATMUL, read once) where the CPU has it, else the best it has; rounded on
-/// devices. \throws pmt::ConfigError when PMT_BF16_MATMUL holds another word.
+/// else PMT_BF16_MATMUL, read once) where the CPU has it, else the best it has; on Kokkos::Cuda
+/// cuBLAS's bf16 GEMM unless rounded is pinned; rounded on other devices.
+/// \throws pmt::ConfigError when PMT_BF16_MATMUL holds another word.
 template <class Exec>
 Bf16Kernel bf16_kernel() {
   const Bf16Kernel want = bf16_kernel_setting();
@@ -219,17 +228,24 @@ Bf16Kernel bf16_kernel() {
       return Bf16Kernel::avx512bf16;
   }
 #endif
+#if PMT_ENABLE_CUDA && defined(KOKKOS_ENABLE_CUDA)
+  if constexpr (std::is_same_v<Exec, Kokkos::Cuda>)
+    if (want != Bf16Kernel::rounded) return Bf16Kernel::cublas;
+#endif
   (void)want;
   return Bf16Kernel::rounded;
 }
 
 /// \brief What matmul_bf16 with MatmulAuto runs on Exec in this process: "amx-bf16" (AMX tiles),
-/// "avx512-bf16" (AVX512-BF16 dot products) or "rounded-fp32" (rounded operand copies, then the
-/// fp32 product).
+/// "avx512-bf16" (AVX512-BF16 dot products), "cublas-bf16" (cublasGemmEx on bf16 copies) or
+/// "rounded-fp32" (rounded operand copies, then the fp32 product).
 template <class Exec>
 const char* bf16_matmul_isa() {
   const Bf16Kernel k = bf16_kernel<Exec>();
-  return k == Bf16Kernel::amx ? "amx-bf16" : k == Bf16Kernel::avx512bf16 ? "avx512-bf16" : "rounded-fp32";
+  return k == Bf16Kernel::amx          ? "amx-bf16"
+         : k == Bf16Kernel::avx512bf16 ? "avx512-bf16"
+         : k == Bf16Kernel::cublas     ? "cublas-bf16"
+                                       : "rounded-fp32";
 }
 
 }  // namespace pmt::ops
@@ -424,6 +440,16 @@ void round_to_bf16(const Exec& exec, const SV& src, const DV& dst) {
                        });
 }
 
+/// dst = bf16(src) elementwise over a rank-2 View (cuBLAS's bf16 operands).
+template <class Exec, class SV, class DV>
+void convert_to_bf16(const Exec& exec, const SV& src, const DV& dst) {
+  const std::int64_t cols = static_cast<std::int64_t>(src.extent(1));
+  Kokkos::parallel_for("pmt::ops::matmul_bf16::convert", Kokkos::RangePolicy<Exec>(exec, 0, std::int64_t(src.extent(0))),
+                       KOKKOS_LAMBDA(std::int64_t i) {
+                         for (std::int64_t j = 0; j < cols; ++j) dst(i, j) = bf16(float(src(i, j)));
+                       });
+}
+
 /// The bf16 product of float rank-2 Views whose shapes matmul_dims has checked (see the file
 /// comment for the paths).
 template <class Backend, class Exec, class AV, class BV, class CV>
@@ -468,6 +494,21 @@ void matmul_bf16_views(const Exec& exec, ops::Trans ta, ops::Trans tb, const Mat
               }) == 1;
       }
       if (use) return kernel(C.data());
+    }
+  }
+#endif
+#if PMT_ENABLE_CUDA && defined(KOKKOS_ENABLE_CUDA)
+  if constexpr (std::is_same_v<Backend, ops::MatmulAuto> && std::is_same_v<Exec, Kokkos::Cuda>) {
+    if (ops::bf16_kernel<Exec>() == ops::Bf16Kernel::cublas) {
+      // bf16 copies of the operands, then cuBLAS's bf16 GEMM with fp32 sums into C
+      using H = Kokkos::View<bf16**, Kokkos::LayoutRight, typename CV::memory_space>;
+      const auto a = workspace_view<H>("pmt::ops::matmul_bf16::a16", A.extent(0), A.extent(1));
+      const auto b = workspace_view<H>("pmt::ops::matmul_bf16::b16", B.extent(0), B.extent(1));
+      convert_to_bf16(exec, A, a);
+      convert_to_bf16(exec, B, b);
+      matmul_cublas_bf16(exec.cuda_stream(), ta == ops::Trans::T, tb == ops::Trans::T, d.M, d.N, d.K, alpha, a.data(),
+                         ld(a), b.data(), ld(b), beta, C.data(), ld(C));
+      return;
     }
   }
 #endif

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// The vendor matmul on CUDA device memory: cuBLAS sgemm/dgemm (strided-batched), enqueued on the
-// caller's stream. Row-major C = op(A) op(B) is computed as column-major C^T = op(B)^T op(A)^T.
+// The vendor matmul on CUDA device memory: cuBLAS sgemm/dgemm (strided-batched) and the bf16
+// GEMM (cublasGemmEx, fp32 sums), enqueued on the caller's stream. Row-major C = op(A) op(B) is computed as column-major C^T = op(B)^T op(A)^T.
 // Host-compiled (g++ against the toolkit headers); Kokkos::Cuda code hands over its stream.
 
 #include "pmt/config.hpp"
@@ -61,6 +61,21 @@ void matmul_cublas(cudaStream_t stream, std::int64_t batch, bool ta, bool tb, st
                                            static_cast<int>(ldc), sc, static_cast<int>(batch)),
                  "cublasDgemmStridedBatched");
   }
+}
+
+/// C = alpha op(A) op(B) + beta C on `stream`, A and B bf16 (their bits, row-major, in device
+/// memory), C float: cublasGemmEx with fp32 products and sums (CUBLAS_COMPUTE_32F; tensor cores
+/// where the GPU has them). With beta == 0, C is not read.
+inline void matmul_cublas_bf16(cudaStream_t stream, bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t K,
+                               float alpha, const void* A, std::int64_t lda, const void* B, std::int64_t ldb,
+                               float beta, float* C, std::int64_t ldc) {
+  cublasHandle_t h = cublas_handle();
+  check_cublas(cublasSetStream(h, stream), "cublasSetStream");
+  check_cublas(cublasGemmEx(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(N),
+                            static_cast<int>(M), static_cast<int>(K), &alpha, B, CUDA_R_16BF, static_cast<int>(ldb), A,
+                            CUDA_R_16BF, static_cast<int>(lda), &beta, C, CUDA_R_32F, static_cast<int>(ldc),
+                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               "cublasGemmEx (bf16)");
 }
 
 }  // namespace pmt::detail
