@@ -430,23 +430,15 @@ void matmul_bf16_host(const Exec& exec, bool amx, bool at, bool bt, std::int64_t
 }
 #endif
 
-/// dst = float(bf16(src)) elementwise over a rank-2 View (the rounded path's operand copies).
+/// dst = src rounded to the nearest bf16, in dst's value type, elementwise over a rank-2 View:
+/// float (the rounded path's operand copies) or bf16 (cuBLAS's bf16 operands).
 template <class Exec, class SV, class DV>
 void round_to_bf16(const Exec& exec, const SV& src, const DV& dst) {
+  using D = typename DV::non_const_value_type;
   const std::int64_t cols = static_cast<std::int64_t>(src.extent(1));
   Kokkos::parallel_for("pmt::ops::matmul_bf16::round", Kokkos::RangePolicy<Exec>(exec, 0, std::int64_t(src.extent(0))),
                        KOKKOS_LAMBDA(std::int64_t i) {
-                         for (std::int64_t j = 0; j < cols; ++j) dst(i, j) = float(bf16(float(src(i, j))));
-                       });
-}
-
-/// dst = bf16(src) elementwise over a rank-2 View (cuBLAS's bf16 operands).
-template <class Exec, class SV, class DV>
-void convert_to_bf16(const Exec& exec, const SV& src, const DV& dst) {
-  const std::int64_t cols = static_cast<std::int64_t>(src.extent(1));
-  Kokkos::parallel_for("pmt::ops::matmul_bf16::convert", Kokkos::RangePolicy<Exec>(exec, 0, std::int64_t(src.extent(0))),
-                       KOKKOS_LAMBDA(std::int64_t i) {
-                         for (std::int64_t j = 0; j < cols; ++j) dst(i, j) = bf16(float(src(i, j)));
+                         for (std::int64_t j = 0; j < cols; ++j) dst(i, j) = static_cast<D>(bf16(float(src(i, j))));
                        });
 }
 
@@ -504,8 +496,8 @@ void matmul_bf16_views(const Exec& exec, ops::Trans ta, ops::Trans tb, const Mat
       using H = Kokkos::View<bf16**, Kokkos::LayoutRight, typename CV::memory_space>;
       const auto a = workspace_view<H>("pmt::ops::matmul_bf16::a16", A.extent(0), A.extent(1));
       const auto b = workspace_view<H>("pmt::ops::matmul_bf16::b16", B.extent(0), B.extent(1));
-      convert_to_bf16(exec, A, a);
-      convert_to_bf16(exec, B, b);
+      round_to_bf16(exec, A, a);
+      round_to_bf16(exec, B, b);
       matmul_cublas_bf16(exec.cuda_stream(), ta == ops::Trans::T, tb == ops::Trans::T, d.M, d.N, d.K, alpha, a.data(),
                          ld(a), b.data(), ld(b), beta, C.data(), ld(C));
       return;

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The vendor matmul on CUDA device memory: cuBLAS sgemm/dgemm (strided-batched) and the bf16
-// GEMM (cublasGemmEx, fp32 sums), enqueued on the caller's stream. Row-major C = op(A) op(B) is computed as column-major C^T = op(B)^T op(A)^T.
+// GEMM (cublasGemmEx, fp32 sums), enqueued on the caller's stream. Row-major C = op(A) op(B) is
+// computed as column-major C^T = op(B)^T op(A)^T.
 // Host-compiled (g++ against the toolkit headers); Kokkos::Cuda code hands over its stream.
 
 #include "pmt/config.hpp"
