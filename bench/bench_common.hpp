@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
@@ -73,6 +74,23 @@ inline double measured_fp32_peak_gflops() {
   double best = 0;
   for (int k = 0; k < 3; ++k) best = std::max(best, pmt::obs::measured_fp32_peak_gflops(20'000'000));
   return best;
+}
+
+/// The CPU's model name (/proc/cpuinfo), or "unknown CPU".
+inline std::string cpu_name() {
+  std::string cpu = "unknown CPU";
+  if (std::FILE* f = std::fopen("/proc/cpuinfo", "r")) {
+    char line[256];
+    while (std::fgets(line, sizeof line, f))
+      if (std::string(line).rfind("model name", 0) == 0) {
+        const char* colon = std::strchr(line, ':');
+        if (colon) cpu = std::string(colon + 2);
+        if (!cpu.empty() && cpu.back() == '\n') cpu.pop_back();
+        break;
+      }
+    std::fclose(f);
+  }
+  return cpu;
 }
 
 inline void target_line(const std::string& name, double measured, double goal, bool higher_is_better = true) {

@@ -20,7 +20,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -151,18 +150,7 @@ int main(int argc, char* argv[]) {
   // stage 0 (world rank 0) holds the most; the parameters compare on every rank
   const double same = same_everywhere(world, plain, again), gpt_same = same_everywhere(world, gpt_plain, gpt_again);
   if (world.rank() == 0) {
-    std::string cpu = "unknown CPU";
-    if (std::FILE* f = std::fopen("/proc/cpuinfo", "r")) {
-      char line[256];
-      while (std::fgets(line, sizeof line, f))
-        if (std::strncmp(line, "model name", 10) == 0) {
-          cpu = std::strchr(line, ':') ? std::string(std::strchr(line, ':') + 2) : cpu;
-          if (!cpu.empty() && cpu.back() == '\n') cpu.pop_back();
-          break;
-        }
-      std::fclose(f);
-    }
-    std::printf("bench_recompute on %s, %d ranks\n", cpu.c_str(), world.size());
+    std::printf("bench_recompute on %s, %d ranks\n", pmt::bench::cpu_name().c_str(), world.size());
     std::printf("pp 2 (stage 0 shown), GPipe, %zu microbatches, float, %d steps\n", microbatches, steps);
     std::printf("MLP: %zu rows per microbatch, width %zu, hidden %zu; GPT: %zu sequences per microbatch, %zu layers, "
                 "width %zu, context %zu\n", rows, d, hidden, sequences, gpt.layers, gpt.width, gpt.context);

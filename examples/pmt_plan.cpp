@@ -37,7 +37,7 @@ struct Options {
   double gemm_gflops = 0, memory_gbps = 10, link_gbps = 5, latency_us = 5, memory_mib = 0;
   int ranks_per_node = 0;  // 0: one link model for every pair of ranks
   double intra_gbps = 0, intra_latency_us = 2, inter_gbps = 0, inter_latency_us = 5;
-  bool no_zero = false, no_gpipe = false, no_recompute = false, help = false, verbose = false;
+  bool no_zero = false, no_gpipe = false, no_recompute = false, no_sequence_parallel = false, help = false, verbose = false;
   std::string csv, rankfile;
   std::vector<pmt::plan::DpChoice> dp_modes = {pmt::plan::DpChoice{}};
 };
@@ -64,7 +64,10 @@ const char* usage =
     "search and output\n"
     "  --no-zero  --no-gpipe    leave ZeRO-1 / GPipe out\n"
     "  --no-recompute           never recompute activations (by default a layout that does not fit\n"
-    "                           in memory is tried again with per-block recomputation)\n"
+    "                           in memory is tried again with the attention's recomputation, then\n"
+    "                           with per-block recomputation)\n"
+    "  --no-sequence-parallel   never split the tokens over tp (by default a layout with tp > 1 that\n"
+    "                           does not fit is tried again with sequence parallelism)\n"
     "  --dp-modes LIST          data-parallel modes to consider with dp > 1 (default sync): a comma-\n"
     "                           separated list of sync, bf16 (compressed gradients), local:H, diloco:H\n"
     "                           (averages every H steps), stale:S (gradients applied S steps late);\n"
@@ -91,8 +94,8 @@ Options parse(int argc, char* argv[]) {
       o.verbose = true;
       continue;
     }
-    if (a == "--no-zero" || a == "--no-gpipe" || a == "--no-recompute") {
-      (a == "--no-zero" ? o.no_zero : a == "--no-gpipe" ? o.no_gpipe : o.no_recompute) = true;
+    if (a == "--no-zero" || a == "--no-gpipe" || a == "--no-recompute" || a == "--no-sequence-parallel") {
+      (a == "--no-zero" ? o.no_zero : a == "--no-gpipe" ? o.no_gpipe : a == "--no-recompute" ? o.no_recompute : o.no_sequence_parallel) = true;
       continue;
     }
     if (i + 1 >= argc) throw pmt::ConfigError(prog, a + " needs a value (see --help)");
@@ -250,6 +253,7 @@ int main(int argc, char* argv[]) {
     so.allow_zero   = !o.no_zero;
     so.allow_gpipe  = !o.no_gpipe;
     so.allow_recompute = !o.no_recompute;
+    so.allow_sequence_parallel = !o.no_sequence_parallel;
     so.dp_modes     = o.dp_modes;
     for (const auto& c : o.dp_modes)
       if (o.measure != 0 && c.mode != pmt::plan::DpMode::Sync && c.mode != pmt::plan::DpMode::Bf16)
@@ -282,7 +286,7 @@ int main(int argc, char* argv[]) {
             pmt::detail::str("train_gpt --dp ", b.dp, " --tp ", b.tp, " --pp ", b.pp, " --microbatches ", b.microbatches,
                              b.pp > 1 ? std::string(" --schedule ") + pmt::parallel::schedule_name(b.schedule) : std::string(),
                              b.chunks > 1 ? " --chunks " + std::to_string(b.chunks) : std::string(), b.zero ? " --zero" : "",
-                             b.recompute ? " --recompute" : "",
+                             b.recompute ? " --recompute" : "", b.recompute_attention ? " --recompute-attention" : "", b.sequence_parallel ? " --sequence-parallel" : "",
                              o.problem.precision == pmt::Precision::bf16 ? " --precision bf16" : "",
                              b.sync.mode == pmt::plan::DpMode::Bf16       ? std::string(" --compress bf16")
                              : b.sync.mode == pmt::plan::DpMode::LocalSgd ? " --local-sgd " + std::to_string(b.sync.period)

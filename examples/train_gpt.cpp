@@ -70,6 +70,7 @@ struct Options {
   long seed = 1;
   bool resume = false, help = false, zero = false, auto_plan = false, memory_report = true;
   bool overwrite = false, allow_changed_config = false, skip_nonfinite = false, recompute = false;
+  bool sequence_parallel = false, recompute_attention = false;
   std::vector<std::string> layout_flags;  // --dp, --tp, ... as given (--auto chooses them)
   std::vector<std::string> kokkos_args;   // --kokkos-*: passed to Kokkos, and only these
   std::string schedule = "1f1b", data = PMT_DEFAULT_DATA_DIR, ckpt_dir, metrics, trace, matmul;
@@ -113,6 +114,10 @@ std::string usage() {
              "                          before, whose all-reduce overlaps those S steps (0: synchronous)\n"
              "  --recompute             activation recomputation per block: backward runs each block's forward\n"
              "                          again (about a third more compute, a block's input kept per microbatch)\n"
+             "  --recompute-attention   selective recomputation: each block keeps q, k, v, not the attention's\n"
+             "                          T x T matrices, and runs the attention core again in backward\n"
+             "  --sequence-parallel     with tp > 1: the norms and residuals hold 1 / tp of the tokens each, the tp\n"
+             "                          layers all-gather and reduce-scatter them (less activation memory)\n"
              "  --auto                  let the planner choose all of the above: it calibrates on the ranks,\n"
              "                          predicts every layout (pmt-plan prints the same table) and runs the best\n"
              "model (byte-level: vocabulary 256)\n"
@@ -179,6 +184,10 @@ Options parse(int argc, char* argv[]) {
     }
     if (a == "--recompute") {
       o.recompute = true;
+      continue;
+    }
+    if (a == "--sequence-parallel" || a == "--recompute-attention") {
+      (a == "--sequence-parallel" ? o.sequence_parallel : o.recompute_attention) = true;
       continue;
     }
     if (a == "--no-memory-report") {
@@ -310,6 +319,10 @@ void validate(Options& o, int ranks) {
   if (o.chunks > 1 && o.schedule == "1f1b" && o.microbatches % o.pp != 0)
     throw pmt::ConfigError(prog, pmt::detail::str("--chunks ", o.chunks, " with 1f1b (interleaved) needs microbatches a multiple of pp = ",
                                                   o.pp, "; got ", o.microbatches));
+  if (o.sequence_parallel && o.tp > 1 && (o.batch / o.dp / o.microbatches) * o.context % o.tp != 0)
+    throw pmt::ConfigError(prog, pmt::detail::str("--sequence-parallel splits each microbatch's ", (o.batch / o.dp / o.microbatches) * o.context,
+                                                  " tokens over tp = ", o.tp, ", which does not divide them (sequences per microbatch ",
+                                                  o.batch / o.dp / o.microbatches, " x context ", o.context, ")"));
   if (o.zero && o.dp == 1) throw pmt::ConfigError(prog, "--zero shards the optimizer state over dp, and dp is 1");
   if ((o.local_sgd > 0) + (o.diloco > 0) + (o.staleness >= 0) > 1)
     throw pmt::ConfigError(prog, "--local-sgd, --diloco and --staleness are three data-parallel modes: give one");
@@ -354,6 +367,8 @@ void choose_layout(Options& o, const Comm& world) {
   const auto& b   = plan.best().layout;  // raises, with the rejections, when nothing runs
   o.dp = b.dp, o.tp = b.tp, o.pp = b.pp, o.microbatches = b.microbatches, o.zero = b.zero, o.chunks = b.chunks;
   o.recompute = o.recompute || b.recompute;
+  o.sequence_parallel = o.sequence_parallel || b.sequence_parallel;
+  o.recompute_attention = (o.recompute_attention || b.recompute_attention) && !o.recompute;
   o.schedule = pmt::parallel::schedule_name(b.schedule);
   if (pmt::world_rank() == 0)
     std::printf("--auto: the planner's top 5 of %zu layouts (%s)\n%s\n", plan.ranked.size(),
@@ -543,7 +558,7 @@ int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_p
   const std::size_t T = static_cast<std::size_t>(o.context);
   const pmt::nn::GptConfig cfg{256, T, static_cast<std::size_t>(o.layers), static_cast<std::size_t>(o.width),
                                static_cast<std::size_t>(o.heads), static_cast<std::uint64_t>(o.seed)};
-  Model model(mesh, cfg, pmt::nn::GptOptions{{}, o.chunks, o.recompute});
+  Model model(mesh, cfg, pmt::nn::GptOptions{{}, o.chunks, o.recompute, o.sequence_parallel, o.recompute_attention});
   const pmt::optim::AdamWOptions hyper{0.9, 0.95, 1e-8, 0.1};
   Opt opt = [&] {
     if constexpr (std::is_same_v<Opt, Zero>)
@@ -632,7 +647,9 @@ int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_p
                 "context %zu; batch %d; %d thread(s) per rank\n",
                 world.size(), o.dp, o.tp, o.pp, o.schedule.c_str(),
                 o.chunks > 1 ? pmt::detail::str(", ", o.chunks, " chunks per stage").c_str() : "", o.microbatches,
-                o.recompute ? ", activations recomputed per block" : "", o.layers, o.width, o.heads, T,
+                pmt::detail::str(o.recompute ? ", activations recomputed per block" : "",
+                                 model.recomputes_attention() ? ", attention recomputed" : "",
+                                 model.sequence_parallel() ? ", sequence-parallel" : "").c_str(), o.layers, o.width, o.heads, T,
                 o.batch, Exec().concurrency());
     std::printf("data: %s, %zu bytes (%zu train, %zu validation)\n", data->path().c_str(), data->size(),
                 data->train_size(), data->val_size());

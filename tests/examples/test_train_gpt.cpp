@@ -12,7 +12,8 @@
 //   - a checkpoint saved at dp2 x tp2 loads at tp4, at tp2 x pp2, at dp4 and into ZeRO-1 at dp4 with the same
 //     parameters (a layout-free fingerprint, 1e-12) and the same next-step loss; a ZeRO-1
 //     checkpoint with pipeline stages resumes as ZeRO-1 and as AdamW at tp2 x pp2 alike;
-//   - --recompute (per-block activation recomputation) on tp2 x pp2 gives the one-rank losses;
+//   - --recompute (per-block activation recomputation), --recompute-attention and
+//     --sequence-parallel on tp2 x pp2 give the one-rank losses;
 //   - --zero (ZeRO-1) gives AdamW's losses; --auto calibrates, prints the planner's table and
 //     trains with its best layout; the report and the metrics carry each rank's peak memory;
 //   - each data-parallel mode (bf16-compressed gradients, local SGD, DiLoCo, bounded staleness)
@@ -142,17 +143,28 @@ TEST_CASE("--chunks 2: interleaved 1F1B on 2 stages prints the one-rank losses a
   }
 }
 
-TEST_CASE("train_gpt --recompute prints the losses of the run that keeps its activations", "[examples][train_gpt]") {
-  const auto one = tmp("one_recompute_ref.json"), again = tmp("recompute.json");
+TEST_CASE("train_gpt --recompute, --recompute-attention and --sequence-parallel print the losses of one rank",
+          "[examples][train_gpt]") {
+  const auto one = tmp("one_recompute_ref.json"), again = tmp("recompute.json"), seq = tmp("sequence.json");
+  const auto attention = tmp("attention.json");
   REQUIRE(run(small + "--steps 3 --metrics " + one).rc == 0);
   const auto r = run(small + "--steps 3 --tp 2 --pp 2 --microbatches 2 --recompute --metrics " + again, 4);
   REQUIRE(r.rc == 0);
   CHECK_THAT(r.out, ContainsSubstring("activations recomputed per block") && ContainsSubstring("sample (prompt"));
-  const auto a = losses(one), b = losses(again);
-  REQUIRE((a.size() == 3 && b.size() == 3));
+  const auto s = run(small + "--steps 3 --tp 2 --pp 2 --microbatches 2 --sequence-parallel --metrics " + seq, 4);
+  REQUIRE(s.rc == 0);
+  CHECK_THAT(s.out, ContainsSubstring(", sequence-parallel") && ContainsSubstring("sample (prompt"));
+  const auto t = run(small + "--steps 3 --tp 2 --pp 2 --microbatches 2 --recompute-attention --metrics " + attention, 4);
+  REQUIRE(t.rc == 0);
+  CHECK_THAT(t.out, ContainsSubstring(", attention recomputed"));
+  const auto a = losses(one), b = losses(again), c = losses(seq), d = losses(attention);
+  REQUIRE((a.size() == 3 && b.size() == 3 && c.size() == 3 && d.size() == 3));
   for (const auto& [step, l] : a) {
-    INFO("step " << step << ": " << l << " / " << b.at(step));
+    INFO("step " << step << ": " << l << " / " << b.at(step) << " recomputed, " << c.at(step) << " sequence-parallel, "
+                 << d.at(step) << " attention recomputed");
     CHECK(rel(b.at(step), l) <= 1e-5);
+    CHECK(rel(c.at(step), l) <= 1e-5);
+    CHECK(rel(d.at(step), l) <= 1e-5);
   }
 }
 
@@ -342,6 +354,7 @@ TEST_CASE("bad input: a message on stderr, a non-zero exit, no hang", "[examples
       {"--precision fp16", 1, "--precision is 'fp16'; expected fp32 or bf16"},
       {"--auto --dp 2", 2, "--auto chooses the layout; drop --dp"},
       {"--zero", 1, "--zero shards the optimizer state over dp, and dp is 1"},
+      {"--tp 2 --sequence-parallel --batch 1 --context 3", 2, "splits each microbatch's 3 tokens over tp = 2, which does not divide them"},
       {"--local-sgd 2 --diloco 2", 1, "three data-parallel modes: give one"},
       {"--compress gzip", 1, "--compress gzip: expected none or bf16"},
       {"--compress bf16 --local-sgd 2", 2, "this run does not all-reduce gradients"},

@@ -245,7 +245,7 @@ std::pair<double, double> measure_memory(const pmt::plan::Problem& pr, const pmt
   double params = 0;
   {
     pmt::Mesh<Backend> mesh(pmt::test::world(), {l.dp, l.tp, l.pp});
-    Model model(mesh, pr.model, pmt::nn::GptOptions{{}, l.chunks, l.recompute});
+    Model model(mesh, pr.model, pmt::nn::GptOptions{{}, l.chunks, l.recompute, l.sequence_parallel, l.recompute_attention});
     const pmt::optim::AdamWOptions hyper{0.9, 0.95, 1e-8, 0.1};
     Opt opt = [&] {
       if constexpr (Zero)
@@ -336,6 +336,12 @@ TEST_CASE("the planner's memory model matches what every layout allocates", "[pl
         // activation recomputation per block: held to 10 %
         layouts.push_back({dp, tp, pp, m, pmt::parallel::ScheduleKind::OneFOneB, false, 1, {}, true});
         if (pp > 1) layouts.push_back({dp, tp, pp, m, pmt::parallel::ScheduleKind::GPipe, false, 1, {}, true});
+        // sequence parallelism, alone and with recomputation: held to 10 %
+        if (tp > 1) layouts.push_back({dp, tp, pp, m, pmt::parallel::ScheduleKind::OneFOneB, false, 1, {}, false, true});
+        if (tp > 1) layouts.push_back({dp, tp, pp, m, pmt::parallel::ScheduleKind::OneFOneB, false, 1, {}, true, true});
+        // the attention's recomputation, alone and with sequence parallelism: held to 10 %
+        layouts.push_back({dp, tp, pp, m, pmt::parallel::ScheduleKind::OneFOneB, false, 1, {}, false, false, true});
+        if (tp > 1) layouts.push_back({dp, tp, pp, m, pmt::parallel::ScheduleKind::OneFOneB, false, 1, {}, false, true, true});
       }
       for (const auto& l : layouts) {
         if (!pmt::plan::why_invalid(pr, l, n).empty()) continue;
@@ -351,7 +357,7 @@ TEST_CASE("the planner's memory model matches what every layout allocates", "[pl
                        << " MiB; parameters predicted " << want.parameters / 4 << ", the model's "
                        << params);
           CHECK(pmt::test::all_ranks(params * 4.0 == want.parameters));
-          CHECK(pmt::test::all_ranks(std::abs(err) <= (l.recompute ? 0.1 : 0.2)));
+          CHECK(pmt::test::all_ranks(std::abs(err) <= (l.recompute || l.sequence_parallel || l.recompute_attention ? 0.1 : 0.2)));
           if (pmt::test::world().rank() == 0)
             WARN(l.describe() << ": rank 0 predicted " << want.total() / 1048576.0
                               << " MiB, measured " << peak / 1048576.0 << " MiB (" << 100 * err
@@ -725,6 +731,51 @@ TEST_CASE("data-parallel modes: bytes, time and memory of compression, periodic 
     CHECK_THROWS_WITH(pmt::plan::parse_dp_choice(bad), ContainsSubstring("is not a data-parallel mode"));
 }
 
+TEST_CASE("sequence parallelism: 1 / tp of the rows' activations, its collectives costed, chosen when memory requires it",
+          "[plan][sequence]") {
+  pmt::plan::Problem pr = problem(256, 8, 256, 8, 16);
+  const auto mc         = machine(4);
+  const pmt::plan::Layout plain{1, 4, 1, 1, pmt::parallel::ScheduleKind::OneFOneB, false};
+  pmt::plan::Layout seq = plain;
+  seq.sequence_parallel = true;
+  CHECK_THAT(seq.describe(), ContainsSubstring(", seq"));
+  const auto a = pmt::plan::estimate(pr, mc, plain), b = pmt::plan::estimate(pr, mc, seq);
+  // per block s (4 N C + 4 N) of the rows' values become 1 / 4 of that; the attention's and the
+  // MLP's (13 N Cl + b Hl T^2) stay; the stage's input and the final norm's values too
+  const double s = 4, N = 16.0 * 32, C = 256, Cl = C / 4, Hl = 2, T = 32;
+  const double rows = s * (4 * N * C + 4 * N), rest = s * (13 * N * Cl + 16 * Hl * T * T);
+  const double stage_rows = s * (N * C + N * C + 2 * N);  // input; the tail's LM-head gradient and norm statistics
+  CHECK(a.memory[0].activations - b.memory[0].activations ==
+        Catch::Approx(0.75 * (8 * rows + stage_rows)).epsilon(1e-12));
+  CHECK(b.memory[0].activations > 8 * rest);
+  // the tp collectives: per block 5 all-reduces' worth of bytes instead of 4, the embedding 1.5
+  CHECK(b.bytes.tp / a.bytes.tp == Catch::Approx(((5.0 * 8 + 1.5 + 1) * N * C * s + 3 * 8 * N) / ((4.0 * 8 + 2) * N * C * s + 3 * 8 * N)).epsilon(1e-9));
+  // a pipeline message is 1 / tp of the activation
+  pmt::plan::Layout piped{1, 2, 2, 2, pmt::parallel::ScheduleKind::OneFOneB, false}, piped_seq = piped;
+  piped_seq.sequence_parallel = true;
+  CHECK(pmt::plan::estimate(pr, mc, piped_seq).bytes.pp * 2 == Catch::Approx(pmt::plan::estimate(pr, mc, piped).bytes.pp));
+  // what cannot run says why
+  pmt::plan::Layout lone{4, 1, 1, 1, pmt::parallel::ScheduleKind::OneFOneB, false, 1, {}, false, true};
+  CHECK(pmt::plan::why_invalid(pr, lone, 4) == "sequence parallelism splits the tokens over tp, and tp is 1");
+  pmt::plan::Problem odd = pr;
+  odd.model.context = 3, odd.batch = 1;  // 3 tokens over tp 4
+  CHECK_THAT(pmt::plan::why_invalid(odd, seq, 4), ContainsSubstring("3 tokens over tp 4"));
+  // the search splits the rows only when memory requires it, and prefers that to recomputing
+  for (const auto& e : pmt::plan::search(pr, mc).ranked) CHECK(!e.layout.sequence_parallel);
+  const double limit = 0.5 * (a.peak_bytes() + b.peak_bytes());  // between the two
+  const auto tight   = machine(4, limit / 1048576.0);
+  bool found = false;
+  for (const auto& e : pmt::plan::search(pr, tight).ranked) {
+    CHECK(e.peak_bytes() <= limit);
+    const auto& l = e.layout;
+    if (l.dp == 1 && l.tp == 4 && l.pp == 1 && l.microbatches == 1) found = l.sequence_parallel && !l.recompute;
+  }
+  CHECK(found);
+  pmt::plan::SearchOptions never;
+  never.allow_sequence_parallel = false;
+  for (const auto& e : pmt::plan::search(pr, tight, never).ranked) CHECK(!e.layout.sequence_parallel);
+}
+
 TEST_CASE("recomputation: less activation memory for one more forward, chosen when memory requires it",
           "[plan][recompute]") {
   pmt::plan::Problem pr = problem(256, 8, 256, 8, 16);
@@ -743,21 +794,39 @@ TEST_CASE("recomputation: less activation memory for one more forward, chosen wh
   const double extra = 8 * 4 * pmt::plan::plan_detail::block_forward(pr, mc, keep, 2);
   CHECK(b.time.compute - a.time.compute == Catch::Approx(extra).epsilon(1e-9));
   CHECK_THAT(again.describe(), ContainsSubstring(", recompute"));
-  // the search recomputes only what does not fit otherwise
+  // the attention's recomputation: its T x T matrices go (s b Hl T^2 per block and live
+  // microbatch), a twelfth of the rest too; its core once more per block and microbatch
+  pmt::plan::Layout attention = keep;
+  attention.recompute_attention = true;
+  CHECK_THAT(attention.describe(), ContainsSubstring(", recompute attention"));
+  const auto c = pmt::plan::estimate(pr, mc, attention);
+  const double s = 4, N = 2.0 * 256, Cl = 256, TT = 2.0 * 8 * 256 * 256;
+  CHECK(a.memory[0].activations - c.memory[0].activations == Catch::Approx(8 * 4 * s * (N * Cl + TT)).epsilon(1e-12));
+  CHECK(c.time.compute - a.time.compute ==
+        Catch::Approx(8 * 4 * pmt::plan::plan_detail::attention_core_forward(pr, mc, keep, 2)).epsilon(1e-9));
+  pmt::plan::Layout both = again;
+  both.recompute_attention = true;
+  CHECK_THAT(pmt::plan::why_invalid(pr, both, 2), ContainsSubstring("do not combine"));
+  // the search recomputes only what does not fit otherwise, the attention before whole blocks
   const auto roomy = pmt::plan::search(pr, mc);
-  for (const auto& e : roomy.ranked) CHECK(!e.layout.recompute);
-  const double limit = 0.5 * (a.peak_bytes() + b.peak_bytes());  // between the two
-  pmt::plan::Machine tight = machine(2, limit / 1048576.0);
-  const auto plan = pmt::plan::search(pr, tight);
-  bool found = false;
-  for (const auto& e : plan.ranked) {
-    CHECK(e.peak_bytes() <= limit);
-    const auto& l = e.layout;
-    if (l.dp == 1 && l.tp == 1 && l.pp == 2 && l.microbatches == 8 && l.schedule == keep.schedule && l.chunks == 1)
-      found = e.layout.recompute;
-  }
-  CHECK(found);
-  pmt::plan::SearchOptions never;
-  never.allow_recompute = false;
-  for (const auto& e : pmt::plan::search(pr, tight, never).ranked) CHECK(!e.layout.recompute);
+  for (const auto& e : roomy.ranked) CHECK((!e.layout.recompute && !e.layout.recompute_attention));
+  const auto fits_with = [&](double limit, bool blocks) {
+    pmt::plan::Machine tight = machine(2, limit / 1048576.0);
+    const auto plan = pmt::plan::search(pr, tight);
+    bool found = false;
+    for (const auto& e : plan.ranked) {
+      CHECK(e.peak_bytes() <= limit);
+      const auto& l = e.layout;
+      if (l.dp == 1 && l.tp == 1 && l.pp == 2 && l.microbatches == 8 && l.schedule == keep.schedule && l.chunks == 1)
+        found = blocks ? l.recompute && !l.recompute_attention : l.recompute_attention && !l.recompute;
+    }
+    CHECK(found);
+    pmt::plan::SearchOptions never;
+    never.allow_recompute = false;
+    for (const auto& e : pmt::plan::search(pr, tight, never).ranked) CHECK((!e.layout.recompute && !e.layout.recompute_attention));
+  };
+  REQUIRE(b.peak_bytes() < c.peak_bytes());
+  REQUIRE(c.peak_bytes() < a.peak_bytes());
+  fits_with(0.5 * (c.peak_bytes() + a.peak_bytes()), false);  // the attention's recomputation fits
+  fits_with(0.5 * (b.peak_bytes() + c.peak_bytes()), true);   // only whole blocks' does
 }

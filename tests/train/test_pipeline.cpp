@@ -96,7 +96,7 @@ struct Reference {
 template <class T, bool Zero = false>
 bool matches(const Reference<T>& ref, const pmt::nn::GptConfig& cfg, pmt::MeshShape shape, pmt::parallel::ScheduleKind kind,
              pmt::parallel::StagePlan plan, int* peak, int* microbatches, int chunks = 1, std::size_t* early = nullptr,
-             pmt::Precision precision = pmt::Precision::fp32) {
+             pmt::Precision precision = pmt::Precision::fp32, bool seq = false, bool recompute = false) {
   using Model   = pmt::nn::Gpt<T, Host, Backend>;
   using Ids     = typename Model::Ids;
   using Opt     = std::conditional_t<Zero, pmt::optim::ZeroAdamW<T, Host, Backend>, pmt::optim::AdamW<T, Host>>;
@@ -104,7 +104,8 @@ bool matches(const Reference<T>& ref, const pmt::nn::GptConfig& cfg, pmt::MeshSh
   const bool bf16 = precision == pmt::Precision::bf16;
   const double tol = std::is_same_v<T, double> ? 1e-10 : (bf16 ? BF16_LOSS_TOL : 1e-5);
   pmt::Mesh<Backend> mesh(pmt::test::world(), shape);
-  Model par(mesh, cfg, plan, chunks);
+  Model par(mesh, cfg, pmt::nn::GptOptions{plan, chunks, recompute, seq});
+  if (seq && shape.tp > 1 && !par.sequence_parallel()) return false;
   Opt opt = [&] {
     if constexpr (Zero)
       return Opt(par.parameters(), hyper, mesh.comm(pmt::Axis::dp), mesh.comm(pmt::Axis::tp), mesh.comm(pmt::Axis::pp));
@@ -306,6 +307,82 @@ TEMPLATE_TEST_CASE("ZeRO-1 over dp with pipeline stages (one and two chunks) tra
     }
 }
 
+TEMPLATE_TEST_CASE("sequence parallelism: every layout with tp > 1 trains like one rank", "[train][pipeline][sequence][mpi]",
+                   double, float) {
+  using T     = TestType;
+  const int n = pmt::test::world().size();
+  if (n < 2) return;
+  const pmt::nn::GptConfig cfg{V, /*context=*/16, /*layers=*/4, /*width=*/32, /*heads=*/8, /*seed=*/5};
+  const Reference<T> ref(cfg);
+  const auto kind = pmt::parallel::ScheduleKind::OneFOneB;
+  for (int pp = 1; pp <= std::min(n / 2, 4); pp *= 2)
+    for (int dp = 1; dp <= n / pp / 2; dp *= 2) {
+      const int tp = n / pp / dp;
+      DYNAMIC_SECTION("dp " << dp << " x tp " << tp << " x pp " << pp << ", sequence-parallel") {
+        int peak = 0, m = 0;
+        CHECK(pmt::test::all_ranks(matches(ref, cfg, {dp, tp, pp}, kind, {}, &peak, &m, 1, nullptr, pmt::Precision::fp32, true)));
+      }
+    }
+  const int tp = 2, pp = n >= 4 ? 2 : 1, dp = n / tp / pp;
+  DYNAMIC_SECTION("dp " << dp << " x tp " << tp << " x pp " << pp << ", sequence-parallel with recomputation") {
+    int peak = 0, m = 0;
+    CHECK(pmt::test::all_ranks(matches(ref, cfg, {dp, tp, pp}, kind, {}, &peak, &m, 1, nullptr, pmt::Precision::fp32, true, true)));
+  }
+  if (n >= 4) {
+    DYNAMIC_SECTION("dp " << n / 4 << " x tp 2 x pp 2 x 2 chunks, sequence-parallel, interleaved 1F1B") {
+      int peak = 0, m = 0;
+      CHECK(pmt::test::all_ranks(matches(ref, cfg, {n / 4, 2, 2}, kind, {}, &peak, &m, 2, nullptr, pmt::Precision::fp32, true)));
+    }
+    DYNAMIC_SECTION("dp " << n / 2 << " x tp 2, sequence-parallel, ZeroAdamW") {
+      int peak = 0, m = 0;
+      CHECK(pmt::test::all_ranks(
+          matches<T, true>(ref, cfg, {n / 2, 2, 1}, kind, {}, &peak, &m, 1, nullptr, pmt::Precision::fp32, true)));
+    }
+  }
+}
+
+TEST_CASE("sequence parallelism: N/tp rows between the regions, partial gradients marked, bad row counts refused",
+          "[train][pipeline][sequence][mpi]") {
+  using Model   = pmt::nn::Gpt<double, Host, Backend>;
+  using Ids     = Model::Ids;
+  const auto& w = pmt::test::world();
+  const int n   = w.size();
+  if (n < 2) return;
+  const pmt::nn::GptConfig cfg{V, /*context=*/16, /*layers=*/2, /*width=*/32, /*heads=*/8, /*seed=*/5};
+  pmt::Mesh<Backend> mesh(w, {1, n, 1});
+  Model plain(mesh, cfg), seq(mesh, cfg, pmt::nn::GptOptions{{}, 1, false, true});
+  CHECK(!plain.sequence_parallel());
+  CHECK(seq.sequence_parallel());
+  // what a stage sends and receives: N / tp rows with sequence parallelism, N without
+  const auto mb = batch<Ids>(0, 0, 2);
+  CHECK(plain.input_extent(0, mb)[0] == 2 * Tn);
+  CHECK(seq.input_extent(0, mb)[0] == 2 * Tn / static_cast<std::size_t>(n));
+  // the replicated parameters of the split rows (the norms, the Row layers' biases) are partial
+  std::size_t partial = 0;
+  for (auto* p : seq.parameters()) {
+    if (p->tp_partial) {
+      ++partial;
+      CHECK(p->tp_replicated);
+    }
+  }
+  for (auto* p : plain.parameters()) CHECK(!p->tp_partial);
+  CHECK(partial == 2 * (2 * 2 + 2) + 2);  // per block: ln1, ln2 (weight, bias), proj and fc2 biases; lnf
+  // one rank's worth of rows that tp does not divide: refused on every rank before any collective
+  Kokkos::View<std::int32_t*, Kokkos::LayoutRight, Kokkos::HostSpace> ids("ids", 3);
+  CHECK_THROWS_WITH(seq.forward_backward(Host(), ids, ids, 1, 3, 3.0),
+                    Catch::Matchers::ContainsSubstring("pmt::nn::Gpt") && Catch::Matchers::ContainsSubstring("3 rows") &&
+                        Catch::Matchers::ContainsSubstring("tp = " + std::to_string(n)));
+  // inference takes any token count: it runs on whole rows, the plain model's logits bit for bit
+  for (std::size_t i = 0; i < ids.extent(0); ++i) ids(i) = static_cast<std::int32_t>(7 * i + 1);
+  const auto a = plain.infer_stage(Host(), ids, {}, 1, 3), b = seq.infer_stage(Host(), ids, {}, 1, 3);
+  REQUIRE((a.extent(0) == 3 && b.extent(0) == 3 && a.extent(1) == b.extent(1)));
+  bool same = true;
+  for (std::size_t i = 0; i < 3; ++i)
+    for (std::size_t j = 0; j < a.extent(1); ++j) same = same && a(i, j) == b(i, j);
+  CHECK(same);
+  CHECK(seq.sequence_parallel());  // and back on for training
+}
+
 TEST_CASE("pipeline configuration errors are raised up front with every factor", "[train][pipeline][mpi]") {
   using Model     = pmt::nn::Gpt<double, Host, Backend>;
   const auto& w   = pmt::test::world();
@@ -335,7 +412,7 @@ TEST_CASE("pipeline configuration errors are raised up front with every factor",
   CHECK_THROWS_WITH(pmt::Mesh<Backend>(w, {n, 2, 2}), Catch::Matchers::ContainsSubstring("dp(" + std::to_string(n) + ") * tp(2) * pp(2)"));
 }
 
-TEST_CASE("Gpt activation recomputation per block: the same parameters bit for bit, a lower peak",
+TEST_CASE("Gpt activation recomputation per block and of the attention: the same parameters bit for bit, a lower peak",
           "[train][pipeline][recompute][mpi]") {
   using Model   = pmt::nn::Gpt<double, Host, Backend>;
   using Ids     = Model::Ids;
@@ -356,10 +433,12 @@ TEST_CASE("Gpt activation recomputation per block: the same parameters bit for b
   if (n >= 2) layouts.push_back({{1, n / 2, 2}, pmt::parallel::ScheduleKind::GPipe});
   if (n >= 4) layouts.push_back({{2, n / 4, 2}, pmt::parallel::ScheduleKind::OneFOneB});
   for (const auto& [shape, kind] : layouts) {
-    const auto train = [&, shape = shape, kind = kind](bool recompute) {
+    // 0: keep every activation, 1: recompute each block, 2: recompute each block's attention
+    const auto train = [&, shape = shape, kind = kind](int mode) {
       pmt::Mesh<Backend> mesh(w, shape);
-      Model model(mesh, cfg, pmt::nn::GptOptions{{}, 1, recompute});
-      CHECK(model.recomputes() == recompute);
+      Model model(mesh, cfg, pmt::nn::GptOptions{{}, 1, mode == 1, false, mode == 2});
+      CHECK(model.recomputes() == (mode == 1));
+      CHECK(model.recomputes_attention() == (mode == 2));
       Opt opt(model.parameters(), hyper);
       pmt::train::Trainer<Model, Opt, Host, Backend, Policy> tr(mesh, model, opt);
       tr.set_schedule(kind);
@@ -386,14 +465,16 @@ TEST_CASE("Gpt activation recomputation per block: the same parameters bit for b
     };
     DYNAMIC_SECTION("dp " << shape.dp << " x tp " << shape.tp << " x pp " << shape.pp << ", "
                           << pmt::parallel::schedule_name(kind)) {
-      train(false);  // the first products measure their matmul paths; both runs below use the decided ones
-      const Result plain = train(false), recomputed = train(true);
+      train(0);  // the first products measure their matmul paths; the runs below use the decided ones
+      const Result plain = train(0), recomputed = train(1), selective = train(2);
       UNSCOPED_INFO("rank " << w.rank() << ": step peak above the model " << plain.peak << " bytes, with recomputation "
-                            << recomputed.peak);
+                            << recomputed.peak << ", of the attention " << selective.peak);
       CHECK(pmt::test::all_ranks(plain.values == recomputed.values && plain.losses == recomputed.losses));
-      // stage 0 holds its live microbatches' activations of 2 blocks without, 2 inputs with
+      CHECK(pmt::test::all_ranks(plain.values == selective.values && plain.losses == selective.losses));
+      // stage 0 holds its live microbatches' activations of 2 blocks without, 2 inputs with; the
+      // attention's recomputation drops their T x T matrices
       const pmt::Mesh<Backend> probe(w, shape);
-      CHECK(pmt::test::all_ranks(probe.coord(pmt::Axis::pp) != 0 || recomputed.peak < plain.peak));
+      CHECK(pmt::test::all_ranks(probe.coord(pmt::Axis::pp) != 0 || (recomputed.peak < selective.peak && selective.peak < plain.peak)));
     }
   }
 }

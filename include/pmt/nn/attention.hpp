@@ -6,6 +6,13 @@
 // Legend: B batch, T sequence, N = B T rows, C width, Cl = C / tp, H heads, tp degree.
 //   x (N, C) -> qkv (N, 3 Cl) = [q | k | v] -> attention (B, T, Cl) -> proj (N, C)
 // Communication: forward one all_reduce(tp) (proj); backward one (the projection's dx).
+// Sequence parallelism (the `sequence_parallel` constructor argument): x and y are this rank's
+// N/tp rows; the fused projection all-gathers x (forward, and again in backward: only N/tp rows are
+// kept) and reduce-scatters dx, the output projection reduce-scatters y and all-gathers dy.
+// Selective recomputation (recompute_attention(true), Megatron's "selective"): the forward keeps
+// the fused projection's output [q | k | v] (N, 3 Cl) instead of the attention's own buffers (the
+// split heads and the T x T softmax output per head), and the backward runs the attention's
+// forward again from it first: the same values bit for bit, one attention core more per backward.
 // The fused weight W (C, 3, C) is stored as a (3C, C) matrix whose row 3 i + g holds input feature
 // i of projection g (q, k, v) and whose columns are split over tp like a Col layer's, so each
 // rank's shard (3C, Cl) is, read as (C, 3 Cl), the weight of x -> [q | k | v] of its heads, and a
@@ -70,8 +77,10 @@ class QkvProjection {
  public:
   /// Weights from RNG streams first_stream (q), + 1 (k), + 2 (v), N(0, init_std^2).
   /// \throws pmt::ShapeError when C is not divisible by tp.
-  QkvProjection(const Mesh<Backend>& mesh, std::size_t C, RngKey first, double init_std = 0.02)
-      : m_tp(mesh.comm(Axis::tp)), m_C(C) {
+  /// With `sequence_parallel`, x is this rank's N/tp rows (gathered over tp) and dx too.
+  QkvProjection(const Mesh<Backend>& mesh, std::size_t C, RngKey first, double init_std = 0.02,
+                bool sequence_parallel = false)
+      : m_tp(mesh.comm(Axis::tp)), m_C(C), m_seq(sequence_parallel && m_tp.size() > 1) {
     const auto tp = static_cast<std::size_t>(m_tp.size()), r = static_cast<std::size_t>(m_tp.rank());
     detail::require(C % tp == 0, "pmt::nn::QkvProjection", [&] {
       return detail::str("width ", C, " is not divisible by tp = ", tp);
@@ -98,37 +107,46 @@ class QkvProjection {
     Exec().fence();
   }
 
-  /// \brief qkv (N, 3 Cl) = x W + [bq | 0 | bv]; keeps x for backward.
-  Tensor<T, 2, Exec> forward(const Exec& exec, const Tensor<T, 2, Exec>& x) {
-    detail::require(x.extent(1) == m_C, "pmt::nn::QkvProjection::forward", [&] {
-      return detail::str("x is ", shape_str(x), "; expected (N, ", m_C, ")");
+  /// \brief qkv (N, 3 Cl) = x W + [bq | 0 | bv]; keeps x for backward. With sequence
+  /// parallelism x is (N/tp, C).
+  Tensor<T, 2, Exec> forward(const Exec& exec, const Tensor<T, 2, Exec>& x_in) {
+    detail::require(x_in.extent(1) == m_C, "pmt::nn::QkvProjection::forward", [&] {
+      return detail::str("x is ", shape_str(x_in), "; expected (N, ", m_C, ")");
     });
     const Instrument instrument("pmt::nn::QkvProjection::forward");
-    if (grad_enabled()) *m_x = x;
+    if (grad_enabled()) *m_x = x_in;
+    const Tensor<T, 2, Exec> x = m_seq ? parallel::gather_rows(m_tp, exec, x_in) : x_in;
     auto y = workspace_view<Tensor<T, 2, Exec>>("pmt::nn::QkvProjection::y", x.extent(0), 3 * local());
     detail::fill_qkv_bias(exec, y, m_bq.value, m_bv.value);
     ops::matmul(exec, ops::Trans::N, ops::Trans::N, T(1), x, weight(m_w.value), T(1), y);
     return y;
   }
-  /// \brief dW += x^T dqkv, dbq and dbv += column sums, returns dx = dqkv W^T summed over tp.
+  /// \brief dW += x^T dqkv, dbq and dbv += column sums, returns dx = dqkv W^T summed over tp
+  /// (reduce-scattered to this rank's rows with sequence parallelism).
   Tensor<T, 2, Exec> backward(const Exec& exec, const Tensor<T, 2, Exec>& dy) {
     const Instrument instrument("pmt::nn::QkvProjection::backward");
-    const Tensor<T, 2, Exec> x = m_x.take();
-    detail::require(x.data() != nullptr && dy.extent(0) == x.extent(0) && dy.extent(1) == 3 * local(),
+    const Tensor<T, 2, Exec> saved = m_x.take();
+    const std::size_t rows = saved.extent(0) * (m_seq ? static_cast<std::size_t>(m_tp.size()) : 1);
+    detail::require(saved.data() != nullptr && dy.extent(0) == rows && dy.extent(1) == 3 * local(),
                     "pmt::nn::QkvProjection::backward", [&] {
-                      return detail::str("dqkv is ", shape_str(dy), " but forward saw x ", shape_str(x), " and produced (",
-                                         x.extent(0), ", ", 3 * local(), "); call forward first (each backward consumes its "
+                      return detail::str("dqkv is ", shape_str(dy), " but forward saw x ", shape_str(saved), " and produced (",
+                                         rows, ", ", 3 * local(), "); call forward first (each backward consumes its "
                                          "forward's saved input)");
                     });
+    const Tensor<T, 2, Exec> x = m_seq ? parallel::gather_rows(m_tp, exec, saved) : saved;
     ops::matmul(exec, ops::Trans::T, ops::Trans::N, T(1), x, dy, T(1), weight(m_w.grad));  // (C, 3 Cl)
     ops::column_sum(exec, dy, m_sums, T(0));
     detail::add_qkv_bias_grads(exec, m_sums, m_bq.grad, m_bv.grad);
     auto dx = workspace_view<Tensor<T, 2, Exec>>("pmt::nn::QkvProjection::dx", dy.extent(0), m_C);
     ops::matmul(exec, ops::Trans::N, ops::Trans::T, T(1), dy, weight(m_w.value), T(0), dx);  // (N, C)
+    if (m_seq) return parallel::reduce_scatter_rows(m_tp, exec, dx);  // conjugate of gather_rows
     parallel::copy_to_backward(m_tp, exec, dx);  // x entered the column-split region whole
     return dx;
   }
   std::vector<Parameter<T, Exec>*> parameters() { return {&m_w, &m_bq, &m_bv}; }
+  /// \brief Sequence parallelism on or off from the next forward on (not between a forward and
+  /// its backward).
+  void sequence_parallel(bool on) noexcept { m_seq = on && m_tp.size() > 1; }
   /// \brief This rank's width of each of q, k and v (C / tp).
   std::size_t local() const noexcept { return m_C / static_cast<std::size_t>(m_tp.size()); }
 
@@ -140,6 +158,7 @@ class QkvProjection {
   }
   comm::Communicator<Backend> m_tp;
   std::size_t m_C;
+  bool m_seq;
   Parameter<T, Exec> m_w, m_bq, m_bv;
   Tensor<T, 1, Exec> m_sums;       // column sums of dqkv (3 Cl)
   Saved<Tensor<T, 2, Exec>> m_x;   // the input, per activation slot
@@ -147,6 +166,7 @@ class QkvProjection {
 
 /// \brief Multi-head causal self-attention with the heads split over tp (see the file comment):
 /// x (B T, C) replicated -> y (B T, C) replicated; one all-reduce forward and one backward.
+/// With `sequence_parallel` x and y are this rank's B T / tp rows (see the file comment).
 /// \throws pmt::ShapeError when C is not divisible by the heads or the heads by tp, or an input
 /// is not (B T, C).
 template <class T, class Exec = Kokkos::DefaultExecutionSpace, class Backend = comm::default_backend_t<Exec>>
@@ -161,30 +181,34 @@ class CausalSelfAttention {
   /// Weights use RNG streams first_stream .. first_stream + 3 (q, k, v, proj).
   /// \throws pmt::ShapeError when C is not divisible by H or H by tp.
   CausalSelfAttention(const Mesh<Backend>& mesh, std::size_t C, std::size_t H, std::uint64_t seed,
-                      std::uint32_t first_stream)
-      : m_tp(mesh.comm(Axis::tp)), m_C(C), m_H(H),
-        m_qkv(checked(mesh, C, H), C, RngKey{seed, first_stream}),
-        m_proj(mesh, C, C, RngKey{seed, first_stream + 3}) {}
+                      std::uint32_t first_stream, bool sequence_parallel = false)
+      : m_tp(mesh.comm(Axis::tp)), m_C(C), m_H(H), m_seq(sequence_parallel && m_tp.size() > 1),
+        m_qkv(checked(mesh, C, H), C, RngKey{seed, first_stream}, 0.02, sequence_parallel),
+        m_proj(mesh, C, C, RngKey{seed, first_stream + 3}, seq_options(sequence_parallel)) {}
 
-  /// \brief y (N, C) from x (N, C) holding B sequences of T tokens.
+  /// \brief y (N, C) from x (N, C) holding B sequences of T tokens (N/tp rows of each with
+  /// sequence parallelism).
   Tensor<T, 2, Exec> forward(const Exec& exec, const Tensor<T, 2, Exec>& x, std::size_t B, std::size_t Tn) {
-    detail::require(x.extent(0) == B * Tn && x.extent(1) == m_C, "pmt::nn::CausalSelfAttention::forward", [&] {
-      return detail::str("x is ", shape_str(x), "; expected (B T, C) = (", B * Tn, ", ", m_C, ")");
+    const std::size_t rows = m_seq ? parallel::local_rows(m_tp, B * Tn, "pmt::nn::CausalSelfAttention::forward") : B * Tn;
+    detail::require(x.extent(0) == rows && x.extent(1) == m_C, "pmt::nn::CausalSelfAttention::forward", [&] {
+      return detail::str("x is ", shape_str(x), "; expected (B T", m_seq ? " / tp" : "", ", C) = (", rows, ", ", m_C, ")");
     });
     const Instrument instrument("pmt::nn::CausalSelfAttention::forward");
-    const std::size_t Cl = m_C / static_cast<std::size_t>(m_tp.size()), Hl = m_H / static_cast<std::size_t>(m_tp.size());
+    const std::size_t Cl = m_C / static_cast<std::size_t>(m_tp.size());
     // pmt::NoGrad / KeepNothing: the buffers come from the workspace and go back after this
     // forward, so every layer's no-grad forward (recomputation's first pass, evaluation) reuses
     // the same ones instead of each layer holding its own
+    // (with selective recomputation only the projection's output is kept, so the attention's
+    // buffers are such a scratch too)
     Cache scratch;
-    Cache& saved = grad_enabled() ? *m_saved : scratch;
+    Cache& saved = grad_enabled() && !m_recompute ? *m_saved : scratch;
     if (saved.cache.B != static_cast<std::int64_t>(B) || saved.cache.T_ != static_cast<std::int64_t>(Tn))
-      saved.cache = ops::make_attention_cache<T, Exec>(static_cast<std::int64_t>(B), static_cast<std::int64_t>(Tn),
-                                                   static_cast<std::int64_t>(Cl), static_cast<std::int64_t>(Hl));
+      saved.cache = make_cache(B, Tn);
     auto qkv = m_qkv.forward(exec, x);  // (N, 3 C/tp) = [q | k | v]
     auto att = workspace_view<Tensor<T, 2, Exec>>("pmt::nn::attention::out", B * Tn, Cl);
     ops::attention_forward(exec, as3(qkv, B, Tn), as3(att, B, Tn), saved.cache);
-    return m_proj.forward(exec, att);  // (N, C), all-reduced over tp
+    if (grad_enabled() && m_recompute) m_saved->qkv = qkv, m_saved->cache.B = saved.cache.B, m_saved->cache.T_ = saved.cache.T_;
+    return m_proj.forward(exec, att);  // (N, C), all-reduced over tp (N/tp rows, reduce-scattered)
   }
 
   /// \brief dx (N, C) from dy (N, C).
@@ -192,14 +216,22 @@ class CausalSelfAttention {
     const Instrument instrument("pmt::nn::CausalSelfAttention::backward");
     auto saved   = m_saved.take();
     const auto B = static_cast<std::size_t>(saved.cache.B), Tn = static_cast<std::size_t>(saved.cache.T_);
-    detail::require(saved.cache.q.data() != nullptr && dy.extent(0) == B * Tn, "pmt::nn::CausalSelfAttention::backward",
+    const std::size_t rows = m_seq ? B * Tn / static_cast<std::size_t>(m_tp.size()) : B * Tn;
+    detail::require((saved.cache.q.data() != nullptr || saved.qkv.data() != nullptr) && dy.extent(0) == rows,
+                    "pmt::nn::CausalSelfAttention::backward",
                     [&] {
-                      return detail::str("dy is ", shape_str(dy), " but the saved forward is (B T, C) = (", B * Tn,
-                                         ", ", m_C, "); call forward first (each backward consumes its forward's "
-                                         "activations)");
+                      return detail::str("dy is ", shape_str(dy), " but the saved forward is (B T", m_seq ? " / tp" : "",
+                                         ", C) = (", rows, ", ", m_C, "); call forward first (each backward consumes its "
+                                         "forward's activations)");
                     });
     const std::size_t Cl = m_C / static_cast<std::size_t>(m_tp.size());
     auto datt = m_proj.backward(exec, dy);  // (N, C/tp)
+    if (saved.qkv.data() != nullptr) {  // selective recomputation: the attention's forward again
+      const Instrument again("pmt::nn::CausalSelfAttention::recompute");
+      saved.cache = make_cache(B, Tn);
+      auto att = workspace_view<Tensor<T, 2, Exec>>("pmt::nn::attention::out", B * Tn, Cl);
+      ops::attention_forward(exec, as3(saved.qkv, B, Tn), as3(att, B, Tn), saved.cache);
+    }
     // every element written by attention_backward
     auto dqkv = workspace_view<Tensor<T, 2, Exec>>("pmt::nn::attention::dqkv", B * Tn, 3 * Cl);
     ops::attention_backward(exec, as3(datt, B, Tn), as3(dqkv, B, Tn), saved.cache);
@@ -210,6 +242,15 @@ class CausalSelfAttention {
     std::vector<Parameter<T, Exec>*> all = m_qkv.parameters();
     for (auto* p : m_proj.parameters()) all.push_back(p);
     return all;
+  }
+  /// \brief Selective recomputation on or off from the next forward on (see the file comment).
+  void recompute_attention(bool on) noexcept { m_recompute = on; }
+  bool recomputes_attention() const noexcept { return m_recompute; }
+  /// \brief Sequence parallelism on or off from the next forward on (not between a forward and
+  /// its backward).
+  void sequence_parallel(bool on) {
+    m_seq = on && m_tp.size() > 1;
+    m_qkv.sequence_parallel(on), m_proj.sequence_parallel(on);
   }
 
  private:
@@ -223,6 +264,16 @@ class CausalSelfAttention {
     });
     return mesh;
   }
+  ops::AttentionCache<T, Exec> make_cache(std::size_t B, std::size_t Tn) const {
+    const auto tp = static_cast<std::size_t>(m_tp.size());
+    return ops::make_attention_cache<T, Exec>(static_cast<std::int64_t>(B), static_cast<std::int64_t>(Tn),
+                                              static_cast<std::int64_t>(m_C / tp), static_cast<std::int64_t>(m_H / tp));
+  }
+  static LinearOptions seq_options(bool sequence_parallel) {
+    LinearOptions o;
+    o.sequence_parallel = sequence_parallel;
+    return o;
+  }
   static auto as3(const Tensor<T, 2, Exec>& v, std::size_t B, std::size_t Tn) {
     return Kokkos::View<T***, Kokkos::LayoutRight, typename Exec::memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
         v.data(), B, Tn, v.extent(1));
@@ -230,10 +281,13 @@ class CausalSelfAttention {
 
   comm::Communicator<Backend> m_tp;
   std::size_t m_C, m_H;
+  bool m_seq;
   QkvProjection<T, Exec, Backend> m_qkv;
   Linear<T, TensorSplit<Row>, Exec, Backend> m_proj;
+  bool m_recompute = false;  // selective recomputation
   struct Cache {
-    ops::AttentionCache<T, Exec> cache;
+    ops::AttentionCache<T, Exec> cache;  // its B and T_ also with selective recomputation
+    Tensor<T, 2, Exec> qkv;              // selective recomputation: [q | k | v] (N, 3 Cl)
   };
   Saved<Cache> m_saved;  // per activation slot
 };

@@ -20,6 +20,15 @@
 // backward_chunk run one of them. The first stage still holds the embeddings (in chunk 0) and
 // the last the final norm and LM head (in chunk v-1).
 // Parameter names are global and layout-free: "wte", "wpe", "block3.attn.2", "lnf.weight".
+// Sequence parallelism (GptOptions::sequence_parallel, Megatron's): with tp > 1 the activations
+// between the tensor-parallel regions (the norms and residual adds, what a stage sends and
+// receives) are this rank's N/tp rows of the B T tokens, rows [r N/tp, (r+1) N/tp) on tp rank r.
+// The Col layers all-gather their input and the Row layers reduce-scatter their output in place
+// of the all-reduces (parallel/regions.hpp); the embeddings' output is split after the lookup,
+// and the LM head all-gathers the final norm's output and reduce-scatters its gradient. The
+// norms' weights and the Row layers' biases then hold each rank's rows' part of their gradient
+// (Parameter::tp_partial); parallel::sum_partial_grads sums them over tp (the Trainer does, after
+// the data-parallel sync). B T must divide by tp.
 
 #include "pmt/core/instrument.hpp"
 #include "pmt/comm/backend.hpp"
@@ -59,11 +68,16 @@ namespace pmt::nn {
 template <class T, class Exec, class Backend>
 class GptBlock {
  public:
-  GptBlock(const Mesh<Backend>& mesh, const GptConfig& c, std::size_t index)
+  /// With `sequence_parallel` (and tp > 1) x and y are this rank's N/tp rows (see Gpt).
+  GptBlock(const Mesh<Backend>& mesh, const GptConfig& c, std::size_t index, bool sequence_parallel = false)
       : m_ln1("block" + std::to_string(index) + ".ln1", c.width),
-        m_attn(mesh, c.width, c.heads, c.seed, stream(index, 0)),
+        m_attn(mesh, c.width, c.heads, c.seed, stream(index, 0), sequence_parallel),
         m_ln2("block" + std::to_string(index) + ".ln2", c.width),
-        m_mlp(make_mlp<T, Exec, Backend>(mesh, c.width, 4 * c.width, c.seed, stream(index, 4))) {}
+        m_mlp(make_mlp<T, Exec, Backend>(mesh, c.width, 4 * c.width, c.seed, stream(index, 4), sequence_parallel)) {
+    if (sequence_parallel && mesh.degree(Axis::tp) > 1)
+      for (const auto& ps : {m_ln1.parameters(), m_ln2.parameters()})
+        for (auto* p : ps) p->tp_partial = true;
+  }
 
   /// \brief y (N, C) from x (N, C) holding B sequences of T tokens. With recomputation (and
   /// gradients enabled) only x is kept; backward runs this forward again first.
@@ -95,6 +109,13 @@ class GptBlock {
   }
   /// \brief Activation recomputation on or off (see forward).
   void recompute(bool on) noexcept { m_recompute = on; }
+  /// \brief Selective recomputation of the attention on or off (nn/attention.hpp).
+  void recompute_attention(bool on) noexcept { m_attn.recompute_attention(on); }
+  /// \brief Sequence parallelism of the block's layers on or off from the next forward on.
+  void sequence_parallel(bool on) {
+    m_attn.sequence_parallel(on);
+    m_mlp.template get<0>().sequence_parallel(on), m_mlp.template get<2>().sequence_parallel(on);
+  }
   std::vector<Parameter<T, Exec>*> parameters() {
     std::vector<Parameter<T, Exec>*> all;
     for (const auto& v : {m_ln1.parameters(), m_attn.parameters(), m_ln2.parameters(), m_mlp.parameters()})
@@ -141,6 +162,16 @@ struct GptOptions {
   /// one more block forward per microbatch; a live microbatch holds one (N, C) tensor per block
   /// instead of every layer's activations and the attention matrices.
   bool recompute = false;
+  /// Sequence parallelism (see the Gpt file comment): with tp > 1 the activations outside the
+  /// tensor-parallel regions hold N/tp rows per rank, all-gathered and reduce-scattered around
+  /// them. The same model and gradients (to rounding), less activation memory and smaller
+  /// pipeline messages; B T must divide by tp.
+  bool sequence_parallel = false;
+  /// Selective recomputation (Megatron's): each block's attention keeps only [q | k | v] and its
+  /// backward runs the attention core (q k^T, softmax, times v) again; the T x T matrices of a
+  /// live microbatch are not kept. The same gradients bit for bit. Ignored with `recompute`, which
+  /// recomputes the whole block.
+  bool recompute_attention = false;
 };
 
 namespace gpt_detail {
@@ -177,7 +208,8 @@ class Gpt {
       : m_cfg(checked(c)), m_tp(mesh.comm(Axis::tp)), m_stage(mesh.coord(Axis::pp)),
         m_stages(mesh.degree(Axis::pp)), m_chunks(checked_chunks(c, m_stages, options.chunks)),
         m_plan(options.plan.empty() ? balanced_plan(c, m_stages * options.chunks) : std::move(options.plan)),
-        m_recompute(options.recompute) {
+        m_recompute(options.recompute), m_recompute_attention(options.recompute_attention && !options.recompute),
+        m_seq(options.sequence_parallel && m_tp.size() > 1) {
     const int chunks = options.chunks;
     detail::require<ConfigError>(m_plan.stages() == m_stages * chunks && m_plan.layers() == c.layers,
                                  "pmt::nn::Gpt", [&] {
@@ -198,13 +230,15 @@ class Gpt {
       }
       m_lnf = std::make_unique<LayerNorm<T, Exec>>("lnf", c.width);
       m_lnf->parameters()[0]->name = "lnf.weight", m_lnf->parameters()[1]->name = "lnf.bias";
+      for (auto* p : m_lnf->parameters()) p->tp_partial = m_seq;
     }
     m_blocks.resize(static_cast<std::size_t>(chunks));
     for (int k = 0; k < chunks; ++k)
       for (std::size_t i = m_plan.begin(k * m_stages + m_stage); i < m_plan.end(k * m_stages + m_stage); ++i) {
-        m_blocks[std::size_t(k)].push_back(std::make_unique<GptBlock<T, Exec, Backend>>(mesh, c, i));
+        m_blocks[std::size_t(k)].push_back(std::make_unique<GptBlock<T, Exec, Backend>>(mesh, c, i, m_seq));
         m_blocks[std::size_t(k)].back()->name_parameters(i);
         m_blocks[std::size_t(k)].back()->recompute(m_recompute);
+        m_blocks[std::size_t(k)].back()->recompute_attention(m_recompute_attention);
       }
   }
 
@@ -219,7 +253,9 @@ class Gpt {
   /// \brief Forward and backward of one batch through the whole model (pp = 1): ids and targets
   /// (B T) of this rank's data shard. Returns this batch's loss divided by `normaliser` (pass the
   /// global token count so that ranks' and microbatches' losses add up to the global mean);
-  /// gradients accumulate. \throws pmt::ConfigError with pp > 1 (use pmt::train::Trainer).
+  /// gradients accumulate. With sequence parallelism the norms' and Row biases' gradients are
+  /// then this rank's rows' part: call parallel::sum_partial_grads once after the last batch (the
+  /// Trainer does). \throws pmt::ConfigError with pp > 1 (use pmt::train::Trainer).
   double forward_backward(const Exec& exec, const Ids& ids, const Ids& targets, std::size_t B, std::size_t Tn,
                           double normaliser, std::int64_t ignore_index = -100) {
     detail::require<ConfigError>(m_stages == 1, "pmt::nn::Gpt::forward_backward", [&] {
@@ -248,16 +284,16 @@ class Gpt {
   /// reads `ids`, the last computes the loss.
   Activation forward_chunk(const Exec& exec, int k, const Ids& ids, const Ids& targets, const Activation& x_in,
                            std::size_t B, std::size_t Tn, double normaliser, double* loss, std::int64_t ignore_index = -100) {
-    const std::size_t N = B * Tn, C = m_cfg.width;
+    const std::size_t N = B * Tn, C = m_cfg.width, Nl = local_rows(N);
     const bool first = first_chunk(k), last = last_chunk(k);
     detail::require(k >= 0 && k < m_chunks && Tn <= m_cfg.context && (!first || ids.extent(0) == N) &&
-                        (!last || targets.extent(0) == N) && (first || (x_in.extent(0) == N && x_in.extent(1) == C)),
+                        (!last || targets.extent(0) == N) && (first || (x_in.extent(0) == Nl && x_in.extent(1) == C)),
                     "pmt::nn::Gpt", [&] {
                       return detail::str("stage ", m_stage, "/", m_stages, ", chunk ", k, "/", m_chunks, ": ids is ",
                                          shape_str(ids), ", targets ", shape_str(targets), " and x ", shape_str(x_in),
                                          " for B = ", B, ", T = ", Tn,
-                                         "; expected ids (B T) on the first stage, targets (B T) on the last, x (B T, ",
-                                         C, ") on the others, and T <= context ", m_cfg.context);
+                                         "; expected ids (B T) on the first stage, targets (B T) on the last, x (B T",
+                                         m_seq ? " / tp, " : ", ", C, ") on the others, and T <= context ", m_cfg.context);
                     });
     Activation x = first ? embed(exec, ids, N, Tn) : x_in;
     for (auto& b : m_blocks[std::size_t(k)]) {
@@ -266,8 +302,9 @@ class Gpt {
     }
     if (!last) return x;
     const Instrument head_region("pmt::nn::Gpt::head_and_loss");
-    auto h = m_lnf->forward(exec, x);
-    // Tied LM head: logits (N, V/tp) = h wte_shard^T.
+    // Tied LM head: logits (N, V/tp) = h wte_shard^T (the rows of every tp rank, with sequence
+    // parallelism gathered).
+    auto h = gathered(exec, m_lnf->forward(exec, x));
     auto& head = head_table();
     auto table = head.table().value2d();
     auto logits = workspace_view<Activation>("pmt::nn::Gpt::logits", N, table.extent(0));
@@ -276,13 +313,17 @@ class Gpt {
     const double l = vocab_parallel_cross_entropy(m_tp, exec, logits, targets, head.vocab_offset(),
                                                   static_cast<std::int64_t>(m_cfg.vocab), normaliser, dlogits, ignore_index);
     if (loss != nullptr) *loss += l;
-    // Backward of the head: dh = dlogits wte_shard (partial over the vocabulary: all-reduce),
-    // d wte_shard += dlogits^T h.
+    // Backward of the head: dh = dlogits wte_shard (partial over the vocabulary: all-reduce, or
+    // reduce-scatter to this rank's rows), d wte_shard += dlogits^T h.
     auto dh = workspace_view<Activation>("pmt::nn::Gpt::dh", N, C);
     ops::matmul(exec, ops::Trans::N, ops::Trans::N, T(1), dlogits, table, T(0), dh);
-    parallel::copy_to_backward(m_tp, exec, dh);  // h entered the vocabulary-split head whole
     ops::matmul(exec, ops::Trans::T, ops::Trans::N, T(1), dlogits, h, T(1), head.table().grad2d());
-    *m_dh = dh;
+    if (m_seq) {
+      *m_dh = parallel::reduce_scatter_rows(m_tp, exec, dh);  // conjugate of gathering h
+    } else {
+      parallel::copy_to_backward(m_tp, exec, dh);  // h entered the vocabulary-split head whole
+      *m_dh = dh;
+    }
     return Activation();
   }
 
@@ -290,28 +331,35 @@ class Gpt {
   Activation forward_chunk(const Exec& exec, int k, const Batch& mb, const Activation& x_in, double normaliser, double* loss) {
     return forward_chunk(exec, k, mb.ids, mb.targets, x_in, mb.B, mb.T, normaliser, loss);
   }
-  /// \brief The local shape of chunk k's input and output activations: (B T, width) both.
-  std::array<std::size_t, 2> input_extent(int, const Batch& mb) const noexcept { return {mb.B * mb.T, m_cfg.width}; }
-  std::array<std::size_t, 2> output_extent(int, const Batch& mb) const noexcept { return {mb.B * mb.T, m_cfg.width}; }
+  /// \brief The local shape of chunk k's input and output activations: (B T, width) both
+  /// ((B T / tp, width) with sequence parallelism).
+  std::array<std::size_t, 2> input_extent(int, const Batch& mb) const noexcept {
+    return {mb.B * mb.T / (m_seq ? static_cast<std::size_t>(m_tp.size()) : 1), m_cfg.width};
+  }
+  std::array<std::size_t, 2> output_extent(int k, const Batch& mb) const noexcept { return input_extent(k, mb); }
 
   /// \brief Inference: like forward_stage, but the last stage returns this rank's logits
   /// (N, V/tp: vocabulary entries [vocab_offset(), vocab_offset() + V/tp)) and computes no loss
   /// and no gradient. Activations are saved in the current slot (the next forward replaces them).
   /// \throws pmt::ConfigError with more than one chunk per stage (use infer_chunk).
+  /// Inference runs without sequence parallelism (the same values, any token count): the
+  /// activations are (B T, width) here.
   Activation infer_stage(const Exec& exec, const Ids& ids, const Activation& x_in, std::size_t B, std::size_t Tn) {
     if (m_stages > 1) single_chunk("pmt::nn::Gpt::infer_stage");
+    const WholeRows whole(*this);
     Activation x = x_in;  // pp = 1: the whole model, chunk after chunk
     for (int k = 0; k + 1 < m_chunks; ++k) x = forward_chunk(exec, k, ids, Ids(), x, B, Tn, 1.0, nullptr);
     return infer_chunk(exec, m_chunks - 1, ids, x, B, Tn);
   }
   /// \brief infer_stage of chunk k.
   Activation infer_chunk(const Exec& exec, int k, const Ids& ids, const Activation& x_in, std::size_t B, std::size_t Tn) {
+    const WholeRows whole(*this);  // inference: every rank all the rows
     if (!last_chunk(k)) return forward_chunk(exec, k, ids, Ids(), x_in, B, Tn, 1.0, nullptr);
     Activation x = first_chunk(k) ? embed(exec, ids, B * Tn, Tn) : x_in;  // pp = 1: the whole model
     for (auto& b : m_blocks[std::size_t(k)]) x = b->forward(exec, x, B, Tn);
-    auto h     = m_lnf->forward(exec, x);
+    auto h     = gathered(exec, m_lnf->forward(exec, x));
     auto table = head_table().table().value2d();
-    auto logits = workspace_view<Activation>("pmt::nn::Gpt::logits", x.extent(0), table.extent(0));
+    auto logits = workspace_view<Activation>("pmt::nn::Gpt::logits", h.extent(0), table.extent(0));
     ops::matmul(exec, ops::Trans::N, ops::Trans::T, T(1), h, table, T(0), logits);
     return logits;
   }
@@ -345,6 +393,7 @@ class Gpt {
       pmt::progress();
     }
     if (!first_chunk(k)) return dx;
+    if (m_seq) dx = parallel::gather_rows(m_tp, exec, dx);  // conjugate of splitting the embeddings' rows
     m_wpe->backward(exec, dx);
     m_wte->backward(exec, dx);
     return Activation();
@@ -393,6 +442,10 @@ class Gpt {
   std::size_t width() const noexcept { return m_cfg.width; }
   /// \brief Whether the blocks recompute their activations in backward (GptOptions::recompute).
   bool recomputes() const noexcept { return m_recompute; }
+  /// \brief Whether the blocks' attention is recomputed in backward (GptOptions::recompute_attention).
+  bool recomputes_attention() const noexcept { return m_recompute_attention; }
+  /// \brief Whether the model runs sequence-parallel (GptOptions::sequence_parallel with tp > 1).
+  bool sequence_parallel() const noexcept { return m_seq; }
 
  private:
   static const GptConfig& checked(const GptConfig& c) {
@@ -423,8 +476,35 @@ class Gpt {
     auto x = workspace_view<Activation>("pmt::nn::Gpt::x", N, m_cfg.width);  // overwritten
     m_wte->forward(exec, ids, x);
     m_wpe->forward(exec, m_pos, x, /*accumulate=*/true);
-    return x;
+    return m_seq ? parallel::split_rows(m_tp, exec, x) : x;  // sequence parallelism: this rank's rows
   }
+  /// Sequence parallelism off while it lives (inference), back on after.
+  class WholeRows {
+   public:
+    explicit WholeRows(Gpt& m) : m_model(m), m_was(m.m_seq) {
+      if (m_was) m_model.split_rows(false);
+    }
+    ~WholeRows() {
+      if (m_was) m_model.split_rows(true);
+    }
+    WholeRows(const WholeRows&)            = delete;
+    WholeRows& operator=(const WholeRows&) = delete;
+
+   private:
+    Gpt& m_model;
+    bool m_was;
+  };
+  void split_rows(bool on) {
+    m_seq = on;
+    for (auto& chunk : m_blocks)
+      for (auto& b : chunk) b->sequence_parallel(on);
+  }
+  /// The rows this rank's activations hold: N, or N / tp with sequence parallelism.
+  std::size_t local_rows(std::size_t N) const {
+    return m_seq ? parallel::local_rows(m_tp, N, "pmt::nn::Gpt") : N;
+  }
+  /// h itself, or every tp rank's rows of it gathered (sequence parallelism).
+  Activation gathered(const Exec& exec, const Activation& h) { return m_seq ? parallel::gather_rows(m_tp, exec, h) : h; }
   void positions(const Exec& exec, std::size_t N, std::size_t Tn) {
     if (m_pos.extent(0) == N && m_pos_T == Tn) return;
     m_pos   = Ids("pmt::nn::Gpt::positions", N);
@@ -436,7 +516,8 @@ class Gpt {
   comm::Communicator<Backend> m_tp;
   int m_stage, m_stages, m_chunks;
   parallel::StagePlan m_plan;
-  bool m_recompute = false;
+  bool m_recompute = false, m_recompute_attention = false;
+  bool m_seq       = false;  // sequence parallelism (tp > 1)
   std::unique_ptr<Embedding<T, Exec, Backend>> m_wte, m_wpe, m_head;
   std::vector<std::vector<std::unique_ptr<GptBlock<T, Exec, Backend>>>> m_blocks;  // per chunk
   std::unique_ptr<LayerNorm<T, Exec>> m_lnf;

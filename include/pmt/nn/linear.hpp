@@ -9,6 +9,14 @@
 //                                                                                 x W, then + b; backward: none
 // W is initialised from N(0, std^2) keyed by (seed, stream, global index): any tp holds exactly
 // the slice of the one-rank W. b starts at zero. Gradients accumulate (+=) over backward calls.
+// Sequence parallelism (LinearOptions::sequence_parallel; parallel/regions.hpp): the rows outside
+// the Col -> Row region are split over tp, N/tp per rank.
+//   TensorSplit<Col>  x (N/tp, in) -> y (N, out/tp)   forward: gather_rows(tp) of x; backward:
+//                                                     gather_rows of the saved x again (only N/tp
+//                                                     rows are kept), reduce_scatter_rows of dx
+//   TensorSplit<Row>  x (N, in/tp) -> y (N/tp, out)   forward: reduce_scatter_rows(tp) of x W, then
+//                                                     + b; backward: gather_rows of dy. b's grad
+//                                                     is this rank's rows' part (Parameter::tp_partial)
 
 #include "pmt/core/instrument.hpp"
 #include "pmt/comm/backend.hpp"
@@ -62,6 +70,9 @@ namespace pmt::nn {
 struct LinearOptions {
   bool bias       = true;  ///< add a bias b (out); it starts at zero
   double init_std = 0.02;  ///< W ~ N(0, init_std^2), keyed by the global index
+  /// Sequence parallelism (see the file comment): a Col layer takes and a Row layer gives this
+  /// rank's N/tp rows; not for Replicate.
+  bool sequence_parallel = false;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -89,10 +100,14 @@ class Linear {
   /// \param key RNG seed and stream (the parameter id) of W.
   Linear(const Mesh<Backend>& mesh, std::size_t in_features, std::size_t out_features, RngKey key,
          LinearOptions options = {})
-      : m_tp(mesh.comm(Axis::tp)), m_in(in_features), m_out(out_features), m_bias(options.bias) {
+      : m_tp(mesh.comm(Axis::tp)), m_in(in_features), m_out(out_features), m_bias(options.bias),
+        m_seq(options.sequence_parallel) {
     const double init_std = options.init_std;
     const auto tp = static_cast<std::size_t>(m_tp.size()), tp_i = static_cast<std::size_t>(m_tp.rank());
     const std::string op = name();
+    detail::require<ConfigError>(!m_seq || !std::is_void_v<split>, op, [] {
+      return std::string("sequence parallelism splits the rows around a Col -> Row region; a replicated layer has none");
+    });
     if constexpr (std::is_same_v<split, Col>)
       detail::require(m_out % tp == 0, op, [&] {
         return detail::str("out_features ", m_out, " is not divisible by tp = ", tp);
@@ -114,19 +129,29 @@ class Linear {
       bs.extent[0] = m_out;
       bs.offset[0] = std::is_same_v<split, Col> ? tp_i * out_l : 0;
       m_b = Parameter<T, Exec>(op + "::bias", {out_l}, bs, !std::is_same_v<split, Col>);
+      m_b.tp_partial = m_seq && std::is_same_v<split, Row>;  // each rank adds only its rows' dy
     }
     Exec().fence();  // initialised for any instance, like a freshly allocated View
   }
 
-  /// \brief y = x W (+ b); keeps x for backward. x: (N, in) or (N, in/tp) for Row.
-  Tensor<T, 2, Exec> forward(const Exec& exec, const Tensor<T, 2, Exec>& x) {
-    detail::require(x.extent(1) == in_local(), name() + "::forward", [&] {
-      return detail::str("x is ", shape_str(x), " but this layer takes (N, ", in_local(), ") (in_features ", m_in,
+  /// \brief y = x W (+ b); keeps x for backward. x: (N, in) or (N, in/tp) for Row; with
+  /// sequence parallelism a Col layer takes (N/tp, in) and a Row layer returns (N/tp, out).
+  Tensor<T, 2, Exec> forward(const Exec& exec, const Tensor<T, 2, Exec>& x_in) {
+    detail::require(x_in.extent(1) == in_local(), name() + "::forward", [&] {
+      return detail::str("x is ", shape_str(x_in), " but this layer takes (N, ", in_local(), ") (in_features ", m_in,
                          std::is_same_v<split, Row> ? " / tp " + std::to_string(m_tp.size()) : std::string(), ")");
     });
     const Instrument instrument("pmt::nn::Linear::forward");
-    if (grad_enabled()) *m_x = x;  // pmt::NoGrad: nothing kept
+    if (grad_enabled()) *m_x = x_in;  // pmt::NoGrad: nothing kept; sequence-parallel Col: N/tp rows
+    const bool seq = m_seq && m_tp.size() > 1;
+    const Tensor<T, 2, Exec> x = seq && std::is_same_v<split, Col> ? parallel::gather_rows(m_tp, exec, x_in) : x_in;
     auto y = workspace_view<Tensor<T, 2, Exec>>("pmt::nn::Linear::y", x.extent(0), out_local());
+    if (std::is_same_v<split, Row> && seq) {
+      ops::matmul(exec, ops::Trans::N, ops::Trans::N, T(1), x, m_w.value2d(), T(0), y);  // (N, out) partial
+      auto mine = parallel::reduce_scatter_rows(m_tp, exec, y);                         // (N/tp, out) whole
+      if (m_bias) ops::bias_add(exec, mine, m_b.value);
+      return mine;
+    }
     if (std::is_same_v<split, Row> && m_tp.size() > 1) {
       ops::matmul(exec, ops::Trans::N, ops::Trans::N, T(1), x, m_w.value2d(), T(0), y);  // (N, out_l)
       parallel::reduce_from(m_tp, exec, y);                                              // partial sums -> whole
@@ -142,21 +167,31 @@ class Linear {
     return y;
   }
 
-  /// \brief dW += x^T dy, db += sum_n dy, returns dx = dy W^T (all-reduced over tp for Col).
-  Tensor<T, 2, Exec> backward(const Exec& exec, const Tensor<T, 2, Exec>& dy) {
+  /// \brief dW += x^T dy, db += sum_n dy, returns dx = dy W^T (all-reduced over tp for Col;
+  /// reduce-scattered to this rank's rows with sequence parallelism).
+  Tensor<T, 2, Exec> backward(const Exec& exec, const Tensor<T, 2, Exec>& dy_in) {
     const Instrument instrument("pmt::nn::Linear::backward");
-    const Tensor<T, 2, Exec> x = m_x.take();
-    detail::require(x.data() != nullptr && dy.extent(0) == x.extent(0) && dy.extent(1) == out_local(),
+    const bool seq = m_seq && m_tp.size() > 1;
+    const Tensor<T, 2, Exec> saved = m_x.take();
+    const std::size_t p = seq ? static_cast<std::size_t>(m_tp.size()) : 1;
+    const std::size_t rows = std::is_same_v<split, Col> ? saved.extent(0) * p : saved.extent(0);  // N
+    const std::size_t dy_rows = std::is_same_v<split, Row> ? rows / p : rows;
+    detail::require(saved.data() != nullptr && dy_in.extent(0) == dy_rows && dy_in.extent(1) == out_local(),
                     name() + "::backward", [&] {
-                      return detail::str("dy is ", shape_str(dy), " but forward saw x ", shape_str(x),
-                                         " and produced (", x.extent(0), ", ", out_local(),
+                      return detail::str("dy is ", shape_str(dy_in), " but forward saw x ", shape_str(saved),
+                                         " and produced (", dy_rows, ", ", out_local(),
                                          "); call forward first, with the same batch (each backward consumes its forward's saved input)");
                     });
+    const Tensor<T, 2, Exec> x  = seq && std::is_same_v<split, Col> ? parallel::gather_rows(m_tp, exec, saved) : saved;
+    const Tensor<T, 2, Exec> dy = seq && std::is_same_v<split, Row> ? parallel::gather_rows(m_tp, exec, dy_in) : dy_in;
     ops::matmul(exec, ops::Trans::T, ops::Trans::N, T(1), x, dy, T(1), m_w.grad2d());  // (in_l, out_l)
-    if (m_bias) ops::column_sum(exec, dy, m_b.grad, T(1));
+    if (m_bias) ops::column_sum(exec, dy_in, m_b.grad, T(1));  // a sequence-parallel Row: this rank's rows
     auto dx = workspace_view<Tensor<T, 2, Exec>>("pmt::nn::Linear::dx", dy.extent(0), in_local());
     ops::matmul(exec, ops::Trans::N, ops::Trans::T, T(1), dy, m_w.value2d(), T(0), dx);  // (N, in_l)
-    if constexpr (std::is_same_v<split, Col>) parallel::copy_to_backward(m_tp, exec, dx);  // conjugate of the identity forward
+    if constexpr (std::is_same_v<split, Col>) {
+      if (seq) return parallel::reduce_scatter_rows(m_tp, exec, dx);  // conjugate of gather_rows
+      parallel::copy_to_backward(m_tp, exec, dx);  // conjugate of the identity forward
+    }
     return dx;
   }
 
@@ -174,11 +209,22 @@ class Linear {
   std::size_t in_local() const noexcept { return std::is_same_v<split, Row> ? m_in / m_tp.size() : m_in; }
   std::size_t out_local() const noexcept { return std::is_same_v<split, Col> ? m_out / m_tp.size() : m_out; }
   std::string name() const { return "pmt::nn::Linear<" + detail::policy_name<Policy>() + ">"; }
+  /// \brief Whether the layer runs sequence-parallel (LinearOptions::sequence_parallel).
+  bool sequence_parallel() const noexcept { return m_seq; }
+  /// \brief Sequence parallelism on or off from the next forward on (the same parameters; a
+  /// model switches it off for inference of any token count). Not between a forward and its
+  /// backward. \throws pmt::ConfigError for Replicate.
+  void sequence_parallel(bool on) {
+    detail::require<ConfigError>(!on || !std::is_void_v<split>, name(), [] {
+      return std::string("sequence parallelism splits the rows around a Col -> Row region; a replicated layer has none");
+    });
+    m_seq = on;
+  }
 
  private:
   comm::Communicator<Backend> m_tp;
   std::size_t m_in, m_out;
-  bool m_bias;
+  bool m_bias, m_seq;
   Parameter<T, Exec> m_w, m_b;
   Saved<Tensor<T, 2, Exec>> m_x;  // the input, per activation slot
 };

@@ -13,7 +13,18 @@
 //                 backward: scatter_to
 // A Col layer's input is a copy_to (its dx is summed over tp), a Row layer's output a
 // reduce_from; vocab-parallel cross-entropy reduces its statistics with reduce_from (max, then
-// sum). Layers include this header and the Mesh, never <mpi.h> or <nccl.h> nor the collectives.
+// sum).
+// Sequence parallelism (rows, the B T tokens, split over the axis in contiguous blocks; rank r
+// holds rows [r N/p, (r+1) N/p)):
+//   gather_rows          forward: every rank's rows stacked, (N/p, C) -> (N, C) (all-gather)
+//                        backward: reduce_scatter_rows (the ranks' partial dx summed, each keeps its rows)
+//   reduce_scatter_rows  forward: the ranks' partial results summed, each keeps its rows,
+//                        (N, C) -> (N/p, C) (reduce-scatter); backward: gather_rows
+//   split_rows           forward: this rank's rows, (N, C) -> (N/p, C), no communication
+//                        backward: gather_rows
+// A sequence-parallel Col layer's input is a gather_rows (in place of copy_to), a Row layer's
+// output a reduce_scatter_rows (in place of reduce_from): the same bytes on the wire as the
+// all-reduce they replace, and the layers between them (norms, residuals) hold N/p rows. Layers include this header and the Mesh, never <mpi.h> or <nccl.h> nor the collectives.
 // A communicator of one rank communicates nothing: every region is then the identity (scatter_to
 // and gather_from return x itself).
 
@@ -108,6 +119,57 @@ Tensor<typename V::non_const_value_type, 2, Exec> scatter_to_backward(const comm
 template <class B, class Exec, class V>
 Tensor<typename V::non_const_value_type, 2, Exec> gather_from_backward(const comm::Communicator<B>& axis, const Exec& exec, const V& dy) {
   return scatter_to(axis, exec, dy);
+}
+
+
+/// \brief The rows (tokens) this rank holds when N rows are split over the axis: N / p.
+/// \throws pmt::ShapeError when p does not divide N (naming `op`).
+template <class B>
+std::size_t local_rows(const comm::Communicator<B>& axis, std::size_t N, const char* op) {
+  const auto p = static_cast<std::size_t>(axis.size());
+  detail::require(N % p == 0, op, [&] {
+    return detail::str("sequence parallelism splits the ", N, " rows (B T tokens) over tp = ", p,
+                       ", which does not divide them; choose B T divisible by tp");
+  });
+  return N / p;
+}
+
+/// \brief Forward of sequence parallelism's gather: every rank's rows x (n, C) stacked in rank
+/// order, (n p, C). Backward: reduce_scatter_rows.
+template <class B, class Exec, class V>
+Tensor<typename V::non_const_value_type, 2, Exec> gather_rows(const comm::Communicator<B>& axis, const Exec& exec, const V& x) {
+  using T = typename V::non_const_value_type;
+  static_assert(V::rank == 2, "pmt::parallel::gather_rows: x must be (n, C)");
+  const auto p = static_cast<std::size_t>(axis.size());
+  if (p == 1) return x;
+  auto out = workspace_view<Tensor<T, 2, Exec>>("pmt::parallel::gather_rows", x.extent(0) * p, x.extent(1));
+  comm::all_gather(axis, exec, x, out);  // row blocks are contiguous in LayoutRight
+  return out;
+}
+/// \brief Forward of sequence parallelism's reduce-scatter: x (N, C) summed over the axis, this
+/// rank keeping its rows, (N/p, C). Backward: gather_rows.
+/// \throws pmt::ShapeError when p does not divide N.
+template <class B, class Exec, class V>
+Tensor<typename V::non_const_value_type, 2, Exec> reduce_scatter_rows(const comm::Communicator<B>& axis, const Exec& exec, const V& x) {
+  using T = typename V::non_const_value_type;
+  static_assert(V::rank == 2, "pmt::parallel::reduce_scatter_rows: x must be (N, C)");
+  if (axis.size() == 1) return x;
+  const std::size_t n = local_rows(axis, x.extent(0), "pmt::parallel::reduce_scatter_rows");
+  auto out = workspace_view<Tensor<T, 2, Exec>>("pmt::parallel::reduce_scatter_rows", n, x.extent(1));
+  comm::reduce_scatter(axis, exec, x, out, ReduceOp::Sum);
+  return out;
+}
+/// \brief Forward of sequence parallelism's split: this rank's rows of x (N, C), (N/p, C), a copy.
+/// Backward: gather_rows. \throws pmt::ShapeError when p does not divide N.
+template <class B, class Exec, class V>
+Tensor<typename V::non_const_value_type, 2, Exec> split_rows(const comm::Communicator<B>& axis, const Exec& exec, const V& x) {
+  using T = typename V::non_const_value_type;
+  static_assert(V::rank == 2, "pmt::parallel::split_rows: x must be (N, C)");
+  if (axis.size() == 1) return x;
+  const std::size_t n = local_rows(axis, x.extent(0), "pmt::parallel::split_rows"), r0 = n * static_cast<std::size_t>(axis.rank());
+  auto out = workspace_view<Tensor<T, 2, Exec>>("pmt::parallel::split_rows", n, x.extent(1));
+  Kokkos::deep_copy(exec, out, Kokkos::subview(x, std::make_pair(r0, r0 + n), Kokkos::ALL));
+  return out;
 }
 
 }  // namespace pmt::parallel

@@ -42,6 +42,9 @@
 // belongs to the parallel layer, not to the model (as Megatron-Core's finalize_model_grads): it
 // sums every tied parameter's gradient with its peer stage's copy over the pp communicator, so
 // both copies take the same update. The model itself communicates only inside its tp layers.
+// sum_partial_grads(exec, tp, parameters): the other such step, for sequence parallelism: the
+// gradients of parameters marked Parameter::tp_partial (replicated over tp, each rank having
+// seen only its rows) summed over the tp communicator in one all-reduce.
 
 #include "pmt/comm/collectives.hpp"
 #include "pmt/comm/communicator.hpp"
@@ -202,6 +205,32 @@ void finalize_grads(const Exec& exec, const comm::Communicator<Backend>& pp, Mod
   } else {
     (void)exec, (void)pp, (void)model;
   }
+}
+
+/// \brief Sums the gradients of the parameters marked tp_partial (sequence parallelism: each tp
+/// rank holds its rows' part) over the tp communicator, packed into one all-reduce; every tp
+/// rank ends with the same whole gradient. Nothing to do on tp = 1 or without such parameters.
+/// Call once after the backward of every microbatch, before clipping and the optimizer (the
+/// order with the data-parallel sum does not matter: both are sums).
+template <class Exec, class Backend, class T>
+void sum_partial_grads(const Exec& exec, const comm::Communicator<Backend>& tp, const std::vector<Parameter<T, Exec>*>& params) {
+  if (tp.size() == 1) return;
+  std::size_t total = 0;
+  for (const auto* p : params)
+    if (p->tp_partial) total += p->size();
+  if (total == 0) return;
+  auto packed = workspace_view<Tensor<T, 1, Exec>>("pmt::parallel::sum_partial_grads", total);
+  const auto each = [&](auto&& move) {
+    std::size_t at = 0;
+    for (const auto* p : params)
+      if (p->tp_partial) {
+        move(p->grad, Kokkos::subview(packed, std::make_pair(at, at + p->size())));
+        at += p->size();
+      }
+  };
+  each([&](const auto& g, const auto& slot) { Kokkos::deep_copy(exec, slot, g); });
+  comm::all_reduce(tp, exec, packed, comm::ReduceOp::Sum);
+  each([&](const auto& g, const auto& slot) { Kokkos::deep_copy(exec, g, slot); });
 }
 
 }  // namespace pmt::parallel

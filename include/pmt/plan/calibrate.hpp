@@ -36,6 +36,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "pmt/comm/agree.hpp"
@@ -187,17 +188,17 @@ double compute_share(const comm::Communicator<Backend>& world, int threads_per_r
 /// each block's weights and activations leave the cache before its backward), forward and
 /// backward of a microbatch of b sequences, with every rank of `world` doing the same at once
 /// (dp x tp = all ranks), back to back for about `window` seconds (long against the scheduler's
-/// time slices when ranks share cores). Returns the slowest rank's mean forward and backward per
-/// block, tp all-reduces and the ranks' contention included.
+/// time slices when ranks share cores), sequence-parallel or not. Returns the slowest rank's mean
+/// forward and backward per block, tp communication and the ranks' contention included.
 template <class Backend, class Exec>
 std::vector<double> block_on_mesh(const comm::Communicator<Backend>& world, const Exec& exec,
-                                  const nn::GptConfig& c, std::size_t b, int tp, double window) {
+                                  const nn::GptConfig& c, std::size_t b, int tp, bool seq, double window) {
   using T = float;
   const Mesh<Backend> mesh(world, MeshShape{world.size() / tp, tp, 1});
   std::vector<std::unique_ptr<nn::GptBlock<T, Exec, Backend>>> stack;
   for (std::size_t i = 0; i < std::min<std::size_t>(c.layers, 4); ++i)
-    stack.push_back(std::make_unique<nn::GptBlock<T, Exec, Backend>>(mesh, c, i));
-  const std::size_t N = b * c.context;
+    stack.push_back(std::make_unique<nn::GptBlock<T, Exec, Backend>>(mesh, c, i, seq));
+  const std::size_t N = b * c.context / (seq ? static_cast<std::size_t>(tp) : 1);  // this rank's rows
   Tensor<T, 2, Exec> x("pmt::plan::calibrate::x", N, c.width);
   Kokkos::deep_copy(x, T(0.1));
   double t_f = 0, t_b = 0;
@@ -226,14 +227,14 @@ std::vector<double> block_on_mesh(const comm::Communicator<Backend>& world, cons
 }
 
 /// pmt's whole Gpt (nn::Gpt, up to 4 layers, split over tp, no pipeline): forward_backward of a
-/// microbatch of b sequences with every rank at once, back to back for about `window` seconds.
-/// Returns the slowest rank's mean seconds.
+/// microbatch of b sequences with every rank at once (sequence-parallel or not), back to back for
+/// about `window` seconds. Returns the slowest rank's mean seconds.
 template <class Backend, class Exec>
 double model_on_mesh(const comm::Communicator<Backend>& world, const Exec& exec, nn::GptConfig c,
-                     std::size_t b, int tp, double window) {
+                     std::size_t b, int tp, bool seq, double window) {
   c.layers = std::min<std::size_t>(c.layers, 4);
   const Mesh<Backend> mesh(world, MeshShape{world.size() / tp, tp, 1});
-  nn::Gpt<float, Exec, Backend> model(mesh, c);
+  nn::Gpt<float, Exec, Backend> model(mesh, c, nn::GptOptions{{}, 1, false, seq});
   using Ids           = typename nn::Gpt<float, Exec, Backend>::Ids;
   const std::size_t N = b * c.context;
   Ids ids("pmt::plan::calibrate::ids", N), targets("pmt::plan::calibrate::targets", N);
@@ -297,14 +298,15 @@ Machine calibrate(const comm::Communicator<Backend>& world, const Problem& probl
   mc.matmul_scratch_bytes = portable_matmul_scratch_bytes<Exec>(exec);
   // 1. what the search will ask for (blocks and heads per microbatch size and tp): run it once
   //    with a recording machine, then measure exactly those
-  std::set<std::pair<std::size_t, int>> blocks;
+  using Key = std::tuple<std::size_t, int, bool>;  // b, tp, sequence-parallel
+  std::set<Key> blocks;
   {
     Machine rec       = mc;
-    rec.block_seconds = [&blocks](std::size_t b, int tp) {
-      blocks.insert({b, tp});
+    rec.block_seconds = [&blocks](std::size_t b, int tp, bool seq) {
+      blocks.insert({b, tp, seq});
       return std::pair<double, double>(1e-3, 2e-3);
     };
-    rec.head_seconds = [](std::size_t, int) { return 1e-3; };
+    rec.head_seconds = [](std::size_t, int, bool) { return 1e-3; };
     search(problem, rec);
   }
   const auto& c      = problem.model;
@@ -316,16 +318,17 @@ Machine calibrate(const comm::Communicator<Backend>& world, const Problem& probl
         "one pipeline stage on one core while those of the next wait on the other (steps up to 2x "
         "slower, from run to run). Bind them, e.g. mpiexec --map-by core --bind-to core:overload-allowed: "
         "rank r then runs on core r mod cores, as the predictions assume";
-  std::map<std::pair<std::size_t, int>, std::pair<double, double>> block_table;
-  std::map<std::pair<std::size_t, int>, double> head_table;
+  std::map<Key, std::pair<double, double>> block_table;
+  std::map<Key, double> head_table;
   {  // rounds over all shapes (a slow moment of the machine hits one round of each, not one shape)
-    std::map<std::pair<std::size_t, int>, std::vector<double>> fs, bs, ms;
+    std::map<Key, std::vector<double>> fs, bs, ms;
     const std::size_t L = std::min<std::size_t>(c.layers, 4);
     for (int round = 0; round < o.block_rounds; ++round)
-      for (const auto& [b, tp] : blocks) {
-        const auto t = block_on_mesh(world, exec, c, b, tp, o.block_window_seconds);
-        fs[{b, tp}].push_back(t[0]), bs[{b, tp}].push_back(t[1]);
-        ms[{b, tp}].push_back(model_on_mesh(world, exec, c, b, tp, o.block_window_seconds));
+      for (const auto& key : blocks) {
+        const auto [b, tp, seq] = key;
+        const auto t = block_on_mesh(world, exec, c, b, tp, seq, o.block_window_seconds);
+        fs[key].push_back(t[0]), bs[key].push_back(t[1]);
+        ms[key].push_back(model_on_mesh(world, exec, c, b, tp, seq, o.block_window_seconds));
       }
     const auto median = [](std::vector<double>& v) {
       std::sort(v.begin(), v.end());
@@ -338,14 +341,15 @@ Machine calibrate(const comm::Communicator<Backend>& world, const Problem& probl
       const double rest  = whole - double(L) * (block_table[key].first + block_table[key].second);
       head_table[key]    = std::max(0.05 * whole, rest);
       mc.details +=
-          detail::str("b ", key.first, " tp ", key.second, " (all ranks at once, median of ",
+          detail::str("b ", std::get<0>(key), " tp ", std::get<1>(key), std::get<2>(key) ? " sequence-parallel" : "",
+                      " (all ranks at once, median of ",
                       fs[key].size(), "): block forward ", 1e3 * block_table[key].first,
                       " ms, backward ", 1e3 * block_table[key].second, " ms; a ", L, "-layer Gpt ",
                       1e3 * whole, " ms, the rest ", 1e3 * head_table[key], " ms\n");
     }
   }
-  mc.block_seconds = [block_table](std::size_t b, int tp) { return block_table.at({b, tp}); };
-  mc.head_seconds  = [head_table](std::size_t b, int tp) { return head_table.at({b, tp}); };
+  mc.block_seconds = [block_table](std::size_t b, int tp, bool seq) { return block_table.at({b, tp, seq}); };
+  mc.head_seconds  = [head_table](std::size_t b, int tp, bool seq) { return head_table.at({b, tp, seq}); };
   // one GEMM of the MLP's shape (tokens of one rank's share of the batch x width x 4 width), for
   // the machine's description and the analytic fallback of shapes not measured
   {

@@ -98,7 +98,7 @@ struct Run {
 
   Run(const comm::Communicator<Backend>& world, const Problem& pr, const Layout& l)
       : mesh(world, MeshShape{l.dp, l.tp, l.pp}),
-        model(mesh, pr.model, nn::GptOptions{{}, l.chunks, l.recompute}),
+        model(mesh, pr.model, nn::GptOptions{{}, l.chunks, l.recompute, l.sequence_parallel, l.recompute_attention}),
         opt(make_opt(model, mesh, optim::AdamWOptions{0.9, 0.95, 1e-8, 0.1})),
         trainer(mesh, model, opt, Exec(), trainer_options(pr, l)),
         tokens(double(pr.batch) * double(pr.model.context)) {

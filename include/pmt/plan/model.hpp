@@ -20,6 +20,21 @@
 //               matrix per head, the softmax output); the stage's input N C; the last stage's
 //               LM-head gradient N C; live microbatches: the schedule's count per stage
 //               (parallel::check: 1F1B p - s, GPipe m; pp = 1: 1)
+//   sequence    (Layout::sequence_parallel, nn::GptOptions::sequence_parallel; tp > 1) the values
+//   parallel    outside the tp regions are split over tp: a block keeps 4 N C / tp + 4 N / tp
+//               + 13 N Cl + b Hl T^2; the stage's input, the LM-head gradient and the pipeline's
+//               messages are N C / tp; the norms and residual adds move 1 / tp of the bytes; two
+//               gathered (N, C) buffers join the transient (a shape the split activations do not
+//               reuse); per block the forward all-gathers and reduce-scatters twice (as much as 2
+//               all-reduces), the backward all-gathers 4 times (the Col layers' inputs again) and
+//               reduce-scatters twice (3 all-reduces)
+//   attention   (Layout::recompute_attention, nn::GptOptions::recompute_attention: selective)
+//   recompute   a block keeps [q | k | v] instead of the attention's buffers: 12 N Cl in place of
+//               13 N Cl + b Hl T^2; the attention's buffers (4 N Cl + b Hl T^2) and output (N Cl),
+//               computed in the forward and again in the backward, join the transient (the
+//               workspace holds their shapes through the step) with the last stage's logits and
+//               their gradient beside the score gradient; the backward runs the core again
+//               (from the GEMM rate and the memory bandwidth, also when the blocks are measured)
 //   recompute   (Layout::recompute, nn::GptOptions::recompute) a block keeps N C instead, one
 //               block's activations join the transient, and the blocks' forward with its tp
 //               all-reduces is paid again in the backward; a ModelSpec's chunk keeps its input
@@ -89,13 +104,13 @@ struct Machine {
   double matmul_scratch_bytes = 0;
   /// seconds of one transformer block's forward and backward for a microbatch of b sequences on a
   /// tp group, measured with every rank of the machine doing the same at once, the tp all-reduces
-  /// included (plan/calibrate.hpp runs pmt's GptBlock); empty: from the GEMMs, the memory traffic
-  /// and the links
-  std::function<std::pair<double, double>(std::size_t b, int tp)> block_seconds;
+  /// included (plan/calibrate.hpp runs pmt's GptBlock; sequence-parallel or not); empty: from the
+  /// GEMMs, the memory traffic and the links
+  std::function<std::pair<double, double>(std::size_t b, int tp, bool sequence_parallel)> block_seconds;
   /// seconds of the rest of a microbatch: the embeddings, final norm, LM head, loss and their
   /// backward with their tp all-reduces, measured like block_seconds (with every rank at once;
   /// counted on the last stage); empty: from the GEMMs, memory traffic and links
-  std::function<double(std::size_t b, int tp)> head_seconds;
+  std::function<double(std::size_t b, int tp, bool sequence_parallel)> head_seconds;
   double optimizer_seconds_per_value =
       0;                         ///< zero_grad + norm + AdamW per parameter; 0: from memory_gbps
   double memory_gbps    = 10;    ///< bandwidth of memory-bound kernels per rank, GB/s
@@ -318,14 +333,21 @@ struct Layout {
   /// Activation recomputation: a Gpt's blocks (nn::GptOptions::recompute), a ModelSpec's chunks
   /// (nn::StagedOptions::recompute) keep only their input and run their forward again in backward.
   bool recompute = false;
+  /// Sequence parallelism of a Gpt with tp > 1 (nn::GptOptions::sequence_parallel).
+  bool sequence_parallel = false;
+  /// Selective recomputation of a Gpt's attention (nn::GptOptions::recompute_attention); not with
+  /// `recompute`, which recomputes the whole block.
+  bool recompute_attention = false;
   /// \brief "dp 2 x tp 1 x pp 2, m 4, 1f1b, zero" ("1f1b x2" with 2 chunks per stage; ", bf16",
-  /// ", local 8" ... for a data-parallel mode other than sync; ", recompute")
+  /// ", local 8" ... for a data-parallel mode other than sync; ", recompute"; ", recompute
+  /// attention"; ", seq" with sequence parallelism)
   std::string describe() const {
     return detail::str(
         "dp ", dp, " x tp ", tp, " x pp ", pp, ", m ", microbatches,
         pp > 1 ? std::string(", ") + parallel::schedule_name(schedule) : std::string(),
         chunks > 1 ? detail::str(" x", chunks) : std::string(), zero ? ", zero" : "",
-        sync.mode != DpMode::Sync ? ", " + sync.describe() : std::string(), recompute ? ", recompute" : "");
+        sync.mode != DpMode::Sync ? ", " + sync.describe() : std::string(), recompute ? ", recompute" : "",
+        recompute_attention ? ", recompute attention" : "", sequence_parallel ? ", seq" : "");
   }
 };
 
@@ -414,6 +436,18 @@ inline std::string why_invalid(const Problem& pr, const Layout& l, int ranks) {
     return detail::str(l.microbatches, " microbatches do not divide the ", local,
                        " sequences per dp rank (batch ", pr.batch, " / dp ", l.dp, ")");
   if (l.zero && l.dp == 1) return "ZeRO-1 shards over dp, and dp is 1";
+  if (l.recompute_attention) {
+    if (!pr.spec.empty()) return "the attention's recomputation is the Gpt's (nn::GptOptions); a ModelSpec recomputes whole chunks";
+    if (l.recompute) return "the attention's recomputation and the whole block's do not combine: the block recomputes it anyway";
+  }
+  if (l.sequence_parallel) {
+    if (!pr.spec.empty()) return "sequence parallelism is the Gpt's (nn::GptOptions); a ModelSpec's layers do not split rows";
+    if (l.tp == 1) return "sequence parallelism splits the tokens over tp, and tp is 1";
+    const std::size_t tokens = local / static_cast<std::size_t>(l.microbatches) * c.context;
+    if (tokens % tp != 0)
+      return detail::str("sequence parallelism splits a microbatch's ", tokens, " tokens over tp ", l.tp,
+                         ", which does not divide them");
+  }
   if (l.sync.mode != DpMode::Sync && l.dp == 1) return detail::str("dp mode ", l.sync.describe(), " needs dp > 1");
   if (l.sync.mode != DpMode::Sync && l.zero) return detail::str("dp mode ", l.sync.describe(), " does not combine with ZeRO-1");
   if (l.chunks > 1 && l.schedule == parallel::ScheduleKind::OneFOneB && l.microbatches % l.pp != 0)
@@ -449,19 +483,37 @@ inline StageCost block_cost(const Problem& pr, const Machine& mc, const Layout& 
   StageCost k;
   if (mc.block_seconds) {  // measured with all ranks at once: as work alone, times the share
     const double share = std::clamp(mc.core_share, 1e-3, 1.0);
-    const auto fb      = mc.block_seconds(b, l.tp);
+    const auto fb      = mc.block_seconds(b, l.tp, l.sequence_parallel);
     k.forward = fb.first * share, k.backward = fb.second * share;
     return k;
   }
   // q, k, v (Col), proj (Row), fc (Col), fc2 (Row); attention: scores and weighted sum per head
   const double gemms = 3 * mc.gemm(N, Cl, C) + mc.gemm(N, C, Cl) + mc.gemm(N, 4 * Cl, C) + mc.gemm(N, C, 4 * Cl) +
                        double(b * Hl) * (mc.gemm(T, T, hs) + mc.gemm(T, hs, T));
-  // memory-bound kernels: 2 LayerNorms, 2 residual adds, pack / merge of heads, mask + softmax, GELU
-  const double bytes = sb * (10.0 * N * C + 16.0 * N * Cl + 4.0 * double(b * Hl) * T * T);
+  // memory-bound kernels: 2 LayerNorms, 2 residual adds (on N / tp rows with sequence
+  // parallelism), pack / merge of heads, mask + softmax, GELU
+  const double rows  = l.sequence_parallel ? 1.0 / double(tp) : 1.0;
+  const double bytes = sb * (10.0 * N * C * rows + 16.0 * N * Cl + 4.0 * double(b * Hl) * T * T);
   k.forward          = gemms + mc.memory(bytes) + 24 * mc.kernel_seconds;
   k.backward         = 2 * k.forward;
-  k.tp_comm          = 2 * mc.all_reduce_on(sb * N * C, l.tp, 1);  // attention and MLP outputs (backward: their inputs)
+  // attention and MLP outputs (backward: their inputs); sequence parallelism: an all-gather and a
+  // reduce-scatter cost an all-reduce, and the backward gathers the Col inputs again (the mean of
+  // 2 and 3)
+  k.tp_comm = (l.sequence_parallel ? 2.5 : 2.0) * mc.all_reduce_on(sb * N * C, l.tp, 1);
   return k;
+}
+
+/// One block's attention core (q k^T, the masked softmax, times v, and the head split) on b
+/// sequences: what selective recomputation repeats in the backward, from the GEMM rate and the
+/// memory bandwidth.
+inline double attention_core_forward(const Problem& pr, const Machine& mc, const Layout& l, std::size_t b) {
+  const auto& c        = pr.model;
+  const std::size_t tp = static_cast<std::size_t>(l.tp), T = c.context, N = b * T, Cl = c.width / tp,
+                    Hl = c.heads / tp, hs = c.width / c.heads;
+  const double sb = pr.activation_value_bytes();
+  return double(b * Hl) * (mc.gemm(T, T, hs) + mc.gemm(T, hs, T)) +
+         mc.memory(sb * (8.0 * double(N) * double(Cl) + 4.0 * double(b * Hl) * double(T) * double(T))) +
+         6 * mc.kernel_seconds;
 }
 
 /// One block's forward with its tp all-reduces: what recomputation repeats in the backward.
@@ -482,13 +534,14 @@ inline StageCost stage_cost(const Problem& pr, const Machine& mc, const Layout& 
   if (mc.head_seconds) {
     // measured with all ranks at once (the embeddings, final norm, LM head, loss and their tp
     // all-reduces): on the last stage, as work alone
-    if (s + 1 == plan.stages()) k.forward += mc.head_seconds(b, l.tp) * share;
+    if (s + 1 == plan.stages()) k.forward += mc.head_seconds(b, l.tp, l.sequence_parallel) * share;
     return k;
   }
   if (s == 0) {  // token + position embeddings; the vocab-parallel lookup's all-reduce
     k.forward += mc.memory(sb * 3.0 * N * C) + 4 * mc.kernel_seconds;
     k.backward += mc.memory(sb * 4.0 * N * C) + 4 * mc.kernel_seconds;
-    k.tp_comm += mc.all_reduce_on(sb * N * C, l.tp, 1);
+    // (sequence parallelism: the backward all-gathers the rows' gradient, half an all-reduce)
+    k.tp_comm += (l.sequence_parallel ? 0.75 : 1.0) * mc.all_reduce_on(sb * N * C, l.tp, 1);
   }
   if (s + 1 == plan.stages()) {
     // final LayerNorm, logits, cross-entropy, and the LM head's backward done right away
@@ -623,7 +676,10 @@ inline std::vector<StageInputs> gpt_stages(const Problem& pr, const Machine& mc,
   const std::size_t tp = static_cast<std::size_t>(l.tp), T = c.context, N = b * T, C = c.width,
                     Cl = C / tp, Hl = c.heads / tp, Vl = c.vocab / tp;
   const double sb = pr.activation_value_bytes(), dN = double(N), dC = double(C), dCl = double(Cl);
-  const double block = sb * (4 * dN * dC + 4 * dN + 13 * dN * dCl + double(b * Hl) * double(T) * double(T));
+  // the rows outside the tp regions: all of them, or 1 / tp with sequence parallelism
+  const double split = l.sequence_parallel ? double(tp) : 1.0, rN = dN / split;
+  const double TT    = double(b * Hl) * double(T) * double(T);  // one T x T matrix per local head
+  const double block = sb * (4 * rN * dC + 4 * rN + (l.recompute_attention ? 12 * dN * dCl : 13 * dN * dCl + TT));
   std::vector<StageInputs> out(static_cast<std::size_t>(stages.stages()));
   for (int vs = 0; vs < stages.stages(); ++vs) {
     auto& in        = out[std::size_t(vs)];
@@ -634,23 +690,38 @@ inline std::vector<StageInputs> gpt_stages(const Problem& pr, const Machine& mc,
     // with recomputation a block keeps only its input (N C) and its backward first runs its
     // forward again: one block's activations live at a time, and the blocks' forward (with its
     // tp all-reduces) is paid twice
-    in.activations  = L * (l.recompute ? sb * dN * dC : block) + sb * dN * dC + (head ? 8.0 * dN : 0.0) +
-                     (tail ? sb * (dN * dC + 2 * dN) : 0.0) +
-                     (tail && l.recompute ? sb * dN * dC : 0.0);  // the final LayerNorm's input, not recomputed
+    in.activations  = L * (l.recompute ? sb * rN * dC : block) + sb * rN * dC + (head ? 8.0 * dN : 0.0) +
+                     (tail ? sb * (rN * dC + 2 * rN) : 0.0) +
+                     (tail && l.recompute ? sb * rN * dC : 0.0);  // the final LayerNorm's input, not recomputed
     // a block's backward: its MLP part, or its attention's score gradient (b Hl T x T); the last
     // stage's logits and their gradient
-    in.transient = sb * std::max(4 * dN * dCl + 2 * dN * dC, double(b * Hl) * double(T) * double(T));
-    if (tail) in.transient = std::max(in.transient, sb * (2 * dN * double(Vl) + dN * dC));
+    in.transient = sb * std::max(4 * dN * dCl + 2 * rN * dC, TT);
+    const double head_grads = tail ? sb * (2 * dN * double(Vl) + rN * dC) : 0.0;
+    // selective recomputation: the attention's buffers and output, computed in the forward and
+    // again in the backward, are shapes of their own in the workspace, held through the step
+    if (l.recompute_attention) in.transient += sb * (5 * dN * dCl + TT);
+    // the last stage's logits and their gradient: in place of the blocks' backward buffers, or
+    // (measured) beside them when the activations take other shapes than theirs (selective
+    // recomputation, sequence parallelism)
+    if (l.recompute_attention || l.sequence_parallel) in.transient += head_grads;
+    else in.transient = std::max(in.transient, head_grads);
+    // sequence parallelism: the gathered rows (N, C), a shape of their own in the workspace that
+    // the split activations do not reuse: two at once (a Col layer's input gathered again beside
+    // its dx before the reduce-scatter; the LM head's gathered input beside its gradient)
+    if (l.sequence_parallel) in.transient += 2 * sb * dN * dC;
     // the block recomputed for its backward, beside what the workspace keeps of the backward
     // before it (buffers of other shapes, such as the logits, stay cached for the next step)
     if (l.recompute && L > 0) in.transient += block;
     // the pipeline's buffers beside (as for a ModelSpec below): a receive of each kind posted
     // ahead and the output's copy in a send buffer
-    if (vs + 1 < stages.stages()) in.transient += 2 * sb * dN * dC;
-    if (vs > 0) in.transient += sb * dN * dC;
+    if (vs + 1 < stages.stages()) in.transient += 2 * sb * rN * dC;
+    if (vs > 0) in.transient += sb * rN * dC;
     if (l.recompute) in.cost.backward += block_forward(pr, mc, l, b) * L;
+    if (l.recompute_attention) in.cost.backward += attention_core_forward(pr, mc, l, b) * L;
     if (l.tp > 1) {  // per block 4 all-reduces of (N, C); embedding 1; LM head 1 and 3 of N values
-      in.tp_bytes = sb * dN * dC * (4.0 * L + head + tail);
+      // (sequence parallelism, counting an all-gather or a reduce-scatter as half: per block 5,
+      // the embedding 1.5)
+      in.tp_bytes = l.sequence_parallel ? sb * dN * dC * (5.0 * L + 1.5 * head + tail) : sb * dN * dC * (4.0 * L + head + tail);
       if (tail) in.tp_bytes += 3.0 * 8.0 * dN;
     }
   }
@@ -708,7 +779,9 @@ inline std::vector<StageInputs> spec_stages(const Problem& pr, const Machine& mc
 
 /// Bytes a pipeline cut sends per microbatch (the largest of the cuts between virtual stages).
 inline double hop_bytes(const Problem& pr, const Layout& l, const parallel::StagePlan& stages, std::size_t b) {
-  if (pr.spec.empty()) return pr.activation_value_bytes() * double(b * pr.model.context) * double(pr.model.width);
+  if (pr.spec.empty())
+    return pr.activation_value_bytes() * double(b * pr.model.context) * double(pr.model.width) /
+           (l.sequence_parallel ? double(l.tp) : 1.0);
   double most = 0;
   for (int vs = 0; vs + 1 < stages.stages(); ++vs)
     most = std::max(most, pr.spec.layers[stages.end(vs) - 1].output_local(l.tp));

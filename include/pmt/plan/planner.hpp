@@ -14,6 +14,7 @@
 // fewer chunks.
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <map>
 #include <string>
@@ -43,9 +44,12 @@ struct Rejection {
 struct SearchOptions {
   bool allow_zero      = true;
   bool allow_gpipe     = true;
-  /// A layout that does not fit in memory is tried again with activation recomputation
-  /// (Layout::recompute), and runs with it when that fits.
+  /// A layout that does not fit in memory is tried again with activation recomputation: of the
+  /// attention (Layout::recompute_attention, a Gpt's) or of whole blocks (Layout::recompute).
   bool allow_recompute = true;
+  /// A Gpt layout with tp > 1 that does not fit in memory is also tried with sequence parallelism
+  /// (Layout::sequence_parallel), alone and with recomputation.
+  bool allow_sequence_parallel = true;
   /// microbatch counts tried up to this many (a cluster's runs take microbatches of 1 sequence:
   /// a trillion parameters on 3,072 ranks fit only with 512 of them)
   int max_microbatches = 512;
@@ -179,11 +183,37 @@ inline Plan search(const Problem& pr, const Machine& mc, const SearchOptions& o 
             Layout l{dp, tp, pp, m, gpipe ? parallel::ScheduleKind::GPipe : parallel::ScheduleKind::OneFOneB, zero, chunks, choice};
             if (chunks > 1 && !why_invalid(pr, l, R).empty()) continue;  // too few layers, or m not a multiple of pp
             Estimate e = estimate(pr, mc, l);
-            if (mc.memory_bytes > 0 && e.peak_bytes() > mc.memory_bytes && o.allow_recompute) {
-              Layout r = l;  // recomputation when (and only when) memory requires it
-              r.recompute = true;
-              Estimate again = estimate(pr, mc, r);
-              if (again.peak_bytes() <= mc.memory_bytes) e = std::move(again), l = r;
+            if (mc.memory_bytes > 0 && e.peak_bytes() > mc.memory_bytes) {
+              // when (and only when) memory requires it, the least that fits, in this order:
+              // sequence parallelism where tp > 1 (it recomputes nothing, and stays on in what
+              // follows), the attention's recomputation, whole blocks' recomputation; the last
+              // saves the most, so where even that does not fit the others are not tried
+              const bool seq = o.allow_sequence_parallel && tp > 1 && pr.spec.empty();
+              std::vector<std::array<bool, 3>> tries;  // sequence parallel, attention, blocks
+              if (seq) tries.push_back({true, false, false});
+              if (o.allow_recompute && pr.spec.empty()) tries.push_back({seq, true, false});
+              if (o.allow_recompute) tries.push_back({seq, false, true});
+              const auto with = [&](const std::array<bool, 3>& t) {
+                Layout r = l;
+                r.sequence_parallel = t[0], r.recompute_attention = t[1], r.recompute = t[2];
+                return r;
+              };
+              std::vector<Layout> valid;
+              for (const auto& t : tries)
+                if (why_invalid(pr, with(t), R).empty()) valid.push_back(with(t));
+              if (!valid.empty()) {
+                Estimate most = estimate(pr, mc, valid.back());
+                if (most.peak_bytes() <= mc.memory_bytes) {
+                  e = std::move(most), l = valid.back();
+                  for (std::size_t i = 0; i + 1 < valid.size(); ++i) {
+                    Estimate again = estimate(pr, mc, valid[i]);
+                    if (again.peak_bytes() <= mc.memory_bytes) {
+                      e = std::move(again), l = valid[i];
+                      break;
+                    }
+                  }
+                }
+              }
             }
             if (mc.memory_bytes > 0 && e.peak_bytes() > mc.memory_bytes) {
               plan.rejected.push_back(

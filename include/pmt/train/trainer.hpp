@@ -280,6 +280,7 @@ class Trainer {
     const double loss = run_microbatches(microbatches, normaliser, syncs_gradients);
     m_sync.finish(m_exec);
     parallel::finalize_grads(m_exec, m_mesh.comm(Axis::pp), m_model);  // tied copies on two stages sum their gradients
+    parallel::sum_partial_grads(m_exec, m_mesh.comm(Axis::tp), m_model.parameters());  // sequence parallelism: rows' parts summed
     const double total = global_loss(local ? loss / dp : loss);
     const bool bad_loss = o.skip_nonfinite && !std::isfinite(total);
     m_applied = true;
