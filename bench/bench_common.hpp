@@ -3,14 +3,17 @@
 // Shared pieces of pmt's benchmarks: median timing, the measured fp32 FMA peak of this machine,
 // a description of the BLAS in use, and the `target NAME measured=X goal=Y met|missed` line.
 
+#include <pmt/obs/memory.hpp>
 #include <pmt/tools.hpp>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace pmt::bench {
@@ -76,6 +79,40 @@ inline double measured_fp32_peak_gflops() {
   return best;
 }
 
+/// Runs `step` (one training step) from an empty workspace with the Kokkos allocations counted
+/// (Kokkos Tools memory hook): the peak it adds above what was held before, in MiB, and its
+/// seconds.
+template <class Step>
+std::pair<double, double> measured_step(const Step& step) {
+  auto& mem = pmt::obs::MemoryTracker::instance();
+  mem.enable();
+  pmt::Workspace::instance().release();  // the step allocates its memory afresh, and is measured
+  mem.reset_peak();
+  const auto base = mem.current_bytes();
+  const auto t0   = std::chrono::steady_clock::now();
+  step();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double peak    = double(mem.peak_bytes() - base) / (1 << 20);
+  mem.enable(false);
+  return {peak, seconds};
+}
+
+/// Microbatch i of `step` for a token model: `sequences` sequences of `context` tokens, ids and
+/// next-token targets from a fixed arithmetic pattern over `vocab` (host Views, as the model's
+/// Batch holds them).
+template <class Batch>
+Batch synthetic_token_batch(int step, std::size_t i, std::size_t sequences, std::size_t context, std::size_t vocab) {
+  using Ids           = decltype(Batch::ids);
+  const std::size_t N = sequences * context;
+  Batch b{Ids("ids", N), Ids("targets", N), sequences, context};
+  for (std::size_t n = 0; n < N; ++n) {
+    const std::size_t s = i * sequences + n / context, t = n % context;
+    b.ids(n)     = static_cast<typename Ids::value_type>((std::size_t(step) * 131 + s * 31 + t * 7 + 3) % vocab);
+    b.targets(n) = static_cast<typename Ids::value_type>((std::size_t(step) * 131 + s * 31 + (t + 1) * 7 + 3) % vocab);
+  }
+  return b;
+}
+
 /// The CPU's model name (/proc/cpuinfo), or "unknown CPU".
 inline std::string cpu_name() {
   std::string cpu = "unknown CPU";
@@ -95,7 +132,10 @@ inline std::string cpu_name() {
 
 inline void target_line(const std::string& name, double measured, double goal, bool higher_is_better = true) {
   const bool met = higher_is_better ? measured >= goal : measured <= goal;
-  std::printf("target %s measured=%.3f goal=%.3f %s\n", name.c_str(), measured, goal, met ? "met" : "missed");
+  if (std::abs(goal) >= 0.01 || goal == 0)
+    std::printf("target %s measured=%.3f goal=%.3f %s\n", name.c_str(), measured, goal, met ? "met" : "missed");
+  else  // a small goal (a tolerance) in significant digits
+    std::printf("target %s measured=%.3g goal=%.3g %s\n", name.c_str(), measured, goal, met ? "met" : "missed");
 }
 
 }  // namespace pmt::bench

@@ -66,21 +66,14 @@ struct Result {
 /// afresh), the median step time and the trained parameters.
 template <class Model, class Trainer, class MakeBatch>
 Result measure(Model& model, Trainer& trainer, int steps, double normaliser, const MakeBatch& batch) {
-  auto& mem = pmt::obs::MemoryTracker::instance();
   Result r;
   std::vector<double> times;
   for (int step = 0; step < steps; ++step) {
     std::vector<typename Model::Batch> mbs;
     for (std::size_t i = 0; i < microbatches; ++i) mbs.push_back(batch(step, i));
-    mem.enable();
-    pmt::Workspace::instance().release();  // the step allocates its memory afresh, and is measured
-    mem.reset_peak();
-    const auto base = mem.current_bytes();
-    Kokkos::Timer timer;
-    trainer.step(mbs, {normaliser, 1e-3, 1.0});
-    times.push_back(timer.seconds());
-    r.peak_mib = std::max(r.peak_mib, double(mem.peak_bytes() - base) / (1 << 20));
-    mem.enable(false);
+    const auto [peak, seconds] = pmt::bench::measured_step([&] { trainer.step(mbs, {normaliser, 1e-3, 1.0}); });
+    times.push_back(seconds);
+    r.peak_mib = std::max(r.peak_mib, peak);
   }
   r.seconds = pmt::bench::median(times);
   for (auto* p : model.parameters()) {
@@ -101,19 +94,11 @@ Result run(const pmt::comm::Communicator<Backend>& world, bool recompute, int st
 
 // --- the GPT: recomputation per block -------------------------------------------------------
 using GptModel = pmt::nn::Gpt<T, Exec, Backend>;
-using Ids      = GptModel::Ids;
 const pmt::nn::GptConfig gpt{/*vocab=*/256, /*context=*/128, /*layers=*/4, /*width=*/256, /*heads=*/4, /*seed=*/5};
 constexpr std::size_t sequences = 2;
 
 GptModel::Batch gpt_batch(int step, std::size_t i) {
-  const std::size_t Tn = gpt.context, N = sequences * Tn;
-  GptModel::Batch b{Ids("ids", N), Ids("targets", N), sequences, Tn};
-  for (std::size_t n = 0; n < N; ++n) {
-    const std::size_t s = i * sequences + n / Tn, t = n % Tn;
-    b.ids(n)     = static_cast<std::int32_t>((std::size_t(step) * 131 + s * 31 + t * 7 + 3) % gpt.vocab);
-    b.targets(n) = static_cast<std::int32_t>((std::size_t(step) * 131 + s * 31 + (t + 1) * 7 + 3) % gpt.vocab);
-  }
-  return b;
+  return pmt::bench::synthetic_token_batch<GptModel::Batch>(step, i, sequences, gpt.context, gpt.vocab);
 }
 
 Result run_gpt(const pmt::comm::Communicator<Backend>& world, bool recompute, int steps) {

@@ -29,21 +29,13 @@ using T        = float;
 using Exec     = Kokkos::DefaultHostExecutionSpace;
 using Backend  = pmt::comm::default_backend_t<Exec>;
 using Model    = pmt::nn::Gpt<T, Exec, Backend>;
-using Ids      = Model::Ids;
 using Opt      = pmt::optim::AdamW<T, Exec>;
 using Policy   = pmt::Hybrid<pmt::DataParallel<>, pmt::TensorSplit<>, pmt::Pipeline<>>;
 const pmt::nn::GptConfig gpt{/*vocab=*/256, /*context=*/128, /*layers=*/4, /*width=*/256, /*heads=*/4, /*seed=*/5};
 constexpr std::size_t sequences = 2, microbatches = 4;
 
 Model::Batch batch(int step, std::size_t i) {
-  const std::size_t Tn = gpt.context, N = sequences * Tn;
-  Model::Batch b{Ids("ids", N), Ids("targets", N), sequences, Tn};
-  for (std::size_t n = 0; n < N; ++n) {
-    const std::size_t s = i * sequences + n / Tn, t = n % Tn;
-    b.ids(n)     = static_cast<std::int32_t>((std::size_t(step) * 131 + s * 31 + t * 7 + 3) % gpt.vocab);
-    b.targets(n) = static_cast<std::int32_t>((std::size_t(step) * 131 + s * 31 + (t + 1) * 7 + 3) % gpt.vocab);
-  }
-  return b;
+  return pmt::bench::synthetic_token_batch<Model::Batch>(step, i, sequences, gpt.context, gpt.vocab);
 }
 
 struct Result {
@@ -58,21 +50,15 @@ Result run(const pmt::comm::Communicator<Backend>& world, bool seq, int steps) {
   Model model(mesh, gpt, pmt::nn::GptOptions{{}, 1, false, seq});
   Opt opt(model.parameters(), {0.9, 0.95, 1e-8, 0.0});
   pmt::train::Trainer<Model, Opt, Exec, Backend, Policy> trainer(mesh, model, opt);
-  auto& mem = pmt::obs::MemoryTracker::instance();
   Result r;
   std::vector<double> times;
   for (int step = 0; step < steps; ++step) {
     std::vector<Model::Batch> mbs;
     for (std::size_t i = 0; i < microbatches; ++i) mbs.push_back(batch(step, i));
-    mem.enable();
-    pmt::Workspace::instance().release();  // the step allocates its memory afresh, and is measured
-    mem.reset_peak();
-    const auto base = mem.current_bytes();
-    Kokkos::Timer timer;
-    r.losses.push_back(trainer.step(mbs, {double(microbatches * sequences * gpt.context), 1e-3, 1.0}));
-    times.push_back(timer.seconds());
-    r.peak_mib = std::max(r.peak_mib, double(mem.peak_bytes() - base) / (1 << 20));
-    mem.enable(false);
+    const auto [peak, seconds] = pmt::bench::measured_step(
+        [&] { r.losses.push_back(trainer.step(mbs, {double(microbatches * sequences * gpt.context), 1e-3, 1.0})); });
+    times.push_back(seconds);
+    r.peak_mib = std::max(r.peak_mib, peak);
   }
   r.seconds = pmt::bench::median(times);
   return r;

@@ -750,6 +750,15 @@ TEST_CASE("sequence parallelism: 1 / tp of the rows' activations, its collective
   CHECK(b.memory[0].activations > 8 * rest);
   // the tp collectives: per block 5 all-reduces' worth of bytes instead of 4, the embedding 1.5
   CHECK(b.bytes.tp / a.bytes.tp == Catch::Approx(((5.0 * 8 + 1.5 + 1) * N * C * s + 3 * 8 * N) / ((4.0 * 8 + 2) * N * C * s + 3 * 8 * N)).epsilon(1e-9));
+  // the memory model alone, with the same live microbatches, gives the estimate's peak
+  const auto live = [](const pmt::plan::Estimate& e) {
+    std::vector<int> l;
+    for (const auto& m : e.memory) l.push_back(m.live_microbatches);
+    return l;
+  };
+  CHECK(pmt::plan::peak_bytes(pr, mc, seq, live(b)) == b.peak_bytes());
+  CHECK(pmt::plan::peak_bytes(pr, mc, plain, live(a)) == a.peak_bytes());
+  CHECK_THROWS_WITH(pmt::plan::peak_bytes(pr, mc, seq, {1, 1}), ContainsSubstring("2 live counts for pp 1"));
   // a pipeline message is 1 / tp of the activation
   pmt::plan::Layout piped{1, 2, 2, 2, pmt::parallel::ScheduleKind::OneFOneB, false}, piped_seq = piped;
   piped_seq.sequence_parallel = true;

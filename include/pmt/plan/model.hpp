@@ -802,6 +802,68 @@ inline parallel::StagePlan stage_plan(const Problem& pr, int virtual_stages) {
   return parallel::balanced_stages(costs, virtual_stages);
 }
 
+namespace plan_detail {
+
+/// What one rank of pipeline stage s holds (estimate()'s memory): its chunks' parameters,
+/// gradients, optimizer state, dp buffers, the step's data, the matmul scratch, `live` live
+/// microbatches' activations and the largest transient of its chunks.
+inline Memory stage_memory(const Problem& pr, const Machine& mc, const Layout& l, const std::vector<StageInputs>& in,
+                           int s, int live) {
+  const double sb = double(pr.value_bytes);
+  const int p = l.pp, v = l.chunks;
+  double P = 0;
+  for (int k = 0; k < v; ++k) P += in[static_cast<std::size_t>(k * p + s)].parameters;
+  const double rows = double(pr.batch / static_cast<std::size_t>(l.dp)) *
+                      (pr.spec.empty() ? double(pr.model.context) : pr.spec.rows_per_sample);
+  const double data_per_row = pr.spec.empty() ? 8.0 : pr.spec.data_bytes_per_row;  // ids and targets, int32
+  Memory mem;
+  mem.parameters = mem.gradients = sb * P;
+  const double shard             = std::ceil(P / l.dp);
+  mem.optimizer                  = l.zero ? sb * P + 4 * sb * shard + shard : 2 * sb * P;
+  mem.buckets                    = 0;
+  if (l.dp > 1 && !l.zero) switch (l.sync.mode) {
+      case DpMode::Sync: mem.buckets = sb * P; break;                                  // GradSync's buckets
+      case DpMode::Bf16: mem.buckets = (2 + sb) * P; break;                            // bf16 wire + residual
+      case DpMode::LocalSgd: break;                                                     // nothing in flight
+      case DpMode::DiLoCo: mem.buckets = 2 * sb * P; break;                            // anchor + momentum
+      case DpMode::Stale: mem.buckets = (l.sync.period + 1) * sb * P; break;           // S + 1 sums
+    }
+  mem.data    = data_per_row * rows;
+  mem.scratch = mc.matmul_scratch_bytes;
+  // one live microbatch of a chunk; with several chunks the live (chunk, microbatch) pairs
+  // count at their chunks' mean
+  double per_mb = 0;
+  for (int k = 0; k < v; ++k) {
+    const auto vs = static_cast<std::size_t>(k * p + s);
+    per_mb += in[vs].activations / v;
+    mem.transient = std::max(mem.transient, in[vs].transient);
+  }
+  mem.live_microbatches = live;
+  mem.activations       = mem.live_microbatches * per_mb;
+  return mem;
+}
+
+}  // namespace plan_detail
+
+/// \brief The peak bytes per rank of layout `l` (Estimate::peak_bytes) when its stages hold
+/// `live` live microbatches each: the memory model alone, without simulating the schedule. The
+/// planner's search sizes variants of a layout (sequence parallelism, recomputation) with the
+/// live counts of the layout's own estimate, which the same schedule gives them.
+/// \throws pmt::ConfigError when the layout cannot run the problem, or `live` has not pp entries.
+inline double peak_bytes(const Problem& pr, const Machine& mc, const Layout& l, const std::vector<int>& live) {
+  const std::string why = why_invalid(pr, l, mc.ranks);
+  detail::require<ConfigError>(why.empty() && live.size() == static_cast<std::size_t>(l.pp), "pmt::plan::peak_bytes", [&] {
+    return l.describe() + ": " + (why.empty() ? detail::str(live.size(), " live counts for pp ", l.pp) : why);
+  });
+  const auto stages   = stage_plan(pr, l.pp * l.chunks);
+  const std::size_t b = pr.batch / static_cast<std::size_t>(l.dp) / static_cast<std::size_t>(l.microbatches);
+  const auto in       = pr.spec.empty() ? plan_detail::gpt_stages(pr, mc, l, stages, b) : plan_detail::spec_stages(pr, mc, l, stages, b);
+  double most = 0;
+  for (int s = 0; s < l.pp; ++s)
+    most = std::max(most, plan_detail::stage_memory(pr, mc, l, in, s, live[static_cast<std::size_t>(s)]).total());
+  return most;
+}
+
 /// \brief The prediction for one layout.
 /// \throws pmt::ConfigError when the layout cannot run the problem (why_invalid).
 inline Estimate estimate(const Problem& pr, const Machine& mc, const Layout& l) {
@@ -878,37 +940,11 @@ inline Estimate estimate(const Problem& pr, const Machine& mc, const Layout& l) 
   }
 
   // --- memory and the step's tail per stage --------------------------------------------------
-  const double rows = double(pr.batch / static_cast<std::size_t>(l.dp)) *
-                      (pr.spec.empty() ? double(pr.model.context) : pr.spec.rows_per_sample);
-  const double data_per_row = pr.spec.empty() ? 8.0 : pr.spec.data_bytes_per_row;  // ids and targets, int32
   double tail = 0, tail_dp = 0, tail_opt = 0;
   for (int s = 0; s < p; ++s) {
     const double P = rank_parameters(s);
-    Memory mem;
-    mem.parameters = mem.gradients = sb * P;
-    const double shard             = std::ceil(P / l.dp);
-    mem.optimizer                  = l.zero ? sb * P + 4 * sb * shard + shard : 2 * sb * P;
-    mem.buckets                    = 0;
-    if (l.dp > 1 && !l.zero) switch (l.sync.mode) {
-        case DpMode::Sync: mem.buckets = sb * P; break;                                  // GradSync's buckets
-        case DpMode::Bf16: mem.buckets = (2 + sb) * P; break;                            // bf16 wire + residual
-        case DpMode::LocalSgd: break;                                                     // nothing in flight
-        case DpMode::DiLoCo: mem.buckets = 2 * sb * P; break;                            // anchor + momentum
-        case DpMode::Stale: mem.buckets = (l.sync.period + 1) * sb * P; break;           // S + 1 sums
-      }
-    mem.data                       = data_per_row * rows;
-    mem.scratch                    = mc.matmul_scratch_bytes;
-    // one live microbatch of a chunk; with several chunks the live (chunk, microbatch) pairs
-    // count at their chunks' mean
-    double per_mb = 0;
-    for (int k = 0; k < v; ++k) {
-      const auto vs = vstage(s, k);
-      per_mb += in[vs].activations / v;
-      mem.transient = std::max(mem.transient, in[vs].transient);
-    }
-    mem.live_microbatches = live[static_cast<std::size_t>(s)];
-    mem.activations       = mem.live_microbatches * per_mb;
-    e.memory.push_back(mem);
+    e.memory.push_back(plan_detail::stage_memory(pr, mc, l, in, s, live[static_cast<std::size_t>(s)]));
+    const double shard = std::ceil(P / l.dp);
     // dp: the buckets' all-reduce overlaps the last backward except its last bucket; ZeRO's
     // reduce-scatter + all-gather (the same volume) do not overlap, and pack / unpack the values
     double dp               = 0;

@@ -186,8 +186,7 @@ inline Plan search(const Problem& pr, const Machine& mc, const SearchOptions& o 
             if (mc.memory_bytes > 0 && e.peak_bytes() > mc.memory_bytes) {
               // when (and only when) memory requires it, the least that fits, in this order:
               // sequence parallelism where tp > 1 (it recomputes nothing, and stays on in what
-              // follows), the attention's recomputation, whole blocks' recomputation; the last
-              // saves the most, so where even that does not fit the others are not tried
+              // follows), the attention's recomputation, whole blocks' recomputation
               const bool seq = o.allow_sequence_parallel && tp > 1 && pr.spec.empty();
               std::vector<std::array<bool, 3>> tries;  // sequence parallel, attention, blocks
               if (seq) tries.push_back({true, false, false});
@@ -198,21 +197,15 @@ inline Plan search(const Problem& pr, const Machine& mc, const SearchOptions& o 
                 r.sequence_parallel = t[0], r.recompute_attention = t[1], r.recompute = t[2];
                 return r;
               };
-              std::vector<Layout> valid;
-              for (const auto& t : tries)
-                if (why_invalid(pr, with(t), R).empty()) valid.push_back(with(t));
-              if (!valid.empty()) {
-                Estimate most = estimate(pr, mc, valid.back());
-                if (most.peak_bytes() <= mc.memory_bytes) {
-                  e = std::move(most), l = valid.back();
-                  for (std::size_t i = 0; i + 1 < valid.size(); ++i) {
-                    Estimate again = estimate(pr, mc, valid[i]);
-                    if (again.peak_bytes() <= mc.memory_bytes) {
-                      e = std::move(again), l = valid[i];
-                      break;
-                    }
-                  }
-                }
+              // sized by the memory model alone with this layout's live microbatches (the same
+              // schedule), then the one that fits estimated in full
+              std::vector<int> live;
+              for (const auto& mem : e.memory) live.push_back(mem.live_microbatches);
+              for (const auto& t : tries) {
+                const Layout r = with(t);
+                if (!why_invalid(pr, r, R).empty() || peak_bytes(pr, mc, r, live) > mc.memory_bytes) continue;
+                e = estimate(pr, mc, r), l = r;
+                break;
               }
             }
             if (mc.memory_bytes > 0 && e.peak_bytes() > mc.memory_bytes) {
