@@ -286,7 +286,9 @@ int main(int argc, char* argv[]) {
             pmt::detail::str("train_gpt --dp ", b.dp, " --tp ", b.tp, " --pp ", b.pp, " --microbatches ", b.microbatches,
                              b.pp > 1 ? std::string(" --schedule ") + pmt::parallel::schedule_name(b.schedule) : std::string(),
                              b.chunks > 1 ? " --chunks " + std::to_string(b.chunks) : std::string(), b.zero ? " --zero" : "",
-                             b.recompute ? " --recompute" : "", b.recompute_attention ? " --recompute-attention" : "", b.sequence_parallel ? " --sequence-parallel" : "",
+                             b.recompute ? " --recompute" : "", b.recompute_attention ? " --recompute-attention" : "",
+                             b.recompute_stages > 0 ? " --recompute-stages " + std::to_string(b.recompute_stages) : std::string(),
+                             b.sequence_parallel ? " --sequence-parallel" : "",
                              o.problem.precision == pmt::Precision::bf16 ? " --precision bf16" : "",
                              b.sync.mode == pmt::plan::DpMode::Bf16       ? std::string(" --compress bf16")
                              : b.sync.mode == pmt::plan::DpMode::LocalSgd ? " --local-sgd " + std::to_string(b.sync.period)

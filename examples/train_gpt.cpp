@@ -71,6 +71,7 @@ struct Options {
   bool resume = false, help = false, zero = false, auto_plan = false, memory_report = true;
   bool overwrite = false, allow_changed_config = false, skip_nonfinite = false, recompute = false;
   bool sequence_parallel = false, recompute_attention = false;
+  int recompute_stages = 0;  // with --recompute or --recompute-attention: the first this many stages (0: all)
   std::vector<std::string> layout_flags;  // --dp, --tp, ... as given (--auto chooses them)
   std::vector<std::string> kokkos_args;   // --kokkos-*: passed to Kokkos, and only these
   std::string schedule = "1f1b", data = PMT_DEFAULT_DATA_DIR, ckpt_dir, metrics, trace, matmul;
@@ -114,6 +115,8 @@ std::string usage() {
              "                          before, whose all-reduce overlaps those S steps (0: synchronous)\n"
              "  --recompute             activation recomputation per block: backward runs each block's forward\n"
              "                          again (about a third more compute, a block's input kept per microbatch)\n"
+             "  --recompute-stages K    only the first K pipeline stages recompute (with --recompute or\n"
+             "                          --recompute-attention; default every stage)\n"
              "  --recompute-attention   selective recomputation: each block keeps q, k, v, not the attention's\n"
              "                          T x T matrices, and runs the attention core again in backward\n"
              "  --sequence-parallel     with tp > 1: the norms and residuals hold 1 / tp of the tokens each, the tp\n"
@@ -207,7 +210,7 @@ Options parse(int argc, char* argv[]) {
                         "--context", "--batch", "--steps", "--lr", "--warmup", "--seed", "--data", "--val-every",
                         "--ckpt-dir", "--ckpt-every", "--metrics", "--trace", "--threads", "--matmul", "--keep",
                         "--watchdog", "--on-nonfinite", "--compress", "--local-sgd", "--diloco", "--outer-lr",
-                        "--outer-momentum", "--staleness", "--precision"};
+                        "--outer-momentum", "--staleness", "--precision", "--recompute-stages"};
     if (std::find(known.begin(), known.end(), a) == known.end())
       throw pmt::ConfigError(prog, "unknown flag " + a + " (see --help)");
     if (i + 1 >= argc) throw pmt::ConfigError(prog, a + " needs a value (see --help)");
@@ -226,6 +229,7 @@ Options parse(int argc, char* argv[]) {
     else if (a == "--tp") o.tp = as_int(1);
     else if (a == "--pp") o.pp = as_int(1);
     else if (a == "--chunks") o.chunks = as_int(1);
+    else if (a == "--recompute-stages") o.recompute_stages = as_int(1);
     else if (a == "--microbatches") o.microbatches = as_int(1);
     else if (a == "--layers") o.layers = as_int(1);
     else if (a == "--width") o.width = as_int(1);
@@ -323,6 +327,10 @@ void validate(Options& o, int ranks) {
     throw pmt::ConfigError(prog, pmt::detail::str("--sequence-parallel splits each microbatch's ", (o.batch / o.dp / o.microbatches) * o.context,
                                                   " tokens over tp = ", o.tp, ", which does not divide them (sequences per microbatch ",
                                                   o.batch / o.dp / o.microbatches, " x context ", o.context, ")"));
+  if (o.recompute_stages > 0 && (o.recompute_stages > o.pp || (!o.recompute && !o.recompute_attention)))
+    throw pmt::ConfigError(prog, pmt::detail::str("--recompute-stages ", o.recompute_stages,
+                                                  o.recompute_stages > o.pp ? pmt::detail::str(" exceeds pp = ", o.pp)
+                                                                            : std::string(" needs --recompute or --recompute-attention")));
   if (o.zero && o.dp == 1) throw pmt::ConfigError(prog, "--zero shards the optimizer state over dp, and dp is 1");
   if ((o.local_sgd > 0) + (o.diloco > 0) + (o.staleness >= 0) > 1)
     throw pmt::ConfigError(prog, "--local-sgd, --diloco and --staleness are three data-parallel modes: give one");
@@ -369,6 +377,7 @@ void choose_layout(Options& o, const Comm& world) {
   o.recompute = o.recompute || b.recompute;
   o.sequence_parallel = o.sequence_parallel || b.sequence_parallel;
   o.recompute_attention = (o.recompute_attention || b.recompute_attention) && !o.recompute;
+  if (b.recompute || b.recompute_attention) o.recompute_stages = b.recompute_stages;
   o.schedule = pmt::parallel::schedule_name(b.schedule);
   if (pmt::world_rank() == 0)
     std::printf("--auto: the planner's top 5 of %zu layouts (%s)\n%s\n", plan.ranked.size(),
@@ -558,7 +567,10 @@ int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_p
   const std::size_t T = static_cast<std::size_t>(o.context);
   const pmt::nn::GptConfig cfg{256, T, static_cast<std::size_t>(o.layers), static_cast<std::size_t>(o.width),
                                static_cast<std::size_t>(o.heads), static_cast<std::uint64_t>(o.seed)};
-  Model model(mesh, cfg, pmt::nn::GptOptions{{}, o.chunks, o.recompute, o.sequence_parallel, o.recompute_attention});
+  // recomputation on this rank's stage, unless --recompute-stages leaves it out
+  const bool recomputes_here = o.recompute_stages == 0 || mesh.coord(pmt::Axis::pp) < o.recompute_stages;
+  Model model(mesh, cfg, pmt::nn::GptOptions{{}, o.chunks, o.recompute && recomputes_here, o.sequence_parallel,
+                                              o.recompute_attention && recomputes_here});
   const pmt::optim::AdamWOptions hyper{0.9, 0.95, 1e-8, 0.1};
   Opt opt = [&] {
     if constexpr (std::is_same_v<Opt, Zero>)
@@ -648,7 +660,9 @@ int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_p
                 world.size(), o.dp, o.tp, o.pp, o.schedule.c_str(),
                 o.chunks > 1 ? pmt::detail::str(", ", o.chunks, " chunks per stage").c_str() : "", o.microbatches,
                 pmt::detail::str(o.recompute ? ", activations recomputed per block" : "",
-                                 model.recomputes_attention() ? ", attention recomputed" : "",
+                                 o.recompute_attention && !o.recompute ? ", attention recomputed" : "",
+                                 o.recompute_stages > 0 && (o.recompute || o.recompute_attention)
+                                     ? pmt::detail::str(" on stages < ", o.recompute_stages) : std::string(),
                                  model.sequence_parallel() ? ", sequence-parallel" : "").c_str(), o.layers, o.width, o.heads, T,
                 o.batch, Exec().concurrency());
     std::printf("data: %s, %zu bytes (%zu train, %zu validation)\n", data->path().c_str(), data->size(),

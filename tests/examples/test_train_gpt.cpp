@@ -13,7 +13,8 @@
 //     parameters (a layout-free fingerprint, 1e-12) and the same next-step loss; a ZeRO-1
 //     checkpoint with pipeline stages resumes as ZeRO-1 and as AdamW at tp2 x pp2 alike;
 //   - --recompute (per-block activation recomputation), --recompute-attention and
-//     --sequence-parallel on tp2 x pp2 give the one-rank losses;
+//     --sequence-parallel on tp2 x pp2, and --recompute on the first of 2 stages, give the
+//     one-rank losses;
 //   - --zero (ZeRO-1) gives AdamW's losses; --auto calibrates, prints the planner's table and
 //     trains with its best layout; the report and the metrics carry each rank's peak memory;
 //   - each data-parallel mode (bf16-compressed gradients, local SGD, DiLoCo, bounded staleness)
@@ -146,7 +147,7 @@ TEST_CASE("--chunks 2: interleaved 1F1B on 2 stages prints the one-rank losses a
 TEST_CASE("train_gpt --recompute, --recompute-attention and --sequence-parallel print the losses of one rank",
           "[examples][train_gpt]") {
   const auto one = tmp("one_recompute_ref.json"), again = tmp("recompute.json"), seq = tmp("sequence.json");
-  const auto attention = tmp("attention.json");
+  const auto attention = tmp("attention.json"), first = tmp("first_stage.json");
   REQUIRE(run(small + "--steps 3 --metrics " + one).rc == 0);
   const auto r = run(small + "--steps 3 --tp 2 --pp 2 --microbatches 2 --recompute --metrics " + again, 4);
   REQUIRE(r.rc == 0);
@@ -157,14 +158,18 @@ TEST_CASE("train_gpt --recompute, --recompute-attention and --sequence-parallel 
   const auto t = run(small + "--steps 3 --tp 2 --pp 2 --microbatches 2 --recompute-attention --metrics " + attention, 4);
   REQUIRE(t.rc == 0);
   CHECK_THAT(t.out, ContainsSubstring(", attention recomputed"));
-  const auto a = losses(one), b = losses(again), c = losses(seq), d = losses(attention);
-  REQUIRE((a.size() == 3 && b.size() == 3 && c.size() == 3 && d.size() == 3));
+  const auto f = run(small + "--steps 3 --pp 2 --microbatches 2 --recompute --recompute-stages 1 --metrics " + first, 2);
+  REQUIRE(f.rc == 0);
+  CHECK_THAT(f.out, ContainsSubstring("activations recomputed per block on stages < 1"));
+  const auto a = losses(one), b = losses(again), c = losses(seq), d = losses(attention), g = losses(first);
+  REQUIRE((a.size() == 3 && b.size() == 3 && c.size() == 3 && d.size() == 3 && g.size() == 3));
   for (const auto& [step, l] : a) {
     INFO("step " << step << ": " << l << " / " << b.at(step) << " recomputed, " << c.at(step) << " sequence-parallel, "
                  << d.at(step) << " attention recomputed");
     CHECK(rel(b.at(step), l) <= 1e-5);
     CHECK(rel(c.at(step), l) <= 1e-5);
     CHECK(rel(d.at(step), l) <= 1e-5);
+    CHECK(rel(g.at(step), l) <= 1e-5);
   }
 }
 
@@ -354,6 +359,8 @@ TEST_CASE("bad input: a message on stderr, a non-zero exit, no hang", "[examples
       {"--precision fp16", 1, "--precision is 'fp16'; expected fp32 or bf16"},
       {"--auto --dp 2", 2, "--auto chooses the layout; drop --dp"},
       {"--zero", 1, "--zero shards the optimizer state over dp, and dp is 1"},
+      {"--pp 2 --recompute-stages 1", 2, "--recompute-stages 1 needs --recompute or --recompute-attention"},
+      {"--pp 2 --recompute --recompute-stages 3", 2, "--recompute-stages 3 exceeds pp = 2"},
       {"--tp 2 --sequence-parallel --batch 1 --context 3", 2, "splits each microbatch's 3 tokens over tp = 2, which does not divide them"},
       {"--local-sgd 2 --diloco 2", 1, "three data-parallel modes: give one"},
       {"--compress gzip", 1, "--compress gzip: expected none or bf16"},

@@ -61,6 +61,14 @@ struct Measured {
   std::vector<double> steps;
 };
 
+/// \brief The nn::Gpt options that run layout `l` on a rank of pipeline stage `stage`: its
+/// chunks, sequence parallelism, and recomputation where the layout has this stage recompute
+/// (Layout::recompute_stages).
+inline nn::GptOptions gpt_options(const Layout& l, int stage) {
+  const bool here = l.recomputes_on(stage);
+  return nn::GptOptions{{}, l.chunks, l.recompute && here, l.sequence_parallel, l.recompute_attention && here};
+}
+
 namespace measure_detail {
 
 /// One layout, built: its mesh, model, optimizer, trainer and synthetic microbatches.
@@ -98,7 +106,7 @@ struct Run {
 
   Run(const comm::Communicator<Backend>& world, const Problem& pr, const Layout& l)
       : mesh(world, MeshShape{l.dp, l.tp, l.pp}),
-        model(mesh, pr.model, nn::GptOptions{{}, l.chunks, l.recompute, l.sequence_parallel, l.recompute_attention}),
+        model(mesh, pr.model, gpt_options(l, mesh.coord(Axis::pp))),
         opt(make_opt(model, mesh, optim::AdamWOptions{0.9, 0.95, 1e-8, 0.1})),
         trainer(mesh, model, opt, Exec(), trainer_options(pr, l)),
         tokens(double(pr.batch) * double(pr.model.context)) {

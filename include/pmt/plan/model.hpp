@@ -35,6 +35,8 @@
 //               workspace holds their shapes through the step) with the last stage's logits and
 //               their gradient beside the score gradient; the backward runs the core again
 //               (from the GEMM rate and the memory bandwidth, also when the blocks are measured)
+//   per stage   (Layout::recompute_stages) only the first stages recompute; each stage is
+//               counted as it runs
 //   recompute   (Layout::recompute, nn::GptOptions::recompute) a block keeps N C instead, one
 //               block's activations join the transient, and the blocks' forward with its tp
 //               all-reduces is paid again in the backward; a ModelSpec's chunk keeps its input
@@ -338,6 +340,12 @@ struct Layout {
   /// Selective recomputation of a Gpt's attention (nn::GptOptions::recompute_attention); not with
   /// `recompute`, which recomputes the whole block.
   bool recompute_attention = false;
+  /// With `recompute` or `recompute_attention`: only the first this many pipeline stages
+  /// recompute (each rank sets its model's options by its stage); 0: every stage. Under 1F1B the
+  /// first stages hold the most live microbatches, so they may need it where the last do not.
+  int recompute_stages = 0;
+  /// \brief Whether pipeline stage s recomputes (recompute_stages).
+  bool recomputes_on(int s) const noexcept { return recompute_stages <= 0 || s < recompute_stages; }
   /// \brief "dp 2 x tp 1 x pp 2, m 4, 1f1b, zero" ("1f1b x2" with 2 chunks per stage; ", bf16",
   /// ", local 8" ... for a data-parallel mode other than sync; ", recompute"; ", recompute
   /// attention"; ", seq" with sequence parallelism)
@@ -347,7 +355,9 @@ struct Layout {
         pp > 1 ? std::string(", ") + parallel::schedule_name(schedule) : std::string(),
         chunks > 1 ? detail::str(" x", chunks) : std::string(), zero ? ", zero" : "",
         sync.mode != DpMode::Sync ? ", " + sync.describe() : std::string(), recompute ? ", recompute" : "",
-        recompute_attention ? ", recompute attention" : "", sequence_parallel ? ", seq" : "");
+        recompute_attention ? ", recompute attention" : "",
+        recompute_stages > 0 && (recompute || recompute_attention) ? detail::str(" on stages < ", recompute_stages) : std::string(),
+        sequence_parallel ? ", seq" : "");
   }
 };
 
@@ -436,6 +446,10 @@ inline std::string why_invalid(const Problem& pr, const Layout& l, int ranks) {
     return detail::str(l.microbatches, " microbatches do not divide the ", local,
                        " sequences per dp rank (batch ", pr.batch, " / dp ", l.dp, ")");
   if (l.zero && l.dp == 1) return "ZeRO-1 shards over dp, and dp is 1";
+  if (l.recompute_stages < 0 || l.recompute_stages > l.pp)
+    return detail::str("recompute_stages ", l.recompute_stages, " is not in [0, pp ", l.pp, "]");
+  if (l.recompute_stages > 0 && !l.recompute && !l.recompute_attention)
+    return detail::str("recompute_stages ", l.recompute_stages, " names stages that recompute, and nothing recomputes");
   if (l.recompute_attention) {
     if (!pr.spec.empty()) return "the attention's recomputation is the Gpt's (nn::GptOptions); a ModelSpec recomputes whole chunks";
     if (l.recompute) return "the attention's recomputation and the whole block's do not combine: the block recomputes it anyway";
@@ -679,9 +693,11 @@ inline std::vector<StageInputs> gpt_stages(const Problem& pr, const Machine& mc,
   // the rows outside the tp regions: all of them, or 1 / tp with sequence parallelism
   const double split = l.sequence_parallel ? double(tp) : 1.0, rN = dN / split;
   const double TT    = double(b * Hl) * double(T) * double(T);  // one T x T matrix per local head
-  const double block = sb * (4 * rN * dC + 4 * rN + (l.recompute_attention ? 12 * dN * dCl : 13 * dN * dCl + TT));
   std::vector<StageInputs> out(static_cast<std::size_t>(stages.stages()));
   for (int vs = 0; vs < stages.stages(); ++vs) {
+    // what this virtual stage's rank recomputes (Layout::recompute_stages)
+    const bool full = l.recompute && l.recomputes_on(vs % l.pp), attn = l.recompute_attention && l.recomputes_on(vs % l.pp);
+    const double block = sb * (4 * rN * dC + 4 * rN + (attn ? 12 * dN * dCl : 13 * dN * dCl + TT));
     auto& in        = out[std::size_t(vs)];
     const bool head = vs == 0, tail = vs + 1 == stages.stages();
     const double L  = double(stages.count(vs));
@@ -690,20 +706,20 @@ inline std::vector<StageInputs> gpt_stages(const Problem& pr, const Machine& mc,
     // with recomputation a block keeps only its input (N C) and its backward first runs its
     // forward again: one block's activations live at a time, and the blocks' forward (with its
     // tp all-reduces) is paid twice
-    in.activations  = L * (l.recompute ? sb * rN * dC : block) + sb * rN * dC + (head ? 8.0 * dN : 0.0) +
+    in.activations  = L * (full ? sb * rN * dC : block) + sb * rN * dC + (head ? 8.0 * dN : 0.0) +
                      (tail ? sb * (rN * dC + 2 * rN) : 0.0) +
-                     (tail && l.recompute ? sb * rN * dC : 0.0);  // the final LayerNorm's input, not recomputed
+                     (tail && full ? sb * rN * dC : 0.0);  // the final LayerNorm's input, not recomputed
     // a block's backward: its MLP part, or its attention's score gradient (b Hl T x T); the last
     // stage's logits and their gradient
     in.transient = sb * std::max(4 * dN * dCl + 2 * rN * dC, TT);
     const double head_grads = tail ? sb * (2 * dN * double(Vl) + rN * dC) : 0.0;
     // selective recomputation: the attention's buffers and output, computed in the forward and
     // again in the backward, are shapes of their own in the workspace, held through the step
-    if (l.recompute_attention) in.transient += sb * (5 * dN * dCl + TT);
+    if (attn) in.transient += sb * (5 * dN * dCl + TT);
     // the last stage's logits and their gradient: in place of the blocks' backward buffers, or
     // (measured) beside them when the activations take other shapes than theirs (selective
     // recomputation, sequence parallelism)
-    if (l.recompute_attention || l.sequence_parallel) in.transient += head_grads;
+    if (attn || l.sequence_parallel) in.transient += head_grads;
     else in.transient = std::max(in.transient, head_grads);
     // sequence parallelism: the gathered rows (N, C), a shape of their own in the workspace that
     // the split activations do not reuse: two at once (a Col layer's input gathered again beside
@@ -711,13 +727,13 @@ inline std::vector<StageInputs> gpt_stages(const Problem& pr, const Machine& mc,
     if (l.sequence_parallel) in.transient += 2 * sb * dN * dC;
     // the block recomputed for its backward, beside what the workspace keeps of the backward
     // before it (buffers of other shapes, such as the logits, stay cached for the next step)
-    if (l.recompute && L > 0) in.transient += block;
+    if (full && L > 0) in.transient += block;
     // the pipeline's buffers beside (as for a ModelSpec below): a receive of each kind posted
     // ahead and the output's copy in a send buffer
     if (vs + 1 < stages.stages()) in.transient += 2 * sb * rN * dC;
     if (vs > 0) in.transient += sb * rN * dC;
-    if (l.recompute) in.cost.backward += block_forward(pr, mc, l, b) * L;
-    if (l.recompute_attention) in.cost.backward += attention_core_forward(pr, mc, l, b) * L;
+    if (full) in.cost.backward += block_forward(pr, mc, l, b) * L;
+    if (attn) in.cost.backward += attention_core_forward(pr, mc, l, b) * L;
     if (l.tp > 1) {  // per block 4 all-reduces of (N, C); embedding 1; LM head 1 and 3 of N values
       // (sequence parallelism, counting an all-gather or a reduce-scatter as half: per block 5,
       // the embedding 1.5)
@@ -740,7 +756,8 @@ inline std::vector<StageInputs> spec_stages(const Problem& pr, const Machine& mc
     // the stage's input, unless its first layer keeps it anyway (always, with recomputation: the
     // chunk keeps only its input, and its backward runs its forward again, whose saved values
     // then live for the chunk's backward)
-    in.activations = spec.layers[first].saved > 0 && !l.recompute ? 0.0 : sb * R * spec.layers[first].input_local(l.tp);
+    const bool full = l.recompute && l.recomputes_on(vs % l.pp);
+    in.activations = spec.layers[first].saved > 0 && !full ? 0.0 : sb * R * spec.layers[first].input_local(l.tp);
     double saved = 0, forward = 0;
     for (std::size_t i = first; i < last; ++i) {
       const auto& y  = spec.layers[i];
@@ -759,7 +776,7 @@ inline std::vector<StageInputs> spec_stages(const Problem& pr, const Machine& mc
       in.transient = std::max(in.transient, sb * R * y.input_local(l.tp));
       if (l.tp > 1) in.tp_bytes += sb * R * (y.forward_reduce + y.backward_reduce);
     }
-    if (l.recompute) {
+    if (full) {
       in.transient += saved;
       in.cost.backward += forward + in.cost.tp_comm;
     } else {

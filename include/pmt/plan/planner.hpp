@@ -186,7 +186,8 @@ inline Plan search(const Problem& pr, const Machine& mc, const SearchOptions& o 
             if (mc.memory_bytes > 0 && e.peak_bytes() > mc.memory_bytes) {
               // when (and only when) memory requires it, the least that fits, in this order:
               // sequence parallelism where tp > 1 (it recomputes nothing, and stays on in what
-              // follows), the attention's recomputation, whole blocks' recomputation
+              // follows), the attention's recomputation, whole blocks' recomputation; each on as
+              // few of the first stages as fit
               const bool seq = o.allow_sequence_parallel && tp > 1 && pr.spec.empty();
               std::vector<std::array<bool, 3>> tries;  // sequence parallel, attention, blocks
               if (seq) tries.push_back({true, false, false});
@@ -202,8 +203,19 @@ inline Plan search(const Problem& pr, const Machine& mc, const SearchOptions& o 
               std::vector<int> live;
               for (const auto& mem : e.memory) live.push_back(mem.live_microbatches);
               for (const auto& t : tries) {
-                const Layout r = with(t);
+                Layout r = with(t);
                 if (!why_invalid(pr, r, R).empty() || peak_bytes(pr, mc, r, live) > mc.memory_bytes) continue;
+                // recomputation on the first stages only, as few as fit (1F1B: the first hold the
+                // most live microbatches)
+                if ((r.recompute || r.recompute_attention) && pp > 1)
+                  for (int k = 1; k < pp; ++k) {
+                    Layout fewer = r;
+                    fewer.recompute_stages = k;
+                    if (peak_bytes(pr, mc, fewer, live) <= mc.memory_bytes) {
+                      r = fewer;
+                      break;
+                    }
+                  }
                 e = estimate(pr, mc, r), l = r;
                 break;
               }
