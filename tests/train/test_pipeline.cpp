@@ -372,6 +372,18 @@ TEST_CASE("sequence parallelism: N/tp rows between the regions, partial gradient
   CHECK_THROWS_WITH(seq.forward_backward(Host(), ids, ids, 1, 3, 3.0),
                     Catch::Matchers::ContainsSubstring("pmt::nn::Gpt") && Catch::Matchers::ContainsSubstring("3 rows") &&
                         Catch::Matchers::ContainsSubstring("tp = " + std::to_string(n)));
+  // with pipeline stages too: every rank raises before the first message (no stage waits for one)
+  if (n >= 4) {
+    pmt::Mesh<Backend> piped(w, {1, n / 2, 2});
+    Model staged(piped, cfg, pmt::nn::GptOptions{{}, 1, false, true});
+    pmt::optim::AdamW<double, Host> opt(staged.parameters(), hyper);
+    using Policy = pmt::Hybrid<pmt::DataParallel<>, pmt::TensorSplit<>, pmt::Pipeline<>>;
+    pmt::train::Trainer<Model, pmt::optim::AdamW<double, Host>, Host, Backend, Policy> tr(piped, staged, opt);
+    const auto odd = pmt::test::synthetic_batch<Ids>(0, 0, 1, 3, V);
+    CHECK_THROWS_WITH(tr.step({odd, odd}, {6.0, 1e-3, 1.0}),
+                      Catch::Matchers::ContainsSubstring("3 rows") &&
+                          Catch::Matchers::ContainsSubstring("tp = " + std::to_string(n / 2)));
+  }
   // inference takes any token count: it runs on whole rows, the plain model's logits bit for bit
   for (std::size_t i = 0; i < ids.extent(0); ++i) ids(i) = static_cast<std::int32_t>(7 * i + 1);
   const auto a = plain.infer_stage(Host(), ids, {}, 1, 3), b = seq.infer_stage(Host(), ids, {}, 1, 3);

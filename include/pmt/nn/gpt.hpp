@@ -333,9 +333,8 @@ class Gpt {
   }
   /// \brief The local shape of chunk k's input and output activations: (B T, width) both
   /// ((B T / tp, width) with sequence parallelism).
-  std::array<std::size_t, 2> input_extent(int, const Batch& mb) const noexcept {
-    return {mb.B * mb.T / (m_seq ? static_cast<std::size_t>(m_tp.size()) : 1), m_cfg.width};
-  }
+  /// \throws pmt::ShapeError with sequence parallelism when tp does not divide B T.
+  std::array<std::size_t, 2> input_extent(int, const Batch& mb) const { return {local_rows(mb.B * mb.T), m_cfg.width}; }
   std::array<std::size_t, 2> output_extent(int k, const Batch& mb) const noexcept { return input_extent(k, mb); }
 
   /// \brief Inference: like forward_stage, but the last stage returns this rank's logits

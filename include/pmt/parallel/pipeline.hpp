@@ -119,6 +119,10 @@ class PipelineRunner {
              const BackwardHook& before_backward = {}) {
     const int m = static_cast<int>(mbs.size());
     detail::require<ConfigError>(m >= 1, "pmt::parallel::PipelineRunner::run", [&] { return std::string("no microbatch"); });
+    // every microbatch's activation shapes on every stage before any message: a model that cannot
+    // take one raises here on all ranks alike, not on one stage while the others wait for it
+    for (const auto& mb : mbs)
+      for (int k = 0; k < m_chunks; ++k) (void)m_model.input_extent(k, mb), (void)m_model.output_extent(k, mb);
     const auto& actions = schedule(kind, m).per_stage[static_cast<std::size_t>(m_model.stage())];
     const auto M        = static_cast<std::size_t>(m);
     const int s         = m_model.stage(), p = m_model.stages();

@@ -29,7 +29,9 @@
 //   std::array<std::size_t, 2> input_extent(int k, const Batch&) const
 //   std::array<std::size_t, 2> output_extent(int k, const Batch&) const
 //                               the local shape of chunk k's x_in and of its output, so that a
-//                               stage can post its receives before the sender has computed
+//                               stage can post its receives before the sender has computed; they
+//                               may raise for a batch the model cannot take (the runner asks them
+//                               for every microbatch on every stage before any message)
 // Optional members (used when present):
 //   void on_grads_ready(std::function<void(const std::vector<Parameter*>&)>)
 //                               the model calls the hook during backward with parameters whose
