@@ -62,7 +62,7 @@ const char* usage =
     "  --rankfile FILE          with --ranks-per-node: write an Open MPI rankfile placing the best\n"
     "                           layout's tp groups inside nodes\n"
     "search and output\n"
-    "  --no-zero  --no-gpipe    leave ZeRO-1 / GPipe out\n"
+    "  --no-zero  --no-gpipe    leave ZeRO (1 and 2) / GPipe out\n"
     "  --no-recompute           never recompute activations (by default a layout that does not fit\n"
     "                           in memory is tried again with the attention's recomputation, then\n"
     "                           with per-block recomputation)\n"
@@ -285,7 +285,7 @@ int main(int argc, char* argv[]) {
         const std::string flags =
             pmt::detail::str("train_gpt --dp ", b.dp, " --tp ", b.tp, " --pp ", b.pp, " --microbatches ", b.microbatches,
                              b.pp > 1 ? std::string(" --schedule ") + pmt::parallel::schedule_name(b.schedule) : std::string(),
-                             b.chunks > 1 ? " --chunks " + std::to_string(b.chunks) : std::string(), b.zero ? " --zero" : "",
+                             b.chunks > 1 ? " --chunks " + std::to_string(b.chunks) : std::string(), b.zero == 2 ? " --zero2" : b.zero ? " --zero" : "",
                              b.recompute ? " --recompute" : "", b.recompute_attention ? " --recompute-attention" : "",
                              b.recompute_stages > 0 ? " --recompute-stages " + std::to_string(b.recompute_stages) : std::string(),
                              b.sequence_parallel ? " --sequence-parallel" : "",
@@ -360,7 +360,7 @@ int main(int argc, char* argv[]) {
           }
           std::fprintf(f, "%d,%d,%d,%d,%s,%d,%.4f,%.3f,%s,%s,%s,%d\n", e.layout.dp, e.layout.tp, e.layout.pp,
                        e.layout.microbatches, pmt::parallel::schedule_name(e.layout.schedule),
-                       e.layout.zero ? 1 : 0, 1e3 * e.step_seconds(), e.peak_bytes() / 1048576.0,
+                       e.layout.zero, 1e3 * e.step_seconds(), e.peak_bytes() / 1048576.0,
                        stages.c_str(), meas.c_str(), meas_steps.c_str(), e.layout.chunks);
         }
         std::fclose(f);

@@ -50,6 +50,7 @@ using Backend = pmt::comm::default_backend_t<Exec>;
 using Model   = pmt::nn::Gpt<float, Exec, Backend>;
 using AdamW   = pmt::optim::AdamW<float, Exec>;
 using Zero    = pmt::optim::ZeroAdamW<float, Exec, Backend>;
+using Zero2   = pmt::optim::Zero2AdamW<float, Exec, Backend>;
 using Ids     = Model::Ids;
 constexpr const char* prog = "train_gpt";
 namespace fs = std::filesystem;
@@ -69,6 +70,7 @@ struct Options {
   double lr = 3e-3, watchdog = 600;
   long seed = 1;
   bool resume = false, help = false, zero = false, auto_plan = false, memory_report = true;
+  int zero_stage = 1;  // with zero: 1 (optimizer state sharded) or 2 (gradients too)
   bool overwrite = false, allow_changed_config = false, skip_nonfinite = false, recompute = false;
   bool sequence_parallel = false, recompute_attention = false;
   int recompute_stages = 0;  // with --recompute or --recompute-attention: the first this many stages (0: all)
@@ -106,6 +108,7 @@ std::string usage() {
              "  --microbatches N        microbatches per step and dp rank (default 2 pp with pp > 1, else 1);\n"
              "                          must divide batch / dp\n"
              "  --zero                  ZeRO-1: AdamW's state sharded over dp\n"
+             "  --zero2                 ZeRO-2: AdamW's state and the gradients sharded over dp\n"
              "  --compress none|bf16    dp gradients sent as bf16 with error feedback (half the bytes; default none)\n"
              "  --local-sgd H           no gradient all-reduce: each dp replica trains on its own data, the\n"
              "                          parameters are averaged every H steps\n"
@@ -201,9 +204,10 @@ Options parse(int argc, char* argv[]) {
       (a == "--overwrite" ? o.overwrite : o.allow_changed_config) = true;
       continue;
     }
-    if (a == "--resume" || a == "--zero" || a == "--auto") {
-      (a == "--resume" ? o.resume : a == "--zero" ? o.zero : o.auto_plan) = true;
-      if (a == "--zero") o.layout_flags.push_back(a);
+    if (a == "--resume" || a == "--zero" || a == "--zero2" || a == "--auto") {
+      (a == "--resume" ? o.resume : a == "--auto" ? o.auto_plan : o.zero) = true;
+      if (a == "--zero2") o.zero_stage = 2;
+      if (a == "--zero" || a == "--zero2") o.layout_flags.push_back(a);
       continue;
     }
     const auto known = {"--dp", "--tp", "--pp", "--chunks", "--schedule", "--microbatches", "--layers", "--width", "--heads",
@@ -373,7 +377,8 @@ void choose_layout(Options& o, const Comm& world) {
   const auto plan = pmt::plan::search(problem, pmt::plan::calibrate(world, problem), so);
   if (pmt::world_rank() == 0 && !plan.machine.advice.empty()) std::printf("--auto: note: %s\n", plan.machine.advice.c_str());
   const auto& b   = plan.best().layout;  // raises, with the rejections, when nothing runs
-  o.dp = b.dp, o.tp = b.tp, o.pp = b.pp, o.microbatches = b.microbatches, o.zero = b.zero, o.chunks = b.chunks;
+  o.dp = b.dp, o.tp = b.tp, o.pp = b.pp, o.microbatches = b.microbatches, o.zero = b.zero > 0, o.chunks = b.chunks;
+  o.zero_stage = b.zero > 0 ? b.zero : 1;
   o.recompute = o.recompute || b.recompute;
   o.sequence_parallel = o.sequence_parallel || b.sequence_parallel;
   o.recompute_attention = (o.recompute_attention || b.recompute_attention) && !o.recompute;
@@ -576,6 +581,10 @@ int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_p
     if constexpr (std::is_same_v<Opt, Zero>)
       return Opt(model.parameters(), hyper, mesh.comm(pmt::Axis::dp), mesh.comm(pmt::Axis::tp),
                  o.pp > 1 ? std::optional<pmt::comm::Communicator<Backend>>(mesh.comm(pmt::Axis::pp)) : std::nullopt);
+    else if constexpr (std::is_same_v<Opt, Zero2>)
+      return Opt(model.parameters(), hyper, mesh.comm(pmt::Axis::dp), mesh.comm(pmt::Axis::tp),
+                 o.pp > 1 ? std::optional<pmt::comm::Communicator<Backend>>(mesh.comm(pmt::Axis::pp)) : std::nullopt,
+                 model.tied_parameters());
     else
       return Opt(model.parameters(), hyper);
   }();
@@ -854,7 +863,7 @@ int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_p
                     o.diloco > 0      ? pmt::detail::str("DiLoCo: parameters averaged every ", o.diloco, " steps").c_str()
                     : o.local_sgd > 0 ? pmt::detail::str("local SGD: parameters averaged every ", o.local_sgd, " steps").c_str()
                     : o.staleness >= 0 ? pmt::detail::str("gradients every step, fp32, applied ", o.staleness, " steps late").c_str()
-                    : o.zero          ? "ZeRO-1 reduce-scatters and all-gathers itself: not counted"
+                    : o.zero          ? pmt::detail::str("ZeRO-", o.zero_stage, " reduce-scatters and all-gathers itself: not counted").c_str()
                                       : pmt::detail::str("gradients every step, ", o.compress == "bf16" ? "bf16 with error feedback" : "fp32").c_str());
       if (metrics) std::fprintf(metrics, "{\"dp_bytes_sent\": %llu}\n", static_cast<unsigned long long>(trainer.dp_bytes_sent()));
       if (metrics && o.memory_report) {
@@ -996,6 +1005,7 @@ int main(int argc, char* argv[]) {
     } catch (const pmt::Error& e) {
       throw Agreed{e.what()};
     }
+    if (o.zero && o.zero_stage == 2) return run<Zero2, pmt::Synchronous>(o, world, data, *guards);
     if (o.zero) return run<Zero, pmt::Synchronous>(o, world, data, *guards);
     if (o.local_sgd > 0) return run<AdamW, pmt::LocalSgd<>>(o, world, data, *guards);
     if (o.diloco > 0) return run<AdamW, pmt::DiLoCo<>>(o, world, data, *guards);

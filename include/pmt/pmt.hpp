@@ -69,6 +69,7 @@
 #include "pmt/optim/clip.hpp"
 #include "pmt/optim/optimizers.hpp"
 #include "pmt/optim/zero.hpp"
+#include "pmt/optim/zero2.hpp"
 #include "pmt/parallel/fingerprint.hpp"
 #include "pmt/parallel/grad_sync.hpp"
 #include "pmt/parallel/pipeline.hpp"

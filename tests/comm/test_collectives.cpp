@@ -4,6 +4,7 @@
 // the MPI world (np = 1, 2, 4) and on Communicator<Self>.
 #include <catch2/catch_template_test_macros.hpp>
 #include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
 
 #include "comm_test.hpp"
 #include "pmt/core/bf16.hpp"
@@ -166,6 +167,28 @@ TEST_CASE("iall_reduce overlapping a Kokkos kernel gives the same result and kee
   bool ok = (!PMT_ENABLE_MPI || held >= 2) && buf.use_count() == 1;
   for (std::size_t i = 0; i < n; ++i) ok = ok && buf(i) == ref(i) && other(i) == 2.0 * double(i);
   CHECK(pmt::test::all_ranks(ok));
+}
+
+TEST_CASE("ireduce_scatter equals reduce_scatter, two in flight at once, and refuses Avg and a bad shape",
+          "[comm][nonblocking][mpi]") {
+  const auto& c = pmt::test::world();
+  Host exec;
+  const auto n = static_cast<std::size_t>(c.size());
+  const std::size_t block = 1000;
+  Vec<double> a("a", block * n), b("b", block * n), ra("ra", block), rb("rb", block), ea("ea", block), eb("eb", block);
+  for (std::size_t i = 0; i < a.size(); ++i) a(i) = double(c.rank() + 1) * 0.25 + double(i % 13), b(i) = -double(i % 7) * (c.rank() + 2);
+  pmt::comm::reduce_scatter(c, exec, a, ea);
+  pmt::comm::reduce_scatter(c, exec, b, eb, ReduceOp::Max);
+  auto qa = pmt::comm::ireduce_scatter(c, exec, a, ra);
+  auto qb = pmt::comm::ireduce_scatter(c, exec, b, rb, ReduceOp::Max);
+  qb.wait();  // completed out of order
+  qa.wait();
+  bool ok = true;
+  for (std::size_t i = 0; i < block; ++i) ok = ok && ra(i) == ea(i) && rb(i) == eb(i);
+  CHECK(pmt::test::all_ranks(ok));
+  CHECK_THROWS_WITH((void)pmt::comm::ireduce_scatter(c, exec, a, ra, ReduceOp::Avg), Catch::Matchers::ContainsSubstring("Avg"));
+  Vec<double> wrong("wrong", block + 1);
+  CHECK_THROWS_WITH((void)pmt::comm::ireduce_scatter(c, exec, a, wrong), Catch::Matchers::ContainsSubstring("blocks of recv"));
 }
 
 TEST_CASE("bf16 rounds to nearest even, keeps nan and inf, and moves through the collectives", "[comm][bf16][mpi]") {

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Any model, not just the GPT: a user's Chain and loss (nn::StagedModel) trained by the Trainer
 // on every dp x tp x pp layout of the world (pp 1, 2, 4), with GPipe and 1F1B, with one and two
-// model chunks per stage (interleaved), and with ZeRO-1, gives the per-step global losses and
+// model chunks per stage (interleaved), with ZeRO-1 and with ZeRO-2, gives the per-step global losses and
 // final parameters of the one-rank run on the whole global batch (design invariant 4). The model
 // is an 11-layer MLP, Linear<Col> -> Gelu -> Dropout<Sharded> -> Linear<Row> -> Relu ->
 // Dropout -> Linear<Col> -> Silu -> Linear<Row> -> Tanh -> Linear<Replicate>, as a regressor
@@ -29,6 +29,7 @@
 #include "pmt/optim/clip.hpp"
 #include "pmt/optim/optimizers.hpp"
 #include "pmt/optim/zero.hpp"
+#include "pmt/optim/zero2.hpp"
 #include "pmt/train/trainer.hpp"
 
 #include <cmath>
@@ -130,16 +131,19 @@ struct Reference {
 };
 
 /// Trains the layout and compares with the reference on this rank.
-template <bool Classifier, bool Zero = false>
+template <bool Classifier, int Zero = 0>
 bool matches(const Reference<Classifier>& ref, pmt::MeshShape shape, pmt::parallel::ScheduleKind kind, int chunks) {
   using Model  = typename Task<Classifier>::Model;
-  using Opt    = std::conditional_t<Zero, pmt::optim::ZeroAdamW<T, Host, Backend>, pmt::optim::AdamW<T, Host>>;
+  using Opt    = std::conditional_t<Zero == 2, pmt::optim::Zero2AdamW<T, Host, Backend>,
+                                    std::conditional_t<Zero == 1, pmt::optim::ZeroAdamW<T, Host, Backend>, pmt::optim::AdamW<T, Host>>>;
   using Policy = pmt::Hybrid<pmt::DataParallel<>, pmt::TensorSplit<>, pmt::Pipeline<>>;
   constexpr double tol = 1e-10;
   pmt::Mesh<Backend> mesh(pmt::test::world(), shape);
   Model par(mesh, make_net(mesh, Task<Classifier>::out), typename Task<Classifier>::Loss{}, pmt::nn::StagedOptions{{}, chunks, "mlp"});
   Opt opt = [&] {
-    if constexpr (Zero)
+    if constexpr (Zero == 2)  // buckets of 1 KiB: several per stage
+      return Opt(par.parameters(), hyper, mesh.comm(pmt::Axis::dp), mesh.comm(pmt::Axis::tp), mesh.comm(pmt::Axis::pp), {}, 1 << 10);
+    else if constexpr (Zero == 1)
       return Opt(par.parameters(), hyper, mesh.comm(pmt::Axis::dp), mesh.comm(pmt::Axis::tp), mesh.comm(pmt::Axis::pp));
     else
       return Opt(par.parameters(), hyper);
@@ -191,7 +195,11 @@ void every_layout() {
           }
         }
       DYNAMIC_SECTION("dp " << dp << " x tp " << tp << " x pp " << pp << ", ZeRO-1") {
-        CHECK(pmt::test::all_ranks(matches<Classifier, true>(ref, {dp, tp, pp}, pmt::parallel::ScheduleKind::OneFOneB, 1)));
+        CHECK(pmt::test::all_ranks(matches<Classifier, 1>(ref, {dp, tp, pp}, pmt::parallel::ScheduleKind::OneFOneB, 1)));
+      }
+      DYNAMIC_SECTION("dp " << dp << " x tp " << tp << " x pp " << pp << ", ZeRO-2, " << (pp > 1 ? "GPipe x 2 chunks" : "1F1B")) {
+        const auto kind = pp > 1 ? pmt::parallel::ScheduleKind::GPipe : pmt::parallel::ScheduleKind::OneFOneB;
+        CHECK(pmt::test::all_ranks(matches<Classifier, 2>(ref, {dp, tp, pp}, kind, pp > 1 ? 2 : 1)));
       }
     }
 }

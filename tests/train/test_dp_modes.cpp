@@ -3,6 +3,8 @@
 // - ZeRO-1 (AdamW state sharded over dp) equals plain synchronous DP (losses and parameters),
 //   with clipping on, at dp = np and (np = 4) dp 2 x tp 2; its state is 1/dp of plain AdamW's.
 // - A ZeRO-1 checkpoint resumes bit for bit, and plain AdamW on one rank resumes it as well.
+// - ZeRO-2 equals plain DP with two microbatches (its buckets reduce-scattered in each); its
+//   checkpoint resumes bit for bit, and ZeRO-1 and plain AdamW on one rank resume it as well.
 // - GradSync sums gradients over dp once armed, and refuses a finish() without arm().
 // - Local SGD with H = 1 and plain SGD equals synchronous DP with plain SGD.
 // - Local SGD with H = 3 keeps replicas apart between averages and equal right after them.
@@ -18,6 +20,7 @@
 #include "pmt/parallel/grad_sync.hpp"
 #include "pmt/optim/optimizers.hpp"
 #include "pmt/optim/zero.hpp"
+#include "pmt/optim/zero2.hpp"
 #include "pmt/train/trainer.hpp"
 #include "train_test.hpp"
 
@@ -149,6 +152,85 @@ TEST_CASE("a ZeRO-1 checkpoint resumes exactly, and plain AdamW on one rank resu
     worst = std::max(worst, std::abs(whole_tr.step({batch<Ids>(step, 0, B_global)}, o) - losses[std::size_t(step)]) /
                                 std::abs(losses[std::size_t(step)]));
   INFO("losses of plain AdamW on one rank after the ZeRO-1 checkpoint: " << worst);
+  CHECK(pmt::test::all_ranks(worst <= 1e-10));
+
+  pmt::comm::barrier(w);
+  if (w.rank() == 0) std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("ZeRO-2 equals plain DP; its checkpoint resumes exactly, and ZeRO-1 and plain AdamW resume it too",
+          "[train][zero][zero2][checkpoint][mpi]") {
+  using Model   = pmt::nn::Gpt<double, Host, Backend>;
+  using Ids     = typename Model::Ids;
+  using Zero2   = pmt::optim::Zero2AdamW<double, Host, Backend>;
+  using Zero    = pmt::optim::ZeroAdamW<double, Host, Backend>;
+  using Plain   = pmt::optim::AdamW<double, Host>;
+  const auto& w = pmt::test::world();
+  const int dp  = w.size();
+  const pmt::optim::AdamWOptions hyper{0.9, 0.95, 1e-8, 0.1};
+  const pmt::train::StepOptions o{double(B_global * Tn), 3e-3, 0.5};  // clipping active
+  const std::size_t B = B_global / static_cast<std::size_t>(dp), first = B * static_cast<std::size_t>(w.rank());
+  const auto mbs = [&](int step) {  // two microbatches where the local batch allows
+    if (B < 2) return std::vector<pmt::train::Microbatch<Ids>>{batch<Ids>(step, first, B)};
+    return std::vector<pmt::train::Microbatch<Ids>>{batch<Ids>(step, first, B / 2), batch<Ids>(step, first + B / 2, B - B / 2)};
+  };
+  const std::string dir = pmt::test::shared_temp_path(w, "pmt-test-zero2-checkpoint");
+  pmt::Mesh<Backend> mesh(w, pmt::MeshShape{dp, 1, 1});
+  pmt::Mesh<Backend> one(w.split(w.rank(), 0), pmt::MeshShape{});
+  pmt::io::CheckpointInfo info;
+  info.step  = 3;
+  info.model = "test gpt";
+
+  // 6 steps straight with ZeRO-2 (small buckets), saved after the third; plain DP alongside
+  Model straight(mesh, cfg), plain(mesh, cfg);
+  Zero2 opt(straight.parameters(), hyper, mesh.comm(pmt::Axis::dp), mesh.comm(pmt::Axis::tp), std::nullopt, {}, 4 << 10);
+  Plain plain_opt(plain.parameters(), hyper);
+  pmt::train::Trainer<Model, Zero2, Host, Backend> tr(mesh, straight, opt);
+  pmt::train::Trainer<Model, Plain, Host, Backend> plain_tr(mesh, plain, plain_opt);
+  std::vector<double> losses;
+  double worst_plain = 0;
+  for (int step = 0; step < 6; ++step) {
+    losses.push_back(tr.step(mbs(step), o));
+    const double lp = plain_tr.step(mbs(step), o);
+    worst_plain = std::max(worst_plain, std::abs(lp - losses.back()) / std::abs(lp));
+    if (step == 2) pmt::io::save_checkpoint(dir, mesh, opt, info);
+  }
+  INFO("ZeRO-2 against plain DP: losses " << worst_plain << ", parameters " << param_diff(straight, plain) << "; "
+                                          << opt.buckets() << " buckets");
+  CHECK(pmt::test::all_ranks(worst_plain <= 1e-10 && param_diff(straight, plain) <= 1e-10));
+  std::size_t P = 0;
+  for (auto* p : plain.parameters()) P += p->size();
+  CHECK(opt.state_bytes() <= 2 * (P / static_cast<std::size_t>(dp) + opt.buckets()) * sizeof(double));
+
+  // ZeRO-2 from the checkpoint: bit for bit
+  pmt::nn::GptConfig other = cfg;
+  other.seed = cfg.seed + 1;  // the checkpoint must overwrite every value
+  Model resumed(mesh, other);
+  Zero2 resumed_opt(resumed.parameters(), hyper, mesh.comm(pmt::Axis::dp), mesh.comm(pmt::Axis::tp), std::nullopt, {}, 4 << 10);
+  const auto got = pmt::io::load_checkpoint(pmt::io::latest_checkpoint(dir), mesh, resumed_opt, info.model);
+  CHECK(got.step == 3);
+  CHECK(resumed_opt.steps() == 3);
+  pmt::train::Trainer<Model, Zero2, Host, Backend> resumed_tr(mesh, resumed, resumed_opt);
+  bool same = true;
+  for (int step = 3; step < 6; ++step) same = resumed_tr.step(mbs(step), o) == losses[std::size_t(step)] && same;
+  CHECK(pmt::test::all_ranks(same && param_diff(resumed, straight) == 0));
+
+  // ZeRO-1 on the same ranks and plain AdamW on one rank: the same numbers within 1e-10 (the
+  // dp sums in another order), which needs every rank's part of the moments and the step count
+  Model zero1(mesh, other), whole(one, other);
+  Zero zero1_opt(zero1.parameters(), hyper, mesh.comm(pmt::Axis::dp), mesh.comm(pmt::Axis::tp));
+  Plain whole_opt(whole.parameters(), hyper);
+  pmt::io::load_checkpoint(pmt::io::latest_checkpoint(dir), mesh, zero1_opt, info.model);
+  pmt::io::load_checkpoint(pmt::io::latest_checkpoint(dir), one, whole_opt, info.model);
+  pmt::train::Trainer<Model, Zero, Host, Backend> zero1_tr(mesh, zero1, zero1_opt);
+  pmt::train::Trainer<Model, Plain, Host, Backend> whole_tr(one, whole, whole_opt);
+  double worst = 0;
+  for (int step = 3; step < 6; ++step) {
+    const double l = losses[std::size_t(step)];
+    worst = std::max(worst, std::abs(zero1_tr.step(mbs(step), o) - l) / std::abs(l));
+    worst = std::max(worst, std::abs(whole_tr.step({batch<Ids>(step, 0, B_global)}, o) - l) / std::abs(l));
+  }
+  INFO("losses of ZeRO-1 and of plain AdamW on one rank after the ZeRO-2 checkpoint: " << worst);
   CHECK(pmt::test::all_ranks(worst <= 1e-10));
 
   pmt::comm::barrier(w);

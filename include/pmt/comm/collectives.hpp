@@ -112,6 +112,17 @@ void check_all_reduce(const char* name, const C& c, const SV& send, const RV& re
   agree_on_collective(c, name, CollectiveKind::AllReduce, comm::data_type_of<T>(), recv.size(), static_cast<int>(op));
 }
 
+/// reduce_scatter's views: on Exec's space, send holding size() blocks of recv.
+template <class Exec, class C, class SV, class RV>
+void check_reduce_scatter(const char* name, const C& c, const SV& send, const RV& recv) {
+  check_comm_view<Exec>(name, "send", send);
+  check_comm_view<Exec>(name, "recv", recv);
+  require(send.size() == recv.size() * static_cast<std::size_t>(c.size()), name, [&] {
+    return str("send is ", shape_str(send), " and recv is ", shape_str(recv), "; expected send to hold size() = ", c.size(),
+               " blocks of recv's ", recv.size(), " elements", comm_where(c));
+  });
+}
+
 template <class C>
 void require_rank(const char* op, const char* what, int r, const C& c) {
   require<ConfigError>(r >= 0 && r < c.size(), op, [&] {
@@ -178,13 +189,7 @@ void reduce_scatter(const Communicator<B>& c, const Exec& exec, const SV& send, 
   static_assert(std::is_same_v<typename SV::non_const_value_type, T>,
                 "pmt::comm::reduce_scatter: send and recv must have the same element type");
   constexpr const char* name = "pmt::comm::reduce_scatter";
-  detail::check_comm_view<Exec>(name, "send", send);
-  detail::check_comm_view<Exec>(name, "recv", recv);
-  detail::require(send.size() == recv.size() * static_cast<std::size_t>(c.size()), name, [&] {
-    return detail::str("send is ", shape_str(send), " and recv is ", shape_str(recv),
-                       "; expected send to hold size() = ", c.size(), " blocks of recv's ", recv.size(),
-                       " elements", detail::comm_where(c));
-  });
+  detail::check_reduce_scatter<Exec>(name, c, send, recv);
   detail::require_avg_type<T>(name, op);
   detail::agree_on_collective(c, name, detail::CollectiveKind::ReduceScatter, data_type_of<T>(), recv.size(),
                               static_cast<int>(op));
@@ -267,6 +272,27 @@ template <class B, class Exec, class V>
 [[nodiscard]] Request iall_reduce(const Communicator<B>& c, const Exec& exec, const V& buf,
                                   ReduceOp op = ReduceOp::Sum) {
   return iall_reduce(c, exec, buf, buf, op);
+}
+
+/// \brief Non-blocking reduce_scatter (out of place): block r of send, reduced over ranks, lands
+/// in recv on rank r once the Request completes; neither may change until then (Sum, Max or Min:
+/// Avg's division would need the completion, so it is refused).
+/// \throws pmt::ShapeError unless send.size() == size() * recv.size(); pmt::ConfigError for Avg.
+template <class B, class Exec, class SV, class RV>
+[[nodiscard]] Request ireduce_scatter(const Communicator<B>& c, const Exec& exec, const SV& send, const RV& recv,
+                                      ReduceOp op = ReduceOp::Sum) {
+  using T = typename RV::non_const_value_type;
+  static_assert(std::is_same_v<typename SV::non_const_value_type, T>,
+                "pmt::comm::ireduce_scatter: send and recv must have the same element type");
+  constexpr const char* name = "pmt::comm::ireduce_scatter";
+  detail::check_reduce_scatter<Exec>(name, c, send, recv);
+  detail::require<ConfigError>(op != ReduceOp::Avg, name, [&] {
+    return std::string("ReduceOp::Avg is not offered non-blocking; use Sum and scale the result");
+  });
+  detail::agree_on_collective(c, name, detail::CollectiveKind::ReduceScatter, data_type_of<T>(), recv.size(),
+                              static_cast<int>(op));
+  return c.ireduce_scatter_raw(exec, send.data(), recv.data(), recv.size(), data_type_of<T>(), op,
+                               std::make_shared<std::pair<SV, RV>>(send, recv));
 }
 
 /// \brief Non-blocking send; buf must not change until the Request completes.

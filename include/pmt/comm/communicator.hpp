@@ -5,7 +5,8 @@
 // A Communicator<Backend> provides rank(), size(), split(color, key), barrier(), debug() /
 // set_debug(), and raw operations on contiguous buffers that the generic collectives in
 // comm/collectives.hpp call after checking shapes: all_reduce_raw, reduce_scatter_raw,
-// all_gather_raw, broadcast_raw, send_raw, recv_raw, iall_reduce_raw, isend_raw, irecv_raw, and
+// all_gather_raw, broadcast_raw, send_raw, recv_raw, iall_reduce_raw, ireduce_scatter_raw, isend_raw,
+// irecv_raw, and
 // gather_fingerprints (debug mode). Each raw op takes the execution-space instance first and is
 // ordered with it: Self copies on the instance, Mpi fences it first, Nccl enqueues on its stream.
 // Copies of a communicator share one underlying communicator.
@@ -156,6 +157,13 @@ class Communicator<Self> {
                           ReduceOp op, std::shared_ptr<void> keep, std::function<void()> on_complete) const {
     all_reduce_raw(exec, send, recv, count, t, op);
     if (on_complete) on_complete();
+    (void)keep;
+    return Request();
+  }
+  template <class Exec>
+  Request ireduce_scatter_raw(const Exec& exec, const void* send, void* recv, std::size_t recv_count, DataType t,
+                              ReduceOp op, std::shared_ptr<void> keep) const {
+    reduce_scatter_raw(exec, send, recv, recv_count, t, op);
     (void)keep;
     return Request();
   }

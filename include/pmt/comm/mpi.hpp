@@ -228,6 +228,19 @@ class Communicator<Mpi> {
     return make_request(req, "iall_reduce", std::move(keep), std::move(on_complete));
   }
 
+  /// Non-blocking MPI_Reduce_scatter_block (out of place).
+  template <class Exec>
+  Request ireduce_scatter_raw(const Exec& exec, const void* send, void* recv, std::size_t recv_count, DataType t,
+                              ReduceOp op, std::shared_ptr<void> keep) const {
+    detail::static_check_mpi_space<Exec>();
+    exec.fence();
+    auto req = std::make_shared<MPI_Request>(MPI_REQUEST_NULL);
+    check(MPI_Ireduce_scatter_block(send, recv, icount(recv_count), detail::mpi_type(t), detail::mpi_op(op, t), native(),
+                                    req.get()),
+          "ireduce_scatter", "MPI_Ireduce_scatter_block");
+    return make_request(req, "ireduce_scatter", std::move(keep), {});
+  }
+
   template <class Exec>
   Request isend_raw(const Exec& exec, const void* buf, std::size_t count, DataType t, int peer, int tag,
                     std::shared_ptr<void> keep) const {

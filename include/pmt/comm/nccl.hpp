@@ -189,6 +189,12 @@ class Communicator<Nccl> {
     return event_request(detail::cuda_stream_of(exec), "iall_reduce", std::move(keep), std::move(on_complete));
   }
   template <class Exec>
+  Request ireduce_scatter_raw(const Exec& exec, const void* send, void* recv, std::size_t recv_count, DataType t,
+                              ReduceOp op, std::shared_ptr<void> keep) const {
+    reduce_scatter_raw(exec, send, recv, recv_count, t, op);
+    return event_request(detail::cuda_stream_of(exec), "ireduce_scatter", std::move(keep), {});
+  }
+  template <class Exec>
   Request isend_raw(const Exec& exec, const void* buf, std::size_t count, DataType t, int peer, int tag,
                     std::shared_ptr<void> keep) const {
     send_raw(exec, buf, count, t, peer, tag);

@@ -3,9 +3,9 @@
 // Sharded checkpoints of a model's parameters and its optimizer state, crash-safe and
 // reshardable: AdamW (moments exp_avg, exp_avg_sq and the step count), Sgd (the momentum
 // buffers), or the weights only (save_weights / load_weights: no optimizer). ZeroAdamW (ZeRO-1)
-// writes and reads AdamW's files: its moments are all-gathered over dp for the save, and each
-// rank keeps its part on load, so a checkpoint moves between the two optimizers and between dp
-// degrees. The manifest names the optimizer ("optimizer adamw|sgd|none"); loading into another
+// and Zero2AdamW (ZeRO-2) write and read AdamW's files: their moments are all-gathered over dp for
+// the save, and each rank keeps its part on load, so a checkpoint moves between the three
+// optimizers and between dp degrees. The manifest names the optimizer ("optimizer adamw|sgd|none"); loading into another
 // optimizer is refused, and load_weights takes the parameters of any checkpoint. Named
 // per-parameter states beside the optimizer's (ParameterStates: a Trainer's state(), e.g. DiLoCo's
 // outer anchor and momentum, the residual of compressed gradients) travel as records of their own
@@ -45,6 +45,7 @@
 #include "pmt/core/parameter.hpp"
 #include "pmt/optim/optimizers.hpp"
 #include "pmt/optim/zero.hpp"
+#include "pmt/optim/zero2.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -588,12 +589,11 @@ class WeightsOnly {
   std::vector<Parameter<T, Exec>*> m_params;
 };
 
-template <class T, class Exec, class Backend>
+template <class Zero, class T, class Exec>
 class ZeroAsAdamW {
  public:
   using value_type      = T;
   using execution_space = Exec;
-  using Zero            = optim::ZeroAdamW<T, Exec, Backend>;
   /// For saving: collective over the dp axis.
   ZeroAsAdamW(const Zero& opt, const Exec& exec) : m_params(opt.parameters()), m_steps(opt.steps()) {
     std::tie(m_m, m_v) = opt.gathered_moments(exec);
@@ -957,7 +957,7 @@ template <class T, class Exec, class Backend>
 std::string save_checkpoint(const std::string& dir, const Mesh<Backend>& mesh,
                             const optim::ZeroAdamW<T, Exec, Backend>& opt, const CheckpointInfo& info,
                             const ParameterStates<T, Exec>& extra = {}) {
-  const checkpoint_detail::ZeroAsAdamW<T, Exec, Backend> state(opt, Exec());
+  const checkpoint_detail::ZeroAsAdamW<optim::ZeroAdamW<T, Exec, Backend>, T, Exec> state(opt, Exec());
   return checkpoint_detail::save(dir, mesh, checkpoint_detail::WithStates<const decltype(state)>(state, extra), info);
 }
 
@@ -999,7 +999,30 @@ template <class T, class Exec, class Backend>
 CheckpointInfo load_checkpoint(const std::string& step_dir, const Mesh<Backend>& mesh,
                                optim::ZeroAdamW<T, Exec, Backend>& opt, const std::string& expected_model,
                                const ParameterStates<T, Exec>& extra = {}) {
-  checkpoint_detail::ZeroAsAdamW<T, Exec, Backend> state(opt);
+  checkpoint_detail::ZeroAsAdamW<optim::ZeroAdamW<T, Exec, Backend>, T, Exec> state(opt);
+  checkpoint_detail::WithStates<decltype(state)> with(state, extra);
+  CheckpointInfo info = checkpoint_detail::load(step_dir, mesh, with, expected_model);
+  state.store(Exec());
+  return info;
+}
+
+/// \brief Zero2AdamW (ZeRO-2): the same checkpoint as plain AdamW's (its moments all-gathered
+/// bucket by bucket over dp for the save).
+template <class T, class Exec, class Backend>
+std::string save_checkpoint(const std::string& dir, const Mesh<Backend>& mesh,
+                            const optim::Zero2AdamW<T, Exec, Backend>& opt, const CheckpointInfo& info,
+                            const ParameterStates<T, Exec>& extra = {}) {
+  const checkpoint_detail::ZeroAsAdamW<optim::Zero2AdamW<T, Exec, Backend>, T, Exec> state(opt, Exec());
+  return checkpoint_detail::save(dir, mesh, checkpoint_detail::WithStates<const decltype(state)>(state, extra), info);
+}
+
+/// \brief Zero2AdamW (ZeRO-2): loads a checkpoint of AdamW, ZeroAdamW or Zero2AdamW and of any dp
+/// degree; each rank keeps its part of the moments.
+template <class T, class Exec, class Backend>
+CheckpointInfo load_checkpoint(const std::string& step_dir, const Mesh<Backend>& mesh,
+                               optim::Zero2AdamW<T, Exec, Backend>& opt, const std::string& expected_model,
+                               const ParameterStates<T, Exec>& extra = {}) {
+  checkpoint_detail::ZeroAsAdamW<optim::Zero2AdamW<T, Exec, Backend>, T, Exec> state(opt);
   checkpoint_detail::WithStates<decltype(state)> with(state, extra);
   CheckpointInfo info = checkpoint_detail::load(step_dir, mesh, with, expected_model);
   state.store(Exec());

@@ -136,14 +136,19 @@ class Chain {
     });
     return x;
   }
-  /// \brief Backward of layers [begin, end), last first; after each layer's backward,
-  /// `grads_ready` (when set) gets that layer's parameters, whose gradients are then final.
-  template <class Hook>
+  /// \brief Backward of layers [begin, end), last first; before each layer's backward
+  /// `grads_needed` (when set) gets that layer's parameters, whose gradients it is about to
+  /// write, and after it `grads_ready` (when set), whose gradients are then final.
+  template <class Hook, class Needed = Hook>
   Tensor<T, 2, Exec> backward(const Exec& exec, Tensor<T, 2, Exec> dy, std::size_t begin, std::size_t end,
-                              const Hook& grads_ready) {
+                              const Hook& grads_ready, const Needed& grads_needed = Needed()) {
     each_reverse([&](auto I) {
       if (I >= begin && I < end) {
         auto& layer = std::get<I>(m_layers);
+        if (grads_needed) {
+          const auto ps = layer.parameters();
+          if (!ps.empty()) grads_needed(ps);
+        }
         dy          = layer.backward(exec, dy);
         pmt::progress();
         if (grads_ready) {

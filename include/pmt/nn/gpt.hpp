@@ -317,6 +317,7 @@ class Gpt {
     // reduce-scatter to this rank's rows), d wte_shard += dlogits^T h.
     auto dh = workspace_view<Activation>("pmt::nn::Gpt::dh", N, C);
     ops::matmul(exec, ops::Trans::N, ops::Trans::N, T(1), dlogits, table, T(0), dh);
+    needed({&head.table()});
     ops::matmul(exec, ops::Trans::T, ops::Trans::N, T(1), dlogits, h, T(1), head.table().grad2d());
     if (m_seq) {
       *m_dh = parallel::reduce_scatter_rows(m_tp, exec, dh);  // conjugate of gathering h
@@ -377,7 +378,9 @@ class Gpt {
   Activation backward_chunk(const Exec& exec, int k, const Activation& dy) {
     Activation dx;
     if (last_chunk(k)) {
+      needed(m_lnf->parameters());
       dx = m_lnf->backward(exec, m_dh.take());
+      if (m_on_block_grads) m_on_block_grads(m_lnf->parameters());
     } else {
       detail::require(k >= 0 && k < m_chunks && dy.extent(1) == m_cfg.width, "pmt::nn::Gpt::backward_chunk", [&] {
         return detail::str("stage ", m_stage, ", chunk ", k, "/", m_chunks, ": dy is ", shape_str(dy),
@@ -387,14 +390,18 @@ class Gpt {
     }
     auto& blocks = m_blocks[std::size_t(k)];
     for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) {
+      needed((*it)->parameters());
       dx = (*it)->backward(exec, dx);
       if (m_on_block_grads) m_on_block_grads((*it)->parameters());
       pmt::progress();
     }
     if (!first_chunk(k)) return dx;
     if (m_seq) dx = parallel::gather_rows(m_tp, exec, dx);  // conjugate of splitting the embeddings' rows
+    const std::vector<Parameter<T, Exec>*> embeddings{&m_wpe->table(), &m_wte->table()};
+    needed(embeddings);
     m_wpe->backward(exec, dx);
     m_wte->backward(exec, dx);
+    if (m_on_block_grads) m_on_block_grads(embeddings);  // wte: the tied head's part is in too (pp = 1)
     return Activation();
   }
 
@@ -406,11 +413,17 @@ class Gpt {
     return {{&m_head->table(), 0}};
   }
 
-  /// \brief Called during backward with each block's parameters once their gradients are final
-  /// (data-parallel gradient sync starts its all-reduces there, overlapping backward).
+  /// \brief Called during backward with the parameters of each block, of the final norm and of
+  /// the embeddings once their gradients are final (data-parallel gradient sync starts its
+  /// all-reduces there, overlapping backward). A last stage's copy of the LM head, written in
+  /// forward_chunk, is not reported: its gradient is final at the end of the step.
   void on_grads_ready(std::function<void(const std::vector<Parameter<T, Exec>*>&)> hook) {
     m_on_block_grads = std::move(hook);
   }
+  /// \brief Called with parameters whose gradients are written next: each block's, the final
+  /// norm's and the embeddings' before their backward, the LM head's before its backward inside
+  /// forward_chunk (optim::Zero2AdamW gives them storage there).
+  void on_grads_needed(std::function<void(const std::vector<Parameter<T, Exec>*>&)> hook) { m_on_needed = std::move(hook); }
 
   /// \brief This stage's parameters, in a fixed order (embeddings, blocks, final norm, then the
   /// LM head's copy of wte on a last stage that is not the first).
@@ -523,7 +536,10 @@ class Gpt {
   Ids m_pos;
   std::size_t m_pos_T = 0;
   Saved<Activation> m_dh;  // the LM head's gradient of the final norm's output, per activation slot
-  std::function<void(const std::vector<Parameter<T, Exec>*>&)> m_on_block_grads;
+  std::function<void(const std::vector<Parameter<T, Exec>*>&)> m_on_block_grads, m_on_needed;
+  void needed(const std::vector<Parameter<T, Exec>*>& ps) const {
+    if (m_on_needed) m_on_needed(ps);
+  }
 };
 
 }  // namespace pmt::nn

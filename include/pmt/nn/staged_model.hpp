@@ -20,7 +20,8 @@
 // Batch: parallel::Samples<Activation, Target>{input (N, in), target, N, row0}. The first stage
 // reads the input, the last the target; others may leave them empty, but `rows` is needed
 // everywhere, and `row0` (the global index of the first row) keys Dropout's mask.
-// Gradients-ready hook: after each layer's backward (data-parallel all-reduces overlap the rest).
+// Gradient hooks: before each layer's backward (its gradients are written next: ZeRO-2 gives them
+// storage) and after it (final: data-parallel all-reduces overlap the rest).
 // StagedOptions::recompute: activation recomputation per chunk (a chunk's forward keeps only its
 // input; its backward runs the forward again first), the same gradients bit for bit.
 // Communication: that of the Chain's layers (tp); the pipeline runner moves the activations.
@@ -181,7 +182,7 @@ class StagedModel {
       return detail::str("stage ", m_stage, ", chunk ", k, "/", m_chunks, ": dy is ", shape_str(d), "; expected (N, ", width,
                          ")", last_chunk(k) ? " (no forward_chunk ran in this activation slot)" : "");
     });
-    Activation dx = m_net.backward(exec, d, begin(k), end(k), m_hook);
+    Activation dx = m_net.backward(exec, d, begin(k), end(k), m_hook, m_needed);
     return first_chunk(k) ? Activation() : dx;
   }
   /// \brief Inference through the whole chain (pp = 1) in evaluation mode (pmt::NoGrad: no
@@ -208,6 +209,8 @@ class StagedModel {
     return all;
   }
   void on_grads_ready(Hook hook) { m_hook = std::move(hook); }
+  /// \brief Called before each layer's backward with its parameters (their gradients are written next).
+  void on_grads_needed(Hook hook) { m_needed = std::move(hook); }
 
   int stage() const noexcept { return m_stage; }
   int stages() const noexcept { return m_stages; }
@@ -235,7 +238,7 @@ class StagedModel {
     RandomContext random;
   };
   Saved<Replay> m_replay;  // with recomputation: what the backward's second forward needs, per slot
-  Hook m_hook;
+  Hook m_hook, m_needed;
 };
 
 }  // namespace pmt::nn

@@ -33,6 +33,33 @@
 #include <optional>
 #include <vector>
 
+namespace pmt::detail {
+
+/// The global gradient norm from the dp shards of the ZeRO optimizers: `g` is this rank's shard
+/// and `kind(i)` says what element i is (0 sharded over tp, 1 replicated over tp: counted once, 2
+/// a pipeline copy: not counted). The squares are summed over dp, the sharded ones over tp, and
+/// both over pp. Collective over dp, tp and (when given and > 1) pp. A free function: CUDA's
+/// extended lambdas may not sit in a private member.
+template <class Exec, class Backend, class G, class K>
+double sharded_grad_norm(const Exec& exec, const G& g, const K& kind, const comm::Communicator<Backend>& dp,
+                         const comm::Communicator<Backend>& tp, const std::optional<comm::Communicator<Backend>>& pp) {
+  auto sums = workspace_view<Kokkos::View<double*, Kokkos::HostSpace>>("pmt::optim::sharded_grad_norm", 2);
+  double s_sh = 0, s_rep = 0;
+  Kokkos::parallel_reduce("pmt::optim::sharded_grad_norm", Kokkos::RangePolicy<Exec>(exec, 0, g.size()),
+                          KOKKOS_LAMBDA(std::size_t i, double& a) { a += kind(i) == 0 ? double(g(i)) * double(g(i)) : 0.0; }, s_sh);
+  Kokkos::parallel_reduce("pmt::optim::sharded_grad_norm", Kokkos::RangePolicy<Exec>(exec, 0, g.size()),
+                          KOKKOS_LAMBDA(std::size_t i, double& a) { a += kind(i) == 1 ? double(g(i)) * double(g(i)) : 0.0; }, s_rep);
+  sums(0) = s_sh, sums(1) = s_rep;
+  comm::all_reduce_host_values(dp, exec, sums);
+  Kokkos::View<double*, Kokkos::HostSpace> sharded(sums.data(), 1);
+  if (tp.size() > 1) comm::all_reduce_host_values(tp, exec, sharded);
+  sums(0) += sums(1);
+  if (pp && pp->size() > 1) comm::all_reduce_host_values(*pp, exec, sharded);
+  return std::sqrt(sums(0));
+}
+
+}  // namespace pmt::detail
+
 namespace pmt::optim {
 
 /// \brief AdamW with its state sharded over dp (ZeRO-1, see the file comment): step() reduce-
@@ -83,22 +110,7 @@ class ZeroAdamW {
     ++m_step;
     pack(exec, &Parameter<T, Exec>::grad, m_flat_g);
     comm::reduce_scatter(m_dp, exec, m_flat_g, m_g, comm::ReduceOp::Sum);
-    // global norm: my part of sharded and of replicated parameters, summed over dp; sharded over tp
-    auto g = m_g;
-    auto rep = m_replicated;
-    auto sums = workspace_view<Kokkos::View<double*, Kokkos::HostSpace>>("pmt::optim::ZeroAdamW::norm", 2);
-    double s_sh = 0, s_rep = 0;
-    Kokkos::parallel_reduce("pmt::optim::ZeroAdamW::norm", Kokkos::RangePolicy<Exec>(exec, 0, m_shard),
-                            KOKKOS_LAMBDA(std::size_t i, double& a) { a += rep(i) == 0 ? double(g(i)) * double(g(i)) : 0.0; }, s_sh);
-    Kokkos::parallel_reduce("pmt::optim::ZeroAdamW::norm", Kokkos::RangePolicy<Exec>(exec, 0, m_shard),
-                            KOKKOS_LAMBDA(std::size_t i, double& a) { a += rep(i) == 1 ? double(g(i)) * double(g(i)) : 0.0; }, s_rep);
-    sums(0) = s_sh, sums(1) = s_rep;
-    comm::all_reduce_host_values(m_dp, exec, sums);
-    Kokkos::View<double*, Kokkos::HostSpace> sharded(sums.data(), 1);
-    if (m_tp.size() > 1) comm::all_reduce_host_values(m_tp, exec, sharded);
-    sums(0) += sums(1);
-    if (m_pp && m_pp->size() > 1) comm::all_reduce_host_values(*m_pp, exec, sharded);
-    const double norm = std::sqrt(sums(0));
+    const double norm = detail::sharded_grad_norm(exec, m_g, m_replicated, m_dp, m_tp, m_pp);
     if (skip || (skip_nonfinite && !std::isfinite(norm))) {
       --m_step;
       return norm;

@@ -36,6 +36,13 @@
 //   void on_grads_ready(std::function<void(const std::vector<Parameter*>&)>)
 //                               the model calls the hook during backward with parameters whose
 //                               gradients are final (data-parallel all-reduces start there)
+//   void on_grads_needed(std::function<void(const std::vector<Parameter*>&)>)
+//                               the model calls the hook during backward (and, for gradients a
+//                               forward writes, such as an LM head's, during forward) with
+//                               parameters whose gradients it is about to write; together with
+//                               on_grads_ready it lets optim::Zero2AdamW hold gradient storage
+//                               only while it is written. Every parameter must be named before
+//                               its gradient is written (a model with this hook promises it)
 //   std::vector<TiedParameter<value_type, Exec>> tied_parameters()
 //                               parameters with a copy on another stage (a tied LM head):
 //                               finalize_grads() sums each with its peer's copy after backward
@@ -145,11 +152,21 @@ struct has_grads_hook<M, Exec,
                       void_t<decltype(std::declval<M&>().on_grads_ready(
                           std::function<void(const std::vector<Parameter<typename M::value_type, Exec>*>&)>()))>>
     : std::true_type {};
+template <class M, class Exec, class = void>
+struct has_needed_hook : std::false_type {};
+template <class M, class Exec>
+struct has_needed_hook<M, Exec,
+                       void_t<decltype(std::declval<M&>().on_grads_needed(
+                           std::function<void(const std::vector<Parameter<typename M::value_type, Exec>*>&)>()))>>
+    : std::true_type {};
 }  // namespace stage_detail
 
 /// \brief Whether M calls a gradients-ready hook (the optional on_grads_ready member).
 template <class M, class Exec>
 inline constexpr bool has_grads_hook_v = stage_detail::has_grads_hook<M, Exec>::value;
+/// \brief Whether M announces gradients before writing them (the optional on_grads_needed member).
+template <class M, class Exec>
+inline constexpr bool has_needed_hook_v = stage_detail::has_needed_hook<M, Exec>::value;
 /// \brief Whether M lists parameters tied to another stage (the optional tied_parameters member).
 template <class M>
 inline constexpr bool has_tied_parameters_v = stage_detail::has_tied<M>::value;

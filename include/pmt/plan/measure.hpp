@@ -40,6 +40,7 @@
 #include "pmt/nn/gpt.hpp"
 #include "pmt/optim/optimizers.hpp"
 #include "pmt/optim/zero.hpp"
+#include "pmt/optim/zero2.hpp"
 #include "pmt/plan/model.hpp"
 #include "pmt/policy/hybrid.hpp"
 #include "pmt/policy/policies.hpp"
@@ -69,6 +70,9 @@ inline nn::GptOptions gpt_options(const Layout& l, int stage) {
   return nn::GptOptions{{}, l.chunks, l.recompute && here, l.sequence_parallel, l.recompute_attention && here};
 }
 
+static_assert(plan_detail::zero2_in_flight == optim::Zero2AdamW<float, Kokkos::DefaultHostExecutionSpace, comm::Self>::max_in_flight,
+              "the planner's ZeRO-2 memory counts the optimizer's reduce-scatters in flight");
+
 namespace measure_detail {
 
 /// One layout, built: its mesh, model, optimizer, trainer and synthetic microbatches.
@@ -89,6 +93,10 @@ struct Run {
     if constexpr (std::is_same_v<Opt, optim::AdamW<float, Exec>>) {
       (void)mesh;
       return Opt(model.parameters(), hyper);
+    } else if constexpr (optim::shards_grads_v<Opt>) {
+      return Opt(model.parameters(), hyper, mesh.comm(Axis::dp), mesh.comm(Axis::tp),
+                 mesh.degree(Axis::pp) > 1 ? std::optional<comm::Communicator<Backend>>(mesh.comm(Axis::pp)) : std::nullopt,
+                 model.tied_parameters());
     } else {
       return Opt(model.parameters(), hyper, mesh.comm(Axis::dp), mesh.comm(Axis::tp),
                  mesh.degree(Axis::pp) > 1
@@ -194,7 +202,11 @@ std::vector<Measured> measure(const comm::Communicator<Backend>& world, const Pr
   std::vector<std::function<void()>> steps;
   std::vector<std::shared_ptr<void>> keep;  // the runs, alive until the end
   for (const auto& l : layouts) {
-    if (l.zero) {
+    if (l.zero == 2) {
+      auto r = std::make_shared<measure_detail::Run<Backend, optim::Zero2AdamW<float, Exec, Backend>>>(world, pr, l);
+      steps.push_back([r] { r->step(); });
+      keep.push_back(r);
+    } else if (l.zero) {
       auto r = std::make_shared<
           measure_detail::Run<Backend, optim::ZeroAdamW<float, Exec, Backend>>>(world, pr, l);
       steps.push_back([r] { r->step(); });

@@ -329,7 +329,9 @@ inline DpChoice parse_dp_choice(const std::string& text) {
 struct Layout {
   int dp = 1, tp = 1, pp = 1, microbatches = 1;
   parallel::ScheduleKind schedule = parallel::ScheduleKind::OneFOneB;
-  bool zero                       = false;  ///< ZeRO-1 (optim::ZeroAdamW) instead of AdamW
+  /// ZeRO stage: 0 AdamW, 1 its state sharded over dp (optim::ZeroAdamW), 2 the gradients too
+  /// (optim::Zero2AdamW).
+  int zero                        = 0;
   int chunks                      = 1;      ///< model chunks per stage (with 1F1B: interleaved)
   DpChoice sync{};                          ///< how the dp replicas communicate
   /// Activation recomputation: a Gpt's blocks (nn::GptOptions::recompute), a ModelSpec's chunks
@@ -346,14 +348,14 @@ struct Layout {
   int recompute_stages = 0;
   /// \brief Whether pipeline stage s recomputes (recompute_stages).
   bool recomputes_on(int s) const noexcept { return recompute_stages <= 0 || s < recompute_stages; }
-  /// \brief "dp 2 x tp 1 x pp 2, m 4, 1f1b, zero" ("1f1b x2" with 2 chunks per stage; ", bf16",
+  /// \brief "dp 2 x tp 1 x pp 2, m 4, 1f1b, zero" (", zero2" for ZeRO-2; "1f1b x2" with 2 chunks per stage; ", bf16",
   /// ", local 8" ... for a data-parallel mode other than sync; ", recompute"; ", recompute
   /// attention"; ", seq" with sequence parallelism)
   std::string describe() const {
     return detail::str(
         "dp ", dp, " x tp ", tp, " x pp ", pp, ", m ", microbatches,
         pp > 1 ? std::string(", ") + parallel::schedule_name(schedule) : std::string(),
-        chunks > 1 ? detail::str(" x", chunks) : std::string(), zero ? ", zero" : "",
+        chunks > 1 ? detail::str(" x", chunks) : std::string(), zero == 1 ? ", zero" : zero == 2 ? ", zero2" : "",
         sync.mode != DpMode::Sync ? ", " + sync.describe() : std::string(), recompute ? ", recompute" : "",
         recompute_attention ? ", recompute attention" : "",
         recompute_stages > 0 && (recompute || recompute_attention) ? detail::str(" on stages < ", recompute_stages) : std::string(),
@@ -445,7 +447,8 @@ inline std::string why_invalid(const Problem& pr, const Layout& l, int ranks) {
   if (local % static_cast<std::size_t>(l.microbatches) != 0)
     return detail::str(l.microbatches, " microbatches do not divide the ", local,
                        " sequences per dp rank (batch ", pr.batch, " / dp ", l.dp, ")");
-  if (l.zero && l.dp == 1) return "ZeRO-1 shards over dp, and dp is 1";
+  if (l.zero < 0 || l.zero > 2) return detail::str("ZeRO stage ", l.zero, " is not 0, 1 or 2");
+  if (l.zero && l.dp == 1) return detail::str("ZeRO-", l.zero, " shards over dp, and dp is 1");
   if (l.recompute_stages < 0 || l.recompute_stages > l.pp)
     return detail::str("recompute_stages ", l.recompute_stages, " is not in [0, pp ", l.pp, "]");
   if (l.recompute_stages > 0 && !l.recompute && !l.recompute_attention)
@@ -463,7 +466,8 @@ inline std::string why_invalid(const Problem& pr, const Layout& l, int ranks) {
                          ", which does not divide them");
   }
   if (l.sync.mode != DpMode::Sync && l.dp == 1) return detail::str("dp mode ", l.sync.describe(), " needs dp > 1");
-  if (l.sync.mode != DpMode::Sync && l.zero) return detail::str("dp mode ", l.sync.describe(), " does not combine with ZeRO-1");
+  if (l.sync.mode != DpMode::Sync && l.zero)
+    return detail::str("dp mode ", l.sync.describe(), " does not combine with ZeRO-", l.zero);
   if (l.chunks > 1 && l.schedule == parallel::ScheduleKind::OneFOneB && l.microbatches % l.pp != 0)
     return detail::str("interleaved 1F1B needs microbatches (", l.microbatches,
                        ") a multiple of pp ", l.pp);
@@ -681,6 +685,11 @@ struct StageInputs {
   double activations = 0;     ///< bytes of one live microbatch (its saved values and the stage's input)
   double transient   = 0;     ///< bytes a backward allocates beyond them, at most
   double tp_bytes    = 0;     ///< bytes all-reduced over tp per microbatch, forward and backward
+  /// ZeRO-2's gradient storage: the most elements one backward writes at once (a layer, or the
+  /// embeddings), and those held from their first write to the step (a Gpt's tied table on
+  /// pp = 1, a last stage's LM-head copy and final norm).
+  double written_at_once = 0, held_to_step = 0;
+  double largest_parameter = 0;  ///< elements: a bucket holds at least one whole parameter
 };
 
 /// The Gpt's virtual stages (the count in the file comment).
@@ -703,6 +712,15 @@ inline std::vector<StageInputs> gpt_stages(const Problem& pr, const Machine& mc,
     const double L  = double(stages.count(vs));
     in.cost         = stage_cost(pr, mc, l, stages, vs, b);
     in.parameters   = stage_parameters(c, stages, vs, l.tp);
+    {  // what ZeRO-2 holds (nn::Gpt announces a block, the final norm, the embeddings at once)
+      const double blk = 12 * dC * dCl + 6 * dCl + 6 * dC, table = double(c.vocab) * dC / double(tp);
+      const bool one   = stages.stages() == 1;  // the tied table is the head too: held all the backward
+      in.written_at_once   = L > 0 ? blk : 0.0;
+      in.largest_parameter = std::max(L > 0 ? 4 * dC * dCl : 0.0, head || tail ? table : 0.0);
+      if (head) in.written_at_once = std::max(in.written_at_once, (one ? 0.0 : table) + double(T) * dC);
+      if (head && one) in.held_to_step += table;
+      if (tail) in.held_to_step += 2 * dC + (one ? 0.0 : table);
+    }
     // with recomputation a block keeps only its input (N C) and its backward first runs its
     // forward again: one block's activations live at a time, and the blocks' forward (with its
     // tp all-reduces) is paid twice
@@ -771,6 +789,8 @@ inline std::vector<StageInputs> spec_stages(const Problem& pr, const Machine& mc
       // estimate() waits tp_comm once in the forward and once in the backward: the mean of the two
       in.cost.tp_comm += 0.5 * (mc.all_reduce_on(sb * R * y.forward_reduce, l.tp, 1) + mc.all_reduce_on(sb * R * y.backward_reduce, l.tp, 1));
       in.parameters += y.parameters_local(l.tp);
+      in.written_at_once   = std::max(in.written_at_once, y.parameters_local(l.tp));  // a Chain announces layer by layer
+      in.largest_parameter = std::max(in.largest_parameter, y.parameters_local(l.tp));
       saved += sb * R * y.saved_local(l.tp);
       // a backward adds its dx (its dy is the next layer's dx, or a received or the loss gradient)
       in.transient = std::max(in.transient, sb * R * y.input_local(l.tp));
@@ -821,6 +841,9 @@ inline parallel::StagePlan stage_plan(const Problem& pr, int virtual_stages) {
 
 namespace plan_detail {
 
+/// optim::Zero2AdamW::max_in_flight (plan/measure.hpp checks that they agree).
+inline constexpr int zero2_in_flight = 2;
+
 /// What one rank of pipeline stage s holds (estimate()'s memory): its chunks' parameters,
 /// gradients, optimizer state, dp buffers, the step's data, the matmul scratch, `live` live
 /// microbatches' activations and the largest transient of its chunks.
@@ -836,7 +859,26 @@ inline Memory stage_memory(const Problem& pr, const Machine& mc, const Layout& l
   Memory mem;
   mem.parameters = mem.gradients = sb * P;
   const double shard             = std::ceil(P / l.dp);
-  mem.optimizer                  = l.zero ? sb * P + 4 * sb * shard + shard : 2 * sb * P;
+  mem.optimizer                  = l.zero == 1 ? sb * P + 4 * sb * shard + shard : l.zero == 2 ? 4 * sb * shard + shard : 2 * sb * P;
+  if (l.zero == 2) {
+    // ZeRO-2 holds what a backward writes at once, what stays to the step, and up to
+    // Zero2AdamW::max_in_flight buckets being reduce-scattered with the parts they receive
+    double at_once = 0, held = 0, largest = 0;
+    for (int k = 0; k < v; ++k) {
+      const auto& x = in[static_cast<std::size_t>(k * p + s)];
+      at_once = std::max(at_once, x.written_at_once), held += x.held_to_step, largest = std::max(largest, x.largest_parameter);
+    }
+    // a bucket: bucket_bytes or a whole parameter beyond it. Buckets in flight while a backward
+    // writes: those of earlier layers and microbatches, up to Zero2AdamW::max_in_flight, each
+    // with the 1/dp part it receives; one bucket more is held, begun by the layer before (buckets
+    // straddle layers); at the step's end the buckets still held go into flight themselves
+    const double bucket  = std::min(P, std::max(double(pr.bucket_bytes) / sb, largest));
+    const double per_mb  = std::ceil(P / std::max(bucket, 1.0));
+    const double flights = std::min(double(zero2_in_flight), l.microbatches * per_mb - 1);
+    const double at_end  = std::min(double(zero2_in_flight), l.microbatches * per_mb);
+    mem.gradients        = sb * std::max(std::min(P, at_once + held + (per_mb > 1 ? bucket : 0.0)) + flights * bucket * (1.0 + 1.0 / l.dp),
+                                         std::max(at_end * bucket, std::min(P, held + bucket)) * (1.0 + 1.0 / l.dp));
+  }
   mem.buckets                    = 0;
   if (l.dp > 1 && !l.zero) switch (l.sync.mode) {
       case DpMode::Sync: mem.buckets = sb * P; break;                                  // GradSync's buckets
@@ -865,9 +907,11 @@ inline Memory stage_memory(const Problem& pr, const Machine& mc, const Layout& l
 /// \brief The peak bytes per rank of layout `l` (Estimate::peak_bytes) when its stages hold
 /// `live` live microbatches each: the memory model alone, without simulating the schedule. The
 /// planner's search sizes variants of a layout (sequence parallelism, recomputation) with the
-/// live counts of the layout's own estimate, which the same schedule gives them.
+/// live counts of the layout's own estimate, which the same schedule gives them. `heaviest`, when
+/// given, receives the stage of the peak.
 /// \throws pmt::ConfigError when the layout cannot run the problem, or `live` has not pp entries.
-inline double peak_bytes(const Problem& pr, const Machine& mc, const Layout& l, const std::vector<int>& live) {
+inline double peak_bytes(const Problem& pr, const Machine& mc, const Layout& l, const std::vector<int>& live,
+                         int* heaviest = nullptr) {
   const std::string why = why_invalid(pr, l, mc.ranks);
   detail::require<ConfigError>(why.empty() && live.size() == static_cast<std::size_t>(l.pp), "pmt::plan::peak_bytes", [&] {
     return l.describe() + ": " + (why.empty() ? detail::str(live.size(), " live counts for pp ", l.pp) : why);
@@ -876,8 +920,13 @@ inline double peak_bytes(const Problem& pr, const Machine& mc, const Layout& l, 
   const std::size_t b = pr.batch / static_cast<std::size_t>(l.dp) / static_cast<std::size_t>(l.microbatches);
   const auto in       = pr.spec.empty() ? plan_detail::gpt_stages(pr, mc, l, stages, b) : plan_detail::spec_stages(pr, mc, l, stages, b);
   double most = 0;
-  for (int s = 0; s < l.pp; ++s)
-    most = std::max(most, plan_detail::stage_memory(pr, mc, l, in, s, live[static_cast<std::size_t>(s)]).total());
+  for (int s = 0; s < l.pp; ++s) {
+    const double here = plan_detail::stage_memory(pr, mc, l, in, s, live[static_cast<std::size_t>(s)]).total();
+    if (here > most || s == 0) {
+      most = here;
+      if (heaviest) *heaviest = s;
+    }
+  }
   return most;
 }
 
@@ -944,7 +993,7 @@ inline Estimate estimate(const Problem& pr, const Machine& mc, const Layout& l) 
   if (l.dp > 1) {
     const double P = rank_parameters(busiest);
     switch (l.sync.mode) {
-      case DpMode::Sync: e.bytes.dp = sb * P * (l.zero ? 2 : 1); break;
+      case DpMode::Sync: e.bytes.dp = sb * P * (l.zero == 2 ? m + 1 : l.zero ? 2 : 1); break;  // ZeRO-2: a reduce-scatter per microbatch
       case DpMode::Bf16: e.bytes.dp = 2 * P; break;
       case DpMode::LocalSgd:
       case DpMode::DiLoCo: e.bytes.dp = sb * P / l.sync.period; break;  // per step, amortised
@@ -966,7 +1015,15 @@ inline Estimate estimate(const Problem& pr, const Machine& mc, const Layout& l) 
     // reduce-scatter + all-gather (the same volume) do not overlap, and pack / unpack the values
     double dp               = 0;
     const double grad_bytes = sb * P;
-    if (l.zero) {
+    if (l.zero == 2) {
+      // ZeRO-2: each microbatch's buckets reduce-scattered during its backward (the last bucket
+      // exposed, the rest beyond the backward's time), the values all-gathered after the update;
+      // buckets zeroed per microbatch, the values unpacked
+      const double half    = 0.5 * mc.reduce_scatter_all_gather_on(grad_bytes, l.dp, l.tp);
+      const double buckets = std::max(1.0, std::ceil(grad_bytes / double(pr.bucket_bytes)));
+      dp = m * (half / buckets + std::max(0.0, half * (buckets - 1) / buckets - tb[std::size_t(s)])) + half +
+           mc.memory((m + 2) * grad_bytes) / share;
+    } else if (l.zero) {
       dp = mc.reduce_scatter_all_gather_on(grad_bytes, l.dp, l.tp) + mc.memory(4 * grad_bytes) / share;
     } else if (l.dp > 1 && (l.sync.mode == DpMode::Sync || l.sync.mode == DpMode::Bf16)) {
       // bf16: half the bytes on the wire; packing reads g and r and writes the wire and r,

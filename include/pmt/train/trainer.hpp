@@ -31,7 +31,11 @@
 // its gradients without waiting and applies the sum started S steps before (parallel/
 // stale_sync.hpp); no update in the first S steps. state() shows checkpoints what these modes
 // keep: DiLoCo's anchor and outer momentum, the residuals of compressed gradients, the stale sums.
-// ZeRO optimizers (shards_over_dp) reduce-scatter themselves.
+// ZeRO optimizers (shards_over_dp) reduce-scatter themselves. ZeRO-2 (optim::Zero2AdamW,
+// shards_grads) also owns the gradients' storage: the Trainer passes it the model's gradient hooks
+// (on_grads_needed, on_grads_ready), so each bucket of gradients exists only while written and is
+// reduce-scattered as soon as it is final, and the tied and sequence-parallel sums run on its
+// shards (finish_grads) instead of finalize_grads / sum_partial_grads.
 
 #include "pmt/core/instrument.hpp"
 #include "pmt/comm/agree.hpp"
@@ -43,6 +47,7 @@
 #include "pmt/core/random.hpp"
 #include "pmt/optim/clip.hpp"
 #include "pmt/optim/zero.hpp"
+#include "pmt/optim/zero2.hpp"
 #include "pmt/parallel/grad_sync.hpp"
 #include "pmt/parallel/pipeline.hpp"
 #include "pmt/parallel/schedule.hpp"
@@ -222,6 +227,7 @@ class Trainer {
   static_assert(!(stale && Optimizer::shards_over_dp),
                 "pmt::train::Trainer: bounded staleness applies whole gradient sums late; a ZeRO optimizer "
                 "reduce-scatters them itself. Use one or the other");
+  static constexpr bool shards_grads = optim::shards_grads_v<Optimizer>;  // ZeRO-2
   static_assert(!(local && Optimizer::shards_over_dp),
                 "pmt::train::Trainer: local SGD and DiLoCo keep replicas apart between averages; a ZeRO "
                 "optimizer needs synchronous gradients. Use one or the other");
@@ -248,8 +254,18 @@ class Trainer {
     if constexpr (parallel::has_grads_hook_v<Model, Exec>)
       m_model.on_grads_ready([this](const std::vector<Parameter<T, Exec>*>& ps) {
         m_sync.ready(m_exec, ps);
+        if constexpr (shards_grads) m_opt.grads_ready(m_exec, ps);  // ZeRO-2: the bucket's reduce-scatter starts
         if constexpr (stale) m_stale->progress();  // the sums in flight move on during backward
       });
+    if constexpr (shards_grads) {
+      check_tied(model, opt);
+      // a model that names gradients before writing them lets ZeRO-2 hold each bucket only then;
+      // one that does not keeps them all from zero_grad() to the step
+      constexpr bool announces = parallel::has_needed_hook_v<Model, Exec> && parallel::has_grads_hook_v<Model, Exec>;
+      m_opt.announce_grads(announces);
+      if constexpr (announces)
+        m_model.on_grads_needed([this](const std::vector<Parameter<T, Exec>*>& ps) { m_opt.grads_needed(m_exec, ps); });
+    }
     if (mesh.degree(Axis::pp) > 1) m_runner.emplace(mesh, model);
   }
   /// Frees the step memory the Workspace keeps that nothing holds any more.
@@ -279,8 +295,12 @@ class Trainer {
     // ZeRO optimizers reduce-scatter the gradients themselves; local SGD does not sync them.
     const double loss = run_microbatches(microbatches, normaliser, syncs_gradients);
     m_sync.finish(m_exec);
-    parallel::finalize_grads(m_exec, m_mesh.comm(Axis::pp), m_model);  // tied copies on two stages sum their gradients
-    parallel::sum_partial_grads(m_exec, m_mesh.comm(Axis::tp), m_model.parameters());  // sequence parallelism: rows' parts summed
+    if constexpr (shards_grads) {
+      m_opt.finish_grads(m_exec);  // ZeRO-2: the same sums, on the gradient shards
+    } else {
+      parallel::finalize_grads(m_exec, m_mesh.comm(Axis::pp), m_model);  // tied copies on two stages sum their gradients
+      parallel::sum_partial_grads(m_exec, m_mesh.comm(Axis::tp), m_model.parameters());  // sequence parallelism: rows' parts summed
+    }
     const double total = global_loss(local ? loss / dp : loss);
     const bool bad_loss = o.skip_nonfinite && !std::isfinite(total);
     m_applied = true;
@@ -323,7 +343,12 @@ class Trainer {
     check_batch("pmt::train::Trainer::evaluate", microbatches, normaliser);
     const WorkspaceScope workspace;
     const PrecisionScope products(m_precision);  // fp32 or bf16 float products
+    if constexpr (shards_grads) {  // ZeRO-2: storage for the gradients; buckets dropped, not reduced
+      m_opt.zero_grad(m_exec);
+      m_opt.collect_grads(false);
+    }
     const double loss = run_microbatches(microbatches, normaliser, /*dp_sync=*/false);
+    if constexpr (shards_grads) m_opt.collect_grads(true);
     m_opt.zero_grad(m_exec);
     const double total = global_loss(loss);
     if (!m_agreed_eval) m_agreed_eval = (comm::agree_choices(m_mesh.world(), m_exec), true);
@@ -420,6 +445,21 @@ class Trainer {
     const T lr = static_cast<T>(m_outer.lr), mu = static_cast<T>(m_outer.momentum);
     const bool nesterov = m_outer.nesterov;
     for (std::size_t i = 0; i < ps.size(); ++i) detail::outer_update(m_exec, ps[i]->value, m_anchor[i], m_momentum[i], lr, mu, nesterov);
+  }
+  /// ZeRO-2 sums tied gradients on its shards, so it must know the model's tied parameters.
+  static void check_tied(Model& model, const Optimizer& opt) {
+    if constexpr (parallel::has_tied_parameters_v<Model>) {
+      const auto want = model.tied_parameters();
+      const auto& have = opt.tied_parameters();
+      bool same = want.size() == have.size();
+      for (std::size_t i = 0; same && i < want.size(); ++i) same = want[i].param == have[i].param && want[i].peer == have[i].peer;
+      detail::require<ConfigError>(same, "pmt::train::Trainer", [&] {
+        return detail::str("the model has ", want.size(), " parameters tied to another stage but the ZeRO-2 optimizer was given ",
+                           have.size(), " (or others); construct it with the model's tied_parameters()");
+      });
+    } else {
+      (void)model, (void)opt;
+    }
   }
   static const Mesh<Backend>& checked(const Mesh<Backend>& mesh, const Model& model, const TrainerOptions& options) {
     detail::require<ConfigError>(options.sync.compression == parallel::GradCompression::none || syncs_gradients, "pmt::train::Trainer", [&] {
