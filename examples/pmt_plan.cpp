@@ -34,7 +34,7 @@ std::string own(const std::string& message) {
 struct Options {
   pmt::plan::Problem problem;
   int ranks = 0, top = 10, measure = 0, rounds = 10;  // measure: -1 all
-  double gemm_gflops = 0, memory_gbps = 10, link_gbps = 5, latency_us = 5, memory_mib = 0;
+  double gemm_gflops = 0, memory_gbps = 10, link_gbps = 5, latency_us = 5, memory_mib = 0, bf16_copy_bytes = 0;
   int ranks_per_node = 0;  // 0: one link model for every pair of ranks
   double intra_gbps = 0, intra_latency_us = 2, inter_gbps = 0, inter_latency_us = 5;
   bool no_zero = false, no_gpipe = false, no_recompute = false, no_sequence_parallel = false, help = false, verbose = false;
@@ -51,6 +51,8 @@ const char* usage =
     "  --ranks N  --gemm-gflops X  --memory-gbps X (10)  --link-gbps X (5)  --latency-us X (5)\n"
     "  --precision fp32|bf16    the products' precision (train_gpt --precision): calibration and --measure\n"
     "                           run them in it; by hand, --gemm-gflops is the rate in it (default fp32)\n"
+    "  --bf16-copy-bytes 0|2|4  by hand: bytes per operand element bf16 products copy (0 in-register\n"
+    "                           kernels, 2 cuBLAS's bf16 copies, 4 the rounded path; calibrating, measured)\n"
     "  --memory-mib X           memory per rank (calibrated: MemAvailable / ranks on the node)\n"
     "  --activation-bytes 2|4   bytes of an activation value (default 4, as pmt keeps them; 2 plans\n"
     "                           for a runtime keeping bf16 activations, as GPU frameworks do)\n"
@@ -164,6 +166,10 @@ Options parse(int argc, char* argv[]) {
       o.latency_us = x;
     else if (a == "--memory-mib")
       o.memory_mib = x;
+    else if (a == "--bf16-copy-bytes") {
+      if (x != 0 && x != 2 && x != 4) throw pmt::ConfigError(prog, "--bf16-copy-bytes " + v + ": expected 0, 2 or 4");
+      o.bf16_copy_bytes = x;
+    }
     else if (a == "--activation-bytes") {
       if (x != 2 && x != 4) throw pmt::ConfigError(prog, "--activation-bytes " + v + ": expected 2 or 4");
       o.problem.activation_bytes = whole();
@@ -237,6 +243,7 @@ int main(int argc, char* argv[]) {
       machine.link_gbps    = o.link_gbps;
       machine.link_latency = o.latency_us * 1e-6;
       machine.memory_bytes = o.memory_mib * 1048576.0;
+      machine.bf16_copy_bytes = o.bf16_copy_bytes;
       machine.source       = "given";
       if (o.ranks_per_node > 0) {
         machine.ranks_per_node = o.ranks_per_node;

@@ -104,6 +104,11 @@ struct Machine {
   /// bytes per rank the runtime keeps for the portable matmul kernel once it ran (its team
   /// scratch: plan::portable_matmul_scratch_bytes); 0 where it never runs or keeps nothing
   double matmul_scratch_bytes = 0;
+  /// Bytes per operand element that bf16 products copy (Problem::precision bf16): 4 where they
+  /// take the rounded path (op(A) and op(B) rounded into fp32 Workspace copies), 2 for cuBLAS's
+  /// bf16 copies, 0 for in-register kernels (AMX; AVX512-BF16 where pinned). calibrate() sets it
+  /// from the host's kernel.
+  double bf16_copy_bytes = 0;
   /// seconds of one transformer block's forward and backward for a microbatch of b sequences on a
   /// tp group, measured with every rank of the machine doing the same at once, the tp all-reduces
   /// included (plan/calibrate.hpp runs pmt's GptBlock; sequence-parallel or not); empty: from the
@@ -368,9 +373,10 @@ struct Memory {
   double parameters = 0, gradients = 0, optimizer = 0, buckets = 0, data = 0, activations = 0,
          transient      = 0;
   double scratch        = 0;  ///< the portable matmul kernel's team scratch (Machine::matmul_scratch_bytes)
+  double products       = 0;  ///< bf16 products' operand copies (Machine::bf16_copy_bytes), one per shape
   int live_microbatches = 0;  ///< (chunk, microbatch) pairs with several chunks per stage
   double total() const {
-    return parameters + gradients + optimizer + buckets + data + activations + transient + scratch;
+    return parameters + gradients + optimizer + buckets + data + activations + transient + scratch + products;
   }
 };
 
@@ -690,6 +696,11 @@ struct StageInputs {
   /// pp = 1, a last stage's LM-head copy and final norm).
   double written_at_once = 0, held_to_step = 0;
   double largest_parameter = 0;  ///< elements: a bucket holds at least one whole parameter
+  /// bf16 products on a copying path, in elements: the weights' copies (one per distinct shape,
+  /// kept by the Workspace), and the activation-shaped operands of the largest product (their
+  /// copies share the Workspace's blocks with the activations' temporaries of the same shapes,
+  /// free by then: measured, what the largest product holds at once is what stays)
+  double weight_copies = 0, largest_product = 0;
 };
 
 /// The Gpt's virtual stages (the count in the file comment).
@@ -720,6 +731,13 @@ inline std::vector<StageInputs> gpt_stages(const Problem& pr, const Machine& mc,
       if (head) in.written_at_once = std::max(in.written_at_once, (one ? 0.0 : table) + double(T) * dC);
       if (head && one) in.held_to_step += table;
       if (tail) in.held_to_step += 2 * dC + (one ? 0.0 : table);
+    }
+    {  // the rank-2 products' operands (Linear: x W, dy W^T, x^T dy; the head: h t^T, g t, g^T h):
+       // the weights (C, 3 Cl), (Cl, C), (C, 4 Cl), (4 Cl, C), the table (Vl, C); the largest pair
+       // of activations, x^T dy of the MLP (N C + 4 N Cl) or of the head (N Vl + N C)
+      const double vl = double(Vl);
+      in.weight_copies   = (L > 0 ? 12 * dC * dCl : 0.0) + (tail ? vl * dC : 0.0);
+      in.largest_product = std::max(L > 0 ? dN * (dC + 4 * dCl) : 0.0, tail ? dN * (vl + dC) : 0.0);
     }
     // with recomputation a block keeps only its input (N C) and its backward first runs its
     // forward again: one block's activations live at a time, and the blocks' forward (with its
@@ -889,6 +907,14 @@ inline Memory stage_memory(const Problem& pr, const Machine& mc, const Layout& l
     }
   mem.data    = data_per_row * rows;
   mem.scratch = mc.matmul_scratch_bytes;
+  if (pr.precision == Precision::bf16 && mc.bf16_copy_bytes > 0) {  // the chunks' blocks share shapes
+    double weights = 0, largest = 0;
+    for (int k = 0; k < v; ++k) {
+      const auto& x = in[static_cast<std::size_t>(k * p + s)];
+      weights = std::max(weights, x.weight_copies), largest = std::max(largest, x.largest_product);
+    }
+    mem.products = mc.bf16_copy_bytes * (weights + largest);
+  }
   // one live microbatch of a chunk; with several chunks the live (chunk, microbatch) pairs
   // count at their chunks' mean
   double per_mb = 0;

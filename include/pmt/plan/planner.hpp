@@ -185,36 +185,13 @@ inline Plan search(const Problem& pr, const Machine& mc, const SearchOptions& o 
           if (dp > 1 && o.allow_zero) modes.push_back({DpChoice{}, 1});
           if (dp > 1 && o.allow_zero && o.allow_zero2) modes.push_back({DpChoice{}, 2});
           bool zero1_fits = false;  // ranked: as it was, or with sequence parallelism or recomputation
-          std::vector<int> zero1_live;  // its live microbatches per stage: ZeRO-2 runs the same schedule
           for (const auto& [choice, zero] : modes) {
             // ZeRO-2 reduce-scatters every microbatch: with several, only where ZeRO-1 does not fit
             // even with sequence parallelism and recomputation
             if (zero == 2 && m > 1 && zero1_fits) continue;
             Layout l{dp, tp, pp, m, gpipe ? parallel::ScheduleKind::GPipe : parallel::ScheduleKind::OneFOneB, zero, chunks, choice};
             if (chunks > 1 && !why_invalid(pr, l, R).empty()) continue;  // too few layers, or m not a multiple of pp
-            if (zero == 2 && mc.memory_bytes > 0 && zero1_live.size() == static_cast<std::size_t>(pp)) {
-              // sized by the memory model alone first: what does not fit with every saving there is
-              // (sequence parallelism, whole blocks recomputed on every stage) is rejected unestimated
-              Layout least = l;
-              least.sequence_parallel = o.allow_sequence_parallel && tp > 1 && pr.spec.empty() && why_invalid(pr, [&] {
-                                          Layout t = l;
-                                          t.sequence_parallel = true;
-                                          return t;
-                                        }(), R).empty();
-              least.recompute = o.allow_recompute;
-              if (peak_bytes(pr, mc, least, zero1_live) > mc.memory_bytes) {
-                int stage = 0;
-                const double need = peak_bytes(pr, mc, l, zero1_live, &stage);
-                plan.rejected.push_back({l, detail::str("needs ", planner_detail::fixed(need / 1048576.0), " MiB on stage ", stage,
-                                                        " > ", planner_detail::fixed(mc.memory_bytes / 1048576.0), " MiB per rank")});
-                continue;
-              }
-            }
             Estimate e = estimate(pr, mc, l);
-            if (zero == 1) {
-              zero1_live.clear();
-              for (const auto& mem : e.memory) zero1_live.push_back(mem.live_microbatches);
-            }
             if (mc.memory_bytes > 0 && e.peak_bytes() > mc.memory_bytes) {
               // when (and only when) memory requires it, the least that fits, in this order:
               // sequence parallelism where tp > 1 (it recomputes nothing, and stays on in what
