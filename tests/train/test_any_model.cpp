@@ -304,11 +304,15 @@ TEST_CASE("activation recomputation: the same parameters bit for bit, a lower pe
     std::vector<std::vector<T>> values;
     std::uint64_t peak = 0;
   };
-  const auto train = [&](bool recompute) {
+  // recomputation as a policy type: Recompute<Full> in the Hybrid, the model built with its options
+  using Recomputing = pmt::Hybrid<pmt::DataParallel<>, pmt::TensorSplit<>, pmt::Pipeline<>, pmt::Recompute<pmt::Full>>;
+  const auto train = [&](auto policy) {
+    using P = decltype(policy);
     pmt::Mesh<Backend> mesh(w, shape);
-    Model model(mesh, make_net(mesh, 1), {}, pmt::nn::StagedOptions{{}, 1, "mlp", recompute});
+    Model model(mesh, make_net(mesh, 1), {}, pmt::nn::staged_options<P>(mesh, pmt::nn::StagedOptions{{}, 1, "mlp"}));
+    CHECK(model.recomputes() == pmt::activation_policy<P>::full);
     Opt opt(model.parameters(), hyper);
-    pmt::train::Trainer<Model, Opt, Host, Backend, Policy> tr(mesh, model, opt);
+    pmt::train::Trainer<Model, Opt, Host, Backend, P> tr(mesh, model, opt);
     tr.set_schedule(pmt::parallel::ScheduleKind::GPipe);  // all 8 microbatches live on stage 0
     Result r;
     for (int step = 0; step < 3; ++step) {
@@ -328,8 +332,8 @@ TEST_CASE("activation recomputation: the same parameters bit for bit, a lower pe
     }
     return r;
   };
-  train(false);  // the first products measure their matmul paths; both runs below use the decided ones
-  const Result plain = train(false), recomputed = train(true);
+  train(Policy{});  // the first products measure their matmul paths; both runs below use the decided ones
+  const Result plain = train(Policy{}), recomputed = train(Recomputing{});
   UNSCOPED_INFO("rank " << w.rank() << ": step peak above the model " << plain.peak << " bytes, with recomputation "
                         << recomputed.peak);
   CHECK(pmt::test::all_ranks(plain.values == recomputed.values));

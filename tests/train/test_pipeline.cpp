@@ -98,7 +98,7 @@ struct Reference {
 /// within tolerance on this rank. `peak` receives the runner's peak of live microbatches. With
 /// Zero 1 the optimizer is ZeroAdamW (state sharded over dp, norm summed over tp and pp), with 2
 /// Zero2AdamW (the gradients sharded too).
-template <class T, int Zero = 0>
+template <class T, int Zero = 0, class Policy = pmt::Hybrid<pmt::DataParallel<>, pmt::TensorSplit<>, pmt::Pipeline<>>>
 bool matches(const Reference<T>& ref, const pmt::nn::GptConfig& cfg, pmt::MeshShape shape, pmt::parallel::ScheduleKind kind,
              pmt::parallel::StagePlan plan, int* peak, int* microbatches, int chunks = 1, std::size_t* early = nullptr,
              pmt::Precision precision = pmt::Precision::fp32, bool seq = false, bool recompute = false) {
@@ -106,11 +106,12 @@ bool matches(const Reference<T>& ref, const pmt::nn::GptConfig& cfg, pmt::MeshSh
   using Ids     = typename Model::Ids;
   using Opt     = std::conditional_t<Zero == 2, pmt::optim::Zero2AdamW<T, Host, Backend>,
                                      std::conditional_t<Zero == 1, pmt::optim::ZeroAdamW<T, Host, Backend>, pmt::optim::AdamW<T, Host>>>;
-  using Policy  = pmt::Hybrid<pmt::DataParallel<>, pmt::TensorSplit<>, pmt::Pipeline<>>;
   const bool bf16 = precision == pmt::Precision::bf16;
   const double tol = std::is_same_v<T, double> ? 1e-10 : (bf16 ? BF16_LOSS_TOL : 1e-5);
   pmt::Mesh<Backend> mesh(pmt::test::world(), shape);
-  Model par(mesh, cfg, pmt::nn::GptOptions{plan, chunks, recompute, seq});
+  // what the policy fixes (TensorSplit<Sequence>, Recompute<>) on top of the options given here
+  Model par(mesh, cfg, pmt::nn::gpt_options<Policy>(mesh, pmt::nn::GptOptions{plan, chunks, recompute, seq}));
+  seq = seq || pmt::activation_policy<Policy>::sequence_parallel;
   if (seq && shape.tp > 1 && !par.sequence_parallel()) return false;
   Opt opt = [&] {
     if constexpr (Zero == 2)  // small buckets: several per stage, so some complete during backward
@@ -348,6 +349,10 @@ TEMPLATE_TEST_CASE("ZeRO-2 (gradients sharded too) trains like one rank on every
   }
 }
 
+/// Sequence parallelism as a policy type, with more model policies (a Recompute<>) after it.
+template <class... More>
+using SeqPolicy = pmt::Hybrid<pmt::DataParallel<>, pmt::TensorSplit<pmt::Sequence>, pmt::Pipeline<>, More...>;
+
 TEMPLATE_TEST_CASE("sequence parallelism: every layout with tp > 1 trains like one rank", "[train][pipeline][sequence][mpi]",
                    double, float) {
   using T     = TestType;
@@ -359,15 +364,25 @@ TEMPLATE_TEST_CASE("sequence parallelism: every layout with tp > 1 trains like o
   for (int pp = 1; pp <= std::min(n / 2, 4); pp *= 2)
     for (int dp = 1; dp <= n / pp / 2; dp *= 2) {
       const int tp = n / pp / dp;
-      DYNAMIC_SECTION("dp " << dp << " x tp " << tp << " x pp " << pp << ", sequence-parallel") {
+      // sequence parallelism fixed by the policy type: the model is built with gpt_options<Policy>
+      DYNAMIC_SECTION("dp " << dp << " x tp " << tp << " x pp " << pp << ", TensorSplit<Sequence>") {
         int peak = 0, m = 0;
-        CHECK(pmt::test::all_ranks(matches(ref, cfg, {dp, tp, pp}, kind, {}, &peak, &m, 1, nullptr, pmt::Precision::fp32, true)));
+        CHECK(pmt::test::all_ranks(matches<T, 0, SeqPolicy<>>(ref, cfg, {dp, tp, pp}, kind, {}, &peak, &m)));
       }
     }
   const int tp = 2, pp = n >= 4 ? 2 : 1, dp = n / tp / pp;
-  DYNAMIC_SECTION("dp " << dp << " x tp " << tp << " x pp " << pp << ", sequence-parallel with recomputation") {
+  DYNAMIC_SECTION("dp " << dp << " x tp " << tp << " x pp " << pp << ", sequence-parallel with recomputation (run-time options)") {
     int peak = 0, m = 0;
     CHECK(pmt::test::all_ranks(matches(ref, cfg, {dp, tp, pp}, kind, {}, &peak, &m, 1, nullptr, pmt::Precision::fp32, true, true)));
+  }
+  DYNAMIC_SECTION("dp " << dp << " x tp " << tp << " x pp " << pp << ", TensorSplit<Sequence>, Recompute<Full>") {
+    int peak = 0, m = 0;
+    CHECK(pmt::test::all_ranks(matches<T, 0, SeqPolicy<pmt::Recompute<pmt::Full>>>(ref, cfg, {dp, tp, pp}, kind, {}, &peak, &m)));
+  }
+  DYNAMIC_SECTION("dp " << dp << " x tp " << tp << " x pp " << pp << ", TensorSplit<Sequence>, Recompute<Selective, 1>") {
+    int peak = 0, m = 0;  // the attention recomputed on the first stage only
+    CHECK(pmt::test::all_ranks(
+        matches<T, 0, SeqPolicy<pmt::Recompute<pmt::Selective, 1>>>(ref, cfg, {dp, tp, pp}, kind, {}, &peak, &m)));
   }
   if (n >= 4) {
     DYNAMIC_SECTION("dp " << n / 4 << " x tp 2 x pp 2 x 2 chunks, sequence-parallel, interleaved 1F1B") {
@@ -458,6 +473,30 @@ TEST_CASE("pipeline configuration errors are raised up front with every factor",
                       Catch::Matchers::ContainsSubstring("pp(2)") && Catch::Matchers::ContainsSubstring("no Pipeline"));
     CHECK_THROWS_WITH((pmt::train::Trainer<Model, pmt::optim::AdamW<double, Host>, Host, Backend, Pipe4>(mesh, model, opt)),
                       Catch::Matchers::ContainsSubstring("Pipeline<4>"));
+    // TensorSplit<Sequence> and Recompute<> are checked against the model on every rank: the
+    // ranks whose model differs name the difference, the others learn that it failed elsewhere
+    using SeqPipe   = pmt::Hybrid<pmt::DataParallel<>, pmt::TensorSplit<pmt::Sequence>, pmt::Pipeline<>>;
+    using FirstOnly = pmt::Hybrid<pmt::DataParallel<>, pmt::Pipeline<>, pmt::Recompute<pmt::Full, 1>>;
+    const pmt::nn::GptConfig four_layers{V, 16, 4, 32, 4, 1};
+    Model everywhere(mesh, four_layers, pmt::nn::GptOptions{{}, 1, /*recompute=*/true});
+    pmt::optim::AdamW<double, Host> opt4(everywhere.parameters(), hyper);
+    const bool first = mesh.coord(pmt::Axis::pp) == 0;
+    CHECK_THROWS_WITH((pmt::train::Trainer<Model, pmt::optim::AdamW<double, Host>, Host, Backend, FirstOnly>(mesh, everywhere, opt4)),
+                      first ? Catch::Matchers::ContainsSubstring("failed on " + std::to_string(n / 2) + " other rank(s)")
+                            : Catch::Matchers::ContainsSubstring("Recompute<Full, 1> has pipeline stage 1 recompute nothing, "
+                                                                 "but the model on it recomputes whole blocks"));
+    Model built(mesh, four_layers, pmt::nn::gpt_options<FirstOnly>(mesh));  // from the policy: accepted
+    CHECK(built.recomputes() == first);
+    pmt::optim::AdamW<double, Host> opt5(built.parameters(), hyper);
+    CHECK_NOTHROW(pmt::train::Trainer<Model, pmt::optim::AdamW<double, Host>, Host, Backend, FirstOnly>(mesh, built, opt5));
+    if (n >= 4) {
+      pmt::Mesh<Backend> tp2(w, {n / 4, 2, 2});
+      Model plain(tp2, four_layers);
+      pmt::optim::AdamW<double, Host> opt6(plain.parameters(), hyper);
+      CHECK_THROWS_WITH((pmt::train::Trainer<Model, pmt::optim::AdamW<double, Host>, Host, Backend, SeqPipe>(tp2, plain, opt6)),
+                        Catch::Matchers::ContainsSubstring("TensorSplit<Sequence> and tp = 2, but the model does not run "
+                                                           "sequence-parallel; build the model with the policy's options"));
+    }
     // forward_backward is for the whole model
     Kokkos::View<std::int32_t*, Kokkos::LayoutRight, Kokkos::HostSpace> ids("ids", 12);
     CHECK_THROWS_AS(model.forward_backward(Host(), ids, ids, 1, 12, 12.0), pmt::ConfigError);

@@ -50,6 +50,7 @@
 #include "pmt/parallel/stage_module.hpp"
 #include "pmt/parallel/stages.hpp"
 #include "pmt/parallel/regions.hpp"
+#include "pmt/policy/hybrid.hpp"
 #include "pmt/core/workspace.hpp"
 
 #include <Kokkos_Core.hpp>
@@ -173,6 +174,27 @@ struct GptOptions {
   /// recomputes the whole block.
   bool recompute_attention = false;
 };
+
+/// \brief `base` with what the policy fixes about activations for this rank (see
+/// pmt::activation_policy): sequence_parallel on under TensorSplit<Sequence>; under
+/// Recompute<What, Stages>, recompute (Full) or recompute_attention (Selective) on exactly where
+/// this rank's pipeline stage recomputes, and off elsewhere. What the policy leaves open stays as
+/// `base` has it. Build the model with it and the Trainer of the same policy finds them agreeing.
+/// \code
+/// using Par = pmt::Hybrid<pmt::DataParallel<>, pmt::TensorSplit<pmt::Sequence>, pmt::Pipeline<>, pmt::Recompute<pmt::Selective>>;
+/// pmt::nn::Gpt<float, Kokkos::OpenMP> model(mesh, config, pmt::nn::gpt_options<Par>(mesh));
+/// \endcode
+template <class Policy, class Backend>
+GptOptions gpt_options(const Mesh<Backend>& mesh, GptOptions base = {}) {
+  using A = activation_policy<Policy>;
+  if constexpr (A::sequence_parallel) base.sequence_parallel = true;
+  if constexpr (A::fixes_recompute) {
+    const bool here          = A::recomputes_on(mesh.coord(Axis::pp));
+    base.recompute           = A::full && here;
+    base.recompute_attention = A::selective && here;
+  }
+  return base;
+}
 
 namespace gpt_detail {
 /// pos(n) = n mod Tn: the position of each of N = B Tn tokens. A free function: CUDA's extended

@@ -38,6 +38,7 @@
 #include "pmt/nn/module.hpp"
 #include "pmt/parallel/stage_module.hpp"
 #include "pmt/parallel/stages.hpp"
+#include "pmt/policy/hybrid.hpp"
 #include "pmt/core/workspace.hpp"
 
 #include <Kokkos_Core.hpp>
@@ -74,6 +75,22 @@ struct StagedOptions {
   /// microbatches holding one tensor each instead of every layer's.
   bool recompute = false;
 };
+
+/// \brief `base` with what the policy fixes about activations for this rank: under
+/// Recompute<Full, Stages>, recompute on exactly where this rank's pipeline stage recomputes (see
+/// pmt::activation_policy). A StagedModel recomputes whole chunks and has no sequence
+/// parallelism: Recompute<Selective> and TensorSplit<Sequence> do not compile here.
+template <class Policy, class Backend>
+StagedOptions staged_options(const Mesh<Backend>& mesh, StagedOptions base = {}) {
+  using A = activation_policy<Policy>;
+  static_assert(!A::selective,
+                "pmt::nn::staged_options: a StagedModel recomputes whole chunks; use pmt::Recompute<pmt::Full> "
+                "(Recompute<Selective> recomputes a Gpt's attention core)");
+  static_assert(!A::sequence_parallel,
+                "pmt::nn::staged_options: a StagedModel has no sequence parallelism; use TensorSplit<> in the policy");
+  if constexpr (A::fixes_recompute) base.recompute = A::recomputes_on(mesh.coord(Axis::pp));
+  return base;
+}
 
 /// \brief A Chain and a loss as a pipeline-stage module (see the file comment).
 /// \throws pmt::ConfigError for a plan of another size or fewer layers than virtual stages.
@@ -213,6 +230,8 @@ class StagedModel {
   void on_grads_needed(Hook hook) { m_needed = std::move(hook); }
 
   int stage() const noexcept { return m_stage; }
+  /// \brief Whether the chunks recompute their activations in backward (StagedOptions::recompute).
+  bool recomputes() const noexcept { return m_recompute; }
   int stages() const noexcept { return m_stages; }
   int chunks() const noexcept { return m_chunks; }
   const parallel::StagePlan& plan() const noexcept { return m_plan; }

@@ -17,6 +17,9 @@ struct Col {};
 struct Row {};
 /// \brief Model-level tensor split: each layer chooses Col or Row.
 struct AutoSplit {};
+/// \brief Model-level tensor split with sequence parallelism: each layer chooses Col or Row, and
+/// the activations between the tensor-parallel regions hold 1/tp of the rows (tokens) per rank.
+struct Sequence {};
 
 /// \brief A degree fixed only at run time (read from the Mesh), as in Pipeline<>.
 inline constexpr int dynamic = -1;

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// The policy tags: Replicate, TensorSplit<Col|Row|AutoSplit>, DataParallel<Mode>,
-// Pipeline<Stages, Schedule>. Policies are empty types; everything about them is queried through
+// The policy tags: Replicate, TensorSplit<Col|Row|AutoSplit|Sequence>, DataParallel<Mode>,
+// Pipeline<Stages, Schedule> and Recompute<What, Stages>. Policies are empty types; everything about them is queried through
 // policy_traits (policy/policy_traits.hpp), the single customization point.
 
 #include "pmt/policy/axis.hpp"
@@ -14,11 +14,13 @@ namespace pmt {
 struct Replicate {};
 
 /// \brief Tensor parallelism over the tp axis. Layers take TensorSplit<Col> or TensorSplit<Row>;
-/// a model's Hybrid says TensorSplit<> (each layer picks its split).
+/// a model's Hybrid says TensorSplit<> (each layer picks its split; sequence parallelism is the
+/// model's run-time option) or TensorSplit<Sequence> (sequence parallelism fixed in the type).
 template <class Dir = AutoSplit>
 struct TensorSplit {
-  static_assert(std::is_same_v<Dir, Col> || std::is_same_v<Dir, Row> || std::is_same_v<Dir, AutoSplit>,
-                "pmt::TensorSplit: the direction must be pmt::Col, pmt::Row or left out (AutoSplit)");
+  static_assert(std::is_same_v<Dir, Col> || std::is_same_v<Dir, Row> || std::is_same_v<Dir, AutoSplit> ||
+                    std::is_same_v<Dir, Sequence>,
+                "pmt::TensorSplit: the direction must be pmt::Col, pmt::Row, pmt::Sequence or left out (AutoSplit)");
   using direction = Dir;
 };
 
@@ -86,6 +88,28 @@ struct Pipeline {
                 "pmt::Pipeline: the schedule must be pmt::OneFOneB, pmt::GPipe or pmt::Interleaved<Chunks>");
   static constexpr int stages = Stages;
   using schedule              = Schedule;
+};
+
+/// \brief What Recompute<> recomputes in backward: the attention core of each block (Megatron's
+/// selective recomputation: q k^T, softmax and times v run again; the T x T matrices are not
+/// kept) or whole blocks / chunks (each keeps only its input and runs its forward again).
+struct Selective {};
+struct Full {};
+
+/// \brief Activation recomputation, a model policy without a mesh axis: Recompute<Full> or
+/// Recompute<Selective> on every pipeline stage, Recompute<What, K> on the first K stages only
+/// (under 1F1B the first stages hold the most live microbatches). The same gradients bit for bit;
+/// less activation memory for more forward work. A Hybrid without Recompute leaves recomputation
+/// to the model's run-time options.
+template <class What = Full, int Stages = 0>
+struct Recompute {
+  static_assert(std::is_same_v<What, Full> || std::is_same_v<What, Selective>,
+                "pmt::Recompute<What>: What must be pmt::Full (whole blocks) or pmt::Selective (the attention core)");
+  static_assert(Stages >= 0, "pmt::Recompute<What, Stages>: Stages (the first stages that recompute; 0: all) must be >= 0");
+  using what                  = What;
+  static constexpr int stages = Stages;
+  /// \brief Whether pipeline stage `stage` recomputes.
+  static constexpr bool on(int stage) noexcept { return Stages == 0 || stage < Stages; }
 };
 
 }  // namespace pmt

@@ -5,7 +5,8 @@
 //   has_axis        whether it spreads work over a mesh axis
 //   axis            which one (dp, tp or pp)
 //   layer_policy    whether a layer may take it (Replicate, TensorSplit<Col|Row>)
-//   model_policy    whether Hybrid may take it (DataParallel<>, TensorSplit<>, Pipeline<>)
+//   model_policy    whether Hybrid may take it (DataParallel<>, TensorSplit<>, Pipeline<>,
+//                   Recompute<>)
 //   static_degree   the axis size fixed in the type, or pmt::dynamic
 //   split           Col, Row or void (layer policies)
 //   input_placement, output_placement   of a Linear-like layer under this policy
@@ -68,6 +69,24 @@ struct policy_traits<TensorSplit<AutoSplit>> {
   using split = void;
 };
 
+/// \brief TensorSplit<Sequence> on a model: the tp axis with sequence parallelism.
+template <>
+struct policy_traits<TensorSplit<Sequence>> {
+  static constexpr bool has_axis = true, layer_policy = false, model_policy = true;
+  static constexpr Axis axis      = Axis::tp;
+  static constexpr int static_degree = dynamic;
+  using split = void;
+};
+
+/// \brief Recompute<What, Stages>: a model policy on no mesh axis.
+template <class What, int Stages>
+struct policy_traits<Recompute<What, Stages>> {
+  static constexpr bool has_axis = false, layer_policy = false, model_policy = true;
+  static constexpr Axis axis      = Axis::pp;  // unused
+  static constexpr int static_degree = 1;
+  using split = void;
+};
+
 /// \brief DataParallel<Mode>: the dp axis, a model policy.
 template <class Mode>
 struct policy_traits<DataParallel<Mode>> {
@@ -106,6 +125,10 @@ template <class P>
 inline constexpr bool is_pipeline_v = false;
 template <int S, class Sch>
 inline constexpr bool is_pipeline_v<Pipeline<S, Sch>> = true;
+template <class P>
+inline constexpr bool is_recompute_v = false;
+template <class W, int S>
+inline constexpr bool is_recompute_v<Recompute<W, S>> = true;
 
 /// Compile-time checks for a policy handed to a layer; `Layer` only names the layer in
 /// diagnostics. Each message says what to do instead.
@@ -122,11 +145,14 @@ constexpr bool check_layer_policy() {
     static_assert(!is_pipeline_v<P>,
                   "pmt::nn: Pipeline is a model-level policy; pass it to Hybrid/Trainer and use "
                   "Replicate or TensorSplit<Col|Row> on the layer");
-    static_assert(!std::is_same_v<P, TensorSplit<AutoSplit>>,
+    static_assert(!std::is_same_v<P, TensorSplit<AutoSplit>> && !std::is_same_v<P, TensorSplit<Sequence>>,
                   "pmt::nn: a layer needs a direction: TensorSplit<pmt::Col> or "
-                  "TensorSplit<pmt::Row>; TensorSplit<> (no direction) belongs in Hybrid");
-    static_assert(policy_traits<P>::layer_policy || is_data_parallel_v<P> || is_pipeline_v<P> ||
-                      std::is_same_v<P, TensorSplit<AutoSplit>>,
+                  "TensorSplit<pmt::Row>; TensorSplit<> and TensorSplit<Sequence> belong in Hybrid");
+    static_assert(!is_recompute_v<P>,
+                  "pmt::nn: Recompute is a model-level policy; pass it to Hybrid/Trainer and build the "
+                  "model with its options (nn::gpt_options<Policy>, nn::staged_options<Policy>)");
+    static_assert(policy_traits<P>::layer_policy || is_data_parallel_v<P> || is_pipeline_v<P> || is_recompute_v<P> ||
+                      std::is_same_v<P, TensorSplit<AutoSplit>> || std::is_same_v<P, TensorSplit<Sequence>>,
                   "pmt::nn: this policy's policy_traits says layer_policy = false");
   }
   return true;

@@ -61,9 +61,11 @@
 
 #include <cmath>
 #include <cstdint>
+#include <exception>
 #include <optional>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace pmt::detail {
@@ -461,6 +463,72 @@ class Trainer {
       (void)model, (void)opt;
     }
   }
+  // What the policy fixes about the model's activations (pmt::activation_policy) and the queries
+  // that let the Trainer see the model agrees.
+  using activations = activation_policy<Policy>;
+  template <class M, class = void>
+  struct has_sequence_query : std::false_type {};
+  template <class M>
+  struct has_sequence_query<M, std::void_t<decltype(bool(std::declval<const M&>().sequence_parallel()))>> : std::true_type {};
+  template <class M, class = void>
+  struct has_recompute_query : std::false_type {};
+  template <class M>
+  struct has_recompute_query<M, std::void_t<decltype(bool(std::declval<const M&>().recomputes()))>> : std::true_type {};
+  template <class M, class = void>
+  struct has_selective_query : std::false_type {};
+  template <class M>
+  struct has_selective_query<M, std::void_t<decltype(bool(std::declval<const M&>().recomputes_attention()))>>
+      : std::true_type {};
+  static_assert(!activations::sequence_parallel || has_sequence_query<Model>::value,
+                "pmt::train::Trainer: the policy has TensorSplit<Sequence>, and the model has no "
+                "`bool sequence_parallel() const` saying whether it runs sequence-parallel (nn::Gpt has)");
+  static_assert(!activations::full || has_recompute_query<Model>::value,
+                "pmt::train::Trainer: the policy has Recompute<Full>, and the model has no `bool recomputes() const` "
+                "saying whether it recomputes (nn::Gpt and nn::StagedModel have)");
+  static_assert(!activations::selective || has_selective_query<Model>::value,
+                "pmt::train::Trainer: the policy has Recompute<Selective>, and the model has no "
+                "`bool recomputes_attention() const` (nn::Gpt has; a StagedModel recomputes whole chunks: Recompute<Full>)");
+
+  /// The model must do what the policy fixes, on every rank; a rank that differs raises the error
+  /// and the others learn of it (collective over the mesh's world, only where the policy fixes
+  /// something), so none goes on into a step the others will not run.
+  static void check_activations(const Mesh<Backend>& mesh, const Model& model) {
+    if constexpr (activations::sequence_parallel || activations::fixes_recompute) {
+      std::exception_ptr err;
+      try {
+        const int stage = mesh.coord(Axis::pp);
+        const std::string build = "; build the model with the policy's options (nn::gpt_options<Policy>(mesh) or "
+                                  "nn::staged_options<Policy>(mesh))";
+        if constexpr (activations::sequence_parallel)
+          detail::require<ConfigError>(mesh.degree(Axis::tp) == 1 || model.sequence_parallel(), "pmt::train::Trainer", [&] {
+            return detail::str("the policy has TensorSplit<Sequence> and tp = ", mesh.degree(Axis::tp),
+                               ", but the model does not run sequence-parallel", build);
+          });
+        if constexpr (activations::fixes_recompute) {
+          using R          = typename Policy::recompute;
+          const bool want  = activations::recomputes_on(stage);
+          const char* kind = activations::full ? "Full" : "Selective";
+          bool full = false, selective = false;
+          if constexpr (has_recompute_query<Model>::value) full = model.recomputes();
+          if constexpr (has_selective_query<Model>::value) selective = model.recomputes_attention();
+          const bool agree = activations::full ? full == want : (selective == want && !full);
+          detail::require<ConfigError>(agree, "pmt::train::Trainer", [&] {
+            return detail::str("the policy's Recompute<", kind, R::stages > 0 ? detail::str(", ", R::stages) : std::string(),
+                               "> has pipeline stage ", stage, want ? " recompute " : " recompute nothing",
+                               want ? (activations::full ? "whole blocks" : "the attention core") : "",
+                               ", but the model on it recomputes ",
+                               full ? "whole blocks" : (selective ? "the attention core" : "nothing"), build);
+          });
+        }
+      } catch (...) {
+        err = std::current_exception();
+      }
+      comm::agree_on_errors(mesh.world(), err, "pmt::train::Trainer", "checking the model against the policy");
+    } else {
+      (void)mesh, (void)model;
+    }
+  }
+
   static const Mesh<Backend>& checked(const Mesh<Backend>& mesh, const Model& model, const TrainerOptions& options) {
     detail::require<ConfigError>(options.sync.compression == parallel::GradCompression::none || syncs_gradients, "pmt::train::Trainer", [&] {
       return detail::str("gradient compression ", parallel::to_string(options.sync.compression),
@@ -492,6 +560,7 @@ class Trainer {
       });
     else
       (void)model;
+    check_activations(mesh, model);
     const auto s = mesh.shape();
     const bool ok = (policy::dp || s.dp == 1) && (policy::tp || s.tp == 1) && (policy::pp || s.pp == 1) &&
                     (policy::stages == dynamic || !policy::pp || policy::stages == s.pp);
