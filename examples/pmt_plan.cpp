@@ -307,6 +307,10 @@ int main(int argc, char* argv[]) {
         std::printf("\nthe best: %.4g s a step, %.4g GFLOP/s per rank of the model's products (%.4g FLOP a step%s)\n", step,
                     flops / step / machine.ranks / 1e9, flops, b.recompute ? ", the recomputed forward included" : "");
         std::printf("run it: mpiexec -n %d %s   (or train_gpt --auto)\n", machine.ranks, flags.c_str());
+        std::printf("in C++: Trainer policy %s, optimizer %s%s%s\n", b.policy_type().c_str(),
+                    b.zero == 2 ? "pmt::optim::Zero2AdamW" : b.zero ? "pmt::optim::ZeroAdamW" : "pmt::optim::AdamW",
+                    o.problem.precision == pmt::Precision::bf16 ? ", TrainerOptions::precision bf16" : "",
+                    b.sync.mode == pmt::plan::DpMode::Bf16 ? ", GradSyncOptions::compression bf16" : "");
         if (machine.ranks_per_node > 0) {
           // the Mesh's order is tp fastest, then dp, then pp: consecutive world ranks on one node
           // keep each tp group (of at most ranks_per_node) inside it

@@ -11,6 +11,7 @@
 //   * chooses, searching freely, a layout of the same class (tp inside a node, pp and dp across
 //     nodes), predicted at least as fast as the published layout, and plans 3,072 ranks within a
 //     minute on 2 cores;
+//   * names each layout's C++ policy type, spelled so that it compiles;
 //   * predicts the speed-up of sequence parallelism with the attention's recomputation over full
 //     recomputation on the 530B model within 10 % of the published one (Korthikanti et al.).
 // The throughput is counted as the publications count it (plan::gpt_step_flops: the products,
@@ -20,9 +21,11 @@
 #include <cmath>
 #include <cstdio>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "pmt/plan/planner.hpp"
+#include "pmt/policy/hybrid.hpp"
 
 namespace {
 
@@ -158,4 +161,29 @@ TEST_CASE("published runs: sequence parallelism and the attention's recomputatio
               full.step_seconds(), split.step_seconds(), split.peak_bytes() / 1073741824.0, ratio, published);
   CHECK(split.peak_bytes() <= kMemoryMiB * 1048576.0);
   CHECK(std::abs(ratio / published - 1) <= 0.10);
+}
+
+// The spelling Layout::policy_type gives is a type: each case below declares it and keeps its text.
+#define PMT_SPELLED(name, ...)  \
+  [[maybe_unused]] constexpr __VA_ARGS__ name{}; \
+  [[maybe_unused]] const std::string name##_text = #__VA_ARGS__
+
+TEST_CASE("a layout names its C++ policy type, spelled so that it compiles", "[plan][policy]") {
+  pmt::plan::Layout l;
+  PMT_SPELLED(None, pmt::Hybrid<>);
+  CHECK(l.policy_type() == None_text);
+  l.dp = 24, l.tp = 8, l.pp = 8, l.sequence_parallel = true, l.recompute_attention = true;
+  PMT_SPELLED(Megatron, pmt::Hybrid<pmt::DataParallel<>, pmt::TensorSplit<pmt::Sequence>, pmt::Pipeline<8>, pmt::Recompute<pmt::Selective>>);
+  CHECK(l.policy_type() == Megatron_text);
+  static_assert(pmt::activation_policy<std::decay_t<decltype(Megatron)>>::selective && Megatron.sequence_parallel);
+  l.sync = {pmt::plan::DpMode::LocalSgd, 8}, l.chunks = 2, l.sequence_parallel = false, l.recompute_attention = false;
+  l.recompute = true, l.recompute_stages = 3;
+  PMT_SPELLED(Local, pmt::Hybrid<pmt::DataParallel<pmt::LocalSgd<8>>, pmt::TensorSplit<>, pmt::Pipeline<8, pmt::Interleaved<2>>, pmt::Recompute<pmt::Full, 3>>);
+  CHECK(l.policy_type() == Local_text);
+  l.sync = {pmt::plan::DpMode::Stale, 1}, l.tp = 1, l.schedule = pmt::parallel::ScheduleKind::GPipe, l.recompute = false;
+  PMT_SPELLED(Stale, pmt::Hybrid<pmt::DataParallel<pmt::BoundedStaleness<1>>, pmt::Pipeline<8, pmt::GPipe>>);
+  CHECK(l.policy_type() == Stale_text);
+  l.sync = {pmt::plan::DpMode::DiLoCo, 4}, l.pp = 1;
+  PMT_SPELLED(Outer, pmt::Hybrid<pmt::DataParallel<pmt::DiLoCo<4>>>);
+  CHECK(l.policy_type() == Outer_text);
 }

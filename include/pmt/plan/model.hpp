@@ -366,6 +366,36 @@ struct Layout {
         recompute_stages > 0 && (recompute || recompute_attention) ? detail::str(" on stages < ", recompute_stages) : std::string(),
         sequence_parallel ? ", seq" : "");
   }
+  /// \brief The C++ policy type that fixes this layout's axes, data-parallel mode, schedule,
+  /// sequence parallelism and recomputation, as a Trainer takes it (build the model with
+  /// nn::gpt_options<Policy> or nn::staged_options<Policy>), e.g.
+  /// "pmt::Hybrid<pmt::DataParallel<>, pmt::TensorSplit<pmt::Sequence>, pmt::Pipeline<8>, pmt::Recompute<pmt::Selective>>".
+  /// Degrees of 1 have no policy. The optimizer (zero), bf16 compression and the precision are
+  /// not policies: they are the optimizer's type and TrainerOptions.
+  std::string policy_type() const {
+    std::string parts;
+    const auto add = [&](const std::string& p) { parts += (parts.empty() ? "" : ", ") + p; };
+    if (dp > 1) {
+      switch (sync.mode) {
+        case DpMode::Sync:
+        case DpMode::Bf16: add("pmt::DataParallel<>"); break;
+        case DpMode::LocalSgd: add(detail::str("pmt::DataParallel<pmt::LocalSgd<", sync.period, ">>")); break;
+        case DpMode::DiLoCo: add(detail::str("pmt::DataParallel<pmt::DiLoCo<", sync.period, ">>")); break;
+        case DpMode::Stale: add(detail::str("pmt::DataParallel<pmt::BoundedStaleness<", sync.period, ">>")); break;
+      }
+    }
+    if (tp > 1) add(sequence_parallel ? "pmt::TensorSplit<pmt::Sequence>" : "pmt::TensorSplit<>");
+    if (pp > 1)
+      add(detail::str("pmt::Pipeline<", pp,
+                      schedule == parallel::ScheduleKind::GPipe ? std::string(", pmt::GPipe")
+                      : chunks > 1                              ? detail::str(", pmt::Interleaved<", chunks, ">")
+                                                                : std::string(),
+                      ">"));
+    if (recompute || recompute_attention)
+      add(detail::str("pmt::Recompute<", recompute ? "pmt::Full" : "pmt::Selective",
+                      recompute_stages > 0 ? detail::str(", ", recompute_stages) : std::string(), ">"));
+    return "pmt::Hybrid<" + parts + ">";
+  }
 };
 
 /// \brief Bytes one rank holds, by kind.
