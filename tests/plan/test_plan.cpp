@@ -219,6 +219,15 @@ TEST_CASE("the step simulation: a critical path with a core per rank, work-conse
   // never idles and the step is all the work, 2 stages x 4 microbatches x 3
   for (auto kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB})
     CHECK(std::abs(simulate(kind, 2, 4, f2, b2, none2, 0.0, 1.0, 1) - 24.0) < 1e-9);
+  // the same 2 stages on 2 nodes of one core each: a stage's core is its node's, and it idles in
+  // the bubble: GPipe's (m + p - 1)(f + b) and 1F1B's the same here
+  for (auto kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB})
+    CHECK(std::abs(simulate(kind, 2, 4, f2, b2, none2, 0.0, 2.0, 2, 1, /*ranks_per_node=*/2) - 30.0) < 1e-9);
+  // dp 2 x pp 2 on 2 cores without nodes: each stage's 2 ranks spread over both cores (15 at
+  // half speed would be 30; sharing with the other stage's bubble gives less)
+  CHECK(simulate(ScheduleKind::GPipe, 2, 4, f2, b2, none2, 0.0, 2.0, 2) < 30.0 - 1e-9);
+  // nodes of one stage's ranks with a core per rank: the usual critical path
+  CHECK(std::abs(simulate(ScheduleKind::GPipe, 2, 4, f2, b2, none2, 0.0, 4.0, 2, 1, 2) - 15.0) < 1e-9);
   // communication (a hop between stages) is waited for, not computed
   CHECK(std::abs(simulate(ScheduleKind::OneFOneB, 2, 1, f2, b2, none2, 0.5, 2.0, 1) - 7.0) < 1e-9);
   // 2 chunks per stage (work per virtual stage): with a core per rank the critical path is the

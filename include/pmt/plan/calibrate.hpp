@@ -165,23 +165,25 @@ inline bool unbound(int threads_per_rank) {
 }
 
 /// The share of its speed alone that a rank keeps when every rank of this node computes at once:
-/// cores / (ranks on the node x threads per rank), at most 1. The cores are those any rank may
-/// run on (the union of the ranks' affinity masks: bound one rank per core, or all free on every
-/// core, the node's cores count once), at most the online cores.
+/// cores / (ranks on the node x threads per rank), at most 1. The node is the ranks of this host
+/// name; its cores are those any of its ranks may run on (the union of their affinity masks:
+/// bound one rank per core, or all free on every core, the node's cores count once), at most the
+/// online cores. Collective over `world`.
 template <class Backend>
 double compute_share(const comm::Communicator<Backend>& world, int threads_per_rank) {
   constexpr int max_cpus = 1024;
+  const auto node = world.split(static_cast<int>(static_cast<std::uint32_t>(host_id()) >> 1), world.rank());
   Kokkos::View<std::uint8_t*, Kokkos::HostSpace> mask("pmt::plan::calibrate::cpus", max_cpus);
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof set, &set) == 0)
     for (int c = 0; c < max_cpus && c < CPU_SETSIZE; ++c) mask(c) = CPU_ISSET(c, &set) ? 1 : 0;
-  comm::all_reduce(world, Kokkos::DefaultHostExecutionSpace(), mask, comm::ReduceOp::Max);
+  comm::all_reduce(node, Kokkos::DefaultHostExecutionSpace(), mask, comm::ReduceOp::Max);
   int cores = 0;
   for (int c = 0; c < max_cpus; ++c) cores += mask(c);
   const int online = static_cast<int>(std::thread::hardware_concurrency());
   if (online > 0) cores = cores > 0 ? std::min(cores, online) : online;
   if (cores <= 0) return 1.0;
-  return std::min(1.0, double(cores) / (double(local_ranks()) * std::max(1, threads_per_rank)));
+  return std::min(1.0, double(cores) / (double(node.size()) * std::max(1, threads_per_rank)));
 }
 
 /// pmt's own transformer blocks (nn::GptBlock) split over tp: a stack of up to 4 (as in the model:

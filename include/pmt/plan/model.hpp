@@ -55,9 +55,10 @@
 //               launch cost per kernel, and the tp all-reduces: latency + 2 (g - 1) / g bytes /
 //               bandwidth), the first stage's embeddings, the last stage's head and loss.
 //               The step's microbatches are simulated on the schedule's table with processor
-//               sharing (simulate(): rank r on core r mod cores computes at 1 / (ranks
-//               computing on its core), so on shared cores a rank waiting in the bubble lends its
-//               core to its neighbour; with a core per rank it is the usual critical path),
+//               sharing (simulate(): rank r on core r mod cores, of its node's cores where
+//               the ranks span nodes, computes at 1 / (ranks computing on its core), so on
+//               shared cores a rank waiting in the bubble lends its core to its neighbour on
+//               the node; with a core per rank it is the usual critical path),
 //               activations and gradients one
 //               p2p hop apart; then the dp gradient all-reduce (overlapping the last backward when
 //               it has more than one bucket) or ZeRO's reduce-scatter + all-gather, and the
@@ -148,8 +149,8 @@ struct Machine {
   Link intra{0, 5e-6, 5}, inter{0, 5e-6, 5};
   /// the share of its speed alone a rank keeps when every rank computes at once (cores / (ranks x
   /// threads), at most 1): with less than 1 the simulation places rank r on core r mod cores
-  /// (`mpiexec --map-by core`) and a rank waiting in a pipeline bubble lends its core to the
-  /// other ranks on it
+  /// (`mpiexec --map-by core`; of its node's cores with ranks_per_node) and a rank waiting in a
+  /// pipeline bubble lends its core to the other ranks on it
   double core_share  = 1;
   std::string source = "given";  ///< "given", or how it was calibrated
   std::string details;           ///< calibration: what each measured piece took
@@ -618,10 +619,13 @@ inline StageCost stage_cost(const Problem& pr, const Machine& mc, const Layout& 
 /// same tables as parallel::check, which proves them and counts live microbatches, but there an
 /// action's time is fixed; here it depends on how many ranks compute at once.)
 /// With v `chunks` per stage the work and wait vectors are per virtual stage (c p + s) and
-/// messages go round the ring of stages.
+/// messages go round the ring of stages. With `ranks_per_node` > 0 (and less than all ranks) the
+/// ranks sit on nodes of that many, consecutive in the Mesh's order, and the cores are split
+/// evenly over the nodes: rank r on node r / ranks_per_node, on core r mod its node's cores, so a
+/// rank lends its core only to ranks of its own node.
 inline double simulate(parallel::ScheduleKind kind, int p, int m, const std::vector<double>& work_f,
                        const std::vector<double>& work_b, const std::vector<double>& wait,
-                       double hop, double cores, int per_stage, int chunks = 1) {
+                       double hop, double cores, int per_stage, int chunks = 1, int ranks_per_node = 0) {
   struct Act {
     bool forward;
     int mb;
@@ -647,12 +651,16 @@ inline double simulate(parallel::ScheduleKind kind, int p, int m, const std::vec
                          0);  // 0 waiting for its input, 1 computing, 2 communicating
   std::vector<double> left(static_cast<std::size_t>(p), 0.0),
       until(static_cast<std::size_t>(p), 0.0);
-  // the ranks on the cores: rank r (stage r / per_stage, the Mesh's order) on core r mod slots,
-  // as `mpiexec --map-by core` places them; with a core (or more) per rank, every rate is 1
+  // the ranks on the cores: rank r (stage r / per_stage, the Mesh's order) of node r / rpn on its
+  // node's core r mod node_slots, as `mpiexec --map-by core` places them; with a core (or more)
+  // per rank, every rate is 1
   const int ranks         = p * per_stage;
-  const int slots         = cores >= ranks ? ranks : std::max(1, static_cast<int>(std::lround(cores)));
-  const double slot_speed = cores >= ranks ? 1.0 : std::min(1.0, cores / slots);
-  std::vector<int> load(static_cast<std::size_t>(slots), 0);
+  const int rpn           = ranks_per_node > 0 && ranks_per_node < ranks && ranks % ranks_per_node == 0 ? ranks_per_node : ranks;
+  const double node_cores = cores / (ranks / rpn);
+  const int node_slots    = node_cores >= rpn ? rpn : std::max(1, static_cast<int>(std::lround(node_cores)));
+  const double slot_speed = node_cores >= rpn ? 1.0 : std::min(1.0, node_cores / node_slots);
+  const auto slot         = [&](int r) { return static_cast<std::size_t>((r / rpn) * node_slots + (r % rpn) % node_slots); };
+  std::vector<int> load(static_cast<std::size_t>(node_slots * (ranks / rpn)), 0);
   std::vector<double> rate(static_cast<std::size_t>(p), 1.0);
   double now = 0;
   for (int guard = 0; guard < 64 * (m + 1) * (p + 1) * chunks; ++guard) {
@@ -679,11 +687,11 @@ inline double simulate(parallel::ScheduleKind kind, int p, int m, const std::vec
     if (cores < ranks) {
       std::fill(load.begin(), load.end(), 0);
       for (int r = 0; r < ranks; ++r)
-        if (phase[static_cast<std::size_t>(r / per_stage)] == 1) ++load[static_cast<std::size_t>(r % slots)];
+        if (phase[static_cast<std::size_t>(r / per_stage)] == 1) ++load[slot(r)];
       for (std::size_t s = 0; s < static_cast<std::size_t>(p); ++s) {
         rate[s] = 1.0;
         for (int r = int(s) * per_stage; r < (int(s) + 1) * per_stage; ++r)
-          rate[s] = std::min(rate[s], slot_speed / std::max(1, load[static_cast<std::size_t>(r % slots)]));
+          rate[s] = std::min(rate[s], slot_speed / std::max(1, load[slot(r)]));
       }
     }
     double dt = ready_at - now;
@@ -1024,7 +1032,7 @@ inline Estimate estimate(const Problem& pr, const Machine& mc, const Layout& l) 
     work_f[vs] = in[vs].cost.forward, work_b[vs] = in[vs].cost.backward, wait[vs] = in[vs].cost.tp_comm;
   const double share    = std::clamp(mc.core_share, 1e-3, 1.0);
   const double makespan = plan_detail::simulate(l.schedule, p, m, work_f, work_b, wait, hop,
-                                                share * mc.ranks, l.dp * l.tp, v);
+                                                share * mc.ranks, l.dp * l.tp, v, mc.ranks_per_node);
   // the parts: the busiest stage's compute (at the cores' share when all ranks compute), its
   // communication; the rest of the simulated makespan is the bubble
   int busiest = 0;
