@@ -6,9 +6,12 @@
 //     4 layers (forward_backward: the rest of a microbatch is its time minus the blocks'), with
 //     every rank running them at once, back to back for 0.1 s, in 3 rounds over all shapes (the
 //     median): the ranks' contention for cores and memory and the tp all-reduces are in them;
-//   - on rank 0 alone (the others wait): the optimizer per parameter, a GEMM, a triad and a
-//     kernel launch; the model scales these by the core share, cores / (ranks on the node x
-//     threads per rank), when all ranks compute;
+//   - the optimizer per parameter (zero_grad, the norm, AdamW) with every rank at once, over as
+//     many values as a replicated rank updates (1 M to 8 M), as the ranks share the memory in a
+//     step's update;
+//   - on rank 0 alone (the others wait): a GEMM, a triad and a kernel launch; the model scales
+//     these by the core share, cores / (ranks on the node x threads per rank), when all ranks
+//     compute;
 //   - all-reduces of 8 B, 256 KiB and 4 MiB and a reduce-scatter + all-gather of 4 MiB in groups
 //     of g consecutive ranks (every group at once), each after a small GEMM, against the same
 //     GEMMs alone: latency and bandwidths per group size (the tp and dp all-reduces, ZeRO's pair,
@@ -156,6 +159,23 @@ std::vector<double> timed_alone(const comm::Communicator<Backend>& world, double
   result.assign(static_cast<std::size_t>(v(15)), 0.0);
   for (std::size_t i = 0; i < result.size(); ++i) result[i] = v(i);
   return result;
+}
+
+/// Every rank runs `piece` (returns its seconds) at once, after a warm-up, as many times as fit
+/// `window` on rank 0 (at least 3), each time after a barrier; returns the slowest rank's median.
+template <class Backend, class Piece>
+double timed_together(const comm::Communicator<Backend>& world, double window, Piece&& piece) {
+  piece();  // first touch, allocator
+  world.barrier();
+  const double first = piece();
+  const int reps = static_cast<int>(max_over(world, world.rank() == 0 ? std::clamp(window / std::max(first, 1e-6), 3.0, 1000.0) : 0.0));
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    world.barrier();
+    t.push_back(piece());
+  }
+  std::sort(t.begin(), t.end());
+  return max_over(world, t[t.size() / 2]);
 }
 
 /// True when this rank may run on more cores than it has threads (not bound to its own cores).
@@ -383,23 +403,27 @@ Machine calibrate(const comm::Communicator<Backend>& world, const Problem& probl
                          ? detail::str("bf16 products (", ops::bf16_matmul_isa<Exec>(), ")")
                          : ops::matmul_path_summary();
   }
-  // the optimizer per parameter: zero_grad, the squared norm and AdamW over 1 M values
+  // the optimizer per parameter: zero_grad, the squared norm and AdamW, with every rank at once
+  // (a step's ranks update together and share the memory bandwidth) over as many values as a
+  // replicated rank updates, 1 M to 8 M (as the model's arrays, beyond the caches), kept as
+  // seconds alone (times the share: estimate() divides by it)
   {
-    const std::size_t n = std::size_t(1) << 20;
+    const double P = problem.spec.empty()
+                         ? plan_detail::stage_parameters(c, parallel::explicit_stages(c.layers, {c.layers}), 0, 1)
+                         : problem.spec.parameters();
+    const std::size_t n = std::clamp<std::size_t>(static_cast<std::size_t>(P), std::size_t(1) << 20, std::size_t(8) << 20);
     Tensor<float, 1, Exec> w("pmt::plan::calibrate::w", n), g("pmt::plan::calibrate::g", n),
         m("pmt::plan::calibrate::m", n), v("pmt::plan::calibrate::v", n);
     ops::AdamWParams h{1e-3, 0.9, 0.95, 1e-8, 0.1, 1};
-    mc.optimizer_seconds_per_value =
-        timed_alone(world, o.window_seconds,
-                    [&] {
-                      Kokkos::Timer timer;
-                      Kokkos::deep_copy(exec, g, 0.001f);
-                      const double norm = ops::squared_norm_value(exec, g);
-                      ops::adamw_update(exec, w, g, m, v, h);
-                      exec.fence();
-                      return std::vector<double>{timer.seconds() + 0 * norm};
-                    })[0] /
-        double(n);
+    mc.optimizer_seconds_per_value = timed_together(world, o.window_seconds, [&] {
+                                       Kokkos::Timer timer;
+                                       Kokkos::deep_copy(exec, g, 0.001f);
+                                       const double norm = ops::squared_norm_value(exec, g);
+                                       ops::adamw_update(exec, w, g, m, v, h);
+                                       exec.fence();
+                                       return timer.seconds() + 0 * norm;
+                                     }) *
+                                     share / double(n);
   }
   // 2. memory bandwidth (triad) and kernel launch cost
   {
@@ -518,7 +542,7 @@ Machine calibrate(const comm::Communicator<Backend>& world, const Problem& probl
   }
   mc.memory_bytes = o.memory_bytes > 0 ? o.memory_bytes : mem_available() / local_ranks();
   mc.source       = detail::str("calibrated: ", blocks.size(),
-                                " block and model shapes with all ranks at once; a GEMM, AdamW, triad, "
+                                " block and model shapes and AdamW with all ranks at once; a GEMM, triad, "
                                       "launch on rank 0 alone");
   return mc;
 }
