@@ -12,10 +12,35 @@
 
 #include <mpi.h>
 
+#include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <vector>
 
 using Exec = Kokkos::DefaultHostExecutionSpace;
+
+/// After one warm-up call of each side, `rounds` rounds each timing one pmt and one MPI call
+/// (time_one(true|false): seconds of one call, between barriers), alternating which goes first;
+/// returns {pmt, MPI}: each the slowest rank's median.
+template <class TimeOne>
+std::array<double, 2> slowest_medians(int rounds, TimeOne&& time_one) {
+  time_one(true);
+  time_one(false);  // warm-up
+  std::vector<double> t_pmt, t_mpi;
+  for (int k = 0; k < rounds; ++k) {
+    const bool pmt_first = k % 2 == 0;
+    const double a = time_one(pmt_first), b = time_one(!pmt_first);
+    (pmt_first ? t_pmt : t_mpi).push_back(a);
+    (pmt_first ? t_mpi : t_pmt).push_back(b);
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  std::array<double, 2> med{median(t_pmt), median(t_mpi)}, slowest{};
+  MPI_Allreduce(med.data(), slowest.data(), 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return slowest;
+}
 
 int main(int argc, char* argv[]) {
   pmt::ScopeGuard guard(argc, argv);
@@ -40,8 +65,7 @@ int main(int argc, char* argv[]) {
         out_mpi("out_mpi", count);
     Kokkos::deep_copy(send, float(r + 1));
     const int rounds = bytes <= (64u << 10) ? 400 : (bytes <= (4u << 20) ? 60 : 15);
-    std::vector<double> t_pmt, t_mpi;
-    auto time_one = [&](bool pmt_side) {
+    const auto slowest = slowest_medians(rounds, [&](bool pmt_side) {
       MPI_Barrier(MPI_COMM_WORLD);
       const double t0 = MPI_Wtime();
       if (pmt_side) {
@@ -50,21 +74,7 @@ int main(int argc, char* argv[]) {
         MPI_Allreduce(send.data(), out_mpi.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
       }
       return MPI_Wtime() - t0;
-    };
-    time_one(true);
-    time_one(false);  // warm-up
-    for (int k = 0; k < rounds; ++k) {
-      const bool pmt_first = k % 2 == 0;
-      const double a = time_one(pmt_first), b = time_one(!pmt_first);
-      (pmt_first ? t_pmt : t_mpi).push_back(a);
-      (pmt_first ? t_mpi : t_pmt).push_back(b);
-    }
-    auto median = [](std::vector<double> v) {
-      std::sort(v.begin(), v.end());
-      return v[v.size() / 2];
-    };
-    double med[2] = {median(t_pmt), median(t_mpi)}, slowest[2];
-    MPI_Allreduce(med, slowest, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    });
     int ok = 1;
     const float expect = float(n * (n + 1) / 2);
     for (std::size_t i = 0; i < count; ++i) ok = ok && out_pmt(i) == expect && out_mpi(i) == expect;
@@ -94,8 +104,7 @@ int main(int argc, char* argv[]) {
         out_mpi("out_mpi", block);
     Kokkos::deep_copy(send, float(r + 1));
     const int rounds = bytes <= (4u << 20) ? 40 : 10;
-    std::vector<double> t_pmt, t_mpi;
-    auto time_one = [&](bool pmt_side) {
+    const auto slowest = slowest_medians(rounds, [&](bool pmt_side) {
       MPI_Barrier(MPI_COMM_WORLD);
       const double t0 = MPI_Wtime();
       if (pmt_side)
@@ -103,21 +112,7 @@ int main(int argc, char* argv[]) {
       else
         MPI_Reduce_scatter_block(send.data(), out_mpi.data(), static_cast<int>(block), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
       return MPI_Wtime() - t0;
-    };
-    time_one(true);
-    time_one(false);
-    for (int k = 0; k < rounds; ++k) {
-      const bool pmt_first = k % 2 == 0;
-      const double a = time_one(pmt_first), b = time_one(!pmt_first);
-      (pmt_first ? t_pmt : t_mpi).push_back(a);
-      (pmt_first ? t_mpi : t_pmt).push_back(b);
-    }
-    auto median = [](std::vector<double> v) {
-      std::sort(v.begin(), v.end());
-      return v[v.size() / 2];
-    };
-    double med[2] = {median(t_pmt), median(t_mpi)}, slowest[2];
-    MPI_Allreduce(med, slowest, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    });
     int ok = 1;
     const float expect = float(n * (n + 1) / 2);
     for (std::size_t i = 0; i < block; ++i) ok = ok && out_pmt(i) == expect && out_mpi(i) == expect;
