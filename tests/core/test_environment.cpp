@@ -5,6 +5,7 @@
 #include "pmt/pmt.hpp"
 #include "pmt_test.hpp"
 
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
@@ -50,6 +51,28 @@ TEST_CASE("environment_report names Kokkos, the spaces and every backend", "[cor
   CHECK(pmt::detail::blas_threads() >= 1);
 #elif PMT_ENABLE_CBLAS && PMT_HAVE_OPENBLAS_INFO
   CHECK_THAT(report, ContainsSubstring("OpenBLAS, core "));
+#endif
+}
+
+// The OpenBLAS of scripts/openblas.sh (0.3.29, what scripts/build.sh links on x86-64) chooses its
+// kernels by the CPU's vector ISA where it does not know the model; Debian 12's 0.3.21 ran its
+// generic ones on some Xeons. Older OpenBLAS builds and a forced OPENBLAS_CORETYPE are not held to it.
+TEST_CASE("an OpenBLAS of 0.3.29 or newer runs vector kernels on a vector CPU", "[core][environment][blas]") {
+#if PMT_ENABLE_CBLAS && PMT_HAVE_OPENBLAS_INFO && defined(__GNUC__) && defined(__x86_64__)
+  const std::string config = openblas_get_config();  // "OpenBLAS 0.3.29 NO_LAPACK ... DYNAMIC_ARCH ..."
+  const std::string core   = pmt::detail::blas_core_name();
+  int major = 0, minor = 0, patch = 0;
+  REQUIRE(std::sscanf(config.c_str(), "OpenBLAS %d.%d.%d", &major, &minor, &patch) == 3);
+  INFO(config << "; core " << core);
+  const bool recent = major > 0 || minor > 3 || (minor == 3 && patch >= 29);
+  if (!recent || std::getenv("OPENBLAS_CORETYPE") != nullptr) return;
+  CHECK_FALSE(pmt::detail::blas_core_is_generic_on_vector_cpu());
+  if (config.find("DYNAMIC_ARCH") == std::string::npos) return;  // a build for one CPU: its own choice
+  if (__builtin_cpu_supports("avx512f")) {
+    CHECK((core == "SkylakeX" || core == "Cooperlake" || core == "SapphireRapids"));
+  } else if (__builtin_cpu_supports("avx2")) {
+    CHECK((core == "Haswell" || core == "Zen"));
+  }
 #endif
 }
 

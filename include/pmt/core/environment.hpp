@@ -115,8 +115,9 @@ inline void warn_about_environment(int rank) {
                "pmt: note: OpenBLAS runs its generic '%s' kernels on this CPU, which has AVX2/AVX-512, "
                "so its matmul is several times slower than it could be. pmt's matmul times OpenBLAS "
                "against its own portable kernel per shape class and takes the faster (PMT_MATMUL=auto, "
-               "the default); OPENBLAS_CORETYPE (e.g. SkylakeX or Haswell) would give OpenBLAS its "
-               "own kernels back.\n",
+               "the default). OPENBLAS_CORETYPE (e.g. SkylakeX or Haswell) gives this OpenBLAS its "
+               "own kernels back; OpenBLAS 0.3.29 (scripts/openblas.sh builds it, scripts/build.sh "
+               "links it) takes the kernels of the CPU's vector ISA on a model it does not know.\n",
                blas_core_name().c_str());
 }
 
