@@ -17,6 +17,7 @@
 #include <catch2/matchers/catch_matchers_string.hpp>
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <set>
 #include <string>
 #include <tuple>
@@ -241,6 +242,40 @@ TEST_CASE("the step simulation: a critical path with a core per rank, work-conse
     // on one core the two stages share it: all the work, 2 stages x m x 2 chunks x 1.5
     CHECK(std::abs(simulate(ScheduleKind::OneFOneB, 2, m, f4, b4, none4, 0.0, 1.0, 1, 2) - 6.0 * m) < 1e-9);
   }
+}
+
+TEST_CASE("the step simulation: the one-pass critical path equals the event loop", "[plan]") {
+  // with a core per rank simulate() walks the table once; a hair fewer cores than ranks takes the
+  // event loop (every rank on its own core at 1 - 1e-12 of its speed): the two agree to rounding
+  using pmt::parallel::ScheduleKind;
+  using pmt::plan::plan_detail::simulate;
+  std::uint64_t state = 42;
+  const auto uniform  = [&](double lo, double hi) {  // a fixed sequence, the same on every rank
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return lo + (hi - lo) * double(state >> 11) / 9007199254740992.0;
+  };
+  int cases = 0;
+  for (auto kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB})
+    for (int p : {1, 2, 3, 4, 8})
+      for (int chunks : {1, 2, 3}) {
+        if ((p == 1 || kind == ScheduleKind::GPipe) && chunks > 1) continue;
+        for (int m : {1, 3, 8, 16}) {
+          if (chunks > 1 && m % p) continue;  // interleaving takes m a multiple of p
+          const auto VS = static_cast<std::size_t>(p * chunks);
+          std::vector<double> f(VS), b(VS), w(VS);
+          for (std::size_t vs = 0; vs < VS; ++vs) f[vs] = uniform(0.5, 2), b[vs] = uniform(1, 4), w[vs] = uniform(0, 0.3);
+          const double hop = uniform(0, 0.5);
+          for (int per_stage : {1, 3}) {
+            const double ranks = double(p * per_stage);
+            const double fast  = simulate(kind, p, m, f, b, w, hop, ranks, per_stage, chunks);
+            const double loop  = simulate(kind, p, m, f, b, w, hop, ranks * (1 - 1e-12), per_stage, chunks);
+            INFO("p " << p << " m " << m << " chunks " << chunks << " per stage " << per_stage);
+            CHECK(std::abs(fast / loop - 1) < 1e-9);
+            ++cases;
+          }
+        }
+      }
+  CHECK(cases > 50);
 }
 
 namespace {

@@ -20,6 +20,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -120,24 +121,28 @@ TEST_CASE("published runs: the published layout's throughput within 25 %", "[pla
 }
 
 TEST_CASE("published runs: the planner's own choice keeps tp inside a node", "[plan][published]") {
-  // three sizes of machine: 384, 1024 and 3072 ranks (the other runs plan alike, in 5-20 s each)
+  // three sizes of machine: 384, 1024 and 3072 ranks (the other runs plan alike, in seconds each)
   for (const char* name : {"GPT-3 175B", "1T", "BLOOM"}) {
     const Published* run = nullptr;
     for (const auto& r : kRuns)
       if (std::string(r.name).rfind(name, 0) == 0) run = &r;
     REQUIRE(run);
     const auto& r    = *run;
-    const auto start = std::chrono::steady_clock::now();
-    const auto plan  = pmt::plan::search(problem_of(r), machine_of(r));
-    const double s   = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    // the bound is on the search's own processor time: with ctest -j the other tests share the
+    // cores, which stretches the wall time but not the work (the search runs on one thread)
+    const auto start     = std::chrono::steady_clock::now();
+    const std::clock_t c = std::clock();
+    const auto plan      = pmt::plan::search(problem_of(r), machine_of(r));
+    const double cpu     = double(std::clock() - c) / CLOCKS_PER_SEC;
+    const double s       = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const auto& best = plan.best();
-    std::printf("%-36s chose %s: %.1f TFLOP/s per GPU (%.2f s a step; searched in %.1f s)\n", r.name,
-                best.layout.describe().c_str(), tflops_per_gpu(r, best), best.step_seconds(), s);
+    std::printf("%-36s chose %s: %.1f TFLOP/s per GPU (%.2f s a step; searched in %.1f s, %.1f s of processor time)\n",
+                r.name, best.layout.describe().c_str(), tflops_per_gpu(r, best), best.step_seconds(), s, cpu);
     INFO(r.name << ": " << best.layout.describe());
     CHECK(8 % best.layout.tp == 0);  // a tp group never spans nodes
     CHECK(best.layout.pp * best.layout.dp > 1);
     CHECK(best.step_seconds() <= 1.01 * as_published(r).step_seconds());
-    CHECK(s < 60);
+    CHECK(cpu < 20);  // 0.4-4 s on 2 cores of an AMD EPYC
   }
 }
 

@@ -84,6 +84,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -647,14 +648,35 @@ inline double simulate(parallel::ScheduleKind kind, int p, int m, const std::vec
   std::vector<std::vector<double>> done_f(VS, std::vector<double>(static_cast<std::size_t>(m), never)),
       done_b = done_f;
   std::vector<std::size_t> next(static_cast<std::size_t>(p), 0);
+  const int ranks = p * per_stage;
+  if (cores >= ranks) {
+    // a core per rank: every action starts when its input has arrived and its stage is free, at
+    // full speed, so the makespan is the critical path through the table, found in one pass over
+    // the actions (a stage's run stops at an input not yet computed; the sweeps go on until
+    // every stage is through, as the event loop below would)
+    std::vector<double> free_at(static_cast<std::size_t>(p), 0.0);
+    for (bool moved = true; moved;) {
+      moved = false;
+      for (std::size_t s = 0; s < static_cast<std::size_t>(p); ++s)
+        for (; next[s] < order[s].size(); ++next[s], moved = true) {
+          const Act a       = order[s][next[s]];
+          const auto i      = static_cast<std::size_t>(a.mb);
+          const bool first  = a.forward ? a.vs == 0 : a.vs + 1 == VS;  // needs no message
+          const double from = a.forward ? (a.vs == 0 ? 0.0 : done_f[a.vs - 1][i]) : (a.vs + 1 == VS ? done_f[a.vs][i] : done_b[a.vs + 1][i]);
+          if (from == never) break;
+          const double start = std::max(free_at[s], (a.forward && first) ? 0.0 : first ? from : from + hop);
+          free_at[s] = (a.forward ? done_f : done_b)[a.vs][i] = start + (a.forward ? work_f[a.vs] : work_b[a.vs]) + wait[a.vs];
+        }
+    }
+    return *std::max_element(free_at.begin(), free_at.end());
+  }
   std::vector<int> phase(static_cast<std::size_t>(p),
                          0);  // 0 waiting for its input, 1 computing, 2 communicating
   std::vector<double> left(static_cast<std::size_t>(p), 0.0),
       until(static_cast<std::size_t>(p), 0.0);
   // the ranks on the cores: rank r (stage r / per_stage, the Mesh's order) of node r / rpn on its
-  // node's core r mod node_slots, as `mpiexec --map-by core` places them; with a core (or more)
-  // per rank, every rate is 1
-  const int ranks         = p * per_stage;
+  // node's core r mod node_slots, as `mpiexec --map-by core` places them (fewer cores than
+  // ranks here: with a core per rank every rate is 1, and the pass above has answered)
   const int rpn           = ranks_per_node > 0 && ranks_per_node < ranks && ranks % ranks_per_node == 0 ? ranks_per_node : ranks;
   const double node_cores = cores / (ranks / rpn);
   const int node_slots    = node_cores >= rpn ? rpn : std::max(1, static_cast<int>(std::lround(node_cores)));
@@ -682,17 +704,14 @@ inline double simulate(parallel::ScheduleKind kind, int p, int m, const std::vec
       }
     }
     if (all_done) return now;
-    // each stage's rate: its slowest rank's share of the core it sits on (a core per rank: all 1,
-    // and nothing to count; a cluster's thousands of ranks then cost O(p) per event)
-    if (cores < ranks) {
-      std::fill(load.begin(), load.end(), 0);
-      for (int r = 0; r < ranks; ++r)
-        if (phase[static_cast<std::size_t>(r / per_stage)] == 1) ++load[slot(r)];
-      for (std::size_t s = 0; s < static_cast<std::size_t>(p); ++s) {
-        rate[s] = 1.0;
-        for (int r = int(s) * per_stage; r < (int(s) + 1) * per_stage; ++r)
-          rate[s] = std::min(rate[s], slot_speed / std::max(1, load[slot(r)]));
-      }
+    // each stage's rate: its slowest rank's share of the core it sits on
+    std::fill(load.begin(), load.end(), 0);
+    for (int r = 0; r < ranks; ++r)
+      if (phase[static_cast<std::size_t>(r / per_stage)] == 1) ++load[slot(r)];
+    for (std::size_t s = 0; s < static_cast<std::size_t>(p); ++s) {
+      rate[s] = 1.0;
+      for (int r = int(s) * per_stage; r < (int(s) + 1) * per_stage; ++r)
+        rate[s] = std::min(rate[s], slot_speed / std::max(1, load[slot(r)]));
     }
     double dt = ready_at - now;
     for (std::size_t s = 0; s < static_cast<std::size_t>(p); ++s) {
@@ -966,21 +985,9 @@ inline Memory stage_memory(const Problem& pr, const Machine& mc, const Layout& l
   return mem;
 }
 
-}  // namespace plan_detail
-
-/// \brief The peak bytes per rank of layout `l` (Estimate::peak_bytes) when its stages hold
-/// `live` live microbatches each: the memory model alone, without simulating the schedule. The
-/// planner's search sizes variants of a layout (sequence parallelism, recomputation) with the
-/// live counts of the layout's own estimate, which the same schedule gives them. `heaviest`, when
-/// given, receives the stage of the peak.
-/// \throws pmt::ConfigError when the layout cannot run the problem, or `live` has not pp entries.
-inline double peak_bytes(const Problem& pr, const Machine& mc, const Layout& l, const std::vector<int>& live,
-                         int* heaviest = nullptr) {
-  const std::string why = why_invalid(pr, l, mc.ranks);
-  detail::require<ConfigError>(why.empty() && live.size() == static_cast<std::size_t>(l.pp), "pmt::plan::peak_bytes", [&] {
-    return l.describe() + ": " + (why.empty() ? detail::str(live.size(), " live counts for pp ", l.pp) : why);
-  });
-  const auto stages   = stage_plan(pr, l.pp * l.chunks);
+/// peak_bytes() on the layout's stage plan (stage_plan(pr, l.pp * l.chunks)), the layout checked.
+inline double peak_bytes_on(const Problem& pr, const Machine& mc, const Layout& l, const parallel::StagePlan& stages,
+                            const std::vector<int>& live, int* heaviest) {
   const std::size_t b = pr.batch / static_cast<std::size_t>(l.dp) / static_cast<std::size_t>(l.microbatches);
   const auto in       = pr.spec.empty() ? plan_detail::gpt_stages(pr, mc, l, stages, b) : plan_detail::spec_stages(pr, mc, l, stages, b);
   double most = 0;
@@ -994,16 +1001,12 @@ inline double peak_bytes(const Problem& pr, const Machine& mc, const Layout& l, 
   return most;
 }
 
-/// \brief The prediction for one layout.
-/// \throws pmt::ConfigError when the layout cannot run the problem (why_invalid).
-inline Estimate estimate(const Problem& pr, const Machine& mc, const Layout& l) {
-  const std::string why = why_invalid(pr, l, mc.ranks);
-  detail::require<ConfigError>(why.empty(), "pmt::plan::estimate",
-                               [&] { return l.describe() + ": " + why; });
+/// estimate() on the layout's stage plan (stage_plan(pr, l.pp * l.chunks)), the layout checked.
+inline Estimate estimate_on(const Problem& pr, const Machine& mc, const Layout& l, const parallel::StagePlan& stages) {
   Estimate e;
   e.layout    = l;
   const int p = l.pp, m = l.microbatches, v = l.chunks;
-  e.stages    = stage_plan(pr, p * v);  // per virtual stage c p + s
+  e.stages    = stages;  // per virtual stage c p + s
   const std::size_t b = pr.batch / static_cast<std::size_t>(l.dp) / static_cast<std::size_t>(m);
   const auto P_ = static_cast<std::size_t>(p), VS = static_cast<std::size_t>(p * v);
   const auto vstage = [p](int s, int k) { return static_cast<std::size_t>(k * p + s); };
@@ -1126,6 +1129,48 @@ inline Estimate estimate(const Problem& pr, const Machine& mc, const Layout& l) 
   e.time.dp_comm   = tail_dp;
   e.time.optimizer = tail_opt;
   return e;
+}
+
+/// The stage plans of one problem by virtual stage count, each balanced once: a search asks for
+/// the same few counts for thousands of layouts.
+class StagePlans {
+ public:
+  explicit StagePlans(const Problem& pr) : m_problem(pr) {}
+  const parallel::StagePlan& operator()(int virtual_stages) {
+    auto it = m_plans.find(virtual_stages);
+    if (it == m_plans.end()) it = m_plans.emplace(virtual_stages, stage_plan(m_problem, virtual_stages)).first;
+    return it->second;
+  }
+
+ private:
+  const Problem& m_problem;
+  std::map<int, parallel::StagePlan> m_plans;
+};
+
+}  // namespace plan_detail
+
+/// \brief The peak bytes per rank of layout `l` (Estimate::peak_bytes) when its stages hold
+/// `live` live microbatches each: the memory model alone, without simulating the schedule. The
+/// planner's search sizes variants of a layout (sequence parallelism, recomputation) with the
+/// live counts of the layout's own estimate, which the same schedule gives them. `heaviest`, when
+/// given, receives the stage of the peak.
+/// \throws pmt::ConfigError when the layout cannot run the problem, or `live` has not pp entries.
+inline double peak_bytes(const Problem& pr, const Machine& mc, const Layout& l, const std::vector<int>& live,
+                         int* heaviest = nullptr) {
+  const std::string why = why_invalid(pr, l, mc.ranks);
+  detail::require<ConfigError>(why.empty() && live.size() == static_cast<std::size_t>(l.pp), "pmt::plan::peak_bytes", [&] {
+    return l.describe() + ": " + (why.empty() ? detail::str(live.size(), " live counts for pp ", l.pp) : why);
+  });
+  return plan_detail::peak_bytes_on(pr, mc, l, stage_plan(pr, l.pp * l.chunks), live, heaviest);
+}
+
+/// \brief The prediction for one layout.
+/// \throws pmt::ConfigError when the layout cannot run the problem (why_invalid).
+inline Estimate estimate(const Problem& pr, const Machine& mc, const Layout& l) {
+  const std::string why = why_invalid(pr, l, mc.ranks);
+  detail::require<ConfigError>(why.empty(), "pmt::plan::estimate",
+                               [&] { return l.describe() + ": " + why; });
+  return plan_detail::estimate_on(pr, mc, l, stage_plan(pr, l.pp * l.chunks));
 }
 
 }  // namespace pmt::plan

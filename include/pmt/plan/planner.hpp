@@ -159,6 +159,7 @@ inline Plan search(const Problem& pr, const Machine& mc, const SearchOptions& o 
   plan.problem = pr;
   plan.machine = mc;
   const int R  = mc.ranks;
+  plan_detail::StagePlans stages(pr);
   for (int tp = 1; tp <= R; ++tp) {
     if (R % tp) continue;
     for (int pp = 1; pp <= R / tp; ++pp) {
@@ -191,7 +192,7 @@ inline Plan search(const Problem& pr, const Machine& mc, const SearchOptions& o 
             if (zero == 2 && m > 1 && zero1_fits) continue;
             Layout l{dp, tp, pp, m, gpipe ? parallel::ScheduleKind::GPipe : parallel::ScheduleKind::OneFOneB, zero, chunks, choice};
             if (chunks > 1 && !why_invalid(pr, l, R).empty()) continue;  // too few layers, or m not a multiple of pp
-            Estimate e = estimate(pr, mc, l);
+            Estimate e = plan_detail::estimate_on(pr, mc, l, stages(pp * chunks));
             if (mc.memory_bytes > 0 && e.peak_bytes() > mc.memory_bytes) {
               // when (and only when) memory requires it, the least that fits, in this order:
               // sequence parallelism where tp > 1 (it recomputes nothing, and stays on in what
@@ -213,19 +214,20 @@ inline Plan search(const Problem& pr, const Machine& mc, const SearchOptions& o 
               for (const auto& mem : e.memory) live.push_back(mem.live_microbatches);
               for (const auto& t : tries) {
                 Layout r = with(t);
-                if (!why_invalid(pr, r, R).empty() || peak_bytes(pr, mc, r, live) > mc.memory_bytes) continue;
+                if (!why_invalid(pr, r, R).empty() || plan_detail::peak_bytes_on(pr, mc, r, stages(pp * chunks), live, nullptr) > mc.memory_bytes)
+                  continue;
                 // recomputation on the first stages only, as few as fit (1F1B: the first hold the
                 // most live microbatches)
                 if ((r.recompute || r.recompute_attention) && pp > 1)
                   for (int k = 1; k < pp; ++k) {
                     Layout fewer = r;
                     fewer.recompute_stages = k;
-                    if (peak_bytes(pr, mc, fewer, live) <= mc.memory_bytes) {
+                    if (plan_detail::peak_bytes_on(pr, mc, fewer, stages(pp * chunks), live, nullptr) <= mc.memory_bytes) {
                       r = fewer;
                       break;
                     }
                   }
-                e = estimate(pr, mc, r), l = r;
+                e = plan_detail::estimate_on(pr, mc, r, stages(pp * chunks)), l = r;
                 break;
               }
             }
