@@ -57,7 +57,7 @@ inline bool blas_core_is_generic_on_vector_cpu() {
   const std::string core = blas_core_name();
   if (core.empty()) return false;
   const bool generic = core == "Prescott" || core == "Core2" || core == "Nehalem" ||
-                       core == "Atom" || core == "Barcelona" || core == "generic";
+                       core == "Atom" || core == "Barcelona" || core == "Katmai" || core == "generic";
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
   return generic && (__builtin_cpu_supports("avx2") || __builtin_cpu_supports("avx512f"));
 #else
@@ -110,13 +110,24 @@ inline void warn_about_environment(int rank) {
                  "Call openblas_set_num_threads(%d) after pmt::ScopeGuard, or run with "
                  "OMP_PROC_BIND=false.\n",
                  blas_threads(), host_threads, host_threads);
+#if PMT_ENABLE_CBLAS
+  if (!cblas_sgemm_row_major_ok())
+    std::fprintf(stderr,
+                 "pmt: warning: the BLAS computed a wrong 8x8x8 row-major sgemm in pmt's check "
+                 "(OpenBLAS core '%s'%s%s): OpenBLAS 0.3.29 runs small row-major products through "
+                 "an AVX-512 kernel that the kernels it was told to use (OPENBLAS_CORETYPE) do not "
+                 "have. pmt calls sgemm in column-major form, which is correct; unset "
+                 "OPENBLAS_CORETYPE or name an AVX-512 core (SkylakeX) for other programs.\n",
+                 blas_core_name().c_str(), std::getenv("OPENBLAS_CORETYPE") ? ", OPENBLAS_CORETYPE=" : "",
+                 std::getenv("OPENBLAS_CORETYPE") ? std::getenv("OPENBLAS_CORETYPE") : "");
+#endif
   if (!blas_core_is_generic_on_vector_cpu()) return;
   std::fprintf(stderr,
                "pmt: note: OpenBLAS runs its generic '%s' kernels on this CPU, which has AVX2/AVX-512, "
                "so its matmul is several times slower than it could be. pmt's matmul times OpenBLAS "
                "against its own portable kernel per shape class and takes the faster (PMT_MATMUL=auto, "
-               "the default). OPENBLAS_CORETYPE (e.g. SkylakeX or Haswell) gives this OpenBLAS its "
-               "own kernels back; OpenBLAS 0.3.29 (scripts/openblas.sh builds it, scripts/build.sh "
+               "the default). OPENBLAS_CORETYPE naming the CPU's own kernels (SkylakeX on AVX-512, Haswell "
+               "on AVX2 only) gives this OpenBLAS its speed back; OpenBLAS 0.3.29 (scripts/openblas.sh builds it, scripts/build.sh "
                "links it) takes the kernels of the CPU's vector ISA on a model it does not know.\n",
                blas_core_name().c_str());
 }

@@ -30,6 +30,12 @@ void matmul_cblas(std::int64_t batch, bool ta, bool tb, std::int64_t M, std::int
   ldc = ldc > 0 ? ldc : 1;
   for (std::int64_t b = 0; b < batch; ++b) {
     if constexpr (std::is_same_v<T, float>) {
+      if (!cblas_sgemm_row_major_ok()) {  // the same product, column-major: C^T = op(B)^T op(A)^T
+        cblas_sgemm(CblasColMajor, opb, opa, static_cast<int>(N), static_cast<int>(M),
+                    static_cast<int>(K), alpha, B + b * sb, static_cast<int>(ldb), A + b * sa,
+                    static_cast<int>(lda), beta, C + b * sc, static_cast<int>(ldc));
+        continue;
+      }
       cblas_sgemm(CblasRowMajor, opa, opb, static_cast<int>(M), static_cast<int>(N),
                   static_cast<int>(K), alpha, A + b * sa, static_cast<int>(lda), B + b * sb,
                   static_cast<int>(ldb), beta, C + b * sc, static_cast<int>(ldc));
