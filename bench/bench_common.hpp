@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -32,19 +33,26 @@ inline double median_seconds(int reps, const std::function<void()>& fn) {
 }
 
 /// Seconds of each of `fns` in each of `reps` rounds, timed interleaved (one run of each per
-/// round, the order rotating each round) after one warm-up run of each: slow phases of a shared
-/// machine then hit every contestant alike, which keeps their ratios honest. t[f][r].
+/// round) after one warm-up run of each: slow phases of a shared machine then hit every
+/// contestant alike, which keeps their ratios honest. Each round runs them in its own order (a
+/// fixed-seed shuffle), so no contestant always runs right after the same other one: a run
+/// leaves the caches and the threads' state to the next, and a fixed neighbour biases a ratio by
+/// a few per cent. t[f][r].
 inline std::vector<std::vector<double>> interleaved_times(int reps, const std::vector<std::function<void()>>& fns) {
   const std::size_t k = fns.size();
   std::vector<std::vector<double>> t(k);
   for (const auto& fn : fns) fn();
-  for (int r = 0; r < reps; ++r)
-    for (std::size_t i = 0; i < k; ++i) {
-      const std::size_t f = (i + static_cast<std::size_t>(r)) % k;
+  std::vector<std::size_t> order(k);
+  for (std::size_t i = 0; i < k; ++i) order[i] = i;
+  std::mt19937 rng(12345);
+  for (int r = 0; r < reps; ++r) {
+    std::shuffle(order.begin(), order.end(), rng);
+    for (const std::size_t f : order) {
       const auto t0 = std::chrono::steady_clock::now();
       fns[f]();
       t[f].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
+  }
   return t;
 }
 

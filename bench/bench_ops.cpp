@@ -32,7 +32,7 @@ int main(int argc, char* argv[]) {
   auto mean = pmt::make_tensor<float, Exec>("mean", rows), rstd = pmt::make_tensor<float, Exec>("rstd", rows);
   Kokkos::deep_copy(w, 1.0f);
   auto m = pmt::make_tensor<float, Exec>("m", n), v = pmt::make_tensor<float, Exec>("v", n);
-  // One run of each per round, the order rotating: the VM's slow phases hit the triad and the
+  // One run of each per round, in a shuffled order: the VM's slow phases hit the triad and the
   // ops alike, so the ratios hold up better than separately timed blocks.
   const std::vector<double> t = pmt::bench::interleaved_medians(reps, {
       [&] {
