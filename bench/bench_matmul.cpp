@@ -6,13 +6,20 @@
 // $PMT_MKL_LIB; bench/fetch_mkl.sh fetches the PyPI wheel). Every result is checked against
 // OpenBLAS' (ok / WRONG). Peak = the measured fp32 FMA throughput of this machine (see
 // bench_common.hpp).
+// Then bf16 products (C = bf16(A) bf16(B), fp32 sums) on n=1024 and the GPT shapes: pmt's
+// ops::matmul_bf16 (MatmulAuto: AMX, AVX512-BF16 or rounded copies, whichever this CPU runs)
+// against OpenBLAS' own bf16 GEMM, cblas_sbgemm, on operands rounded to bf16 in the same call (as
+// pmt's kernels round while packing), where the linked OpenBLAS has one (looked up at run time:
+// 0.3.29 has it, Debian 12's 0.3.21 does not), with OpenBLAS' fp32 sgemm beside them.
 #include "bench_common.hpp"
 
 #include <cblas.h>
 #include <dlfcn.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <map>
+#include <vector>
 
 using pmt::ops::Trans;
 using Exec = Kokkos::DefaultHostExecutionSpace;
@@ -38,6 +45,11 @@ sgemm_fn load_mkl(std::string& where) {
   where   = fn ? std::string(env) : std::string("no cblas_sgemm in ") + env;
   return fn;
 }
+
+// OpenBLAS' bf16 GEMM, found in the process at run time (nullptr where the OpenBLAS has none)
+using sbgemm_fn = void (*)(int, int, int, int, int, int, float, const std::uint16_t*, int, const std::uint16_t*, int,
+                           float, float*, int);
+sbgemm_fn find_sbgemm() { return reinterpret_cast<sbgemm_fn>(dlsym(RTLD_DEFAULT, "cblas_sbgemm")); }
 
 struct Shape {
   std::string name;
@@ -166,6 +178,7 @@ int main(int argc, char* argv[]) {
     }
   }
   std::printf("\n%s\n", pmt::ops::matmul_path_summary(peak).c_str());
+
   std::printf("\n(GFLOP/s = 2 M N K / median time of %d interleaved rounds;\n"
               " each ratio against OpenBLAS is the median over the rounds of that round's own ratio; targets\n"
               " vendor and portable take the worst ratio over n=1024 and the three GPT shapes, auto/best over\n"
@@ -173,9 +186,59 @@ int main(int argc, char* argv[]) {
   std::printf("The width-256 step's block products, each shape alone with OpenBLAS: %.1f ms per layer, %.1f GFLOP/s\n"
               "(x 4 layers + the LM head's three products = bench_train_step products 4 256 4 128 8 256 N in context)\n",
               w256_ob * 1e3, w256_flops / w256_ob / 1e9);
+  // bf16 products: pmt's matmul_bf16 against OpenBLAS' cblas_sbgemm (with the rounding copies)
+  const sbgemm_fn sbgemm = find_sbgemm();
+  std::printf("\nbf16 products (fp32 sums): pmt matmul_bf16 runs %s; OpenBLAS cblas_sbgemm %s\n",
+              pmt::ops::bf16_matmul_isa<Exec>(), sbgemm ? "found" : "not in this OpenBLAS (no bf16 comparison)");
+  double worst_bf16 = 1e300;
+  if (sbgemm) {
+    std::printf("%-16s %5s %5s %5s %4s | %9s %9s %9s | %9s %6s\n", "shape", "M", "N", "K", "tAtB", "pmt bf16",
+                "sbgemm", "sgemm", "pmt/sbgemm", "check");
+    for (const auto& s : shapes) {
+      if (!(s.name == "n=1024" || s.name.rfind("gpt", 0) == 0)) continue;
+      const bool at = s.ta == Trans::T, bt = s.tb == Trans::T;
+      const int ar = at ? s.K : s.M, ac = at ? s.M : s.K, br = bt ? s.N : s.K, bc = bt ? s.K : s.N;
+      auto A = pmt::make_tensor<float, Exec>("A", ar, ac), B = pmt::make_tensor<float, Exec>("B", br, bc);
+      auto C = pmt::make_tensor<float, Exec>("C", s.M, s.N), Cs = pmt::make_tensor<float, Exec>("Cs", s.M, s.N);
+      for (std::size_t i = 0; i < A.size(); ++i) A.data()[i] = float((i * 7919) % 2001) / 1000.0f - 1.0f;
+      for (std::size_t i = 0; i < B.size(); ++i) B.data()[i] = float((i * 104729) % 2001) / 1000.0f - 1.0f;
+      std::vector<std::uint16_t> Ab(A.size()), Bb(B.size());
+      const auto cta = at ? CblasTrans : CblasNoTrans, ctb = bt ? CblasTrans : CblasNoTrans;
+      auto pmt_bf16 = [&] {
+        pmt::ops::matmul_bf16(exec, s.ta, s.tb, 1.0f, A, B, 0.0f, C);
+        exec.fence();
+      };
+      auto openblas_bf16 = [&] {
+        for (std::size_t i = 0; i < A.size(); ++i) Ab[i] = pmt::bf16(A.data()[i]).bits;
+        for (std::size_t i = 0; i < B.size(); ++i) Bb[i] = pmt::bf16(B.data()[i]).bits;
+        sbgemm(CblasRowMajor, cta, ctb, s.M, s.N, s.K, 1.0f, Ab.data(), ac, Bb.data(), bc, 0.0f, Cs.data(), s.N);
+      };
+      auto openblas_fp32 = [&] {
+        cblas_sgemm(CblasRowMajor, cta, ctb, s.M, s.N, s.K, 1.0f, A.data(), ac, B.data(), bc, 0.0f, Cs.data(), s.N);
+      };
+      const auto rounds = pmt::bench::interleaved_times(reps, {pmt_bf16, openblas_bf16, openblas_fp32});
+      const double flops = 2.0 * s.M * s.N * s.K;
+      const double r = pmt::bench::median_round_speedup(rounds[0], rounds[1]);
+      worst_bf16     = std::min(worst_bf16, r);
+      pmt_bf16();
+      openblas_bf16();
+      double worst = 0;  // the same bf16 products, summed in another order
+      for (std::size_t i = 0; i < C.size(); ++i)
+        worst = std::max(worst, double(std::abs(C.data()[i] - Cs.data()[i])) / std::max(1.0, double(std::abs(Cs.data()[i]))));
+      std::printf("%-16s %5d %5d %5d %2s%2s | %9.1f %9.1f %9.1f | %9.2f %6s\n", s.name.c_str(), s.M, s.N, s.K,
+                  at ? "T" : "N", bt ? "T" : "N", flops / pmt::bench::median(rounds[0]) / 1e9,
+                  flops / pmt::bench::median(rounds[1]) / 1e9, flops / pmt::bench::median(rounds[2]) / 1e9, r,
+                  worst < 1e-4 ? "ok" : "WRONG");
+    }
+    std::printf("(GFLOP/s over %d interleaved rounds; sbgemm includes rounding both operands to bf16;\n"
+                " pmt/sbgemm = the median of the rounds' own ratios; the target takes the worst shape)\n", reps);
+  }
+
   pmt::bench::target_line("matmul_vendor_vs_openblas", worst_vendor, 0.95);
   pmt::bench::target_line("matmul_portable_vs_openblas", worst_portable, 0.6);
   // auto against the faster of vendor and portable, the worst shape of the whole table
   pmt::bench::target_line("matmul_auto_vs_best", worst_auto, 0.95);
+  // pmt's bf16 kernels against the vendor's bf16 GEMM, where the vendor has one
+  if (sbgemm) pmt::bench::target_line("matmul_bf16_vs_openblas_sbgemm", worst_bf16, 1.0);
   return 0;
 }
