@@ -51,6 +51,14 @@ using sbgemm_fn = void (*)(int, int, int, int, int, int, float, const std::uint1
                            float, float*, int);
 sbgemm_fn find_sbgemm() { return reinterpret_cast<sbgemm_fn>(dlsym(RTLD_DEFAULT, "cblas_sbgemm")); }
 
+// The largest |c - ref| / max(1, |ref|) over n values.
+double max_rel_diff(const float* c, const float* ref, std::size_t n) {
+  double worst = 0;
+  for (std::size_t i = 0; i < n; ++i)
+    worst = std::max(worst, double(std::abs(c[i] - ref[i])) / std::max(1.0, double(std::abs(ref[i]))));
+  return worst;
+}
+
 struct Shape {
   std::string name;
   int M, N, K;
@@ -127,12 +135,7 @@ int main(int argc, char* argv[]) {
       mkl(101, s.ta == Trans::N ? 111 : 112, s.tb == Trans::N ? 111 : 112, s.M, s.N, s.K, 1.0f, A.data(), lda,
           B.data(), ldb, 0.0f, C.data(), s.N);
     };
-    auto max_diff = [&] {
-      double worst = 0;
-      for (std::size_t i = 0; i < C.size(); ++i)
-        worst = std::max(worst, double(std::abs(C.data()[i] - Cr.data()[i])) / std::max(1.0, double(std::abs(Cr.data()[i]))));
-      return worst;
-    };
+    auto max_diff = [&] { return max_rel_diff(C.data(), Cr.data(), C.size()); };
     std::vector<std::function<void()>> fns = {openblas, vendor, portable, automatic};
     if (mkl) fns.push_back(direct_mkl);
     // The target shapes get three times the rounds: a single call's time scatters by +-20 % on
@@ -178,7 +181,6 @@ int main(int argc, char* argv[]) {
     }
   }
   std::printf("\n%s\n", pmt::ops::matmul_path_summary(peak).c_str());
-
   std::printf("\n(GFLOP/s = 2 M N K / median time of %d interleaved rounds;\n"
               " each ratio against OpenBLAS is the median over the rounds of that round's own ratio; targets\n"
               " vendor and portable take the worst ratio over n=1024 and the three GPT shapes, auto/best over\n"
@@ -200,8 +202,8 @@ int main(int argc, char* argv[]) {
       const int ar = at ? s.K : s.M, ac = at ? s.M : s.K, br = bt ? s.N : s.K, bc = bt ? s.K : s.N;
       auto A = pmt::make_tensor<float, Exec>("A", ar, ac), B = pmt::make_tensor<float, Exec>("B", br, bc);
       auto C = pmt::make_tensor<float, Exec>("C", s.M, s.N), Cs = pmt::make_tensor<float, Exec>("Cs", s.M, s.N);
-      for (std::size_t i = 0; i < A.size(); ++i) A.data()[i] = float((i * 7919) % 2001) / 1000.0f - 1.0f;
-      for (std::size_t i = 0; i < B.size(); ++i) B.data()[i] = float((i * 104729) % 2001) / 1000.0f - 1.0f;
+      pmt::fill_uniform(exec, A, {1, 0}, -1, 1);
+      pmt::fill_uniform(exec, B, {1, 1}, -1, 1);
       std::vector<std::uint16_t> Ab(A.size()), Bb(B.size());
       const auto cta = at ? CblasTrans : CblasNoTrans, ctb = bt ? CblasTrans : CblasNoTrans;
       auto pmt_bf16 = [&] {
@@ -222,9 +224,7 @@ int main(int argc, char* argv[]) {
       worst_bf16     = std::min(worst_bf16, r);
       pmt_bf16();
       openblas_bf16();
-      double worst = 0;  // the same bf16 products, summed in another order
-      for (std::size_t i = 0; i < C.size(); ++i)
-        worst = std::max(worst, double(std::abs(C.data()[i] - Cs.data()[i])) / std::max(1.0, double(std::abs(Cs.data()[i]))));
+      const double worst = max_rel_diff(C.data(), Cs.data(), C.size());  // the same products, another sum order
       std::printf("%-16s %5d %5d %5d %2s%2s | %9.1f %9.1f %9.1f | %9.2f %6s\n", s.name.c_str(), s.M, s.N, s.K,
                   at ? "T" : "N", bt ? "T" : "N", flops / pmt::bench::median(rounds[0]) / 1e9,
                   flops / pmt::bench::median(rounds[1]) / 1e9, flops / pmt::bench::median(rounds[2]) / 1e9, r,
