@@ -41,11 +41,15 @@
 //               block's activations join the transient, and the blocks' forward with its tp
 //               all-reduces is paid again in the backward; a ModelSpec's chunk keeps its input
 //               and its saved values join the transient
-//   transient   the largest of a block's backward (4 N Cl + 2 N C: the incoming gradient, one
-//               MLP-sized gradient and a residual's; each layer's saved activations are freed as
-//               its backward returns, so the rest fits in what they free), its attention's score
-//               gradient (b Hl T^2, allocated by the backward only) and the last stage's logits
-//               and their gradient (2 N Vl + N C), times s
+//   transient   a block's backward (4 N Cl + 2 N C: the incoming gradient, one MLP-sized
+//               gradient and a residual's), its attention's score gradient (b Hl T^2, allocated
+//               by the backward only) and the last stage's logits and their gradient
+//               (2 N Vl + N C), times s, summed: the workspace keeps per shape the most a step
+//               holds at once, and these are shapes of their own (with full recomputation the
+//               largest of them: the recomputed block's buffers, freed as its layers' backward
+//               returns, take the rest); the pipeline's receives, one of each kind posted ahead
+//   sends       the pipeline's send buffers, two per stage with pp > 1 (Memory::sends: a run
+//               holds one per send in flight, as many as the receivers' timing leaves)
 //   scratch     Machine::matmul_scratch_bytes: what the host's Kokkos keeps for the portable
 //               matmul kernel's packed panels once it ran (per thread, for the process; calibrate()
 //               fills it)
@@ -406,9 +410,13 @@ struct Memory {
          transient      = 0;
   double scratch        = 0;  ///< the portable matmul kernel's team scratch (Machine::matmul_scratch_bytes)
   double products       = 0;  ///< bf16 products' operand copies (Machine::bf16_copy_bytes), one per shape
+  /// The pipeline's send buffers. A run holds one per send in flight, as many as the receivers'
+  /// timing leaves: this counts what the runs measured hold (the Gpt: plan_detail::pipeline_sends
+  /// per stage with pp > 1; a ModelSpec: one output on every stage but the last).
+  double sends          = 0;
   int live_microbatches = 0;  ///< (chunk, microbatch) pairs with several chunks per stage
   double total() const {
-    return parameters + gradients + optimizer + buckets + data + activations + transient + scratch + products;
+    return parameters + gradients + optimizer + buckets + data + activations + transient + scratch + products + sends;
   }
 };
 
@@ -747,6 +755,7 @@ struct StageInputs {
   double parameters  = 0;     ///< elements one rank holds
   double activations = 0;     ///< bytes of one live microbatch (its saved values and the stage's input)
   double transient   = 0;     ///< bytes a backward allocates beyond them, at most
+  double sends       = 0;     ///< bytes of the pipeline's send buffers (Memory::sends)
   double tp_bytes    = 0;     ///< bytes all-reduced over tp per microbatch, forward and backward
   /// ZeRO-2's gradient storage: the most elements one backward writes at once (a layer, or the
   /// embeddings), and those held from their first write to the step (a Gpt's tied table on
@@ -759,6 +768,12 @@ struct StageInputs {
   /// free by then: measured, what the largest product holds at once is what stays)
   double weight_copies = 0, largest_product = 0;
 };
+
+/// The pipeline's send buffers a stage holds per shape it sends. parallel::PipelineRunner keeps
+/// one per send in flight (a send completes when the receiver takes it) and allocates another only
+/// when more are in flight than ever before, so the count depends on the receivers' timing: one,
+/// two in the runs measured (tests/plan/test_plan.cpp), up to a stage's live microbatches.
+inline constexpr int pipeline_sends = 2;
 
 /// The Gpt's virtual stages (the count in the file comment).
 inline std::vector<StageInputs> gpt_stages(const Problem& pr, const Machine& mc, const Layout& l,
@@ -802,18 +817,18 @@ inline std::vector<StageInputs> gpt_stages(const Problem& pr, const Machine& mc,
     in.activations  = L * (full ? sb * rN * dC : block) + sb * rN * dC + (head ? 8.0 * dN : 0.0) +
                      (tail ? sb * (rN * dC + 2 * rN) : 0.0) +
                      (tail && full ? sb * rN * dC : 0.0);  // the final LayerNorm's input, not recomputed
-    // a block's backward: its MLP part, or its attention's score gradient (b Hl T x T); the last
-    // stage's logits and their gradient
-    in.transient = sb * std::max(4 * dN * dCl + 2 * rN * dC, TT);
+    // a block's backward: its MLP part and its attention's score gradient (b Hl T x T), and the
+    // last stage's logits and their gradient: each a shape of its own in the workspace, which
+    // keeps the most of each shape a step holds at once, so they add (measured). With the block
+    // recomputed for its backward, what its layers free as their backward returns takes the
+    // others (measured): the largest counts.
+    in.transient = sb * (full ? std::max(4 * dN * dCl + 2 * rN * dC, TT) : 4 * dN * dCl + 2 * rN * dC + TT);
     const double head_grads = tail ? sb * (2 * dN * double(Vl) + rN * dC) : 0.0;
     // selective recomputation: the attention's buffers and output, computed in the forward and
     // again in the backward, are shapes of their own in the workspace, held through the step
     if (attn) in.transient += sb * (5 * dN * dCl + TT);
-    // the last stage's logits and their gradient: in place of the blocks' backward buffers, or
-    // (measured) beside them when the activations take other shapes than theirs (selective
-    // recomputation, sequence parallelism)
-    if (attn || l.sequence_parallel) in.transient += head_grads;
-    else in.transient = std::max(in.transient, head_grads);
+    if (full && !attn && !l.sequence_parallel) in.transient = std::max(in.transient, head_grads);
+    else in.transient += head_grads;
     // sequence parallelism: the gathered rows (N, C), a shape of their own in the workspace that
     // the split activations do not reuse: two at once (a Col layer's input gathered again beside
     // its dx before the reduce-scatter; the LM head's gathered input beside its gradient)
@@ -823,8 +838,9 @@ inline std::vector<StageInputs> gpt_stages(const Problem& pr, const Machine& mc,
     if (full && L > 0) in.transient += block;
     // the pipeline's buffers beside (as for a ModelSpec below): a receive of each kind posted
     // ahead and the output's copy in a send buffer
-    if (vs + 1 < stages.stages()) in.transient += 2 * sb * rN * dC;
+    if (vs + 1 < stages.stages()) in.transient += sb * rN * dC;
     if (vs > 0) in.transient += sb * rN * dC;
+    if (stages.stages() > 1) in.sends = pipeline_sends * sb * rN * dC;
     if (full) in.cost.backward += block_forward(pr, mc, l, b) * L;
     if (attn) in.cost.backward += attention_core_forward(pr, mc, l, b) * L;
     if (l.tp > 1) {  // per block 4 all-reduces of (N, C); embedding 1; LM head 1 and 3 of N values
@@ -883,7 +899,7 @@ inline std::vector<StageInputs> spec_stages(const Problem& pr, const Machine& mc
     in.activations += out_bytes;
     // the pipeline's buffers beside: a receive of each kind posted ahead (the next input, the
     // next output gradient) and the output's copy in a send buffer as it goes out
-    if (vs + 1 < stages.stages()) in.transient += 2 * out_bytes;
+    if (vs + 1 < stages.stages()) in.transient += out_bytes, in.sends = out_bytes;
     if (vs > 0) in.transient += sb * R * spec.layers[first].input_local(l.tp);
   }
   return out;
@@ -979,6 +995,7 @@ inline Memory stage_memory(const Problem& pr, const Machine& mc, const Layout& l
     const auto vs = static_cast<std::size_t>(k * p + s);
     per_mb += in[vs].activations / v;
     mem.transient = std::max(mem.transient, in[vs].transient);
+    mem.sends     = std::max(mem.sends, in[vs].sends);
   }
   mem.live_microbatches = live;
   mem.activations       = mem.live_microbatches * per_mb;
