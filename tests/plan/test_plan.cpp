@@ -439,8 +439,7 @@ TEST_CASE("the planner's memory model matches what every layout allocates", "[pl
           const double err = (want.total() - peak) / peak;
           INFO("rank " << pmt::test::world().rank() << " stage " << stage << ": predicted "
                        << want.total() / 1048576.0 << " MiB, measured " << peak / 1048576.0
-                       << " MiB (" << held / 1048576.0 << " MiB with the send buffers it held)"
-                       << " MiB; parameters predicted " << want.parameters / 4 << ", the model's "
+                       << " MiB (" << held / 1048576.0 << " MiB with the send buffers it held); parameters predicted " << want.parameters / 4 << ", the model's "
                        << params << "\npredicted (bytes): parameters " << want.parameters << ", gradients "
                        << want.gradients << ", optimizer " << want.optimizer << ", buckets " << want.buckets
                        << ", data " << want.data << ", activations " << want.activations << ", transient "
@@ -739,10 +738,9 @@ TEST_CASE("the planner's memory model matches what a Chain allocates on every la
         if (!pmt::plan::why_invalid(pr, l, n).empty()) continue;
         DYNAMIC_SECTION(l.describe()) {
           const auto e              = pmt::plan::estimate(pr, mc, l);
-          const auto [params, held] = l.zero ? measure_chain_memory<true>(pr, l) : measure_chain_memory<false>(pr, l);
+          const auto [params, peak] = l.zero ? measure_chain_memory<true>(pr, l) : measure_chain_memory<false>(pr, l);
           const int stage           = w.rank() / (l.dp * l.tp);
           const auto& want          = e.memory[static_cast<std::size_t>(stage)];
-          const double peak         = held;
           const double err          = (want.total() - peak) / peak;
           INFO("rank " << w.rank() << " stage " << stage << ": predicted " << want.total() / 1048576.0 << " MiB (activations "
                        << want.activations / 1048576.0 << "), measured " << peak / 1048576.0 << " MiB; parameters predicted "

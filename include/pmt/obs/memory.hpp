@@ -10,7 +10,7 @@
 //   mem.peak_bytes("Host");   // the high-water mark since enable() or reset_peak()
 //   mem.allocations();        // how many allocations since enable() or reset_allocations()
 //   mem.enable_breakdown();   // and what was held at the peak, by label:
-//   mem.peak_breakdown("Host");  // {"gpt.blocks.0.fc.w", 16384}, ... largest first
+//   mem.peak_breakdown("Host");  // {"pmt::ops::attention::att", 1048576}, ... largest first
 // Only allocations made after enable() count (a deallocation of an older one is ignored). The
 // callbacks chain to those installed before (a Kokkos Tools library keeps seeing every event);
 // enable(false) puts the previous ones back. Not for concurrent allocation from several threads

@@ -836,8 +836,8 @@ inline std::vector<StageInputs> gpt_stages(const Problem& pr, const Machine& mc,
     // the block recomputed for its backward, beside what the workspace keeps of the backward
     // before it (buffers of other shapes, such as the logits, stay cached for the next step)
     if (full && L > 0) in.transient += block;
-    // the pipeline's buffers beside (as for a ModelSpec below): a receive of each kind posted
-    // ahead and the output's copy in a send buffer
+    // the pipeline's buffers beside: a receive of each kind posted ahead, and apart the send
+    // buffers (Memory::sends)
     if (vs + 1 < stages.stages()) in.transient += sb * rN * dC;
     if (vs > 0) in.transient += sb * rN * dC;
     if (stages.stages() > 1) in.sends = pipeline_sends * sb * rN * dC;
