@@ -80,7 +80,6 @@ struct SleepStage {
   int stage() const { return s; }
   int stages() const { return p; }
   int chunks() const { return v; }
-  std::size_t width() const { return C; }
   std::vector<pmt::Parameter<float, Exec>*> parameters() { return {}; }
   std::array<std::size_t, 2> input_extent(int, const Batch& mb) const { return {mb.B * mb.T, C}; }
   std::array<std::size_t, 2> output_extent(int, const Batch& mb) const { return {mb.B * mb.T, C}; }
@@ -122,7 +121,6 @@ struct MeteredGpt {
   int stage() const { return g.stage(); }
   int stages() const { return g.stages(); }
   int chunks() const { return g.chunks(); }
-  std::size_t width() const { return g.width(); }
   std::vector<pmt::Parameter<float, Exec>*> parameters() { return g.parameters(); }
   std::array<std::size_t, 2> input_extent(int k, const Batch& mb) const { return g.input_extent(k, mb); }
   std::array<std::size_t, 2> output_extent(int k, const Batch& mb) const { return g.output_extent(k, mb); }

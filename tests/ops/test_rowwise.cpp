@@ -218,7 +218,7 @@ TEMPLATE_TEST_CASE("the row sum is lane_sum's result bit for bit, on every lengt
   for (std::size_t j = 0; j < x.size(); ++j) x[j] = T(0.1) * T((j * 37) % 101) - T(3.3) + T(1e-3) * T(j);
   for (int n = 0; n <= 100; ++n) {
     INFO("n = " << n << ", host back end: " << pmt::detail::host::Native::name);
-    const T expect = pmt::detail::lane_sum<T>(x.data(), n, [](T e) { return e; });
+    const T expect = pmt::detail::lane_sum<T>(x.data(), n, KOKKOS_LAMBDA(T e) { return e; });
     CHECK(pmt::detail::row_sum<T>(x.data(), n) == expect);
   }
 }

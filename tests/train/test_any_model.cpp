@@ -350,7 +350,7 @@ TEST_CASE("a user's Chain: a training step after the first allocates nothing (wi
   using Opt    = pmt::optim::AdamW<T, Host>;
   using Policy = pmt::Hybrid<pmt::DataParallel<>, pmt::TensorSplit<>, pmt::Pipeline<>>;
   const pmt::MeshShape shape = n >= 2 ? pmt::MeshShape{1, n / 2, 2} : pmt::MeshShape{};
-  for (bool recompute : {false, true})
+  for (bool recompute : {false, true}) {
     DYNAMIC_SECTION("tp " << shape.tp << " x pp " << shape.pp << (recompute ? ", recomputation" : "")) {
       pmt::Mesh<Backend> mesh(w, shape);
       Model model(mesh, make_net(mesh, Task<true>::out), {}, pmt::nn::StagedOptions{{}, 1, "mlp", recompute});
@@ -367,4 +367,5 @@ TEST_CASE("a user's Chain: a training step after the first allocates nothing (wi
       UNSCOPED_INFO("rank " << w.rank() << ": " << a.count << " allocations in steps 3 and 4:" << a.names());
       CHECK(pmt::test::all_ranks(a.steady(shape.pp)));
     }
+  }
 }
