@@ -15,7 +15,7 @@ mkl_args=$("$root/bench/fetch_mkl.sh" --cmake)
 # shellcheck disable=SC2086
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DPMT_WARNINGS_AS_ERRORS=ON \
   -DCMAKE_PREFIX_PATH="$kokkos_prefix" -DPMT_ENABLE_BENCH=ON -DPMT_ENABLE_EXAMPLES=OFF \
-  -DPMT_KOKKOS_NEXT_INCLUDE= $mkl_args >"$build.configure.log" 2>&1 \
+  $mkl_args >"$build.configure.log" 2>&1 \
   || { cat "$build.configure.log"; exit 1; }
 grep -E "^-- pmt " "$build.configure.log" >&2 || true
 grep -q "libmkl_core" "$build.configure.log" || { echo "[pmt mkl] CMake did not pick MKL's libraries" >&2; exit 1; }

@@ -22,7 +22,7 @@ flags+=" -D_GLIBCXX_ASSERTIONS -DPMT_DEBUG=1"
 # Not -Werror: GCC 12 warns inside libstdc++'s <regex> under the sanitizers (-Wmaybe-uninitialized);
 # scripts/test.sh is the warnings gate.
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPMT_ENABLE_BENCH=OFF \
-  -DCMAKE_PREFIX_PATH="$kokkos_prefix" -DPMT_KOKKOS_NEXT_INCLUDE= -DPMT_TEST_TIMEOUT=900 \
+  -DCMAKE_PREFIX_PATH="$kokkos_prefix" -DPMT_TEST_TIMEOUT=900 \
   -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" \
   -DCMAKE_SHARED_LINKER_FLAGS="-fsanitize=address,undefined" >"$build.configure.log" 2>&1 \
   || { cat "$build.configure.log"; exit 1; }

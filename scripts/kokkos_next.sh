@@ -1,14 +1,12 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # Fetches the newest Kokkos Debian packages (libkokkos-dev and its library from Debian unstable:
-# Kokkos 5.x, OpenMP configuration, C++20) into a cache, for two kinds of checks:
-#   - compile-only: pmt's headers build against a current Kokkos on the host and on Kokkos::Cuda
-#     (tests/kokkos_next/, registered by build/ when KOKKOS_NEXT_INCLUDE is set);
-#   - run: scripts/test_kokkos_next.sh builds pmt's tests against this Kokkos and runs them.
-#     Its library needs a newer glibc and libstdc++ than Debian 12's, so the C and C++ runtime
-#     libraries of the same release (libc6 with its loader, libstdc++6, libgcc-s1, libgomp1) are
-#     unpacked beside it, and the test programs name that loader as their interpreter. Nothing is
-#     installed into the system: the machine keeps its own C library.
+# Kokkos 5.x, OpenMP configuration, C++20) into a cache, for scripts/test_kokkos_next.sh, which
+# builds pmt's tests against this Kokkos and runs them. Its library needs a newer glibc and
+# libstdc++ than Debian 12's, so the C and C++ runtime libraries of the same release (libc6 with
+# its loader, libstdc++6, libgcc-s1, libgomp1) are unpacked beside it, and the test programs name
+# that loader as their interpreter. Nothing is installed into the system: the machine keeps its
+# own C library.
 #
 # apt-get downloads the packages by name with a private package list (the machine's own apt
 # sources are not touched). Idempotent. Prints `KOKKOS_NEXT_INCLUDE=<dir>` and

@@ -28,7 +28,7 @@ loader="$next_root/usr/lib64/ld-linux-x86-64.so.2"
 link="-Wl,--dynamic-linker=$loader -Wl,--disable-new-dtags -Wl,-rpath,$lib -Wl,--allow-shlib-undefined"
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DPMT_WARNINGS_AS_ERRORS=ON \
   -DKokkos_DIR="$next_root/cmake/Kokkos" -DCMAKE_EXE_LINKER_FLAGS="$link" \
-  -DPMT_ENABLE_BENCH=OFF -DPMT_KOKKOS_NEXT_INCLUDE= >"$build.configure.log" 2>&1 \
+  -DPMT_ENABLE_BENCH=OFF >"$build.configure.log" 2>&1 \
   || { cat "$build.configure.log"; exit 1; }
 grep -E "^-- pmt " "$build.configure.log" || true
 cmake --build "$build" -j "$(nproc)"

@@ -4,9 +4,9 @@
 // Gpt with AdamW on Kokkos::Cuda with NCCL collectives over the MPI ranks (one GPU each), compared
 // with the same steps on the host.
 //
-// Built only where Kokkos has its CUDA backend (the CMake target `cuda_step`), and compiled on
-// machines without one by tests/kokkos_next/compile.sh against Kokkos' headers in a CUDA
-// configuration, so that the Cuda instantiation of every template below keeps compiling.
+// Built only where Kokkos has its CUDA backend (the CMake target `cuda_step`); the suite builds it
+// on machines without a GPU too (scripts/test_kokkos_cuda.sh), so that the Cuda instantiation of
+// every template below keeps compiling and linking.
 //
 //   mpiexec -n 1 ./cuda_step      (or -n 2 for dp 2 over NCCL)
 // Exit status 0 when every comparison holds; prints what it compared.
