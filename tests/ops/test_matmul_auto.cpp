@@ -6,12 +6,14 @@
 #include <catch2/catch_test_macros.hpp>
 
 #include "comm/comm_test.hpp"
+#include "ops/ops_test.hpp"
 #include "pmt/comm/agree.hpp"
 #include "pmt/core/random.hpp"
 #include "pmt/ops/attention.hpp"
 #include "pmt/ops/matmul.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
@@ -224,5 +226,73 @@ TEST_CASE("matmul path: a decided choice is never changed by a later agreement o
   pmt::set_measured_choices({{pmt::ChoiceKey{pmt::ops::matmul_choice_op, 1, 2}, c}});
   REQUIRE(pmt::measured_choices().size() == 1);
   CHECK(pmt::measured_choices()[0].second.path == 1);
+}
+
+TEST_CASE("bf16 products: where the BLAS has a bf16 GEMM, auto times it against pmt's kernel and takes the faster",
+          "[matmul][auto][bf16][mpi]") {
+  Reset reset;
+  using pmt::ops::Bf16Kernel;
+  const auto& gemm = pmt::detail::cblas_bf16_gemm();
+  INFO("the BLAS's bf16 GEMM: " << gemm.name << (gemm.failed ? " (failed its check)" : ""));
+  CHECK_FALSE(gemm.failed);
+#if PMT_CBLAS_MKL
+  CHECK(std::string(gemm.name) == "cblas_gemm_bf16bf16f32");
+#elif PMT_HAVE_OPENBLAS_INFO
+  int major = 0, minor = 0, patch = 0;
+  REQUIRE(std::sscanf(openblas_get_config(), "OpenBLAS %d.%d.%d", &major, &minor, &patch) == 3);
+  if (major > 0 || minor > 3 || (minor == 3 && patch >= 10)) CHECK(std::string(gemm.name) == "cblas_sbgemm");
+#endif
+  auto& w     = pmt::test::world();
+  const int n = w.size();
+  const Operands o(64, 96, 80);
+  const auto bf16_product = [&] {
+    Host exec;
+    Kokkos::View<float**, Kokkos::LayoutRight, Host::memory_space> C("C", o.A.extent(0), o.B.extent(1));
+    Kokkos::deep_copy(C, 0.5f);  // beta = 1: C is read
+    pmt::ops::matmul_bf16(exec, Trans::N, Trans::N, 1.0f, o.A, o.B, 1.0f, C);
+    exec.fence();
+    return C;
+  };
+  // the other choices a bf16 product may measure take their default path (vendor sgemm for the
+  // rounded path's product, the rounded path before AVX512-BF16), as pending keys do; so pmt's
+  // kernel gives the same bits before and after an agreement
+  const auto others = [](const pmt::ChoiceKey& key, int path, double s) {
+    return key.op == pmt::ops::matmul_choice_op || key.op == pmt::ops::bf16_choice_op ? (path == 0 ? 0.1 : 1.0) : s;
+  };
+  pmt::detail::choice_table().timing_hook = others;
+  // a pinned matmul path measures nothing: pmt's kernel
+  pmt::ops::set_matmul_path(MatmulPath::Vendor);
+  const auto own = bf16_product();
+  pmt::ops::set_matmul_path(MatmulPath::Auto);
+  CHECK(count_op(pmt::ops::bf16_vendor_choice_op) == 0);
+  if (gemm.fn == nullptr) {  // nothing to time against: pmt's kernel, nothing measured
+    CHECK(same_bits(bf16_product(), own));
+    CHECK(count_op(pmt::ops::bf16_vendor_choice_op) == 0);
+    return;
+  }
+  pmt::ops::set_bf16_kernel(Bf16Kernel::vendor);
+  CHECK(pmt::ops::bf16_kernel<Host>() == Bf16Kernel::vendor);
+  CHECK(std::string(pmt::ops::bf16_matmul_isa<Host>()) == "vendor-bf16");
+  const auto vendor = bf16_product();
+  pmt::ops::set_bf16_kernel(Bf16Kernel::automatic);
+  CHECK(count_op(pmt::ops::bf16_vendor_choice_op) == 0);
+  CHECK(pmt::test::max_rel_diff(vendor, own) <= 1e-5);  // the same exact products, summed in another order
+  for (int forced : {1, 0}) {
+    DYNAMIC_SECTION("the " << (forced == 1 ? "vendor's GEMM" : "pmt's kernel") << " timed faster") {
+      pmt::detail::choice_table().timing_hook = [forced, others](const pmt::ChoiceKey& key, int path, double s) {
+        return key.op != pmt::ops::bf16_vendor_choice_op ? others(key, path, s) : (path == forced ? 0.1 : 1.0);
+      };
+      const auto first = bf16_product();  // measures; pending (pmt's kernel) in a job of several ranks
+      CHECK(count_op(pmt::ops::bf16_vendor_choice_op) == 1);
+      CHECK(same_bits(first, n == 1 && forced == 1 ? vendor : own));
+      pmt::comm::agree_choices(w, Host());
+      const auto again = bf16_product();
+      CHECK(same_bits(again, forced == 1 ? vendor : own));
+      CHECK(count_op(pmt::ops::bf16_vendor_choice_op) == 1);
+      CHECK(pmt::ops::matmul_path_summary().find(forced == 1 ? "; bf16: vendor for 1 shape class, pmt for 0 shape classes"
+                                                             : "; bf16: vendor for 0 shape classes, pmt for 1 shape class")
+            != std::string::npos);
+    }
+  }
 }
 #endif

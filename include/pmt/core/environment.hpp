@@ -299,6 +299,10 @@ inline std::string environment_report() {
       blas += " (generic kernels on a vector CPU: set OPENBLAS_CORETYPE)";
   }
   line("BLAS", blas);
+  const auto& bf16_gemm = detail::cblas_bf16_gemm();
+  line("BLAS bf16", bf16_gemm.fn       ? std::string(bf16_gemm.name) + " (bf16 products time it against pmt's kernels)"
+                    : bf16_gemm.failed ? std::string(bf16_gemm.name) + " failed a check of a small product: not used"
+                                       : std::string("no bf16 GEMM in this BLAS"));
 #else
   line("BLAS", "not enabled (portable Kokkos matmul only)");
 #endif

@@ -16,16 +16,22 @@
 // operand element rounded to the nearest bf16 (ties to even, as pmt::bf16), the products summed
 // in fp32. A product of two bf16 values is exact in fp32, so every path computes the same sum in
 // its own fp32 order. Paths:
-//   MatmulAuto      on a host space, AMX tiles where the CPU has AMX-BF16 and the kernel grants
-//                   the tile state, else AVX512-BF16 dot products where it has those
-//                   (ops/detail/host_bf16.hpp; the same bits for any thread count); elsewhere
-//                   on Kokkos::Cuda cuBLAS's bf16 GEMM (cublasGemmEx, fp32 sums) on bf16 copies of
-//                   the operands; elsewhere the rounded path.
-//                   set_bf16_kernel / PMT_BF16_MATMUL pin one (rounded: the rounded path on CUDA)
+//   MatmulAuto      on a host space, pmt's kernel: AMX tiles where the CPU has AMX-BF16 and the
+//                   kernel grants the tile state, else AVX512-BF16 dot products where it has
+//                   those and they beat the rounded path (ops/detail/host_bf16.hpp; the same bits
+//                   for any thread count), else the rounded path; and where the linked BLAS has a
+//                   bf16 GEMM (OpenBLAS' cblas_sbgemm, MKL's cblas_gemm_bf16bf16f32) on bf16
+//                   copies of the operands, that GEMM instead for the shape classes where it is
+//                   measured faster (as matmul's paths; none is measured under a pinned matmul
+//                   path). On Kokkos::Cuda cuBLAS's bf16 GEMM (cublasGemmEx, fp32 sums) on bf16
+//                   copies of the operands; elsewhere the rounded path.
+//                   set_bf16_kernel / PMT_BF16_MATMUL pin one (rounded: the rounded path on CUDA;
+//                   vendor: the BLAS's bf16 GEMM)
 //   MatmulVendor,   the rounded path: op(A) and op(B) rounded into fp32 workspace copies, then the
 //   MatmulPortable  fp32 product of that backend (the reference the AMX path is tested against)
-// bf16_matmul_isa<Exec>() names what MatmulAuto runs ("amx-bf16", "avx512-bf16", "cublas-bf16" or
-// "rounded-fp32").
+// bf16_matmul_isa<Exec>() names pmt's kernel or the pinned one ("amx-bf16", "avx512-bf16",
+// "cublas-bf16", "vendor-bf16" or "rounded-fp32"); matmul_path_summary() the shape classes that
+// took the BLAS's bf16 GEMM.
 // matmul_batched (attention's score products) always computes in the Views' own type.
 
 #include "pmt/config.hpp"
@@ -127,17 +133,26 @@ inline constexpr std::int64_t matmul_choice_op = 1;
 /// setting governs it too: vendor pins fused, portable pins batched.
 inline constexpr std::int64_t attention_choice_op = 2;
 
+/// \brief The op id of the bf16 products' vendor entries (matmul_bf16 under MatmulAuto on a host
+/// whose BLAS has a bf16 GEMM): path 0 pmt's kernel, 1 the BLAS's bf16 GEMM on bf16 copies.
+inline constexpr std::int64_t bf16_vendor_choice_op = 4;
+
 /// \brief One line on the matmul paths taken so far, e.g. "matmul auto: portable for 9 shape
 /// classes (52-61 % of peak), vendor for 3 shape classes (40-44 % of peak), 0 pending", and the
-/// attention's when it measured any ("; attention: batched for 1 shape class, fused for 0 ...");
+/// attention's when it measured any ("; attention: batched for 1 shape class, fused for 0 ..."),
+/// and the bf16 products' against the BLAS's bf16 GEMM ("; bf16: vendor for 0 shape classes, pmt for 4 ...");
 /// with a pin, "matmul pinned: vendor".
 inline std::string matmul_path_summary(double peak_gflops = 0) {
   const MatmulPath p = matmul_path();
   if (p != MatmulPath::Auto) return std::string("matmul pinned: ") + matmul_path_name(p);
   std::string line = "matmul auto: " + measured_choice_summary(matmul_choice_op, "vendor", "portable", peak_gflops);
-  for (const auto& entry : measured_choices())
-    if (entry.first.op == attention_choice_op)
-      return line + "; attention: " + measured_choice_summary(attention_choice_op, "fused", "batched", peak_gflops);
+  bool attention = false, bf16 = false;
+  for (const auto& entry : measured_choices()) {
+    attention = attention || entry.first.op == attention_choice_op;
+    bf16      = bf16 || entry.first.op == bf16_vendor_choice_op;
+  }
+  if (attention) line += "; attention: " + measured_choice_summary(attention_choice_op, "fused", "batched", peak_gflops);
+  if (bf16) line += "; bf16: " + measured_choice_summary(bf16_vendor_choice_op, "pmt", "vendor", peak_gflops);
   return line;
 }
 
@@ -154,16 +169,17 @@ inline std::string matmul_path_label() {
 }
 
 /// \brief The kernels of matmul_bf16's MatmulAuto path: AMX tiles, AVX512-BF16 dot products,
-/// cuBLAS's bf16 GEMM (on Kokkos::Cuda), or the rounded path (operands rounded into fp32 copies,
-/// then the fp32 product).
-enum class Bf16Kernel { automatic, amx, avx512bf16, rounded, cublas };
+/// cuBLAS's bf16 GEMM (on Kokkos::Cuda), the host BLAS's bf16 GEMM (vendor), or the rounded path
+/// (operands rounded into fp32 copies, then the fp32 product).
+enum class Bf16Kernel { automatic, amx, avx512bf16, rounded, cublas, vendor };
 
-/// \brief "auto", "amx", "avx512bf16", "rounded" or "cublas".
+/// \brief "auto", "amx", "avx512bf16", "rounded", "cublas" or "vendor".
 inline const char* bf16_kernel_name(Bf16Kernel k) {
   return k == Bf16Kernel::amx          ? "amx"
          : k == Bf16Kernel::avx512bf16 ? "avx512bf16"
          : k == Bf16Kernel::rounded    ? "rounded"
          : k == Bf16Kernel::cublas     ? "cublas"
+         : k == Bf16Kernel::vendor     ? "vendor"
                                        : "auto";
 }
 
@@ -180,8 +196,9 @@ inline Bf16Setting& bf16_setting() {
 }  // namespace detail_matmul
 
 /// \brief Pins the kernel of matmul_bf16's MatmulAuto path for the process (automatic: the best
-/// this CPU has); overrides PMT_BF16_MATMUL=auto|amx|avx512bf16|rounded. A kernel the CPU lacks
-/// falls back to the next: amx -> avx512bf16 -> rounded.
+/// this CPU has); overrides PMT_BF16_MATMUL=auto|amx|avx512bf16|rounded|vendor. A kernel the CPU
+/// lacks falls back to the next: amx -> avx512bf16 -> rounded; vendor (the host BLAS's bf16 GEMM)
+/// where the BLAS has none to pmt's best kernel.
 inline void set_bf16_kernel(Bf16Kernel k) {
   auto& s = detail_matmul::bf16_setting();
   std::lock_guard<std::mutex> lock(s.mu);
@@ -199,10 +216,11 @@ inline Bf16Kernel bf16_kernel_setting() {
     s.kernel = v == "amx"                    ? Bf16Kernel::amx
                : v == "avx512bf16"           ? Bf16Kernel::avx512bf16
                : v == "rounded"              ? Bf16Kernel::rounded
+               : v == "vendor"               ? Bf16Kernel::vendor
                : v == "auto" || v.empty()    ? Bf16Kernel::automatic
                                              : throw ConfigError("pmt::ops::matmul_bf16",
                                                                  detail::str("PMT_BF16_MATMUL is '", v,
-                                                                             "'; expected auto, amx, avx512bf16 or rounded"));
+                                                                             "'; expected auto, amx, avx512bf16, rounded or vendor"));
     s.read = true;
   }
   return s.kernel;
@@ -214,15 +232,20 @@ inline Bf16Kernel bf16_kernel_setting() {
 inline constexpr std::int64_t bf16_choice_op = 3;
 
 /// \brief The kernel matmul_bf16 with MatmulAuto runs on Exec: the pinned one (set_bf16_kernel,
-/// else PMT_BF16_MATMUL, read once) where the CPU has it, else the best it has; on Kokkos::Cuda
-/// cuBLAS's bf16 GEMM unless rounded is pinned; rounded on other devices.
+/// else PMT_BF16_MATMUL, read once) where the CPU (or the BLAS, for vendor) has it, else the best
+/// it has; on Kokkos::Cuda cuBLAS's bf16 GEMM unless rounded is pinned; rounded on other devices.
+/// Unpinned, a host's bf16 products may still take the BLAS's bf16 GEMM by measurement.
 /// \throws pmt::ConfigError when PMT_BF16_MATMUL holds another word.
 template <class Exec>
 Bf16Kernel bf16_kernel() {
   const Bf16Kernel want = bf16_kernel_setting();
+#if PMT_ENABLE_CBLAS
+  if constexpr (is_host_space_v<Exec>)
+    if (want == Bf16Kernel::vendor && detail::cblas_bf16_gemm().fn != nullptr) return Bf16Kernel::vendor;
+#endif
 #if PMT_HOST_AMX
   if constexpr (is_host_space_v<Exec>) {
-    const bool any = want == Bf16Kernel::automatic;
+    const bool any = want == Bf16Kernel::automatic || want == Bf16Kernel::vendor;
     if ((any || want == Bf16Kernel::amx) && detail::hostbf16::amx_available()) return Bf16Kernel::amx;
     if ((any || want == Bf16Kernel::amx || want == Bf16Kernel::avx512bf16) && detail::hostbf16::avx512_available())
       return Bf16Kernel::avx512bf16;
@@ -236,15 +259,17 @@ Bf16Kernel bf16_kernel() {
   return Bf16Kernel::rounded;
 }
 
-/// \brief What matmul_bf16 with MatmulAuto runs on Exec in this process: "amx-bf16" (AMX tiles),
-/// "avx512-bf16" (AVX512-BF16 dot products), "cublas-bf16" (cublasGemmEx on bf16 copies) or
-/// "rounded-fp32" (rounded operand copies, then the fp32 product).
+/// \brief What matmul_bf16 with MatmulAuto runs on Exec in this process (bf16_kernel): "amx-bf16"
+/// (AMX tiles), "avx512-bf16" (AVX512-BF16 dot products), "cublas-bf16" (cublasGemmEx on bf16
+/// copies), "vendor-bf16" (the host BLAS's bf16 GEMM on bf16 copies) or "rounded-fp32" (rounded
+/// operand copies, then the fp32 product).
 template <class Exec>
 const char* bf16_matmul_isa() {
   const Bf16Kernel k = bf16_kernel<Exec>();
   return k == Bf16Kernel::amx          ? "amx-bf16"
          : k == Bf16Kernel::avx512bf16 ? "avx512-bf16"
          : k == Bf16Kernel::cublas     ? "cublas-bf16"
+         : k == Bf16Kernel::vendor     ? "vendor-bf16"
                                        : "rounded-fp32";
 }
 
@@ -458,37 +483,74 @@ void matmul_bf16_views(const Exec& exec, ops::Trans ta, ops::Trans tb, const Mat
     matmul_dispatch<Backend>(exec, 1, ta, tb, d.M, d.N, d.K, alpha, a.data(), ld(a), 0, b.data(), ld(b), 0, beta, out, 0,
                              "pmt::ops::matmul_bf16");
   };
-#if PMT_HOST_AMX
   if constexpr (std::is_same_v<Backend, ops::MatmulAuto> && is_host_space_v<Exec>) {
     const ops::Bf16Kernel k = ops::bf16_kernel<Exec>();
+    const bool pinned       = ops::bf16_kernel_setting() != ops::Bf16Kernel::automatic;
+    // times path 0 against path 1 of `op` for this shape class (into scratch, never into C);
+    // true where path 1 is taken
+    Kokkos::View<float*, typename CV::memory_space> scratch;  // zeros: beta C is read, and stays finite
+    [[maybe_unused]] const auto measure = [&](std::int64_t op, const char* what, auto&& path_into) {
+      ChoiceKey key = ops::matmul_choice_key<Exec, float>(1, ta, tb, d.M, d.N, d.K);
+      key.op = op;
+      const auto shape = [&] {
+        return str(d.M, "x", d.N, "x", d.K, " ", ta == ops::Trans::T ? "T" : "N", tb == ops::Trans::T ? "T" : "N", " ",
+                   what);
+      };
+      return measured_choice(key, shape, 2.0 * double(d.M) * double(d.N) * double(d.K), [&](int path) {
+               if (scratch.data() == nullptr)
+                 scratch = Kokkos::View<float*, typename CV::memory_space>("pmt::ops::matmul_bf16::measure",
+                                                                           std::size_t(d.M * d.N));
+               exec.fence();
+               path_into(path, scratch.data());
+               exec.fence();
+             }) == 1;
+    };
+    // pmt's kernel: AMX tiles; AVX512-BF16 dot products where pinned or timed faster than the
+    // rounded path; else the rounded path
+    bool own_kernel = false;
+#if PMT_HOST_AMX
     const auto kernel = [&](float* out) {
       matmul_bf16_host(exec, k == ops::Bf16Kernel::amx, ta == ops::Trans::T, tb == ops::Trans::T, d.M, d.N, d.K, alpha,
                        A.data(), ld(A), B.data(), ld(B), beta, out, ld(C));
     };
-    if (k == ops::Bf16Kernel::amx) return kernel(C.data());
-    if (k == ops::Bf16Kernel::avx512bf16) {
-      // pinned, or timed against the rounded path per shape class (into scratch, never into C)
-      bool use = ops::bf16_kernel_setting() == ops::Bf16Kernel::avx512bf16;
-      if (!use) {
-        ChoiceKey key = ops::matmul_choice_key<Exec, float>(1, ta, tb, d.M, d.N, d.K);
-        key.op = ops::bf16_choice_op;
-        const auto shape = [&] {
-          return str(d.M, "x", d.N, "x", d.K, " ", ta == ops::Trans::T ? "T" : "N", tb == ops::Trans::T ? "T" : "N", " bf16");
-        };
-        Kokkos::View<float*, typename CV::memory_space> scratch;  // zeros: beta C is read, and stays finite
-        use = measured_choice(key, shape, 2.0 * double(d.M) * double(d.N) * double(d.K), [&](int path) {
-                if (scratch.data() == nullptr)
-                  scratch = Kokkos::View<float*, typename CV::memory_space>("pmt::ops::matmul_bf16::measure",
-                                                                            std::size_t(d.M * d.N));
-                exec.fence();
-                path == 1 ? kernel(scratch.data()) : rounded(scratch.data());
-                exec.fence();
-              }) == 1;
-      }
-      if (use) return kernel(C.data());
-    }
-  }
+    own_kernel = k == ops::Bf16Kernel::amx ||
+                 (k == ops::Bf16Kernel::avx512bf16 &&
+                  (pinned || measure(ops::bf16_choice_op, "bf16", [&](int path, float* out) {
+                     path == 1 ? kernel(out) : rounded(out);
+                   })));
 #endif
+    const auto own = [&](float* out) {
+#if PMT_HOST_AMX
+      if (own_kernel) return kernel(out);
+#endif
+      rounded(out);
+    };
+#if PMT_ENABLE_CBLAS
+    // the BLAS's bf16 GEMM on bf16 copies of the operands: pinned, or timed against pmt's kernel
+    // (unless a matmul path is pinned); its copies live in the workspace only once it is taken
+    if (detail::cblas_bf16_gemm().fn != nullptr && d.M > 0 && d.N > 0 && d.K > 0) {
+      const auto vendor = [&](float* out, bool kept) {
+        using H       = Kokkos::View<bf16**, Kokkos::LayoutRight, typename CV::memory_space>;
+        const auto a = kept ? workspace_view<H>("pmt::ops::matmul_bf16::a16", A.extent(0), A.extent(1))
+                            : H("pmt::ops::matmul_bf16::measure_a16", A.extent(0), A.extent(1));
+        const auto b = kept ? workspace_view<H>("pmt::ops::matmul_bf16::b16", B.extent(0), B.extent(1))
+                            : H("pmt::ops::matmul_bf16::measure_b16", B.extent(0), B.extent(1));
+        round_to_bf16(exec, A, a);
+        round_to_bf16(exec, B, b);
+        exec.fence();
+        matmul_cblas_bf16(ta == ops::Trans::T, tb == ops::Trans::T, d.M, d.N, d.K, alpha, a.data(), ld(a), b.data(),
+                          ld(b), beta, out, ld(C));
+      };
+      const bool use = k == ops::Bf16Kernel::vendor ||
+                       (!pinned && ops::matmul_path() == ops::MatmulPath::Auto &&
+                        measure(ops::bf16_vendor_choice_op, "bf16 vendor", [&](int path, float* out) {
+                          path == 1 ? vendor(out, false) : own(out);
+                        }));
+      if (use) return vendor(C.data(), true);
+    }
+#endif
+    return own(C.data());
+  }
 #if PMT_ENABLE_CUDA && defined(KOKKOS_ENABLE_CUDA)
   if constexpr (std::is_same_v<Backend, ops::MatmulAuto> && std::is_same_v<Exec, Kokkos::Cuda>) {
     if (ops::bf16_kernel<Exec>() == ops::Bf16Kernel::cublas) {

@@ -322,7 +322,7 @@ Machine calibrate(const comm::Communicator<Backend>& world, const Problem& probl
     const ops::Bf16Kernel k = ops::bf16_kernel<Exec>();
     const bool pinned       = ops::bf16_kernel_setting() != ops::Bf16Kernel::automatic;
     mc.bf16_copy_bytes = k == ops::Bf16Kernel::amx || (k == ops::Bf16Kernel::avx512bf16 && pinned) ? 0.0
-                         : k == ops::Bf16Kernel::cublas                                            ? 2.0
+                         : k == ops::Bf16Kernel::cublas || k == ops::Bf16Kernel::vendor            ? 2.0
                                                                                                    : 4.0;
   }
   // 1. what the search will ask for (blocks and heads per microbatch size and tp): run it once

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// The vendor matmul on host memory: CBLAS (OpenBLAS) sgemm/dgemm, row-major. CBLAS runs on the
-// calling thread and Kokkos' host spaces execute synchronously, so no fence is needed.
+// The vendor matmul on host memory: CBLAS (OpenBLAS) sgemm/dgemm, row-major, and the BLAS's bf16
+// GEMM where it has one (detail/cblas.hpp). CBLAS runs on the calling thread and Kokkos' host
+// spaces execute synchronously, so no fence is needed.
 
 #include "pmt/config.hpp"
 #include "pmt/detail/cblas.hpp"
@@ -45,6 +46,18 @@ void matmul_cblas(std::int64_t batch, bool ta, bool tb, std::int64_t M, std::int
                   static_cast<int>(ldb), beta, C + b * sc, static_cast<int>(ldc));
     }
   }
+}
+
+/// C = alpha op(A) op(B) + beta C through the BLAS's bf16 GEMM (cblas_bf16_gemm().fn, which the
+/// caller has checked): A and B hold bf16 values (pmt::bf16), C fp32; row-major.
+inline void matmul_cblas_bf16(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
+                              const void* A, std::int64_t lda, const void* B, std::int64_t ldb, float beta, float* C,
+                              std::int64_t ldc) {
+  cblas_bf16_gemm().fn(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                       static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), alpha,
+                       static_cast<const std::uint16_t*>(A), static_cast<int>(lda > 0 ? lda : 1),
+                       static_cast<const std::uint16_t*>(B), static_cast<int>(ldb > 0 ? ldb : 1), beta, C,
+                       static_cast<int>(ldc > 0 ? ldc : 1));
 }
 
 }  // namespace pmt::detail
