@@ -112,8 +112,8 @@ struct Machine {
   double matmul_scratch_bytes = 0;
   /// Bytes per operand element that bf16 products copy (Problem::precision bf16): 4 where they
   /// take the rounded path (op(A) and op(B) rounded into fp32 Workspace copies), 2 for cuBLAS's
-  /// bf16 copies, 0 for in-register kernels (AMX; AVX512-BF16 where pinned). calibrate() sets it
-  /// from the host's kernel.
+  /// bf16 copies and the host BLAS's bf16 GEMM where pinned, 0 for in-register kernels (AMX;
+  /// AVX512-BF16 where pinned). calibrate() sets it from the host's kernel.
   double bf16_copy_bytes = 0;
   /// seconds of one transformer block's forward and backward for a microbatch of b sequences on a
   /// tp group, measured with every rank of the machine doing the same at once, the tp all-reduces
@@ -765,8 +765,10 @@ struct StageInputs {
   /// bf16 products on a copying path, in elements: the weights' copies (one per distinct shape,
   /// kept by the Workspace), and the activation-shaped operands of the largest product (their
   /// copies share the Workspace's blocks with the activations' temporaries of the same shapes,
-  /// free by then: measured, what the largest product holds at once is what stays)
-  double weight_copies = 0, largest_product = 0;
+  /// free by then: measured, what the largest product holds at once is what stays); bf16 copies
+  /// (cuBLAS, the host BLAS's bf16 GEMM) share no block with fp32 temporaries: each distinct
+  /// activation shape keeps its own, as many as one product holds of it (activation_copies)
+  double weight_copies = 0, largest_product = 0, activation_copies = 0;
 };
 
 /// The pipeline's send buffers a stage holds per shape it sends. parallel::PipelineRunner keeps
@@ -810,6 +812,19 @@ inline std::vector<StageInputs> gpt_stages(const Problem& pr, const Machine& mc,
       const double vl = double(Vl);
       in.weight_copies   = (L > 0 ? 12 * dC * dCl : 0.0) + (tail ? vl * dC : 0.0);
       in.largest_product = std::max(L > 0 ? dN * (dC + 4 * dCl) : 0.0, tail ? dN * (vl + dC) : 0.0);
+      // the activation operands' columns per product (x W and dy W^T hold one, x^T dy two); per
+      // distinct width the most one product holds, summed
+      std::map<std::size_t, int> most;
+      const auto product = [&most](std::size_t a, std::size_t b) {  // b = 0: one activation operand
+        most[a] = std::max(most[a], b == a ? 2 : 1);
+        if (b != 0 && b != a) most[b] = std::max(most[b], 1);
+      };
+      const std::size_t widths[4][2] = {{C, 3 * Cl}, {Cl, C}, {C, 4 * Cl}, {4 * Cl, C}};  // QKV, proj, fc1, fc2
+      for (int i = 0; L > 0 && i < 4; ++i) {
+        product(widths[i][0], 0), product(widths[i][1], 0), product(widths[i][0], widths[i][1]);
+      }
+      if (tail) product(C, 0), product(Vl, 0), product(Vl, C);
+      for (const auto& [w, k] : most) in.activation_copies += dN * double(w) * k;
     }
     // with recomputation a block keeps only its input (N C) and its backward first runs its
     // forward again: one block's activations live at a time, and the blocks' forward (with its
@@ -981,12 +996,16 @@ inline Memory stage_memory(const Problem& pr, const Machine& mc, const Layout& l
   mem.data    = data_per_row * rows;
   mem.scratch = mc.matmul_scratch_bytes;
   if (pr.precision == Precision::bf16 && mc.bf16_copy_bytes > 0) {  // the chunks' blocks share shapes
-    double weights = 0, largest = 0;
+    // fp32 copies (4 bytes: the rounded path) share blocks with the activations' temporaries;
+    // bf16 copies (2 bytes) share none
+    const bool typed = mc.bf16_copy_bytes < 4;
+    double weights = 0, activations = 0;
     for (int k = 0; k < v; ++k) {
       const auto& x = in[static_cast<std::size_t>(k * p + s)];
-      weights = std::max(weights, x.weight_copies), largest = std::max(largest, x.largest_product);
+      weights     = std::max(weights, x.weight_copies);
+      activations = std::max(activations, typed ? x.activation_copies : x.largest_product);
     }
-    mem.products = mc.bf16_copy_bytes * (weights + largest);
+    mem.products = mc.bf16_copy_bytes * (weights + activations);
   }
   // one live microbatch of a chunk; with several chunks the live (chunk, microbatch) pairs
   // count at their chunks' mean
