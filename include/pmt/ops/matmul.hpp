@@ -484,8 +484,8 @@ void matmul_bf16_views(const Exec& exec, ops::Trans ta, ops::Trans tb, const Mat
                              "pmt::ops::matmul_bf16");
   };
   if constexpr (std::is_same_v<Backend, ops::MatmulAuto> && is_host_space_v<Exec>) {
-    const ops::Bf16Kernel k = ops::bf16_kernel<Exec>();
-    const bool pinned       = ops::bf16_kernel_setting() != ops::Bf16Kernel::automatic;
+    [[maybe_unused]] const ops::Bf16Kernel k = ops::bf16_kernel<Exec>();
+    [[maybe_unused]] const bool pinned       = ops::bf16_kernel_setting() != ops::Bf16Kernel::automatic;
     // times path 0 against path 1 of `op` for this shape class (into scratch, never into C);
     // true where path 1 is taken
     Kokkos::View<float*, typename CV::memory_space> scratch;  // zeros: beta C is read, and stays finite
@@ -507,13 +507,12 @@ void matmul_bf16_views(const Exec& exec, ops::Trans ta, ops::Trans tb, const Mat
     };
     // pmt's kernel: AMX tiles; AVX512-BF16 dot products where pinned or timed faster than the
     // rounded path; else the rounded path
-    bool own_kernel = false;
 #if PMT_HOST_AMX
     const auto kernel = [&](float* out) {
       matmul_bf16_host(exec, k == ops::Bf16Kernel::amx, ta == ops::Trans::T, tb == ops::Trans::T, d.M, d.N, d.K, alpha,
                        A.data(), ld(A), B.data(), ld(B), beta, out, ld(C));
     };
-    own_kernel = k == ops::Bf16Kernel::amx ||
+    const bool own_kernel = k == ops::Bf16Kernel::amx ||
                  (k == ops::Bf16Kernel::avx512bf16 &&
                   (pinned || measure(ops::bf16_choice_op, "bf16", [&](int path, float* out) {
                      path == 1 ? kernel(out) : rounded(out);
