@@ -51,10 +51,10 @@ int main(int argc, char* argv[]) {
   if (r == 0) {
     std::printf("pmt bench_allreduce: %d ranks, float sum, out of place, %s with %d thread(s) per rank\n", n,
                 Exec::name(), exec.concurrency());
-    std::printf("%12s %10s | %10s %9s %9s | %10s %9s %9s | %8s %s\n", "size(B)", "count", "pmt us", "algbw",
-                "busbw", "MPI us", "algbw", "busbw", "pmt/MPI", "check");
+    std::printf("%12s %10s | %10s %9s %9s | %10s %9s %9s | %8s %s\n", "size(B)", "count", "pmt us", "algbw", "busbw",
+                "MPI us", "algbw", "busbw", "pmt/MPI", "check");
   }
-  const double bus_factor = n > 1 ? 2.0 * (n - 1) / n : 1.0;
+  const double bus_factor  = n > 1 ? 2.0 * (n - 1) / n : 1.0;
   double worst_ratio_large = 1e9, lat_pmt = 0, lat_mpi = 0;
   std::vector<std::size_t> sizes;
   for (std::size_t b = 4; b <= max_bytes; b *= 4) sizes.push_back(b);
@@ -64,7 +64,7 @@ int main(int argc, char* argv[]) {
     Kokkos::View<float*, Kokkos::LayoutRight, Exec::memory_space> send("send", count), out_pmt("out_pmt", count),
         out_mpi("out_mpi", count);
     Kokkos::deep_copy(send, float(r + 1));
-    const int rounds = bytes <= (64u << 10) ? 400 : (bytes <= (4u << 20) ? 60 : 15);
+    const int rounds   = bytes <= (64u << 10) ? 400 : (bytes <= (4u << 20) ? 60 : 15);
     const auto slowest = slowest_medians(rounds, [&](bool pmt_side) {
       MPI_Barrier(MPI_COMM_WORLD);
       const double t0 = MPI_Wtime();
@@ -75,7 +75,7 @@ int main(int argc, char* argv[]) {
       }
       return MPI_Wtime() - t0;
     });
-    int ok = 1;
+    int ok             = 1;
     const float expect = float(n * (n + 1) / 2);
     for (std::size_t i = 0; i < count; ++i) ok = ok && out_pmt(i) == expect && out_mpi(i) == expect;
     MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
@@ -84,9 +84,8 @@ int main(int argc, char* argv[]) {
     if (bytes >= (1u << 20)) worst_ratio_large = std::min(worst_ratio_large, ratio);
     if (bytes == 8) lat_pmt = slowest[0], lat_mpi = slowest[1];
     if (r == 0)
-      std::printf("%12zu %10zu | %10.2f %9.3f %9.3f | %10.2f %9.3f %9.3f | %8.2f %s\n", bytes, count,
-                  slowest[0] * 1e6, alg_p, alg_p * bus_factor, slowest[1] * 1e6, alg_m, alg_m * bus_factor, ratio,
-                  ok ? "ok" : "WRONG");
+      std::printf("%12zu %10zu | %10.2f %9.3f %9.3f | %10.2f %9.3f %9.3f | %8.2f %s\n", bytes, count, slowest[0] * 1e6,
+                  alg_p, alg_p * bus_factor, slowest[1] * 1e6, alg_m, alg_m * bus_factor, ratio, ok ? "ok" : "WRONG");
   }
   if (r == 0) {
     std::printf("\n(algbw, busbw in GB/s; busbw = algbw * 2(n-1)/n; time = slowest rank's median)\n");
@@ -103,17 +102,18 @@ int main(int argc, char* argv[]) {
     Kokkos::View<float*, Kokkos::LayoutRight, Exec::memory_space> send("send", count), out_pmt("out_pmt", block),
         out_mpi("out_mpi", block);
     Kokkos::deep_copy(send, float(r + 1));
-    const int rounds = bytes <= (4u << 20) ? 40 : 10;
+    const int rounds   = bytes <= (4u << 20) ? 40 : 10;
     const auto slowest = slowest_medians(rounds, [&](bool pmt_side) {
       MPI_Barrier(MPI_COMM_WORLD);
       const double t0 = MPI_Wtime();
       if (pmt_side)
         pmt::comm::reduce_scatter(world, exec, send, out_pmt);
       else
-        MPI_Reduce_scatter_block(send.data(), out_mpi.data(), static_cast<int>(block), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        MPI_Reduce_scatter_block(send.data(), out_mpi.data(), static_cast<int>(block), MPI_FLOAT, MPI_SUM,
+                                 MPI_COMM_WORLD);
       return MPI_Wtime() - t0;
     });
-    int ok = 1;
+    int ok             = 1;
     const float expect = float(n * (n + 1) / 2);
     for (std::size_t i = 0; i < block; ++i) ok = ok && out_pmt(i) == expect && out_mpi(i) == expect;
     MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);

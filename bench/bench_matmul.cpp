@@ -2,8 +2,8 @@
 // GFLOP/s of C = A B (fp32) for square n = 256..2048 and the GPT-2 small MLP shapes (forward and
 // the two backward products), side by side in one run: pmt's vendor path (CBLAS), pmt's portable
 // Kokkos kernel, pmt's default MatmulAuto (which times the two on its first call per shape class
-// and keeps the faster; that first call is the untimed warm-up), OpenBLAS called directly, and MKL called directly (loaded with dlopen from
-// $PMT_MKL_LIB; bench/fetch_mkl.sh fetches the PyPI wheel). Every result is checked against
+// and keeps the faster; that first call is the untimed warm-up), OpenBLAS called directly, and MKL called directly
+// (loaded with dlopen from $PMT_MKL_LIB; bench/fetch_mkl.sh fetches the PyPI wheel). Every result is checked against
 // OpenBLAS' (ok / WRONG). Peak = the measured fp32 FMA throughput of this machine (see
 // bench_common.hpp).
 // Then bf16 products (C = bf16(A) bf16(B), fp32 sums) on n=1024 and the GPT shapes: pmt's
@@ -26,8 +26,8 @@ using Exec = Kokkos::DefaultHostExecutionSpace;
 
 namespace {
 
-using sgemm_fn = void (*)(int, int, int, int, int, int, float, const float*, int, const float*, int,
-                          float, float*, int);
+using sgemm_fn = void (*)(int, int, int, int, int, int, float, const float*, int, const float*, int, float, float*,
+                          int);
 
 sgemm_fn load_mkl(std::string& where) {
   const char* env = std::getenv("PMT_MKL_LIB");
@@ -72,7 +72,7 @@ int main(int argc, char* argv[]) {
   const int reps = argc > 1 ? std::atoi(argv[1]) : 15;
   Exec exec;
   std::string mkl_where;
-  sgemm_fn mkl = load_mkl(mkl_where);
+  sgemm_fn mkl      = load_mkl(mkl_where);
   const char* par[] = {"sequential", "pthreads", "OpenMP"};
   // OpenBLAS sizes its pool from the calling thread's affinity mask, which OMP_PROC_BIND pins to
   // one core: give it as many threads as Kokkos has, so both sides use the same cores.
@@ -88,26 +88,36 @@ int main(int argc, char* argv[]) {
               pmt::obs::peak_isa_description().c_str());
 
   const std::vector<Shape> shapes = {
-      {"n=256", 256, 256, 256, Trans::N, Trans::N},      {"n=512", 512, 512, 512, Trans::N, Trans::N},
-      {"n=1024", 1024, 1024, 1024, Trans::N, Trans::N},  {"n=2048", 2048, 2048, 2048, Trans::N, Trans::N},
+      {"n=256", 256, 256, 256, Trans::N, Trans::N},
+      {"n=512", 512, 512, 512, Trans::N, Trans::N},
+      {"n=1024", 1024, 1024, 1024, Trans::N, Trans::N},
+      {"n=2048", 2048, 2048, 2048, Trans::N, Trans::N},
       {"gpt fwd x.W", 2048, 3072, 768, Trans::N, Trans::N},
       {"gpt bwd dY.W^T", 2048, 768, 3072, Trans::N, Trans::T},
       {"gpt bwd X^T.dY", 768, 3072, 2048, Trans::T, Trans::N},
       // the width-256 training step's block products (bench/train_step.py: 1024 tokens): per Linear
       // (qkv C->3C, fc C->4C, fc2 4C->C, proj C->C) forward x.W, backward dY.W^T and X^T.dY
-      {"w256 qkv", 1024, 768, 256, Trans::N, Trans::N}, {"w256 qkv dX", 1024, 256, 768, Trans::N, Trans::T},
-      {"w256 qkv dW", 256, 768, 1024, Trans::T, Trans::N}, {"w256 fc", 1024, 1024, 256, Trans::N, Trans::N},
-      {"w256 fc dX", 1024, 256, 1024, Trans::N, Trans::T}, {"w256 fc dW", 256, 1024, 1024, Trans::T, Trans::N},
-      {"w256 fc2", 1024, 256, 1024, Trans::N, Trans::N}, {"w256 fc2 dX", 1024, 1024, 256, Trans::N, Trans::T},
-      {"w256 fc2 dW", 1024, 256, 1024, Trans::T, Trans::N}, {"w256 proj", 1024, 256, 256, Trans::N, Trans::N},
-      {"w256 proj dX", 1024, 256, 256, Trans::N, Trans::T}, {"w256 proj dW", 256, 256, 1024, Trans::T, Trans::N}};
-  std::printf("%-16s %5s %5s %5s %2s%2s | %9s %9s %9s %9s %9s | %7s %7s %7s | %-8s %9s | %6s %s\n", "shape", "M", "N", "K",
-              "tA", "tB", "vendor", "portable", "auto", "OpenBLAS", "MKL", "vend/OB", "port/OB", "MKL/OB", "auto ran",
-              "auto/best", "%peak", "check");
+      {"w256 qkv", 1024, 768, 256, Trans::N, Trans::N},
+      {"w256 qkv dX", 1024, 256, 768, Trans::N, Trans::T},
+      {"w256 qkv dW", 256, 768, 1024, Trans::T, Trans::N},
+      {"w256 fc", 1024, 1024, 256, Trans::N, Trans::N},
+      {"w256 fc dX", 1024, 256, 1024, Trans::N, Trans::T},
+      {"w256 fc dW", 256, 1024, 1024, Trans::T, Trans::N},
+      {"w256 fc2", 1024, 256, 1024, Trans::N, Trans::N},
+      {"w256 fc2 dX", 1024, 1024, 256, Trans::N, Trans::T},
+      {"w256 fc2 dW", 1024, 256, 1024, Trans::T, Trans::N},
+      {"w256 proj", 1024, 256, 256, Trans::N, Trans::N},
+      {"w256 proj dX", 1024, 256, 256, Trans::N, Trans::T},
+      {"w256 proj dW", 256, 256, 1024, Trans::T, Trans::N}};
+  std::printf("%-16s %5s %5s %5s %2s%2s | %9s %9s %9s %9s %9s | %7s %7s %7s | %-8s %9s | %6s %s\n", "shape", "M", "N",
+              "K", "tA", "tB", "vendor", "portable", "auto", "OpenBLAS", "MKL", "vend/OB", "port/OB", "MKL/OB",
+              "auto ran", "auto/best", "%peak", "check");
   double worst_vendor = 1e9, worst_portable = 1e9, worst_auto = 1e9, w256_ob = 0, w256_flops = 0;
   for (const Shape& s : shapes) {
-    auto A  = s.ta == Trans::N ? pmt::make_tensor<float, Exec>("A", s.M, s.K) : pmt::make_tensor<float, Exec>("A", s.K, s.M);
-    auto B  = s.tb == Trans::N ? pmt::make_tensor<float, Exec>("B", s.K, s.N) : pmt::make_tensor<float, Exec>("B", s.N, s.K);
+    auto A =
+        s.ta == Trans::N ? pmt::make_tensor<float, Exec>("A", s.M, s.K) : pmt::make_tensor<float, Exec>("A", s.K, s.M);
+    auto B =
+        s.tb == Trans::N ? pmt::make_tensor<float, Exec>("B", s.K, s.N) : pmt::make_tensor<float, Exec>("B", s.N, s.K);
     auto C  = pmt::make_tensor<float, Exec>("C", s.M, s.N);
     auto Cr = pmt::make_tensor<float, Exec>("Cref", s.M, s.N);
     pmt::fill_uniform(exec, A, {1, 0}, -1, 1);
@@ -132,29 +142,29 @@ int main(int argc, char* argv[]) {
       exec.fence();
     };
     auto direct_mkl = [&] {
-      mkl(101, s.ta == Trans::N ? 111 : 112, s.tb == Trans::N ? 111 : 112, s.M, s.N, s.K, 1.0f, A.data(), lda,
-          B.data(), ldb, 0.0f, C.data(), s.N);
+      mkl(101, s.ta == Trans::N ? 111 : 112, s.tb == Trans::N ? 111 : 112, s.M, s.N, s.K, 1.0f, A.data(), lda, B.data(),
+          ldb, 0.0f, C.data(), s.N);
     };
-    auto max_diff = [&] { return max_rel_diff(C.data(), Cr.data(), C.size()); };
+    auto max_diff                          = [&] { return max_rel_diff(C.data(), Cr.data(), C.size()); };
     std::vector<std::function<void()>> fns = {openblas, vendor, portable, automatic};
     if (mkl) fns.push_back(direct_mkl);
     // The target shapes get three times the rounds: a single call's time scatters by +-20 % on
     // this shared VM, and the worst ratio of four shapes would otherwise read that noise.
     // the vendor and portable targets take n=1024 and the GPT shapes; matmul_auto_vs_best every shape
-    const bool target_shape = s.name == "n=1024" || s.name.rfind("gpt", 0) == 0;
+    const bool target_shape                       = s.name == "n=1024" || s.name.rfind("gpt", 0) == 0;
     const std::vector<std::vector<double>> rounds = pmt::bench::interleaved_times(3 * reps, fns);
     std::vector<double> t;
     for (const auto& tf : rounds) t.push_back(pmt::bench::median(tf));
     const double t_ob = t[0], t_v = t[1], t_p = t[2], t_a = t[3], t_mkl = mkl ? t[4] : 0;
     // ratios against OpenBLAS: the median of the rounds' own ratios
-    const double r_v = pmt::bench::median_round_speedup(rounds[1], rounds[0]);
-    const double r_p = pmt::bench::median_round_speedup(rounds[2], rounds[0]);
+    const double r_v   = pmt::bench::median_round_speedup(rounds[1], rounds[0]);
+    const double r_p   = pmt::bench::median_round_speedup(rounds[2], rounds[0]);
     const double r_mkl = mkl ? pmt::bench::median_round_speedup(rounds[4], rounds[0]) : 0;
     // auto against the faster of vendor and portable (the one with the smaller median), paired by
     // round (a per-round minimum of the two would favour "best" by the noise alone)
-    const double r_auto = pmt::bench::median_round_speedup(rounds[3], t_v <= t_p ? rounds[1] : rounds[2]);
-    worst_auto          = std::min(worst_auto, r_auto);
-    const char* chosen  = "?";
+    const double r_auto      = pmt::bench::median_round_speedup(rounds[3], t_v <= t_p ? rounds[1] : rounds[2]);
+    worst_auto               = std::min(worst_auto, r_auto);
+    const char* chosen       = "?";
     const pmt::ChoiceKey key = pmt::ops::matmul_choice_key<Exec, float>(1, s.ta, s.tb, s.M, s.N, s.K);
     for (const auto& [k, c] : pmt::measured_choices())
       if (k == key) chosen = c.path == 1 ? "portable" : "vendor";
@@ -169,8 +179,8 @@ int main(int argc, char* argv[]) {
     std::printf("%-16s %5d %5d %5d %2s%2s | %9.1f %9.1f %9.1f %9.1f %9s | %7.2f %7.2f %7s | %-8s %9.2f | %5.0f%% %s\n",
                 s.name.c_str(), s.M, s.N, s.K, s.ta == Trans::N ? "N" : "T", s.tb == Trans::N ? "N" : "T", g_v, g_p,
                 g_a, g_ob, mkl ? std::to_string(g_mkl).substr(0, std::to_string(g_mkl).find('.') + 2).c_str() : "n/a",
-                r_v, r_p, mkl ? std::to_string(r_mkl).substr(0, 4).c_str() : "n/a", chosen, r_auto,
-                100 * g_a / peak, ok ? "ok" : "WRONG");
+                r_v, r_p, mkl ? std::to_string(r_mkl).substr(0, 4).c_str() : "n/a", chosen, r_auto, 100 * g_a / peak,
+                ok ? "ok" : "WRONG");
     if (s.name.rfind("w256", 0) == 0) {
       w256_ob += t_ob;
       w256_flops += flops;
@@ -181,21 +191,24 @@ int main(int argc, char* argv[]) {
     }
   }
   std::printf("\n%s\n", pmt::ops::matmul_path_summary(peak).c_str());
-  std::printf("\n(GFLOP/s = 2 M N K / median time of %d interleaved rounds;\n"
-              " each ratio against OpenBLAS is the median over the rounds of that round's own ratio; targets\n"
-              " vendor and portable take the worst ratio over n=1024 and the three GPT shapes, auto/best over\n"
-              " every shape; auto/best = the faster of vendor and portable (by median) / auto, paired by round)\n", 3 * reps);
-  std::printf("The width-256 step's block products, each shape alone with OpenBLAS: %.1f ms per layer, %.1f GFLOP/s\n"
-              "(x 4 layers + the LM head's three products = bench_train_step products 4 256 4 128 8 256 N in context)\n",
-              w256_ob * 1e3, w256_flops / w256_ob / 1e9);
+  std::printf(
+      "\n(GFLOP/s = 2 M N K / median time of %d interleaved rounds;\n"
+      " each ratio against OpenBLAS is the median over the rounds of that round's own ratio; targets\n"
+      " vendor and portable take the worst ratio over n=1024 and the three GPT shapes, auto/best over\n"
+      " every shape; auto/best = the faster of vendor and portable (by median) / auto, paired by round)\n",
+      3 * reps);
+  std::printf(
+      "The width-256 step's block products, each shape alone with OpenBLAS: %.1f ms per layer, %.1f GFLOP/s\n"
+      "(x 4 layers + the LM head's three products = bench_train_step products 4 256 4 128 8 256 N in context)\n",
+      w256_ob * 1e3, w256_flops / w256_ob / 1e9);
   // bf16 products: pmt's matmul_bf16 against OpenBLAS' cblas_sbgemm (with the rounding copies)
   const sbgemm_fn sbgemm = find_sbgemm();
   std::printf("\nbf16 products (fp32 sums): pmt matmul_bf16 runs %s; OpenBLAS cblas_sbgemm %s\n",
               pmt::ops::bf16_matmul_isa<Exec>(), sbgemm ? "found" : "not in this OpenBLAS (no bf16 comparison)");
   double worst_bf16 = 1e300;
   if (sbgemm) {
-    std::printf("%-16s %5s %5s %5s %4s | %9s %9s %9s | %9s %6s\n", "shape", "M", "N", "K", "tAtB", "pmt bf16",
-                "sbgemm", "sgemm", "pmt/sbgemm", "check");
+    std::printf("%-16s %5s %5s %5s %4s | %9s %9s %9s | %9s %6s\n", "shape", "M", "N", "K", "tAtB", "pmt bf16", "sbgemm",
+                "sgemm", "pmt/sbgemm", "check");
     for (const auto& s : shapes) {
       if (!(s.name == "n=1024" || s.name.rfind("gpt", 0) == 0)) continue;
       const bool at = s.ta == Trans::T, bt = s.tb == Trans::T;
@@ -218,10 +231,10 @@ int main(int argc, char* argv[]) {
       auto openblas_fp32 = [&] {
         cblas_sgemm(CblasRowMajor, cta, ctb, s.M, s.N, s.K, 1.0f, A.data(), ac, B.data(), bc, 0.0f, Cs.data(), s.N);
       };
-      const auto rounds = pmt::bench::interleaved_times(reps, {pmt_bf16, openblas_bf16, openblas_fp32});
+      const auto rounds  = pmt::bench::interleaved_times(reps, {pmt_bf16, openblas_bf16, openblas_fp32});
       const double flops = 2.0 * s.M * s.N * s.K;
-      const double r = pmt::bench::median_round_speedup(rounds[0], rounds[1]);
-      worst_bf16     = std::min(worst_bf16, r);
+      const double r     = pmt::bench::median_round_speedup(rounds[0], rounds[1]);
+      worst_bf16         = std::min(worst_bf16, r);
       pmt_bf16();
       openblas_bf16();
       const double worst = max_rel_diff(C.data(), Cs.data(), C.size());  // the same products, another sum order
@@ -230,8 +243,10 @@ int main(int argc, char* argv[]) {
                   flops / pmt::bench::median(rounds[1]) / 1e9, flops / pmt::bench::median(rounds[2]) / 1e9, r,
                   worst < 1e-4 ? "ok" : "WRONG");
     }
-    std::printf("(GFLOP/s over %d interleaved rounds; sbgemm includes rounding both operands to bf16;\n"
-                " pmt/sbgemm = the median of the rounds' own ratios; the target takes the worst shape)\n", reps);
+    std::printf(
+        "(GFLOP/s over %d interleaved rounds; sbgemm includes rounding both operands to bf16;\n"
+        " pmt/sbgemm = the median of the rounds' own ratios; the target takes the worst shape)\n",
+        reps);
   }
 
   pmt::bench::target_line("matmul_vendor_vs_openblas", worst_vendor, 0.95);

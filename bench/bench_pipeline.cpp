@@ -60,8 +60,8 @@ double steal_ms() {
   std::FILE* f = std::fopen("/proc/stat", "r");
   if (!f) return 0;
   unsigned long long v[8] = {};
-  const int got = std::fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5],
-                              &v[6], &v[7]);
+  const int got = std::fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4],
+                              &v[5], &v[6], &v[7]);
   std::fclose(f);
   return got == 8 ? 1000.0 * double(v[7]) / double(sysconf(_SC_CLK_TCK)) : 0.0;
 }
@@ -75,7 +75,7 @@ struct SleepStage {
   int s, p;
   std::size_t C;
   double t_forward, t_backward;  // of the whole stage: each of `v` chunks takes 1/v of it
-  int v = 1;
+  int v            = 1;
   std::size_t base = 0, peak = 0;
   int stage() const { return s; }
   int stages() const { return p; }
@@ -89,7 +89,7 @@ struct SleepStage {
   /// 0-0.35 ms (the last piece plus the kernel's timer slack); in a tight schedule the slower of
   /// two such stages sets every step, which is noise of the stand-in, not the runtime's cost.
   static void work(double seconds) {
-    using clock = std::chrono::steady_clock;
+    using clock    = std::chrono::steady_clock;
     const auto end = clock::now() + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(seconds));
     for (auto now = clock::now(); now < end; now = clock::now()) {
       if (end - now > std::chrono::microseconds(400)) std::this_thread::sleep_for(std::chrono::microseconds(250));
@@ -134,11 +134,11 @@ struct MeteredGpt {
 };
 
 struct Row {
-  double bubble = 0;
+  double bubble   = 0;
   double expected = 0;  // the checker's bubble for this run's measured per-stage forward and backward times
-  double steal = 0;     // ms of vCPU time stolen by the hypervisor during a run (median)
+  double steal    = 0;  // ms of vCPU time stolen by the hypervisor during a run (median)
   std::vector<double> busy, idle, peak_mib;  // per stage (medians; peak: the largest)
-  std::vector<int> peak_live;                 // per stage, as the runner counted
+  std::vector<int> peak_live;                // per stage, as the runner counted
 };
 
 std::vector<double> gather(double x, int p) {
@@ -180,10 +180,10 @@ void run_once(Config<Model>& c, int p, bool record) {
   const auto P = static_cast<std::size_t>(p);
   MPI_Barrier(MPI_COMM_WORLD);
   model.base = model.peak = heap_in_use();
-  const double steal0 = steal_ms();
+  const double steal0     = steal_ms();
   c.runner->run(Exec(), c.kind, c.mbs, double(c.m) * double(c.mbs[0].T));
   const double stolen = steal_ms() - steal0;
-  const auto& st = c.runner->stats();
+  const auto& st      = c.runner->stats();
   const auto compute = gather(st.compute, p), wall = gather(st.wall, p);
   double tf = 0, tb = 0;  // this stage's mean forward and backward times
   for (const auto& e : st.events) {
@@ -193,7 +193,7 @@ void run_once(Config<Model>& c, int p, bool record) {
   const auto all_tf = gather(tf, p), all_tb = gather(tb, p);
   if (!record) return;
   const double max_wall = *std::max_element(wall.begin(), wall.end());
-  double sum_busy = 0;
+  double sum_busy       = 0;
   c.busy.resize(P);
   c.idle.resize(P);
   for (std::size_t s = 0; s < P; ++s) {
@@ -202,7 +202,8 @@ void run_once(Config<Model>& c, int p, bool record) {
     c.idle[s].push_back(max_wall - compute[s]);
   }
   c.bubbles.push_back(1.0 - sum_busy / (p * max_wall));
-  c.expected.push_back(pmt::parallel::check(pmt::parallel::make_schedule(c.kind, p, c.m, c.chunks), all_tf, all_tb).bubble);
+  c.expected.push_back(
+      pmt::parallel::check(pmt::parallel::make_schedule(c.kind, p, c.m, c.chunks), all_tf, all_tb).bubble);
   c.peak_mib.push_back(double(model.peak - model.base) / double(1 << 20));
   c.steal.push_back(stolen);
 }
@@ -212,17 +213,28 @@ void run_once(Config<Model>& c, int p, bool record) {
 /// machine (seconds long on this VM) falls on several configurations once rather than on every
 /// run of one. Each row holds the medians over the rounds. models[v - 1] holds v chunks per stage.
 template <class Model>
-std::vector<Row> measure(const pmt::Mesh<Backend>& mesh, const std::vector<Model*>& models, const std::vector<Setup>& configs,
-                         int reps, std::size_t T) {
+std::vector<Row> measure(const pmt::Mesh<Backend>& mesh, const std::vector<Model*>& models,
+                         const std::vector<Setup>& configs, int reps, std::size_t T) {
   const int p = mesh.degree(pmt::Axis::pp);
   std::vector<Config<Model>> cs;
   for (const auto& setup : configs) {
     Model& model = *models.at(static_cast<std::size_t>(setup.chunks - 1));
-    Config<Model> c{setup.kind, setup.m, setup.chunks, &model,
-                    std::make_unique<pmt::parallel::PipelineRunner<Model, Exec, Backend>>(mesh, model), {}, {}, {}, {}, {}, {}, {}};
+    Config<Model> c{setup.kind,
+                    setup.m,
+                    setup.chunks,
+                    &model,
+                    std::make_unique<pmt::parallel::PipelineRunner<Model, Exec, Backend>>(mesh, model),
+                    {},
+                    {},
+                    {},
+                    {},
+                    {},
+                    {},
+                    {}};
     for (int i = 0; i < setup.m; ++i) {
       pmt::parallel::Microbatch<Ids> mb{Ids("ids", T), Ids("targets", T), 1, T};
-      for (std::size_t t = 0; t < T; ++t) mb.ids(t) = int((t * 7 + i) % 256), mb.targets(t) = int((t * 7 + i + 1) % 256);
+      for (std::size_t t = 0; t < T; ++t)
+        mb.ids(t) = int((t * 7 + i) % 256), mb.targets(t) = int((t * 7 + i + 1) % 256);
       c.mbs.push_back(mb);
     }
     cs.push_back(std::move(c));
@@ -259,7 +271,7 @@ int main(int argc, char* argv[]) {
   }
   pmt::Mesh<Backend> mesh(world, pmt::MeshShape{1, 1, p});
   const pmt::nn::GptConfig cfg{256, 64, 16, 256, 4, 1};
-  const std::size_t T = cfg.context;
+  const std::size_t T  = cfg.context;
   const unsigned cores = std::thread::hardware_concurrency();
   if (r == 0) {
     std::printf("pmt bench_pipeline: %s mode, pp = %d stages, %d thread(s) per rank, %u cores%s\n", mode.c_str(), p,
@@ -268,17 +280,22 @@ int main(int argc, char* argv[]) {
                     ? " (OVERSUBSCRIBED: stages share cores, the bubble is not the schedule's)"
                     : "");
     if (mode == "model")
-      std::printf("model: %zu blocks of width %zu, context %zu, vocabulary %zu, one sequence per microbatch\n", cfg.layers,
-                  cfg.width, cfg.context, cfg.vocab);
+      std::printf("model: %zu blocks of width %zu, context %zu, vocabulary %zu, one sequence per microbatch\n",
+                  cfg.layers, cfg.width, cfg.context, cfg.vocab);
     else
       std::printf("sleep stages: forward 10 ms, backward 20 ms, activations (64, 256) floats\n");
-    std::printf("%-7s %3s %8s %8s %6s %9s %6s %6s | %s\n", "sched", "m", "bubble", "theory", "ratio", "expected", "ratio", "steal",
-                (std::string("per stage: busy/idle ms, peak live microbatches") + (mode == "model" ? ", peak activation MiB" : "")).c_str());
+    std::printf("%-7s %3s %8s %8s %6s %9s %6s %6s | %s\n", "sched", "m", "bubble", "theory", "ratio", "expected",
+                "ratio", "steal",
+                (std::string("per stage: busy/idle ms, peak live microbatches") +
+                 (mode == "model" ? ", peak activation MiB" : ""))
+                    .c_str());
   }
   std::unique_ptr<Gpt> gpt, gpt2;  // one and two chunks per stage
-  if (mode == "model") gpt = std::make_unique<Gpt>(mesh, cfg), gpt2 = std::make_unique<Gpt>(mesh, cfg, pmt::parallel::StagePlan{}, 2);
+  if (mode == "model")
+    gpt = std::make_unique<Gpt>(mesh, cfg), gpt2 = std::make_unique<Gpt>(mesh, cfg, pmt::parallel::StagePlan{}, 2);
   if (r == 0 && gpt)
-    std::printf("stages: %s; with 2 chunks per stage: %s\n", gpt->plan().describe().c_str(), gpt2->plan().describe().c_str());
+    std::printf("stages: %s; with 2 chunks per stage: %s\n", gpt->plan().describe().c_str(),
+                gpt2->plan().describe().c_str());
   std::vector<int> ms;
   for (int m = 1; m <= 16; m *= 2) ms.push_back(m);
   struct Target {
@@ -299,11 +316,11 @@ int main(int argc, char* argv[]) {
   } else {
     SleepStage stage{mesh.coord(pmt::Axis::pp), p, 256, 0.010, 0.020}, stage2 = stage;
     stage2.v = 2;
-    rows = measure(mesh, std::vector<SleepStage*>{&stage, &stage2}, configs, reps, T);
+    rows     = measure(mesh, std::vector<SleepStage*>{&stage, &stage2}, configs, reps, T);
   }
   for (std::size_t c = 0; c < configs.size(); ++c) {
-    const int m = configs[c].m;
-    const Row& row = rows[c];
+    const int m         = configs[c].m;
+    const Row& row      = rows[c];
     const double theory = pmt::parallel::ScheduleReport::theory(p, m, configs[c].chunks);
     if (r == 0) {
       std::printf("%-7s %3d %7.1f%% %7.1f%% %6.3f %8.1f%% %6.3f %4.0fms |", configs[c].name().c_str(), m,
@@ -317,17 +334,18 @@ int main(int argc, char* argv[]) {
       std::fflush(stdout);
     }
     if (m >= 4 * p)
-      targets.push_back({std::string("pipeline_bubble_") + mode + "_pp" + std::to_string(p) + "_" +
-                             configs[c].name() + "_m" + std::to_string(m),
+      targets.push_back({std::string("pipeline_bubble_") + mode + "_pp" + std::to_string(p) + "_" + configs[c].name() +
+                             "_m" + std::to_string(m),
                          row.bubble, theory, row.expected});
   }
   if (r == 0) {
     for (const auto& t : targets) {
-      const double dev = std::abs(t.measured - t.theory) / t.theory, dev_e = std::abs(t.measured - t.expected) / t.expected;
-      std::printf("target %s measured=%.4f goal=%.4f+-10%% (deviation %.1f%%) %s\n", t.name.c_str(), t.measured, t.theory,
-                  100 * dev, dev <= 0.10 ? "met" : "missed");
-      std::printf("target %s_vs_measured_stage_times measured=%.4f goal=%.4f+-10%% (deviation %.1f%%) %s\n", t.name.c_str(),
-                  t.measured, t.expected, 100 * dev_e, dev_e <= 0.10 ? "met" : "missed");
+      const double dev   = std::abs(t.measured - t.theory) / t.theory,
+                   dev_e = std::abs(t.measured - t.expected) / t.expected;
+      std::printf("target %s measured=%.4f goal=%.4f+-10%% (deviation %.1f%%) %s\n", t.name.c_str(), t.measured,
+                  t.theory, 100 * dev, dev <= 0.10 ? "met" : "missed");
+      std::printf("target %s_vs_measured_stage_times measured=%.4f goal=%.4f+-10%% (deviation %.1f%%) %s\n",
+                  t.name.c_str(), t.measured, t.expected, 100 * dev_e, dev_e <= 0.10 ? "met" : "missed");
     }
   }
   return 0;

@@ -34,7 +34,7 @@ using Col    = Linear<pmt::TensorSplit<pmt::Col>>;
 using Row    = Linear<pmt::TensorSplit<pmt::Row>>;
 using Gelu   = pmt::nn::Gelu<T, Exec>;
 using Net    = pmt::nn::Chain<Col, Gelu, Row, Gelu, Col, Gelu, Row, Gelu, Col, Gelu, Row, Gelu, Col, Gelu, Row, Gelu,
-                              Linear<pmt::Replicate>>;
+                           Linear<pmt::Replicate>>;
 using Model  = pmt::nn::StagedModel<Net, pmt::nn::MseLoss<T, Exec>>;
 using Opt    = pmt::optim::AdamW<T, Exec>;
 using Policy = pmt::Hybrid<pmt::DataParallel<>, pmt::TensorSplit<>, pmt::Pipeline<>>;
@@ -44,7 +44,8 @@ Net make_net(const pmt::Mesh<Backend>& mesh) {
   const auto k = [](std::uint32_t s) { return pmt::RngKey{11, s}; };
   return Net(Col(mesh, d, hidden, k(1)), Gelu(), Row(mesh, hidden, d, k(2)), Gelu(), Col(mesh, d, hidden, k(3)), Gelu(),
              Row(mesh, hidden, d, k(4)), Gelu(), Col(mesh, d, hidden, k(5)), Gelu(), Row(mesh, hidden, d, k(6)), Gelu(),
-             Col(mesh, d, hidden, k(7)), Gelu(), Row(mesh, hidden, d, k(8)), Gelu(), Linear<pmt::Replicate>(mesh, d, 1, k(9)));
+             Col(mesh, d, hidden, k(7)), Gelu(), Row(mesh, hidden, d, k(8)), Gelu(),
+             Linear<pmt::Replicate>(mesh, d, 1, k(9)));
 }
 
 Model::Batch batch(int step, std::size_t i) {
@@ -94,7 +95,8 @@ Result run(const pmt::comm::Communicator<Backend>& world, bool recompute, int st
 
 // --- the GPT: recomputation per block -------------------------------------------------------
 using GptModel = pmt::nn::Gpt<T, Exec, Backend>;
-const pmt::nn::GptConfig gpt{/*vocab=*/256, /*context=*/128, /*layers=*/4, /*width=*/256, /*heads=*/4, /*seed=*/5};
+const pmt::nn::GptConfig gpt{/*vocab=*/256, /*context=*/128, /*layers=*/4,
+                             /*width=*/256, /*heads=*/4,     /*seed=*/5};
 constexpr std::size_t sequences = 2;
 
 GptModel::Batch gpt_batch(int step, std::size_t i) {
@@ -137,8 +139,10 @@ int main(int argc, char* argv[]) {
   if (world.rank() == 0) {
     std::printf("bench_recompute on %s, %d ranks\n", pmt::bench::cpu_name().c_str(), world.size());
     std::printf("pp 2 (stage 0 shown), GPipe, %zu microbatches, float, %d steps\n", microbatches, steps);
-    std::printf("MLP: %zu rows per microbatch, width %zu, hidden %zu; GPT: %zu sequences per microbatch, %zu layers, "
-                "width %zu, context %zu\n", rows, d, hidden, sequences, gpt.layers, gpt.width, gpt.context);
+    std::printf(
+        "MLP: %zu rows per microbatch, width %zu, hidden %zu; GPT: %zu sequences per microbatch, %zu layers, "
+        "width %zu, context %zu\n",
+        rows, d, hidden, sequences, gpt.layers, gpt.width, gpt.context);
     std::printf("%-22s %16s %14s\n", "", "step peak (MiB)", "step (ms)");
     std::printf("%-22s %16.2f %14.2f\n", "MLP keep activations", plain.peak_mib, 1e3 * plain.seconds);
     std::printf("%-22s %16.2f %14.2f\n", "MLP recompute", again.peak_mib, 1e3 * again.seconds);
@@ -146,7 +150,8 @@ int main(int argc, char* argv[]) {
     std::printf("%-22s %16.2f %14.2f\n", "GPT recompute", gpt_again.peak_mib, 1e3 * gpt_again.seconds);
     pmt::bench::target_line("recompute_peak_ratio", again.peak_mib / plain.peak_mib, 0.5, /*higher_is_better=*/false);
     pmt::bench::target_line("recompute_same_parameters", same, 1.0);
-    pmt::bench::target_line("gpt_recompute_peak_ratio", gpt_again.peak_mib / gpt_plain.peak_mib, 0.5, /*higher_is_better=*/false);
+    pmt::bench::target_line("gpt_recompute_peak_ratio", gpt_again.peak_mib / gpt_plain.peak_mib, 0.5,
+                            /*higher_is_better=*/false);
     pmt::bench::target_line("gpt_recompute_same_parameters", gpt_same, 1.0);
   }
   return 0;

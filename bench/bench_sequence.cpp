@@ -25,13 +25,14 @@
 
 namespace {
 
-using T        = float;
-using Exec     = Kokkos::DefaultHostExecutionSpace;
-using Backend  = pmt::comm::default_backend_t<Exec>;
-using Model    = pmt::nn::Gpt<T, Exec, Backend>;
-using Opt      = pmt::optim::AdamW<T, Exec>;
-using Policy   = pmt::Hybrid<pmt::DataParallel<>, pmt::TensorSplit<>, pmt::Pipeline<>>;
-const pmt::nn::GptConfig gpt{/*vocab=*/256, /*context=*/128, /*layers=*/4, /*width=*/256, /*heads=*/4, /*seed=*/5};
+using T       = float;
+using Exec    = Kokkos::DefaultHostExecutionSpace;
+using Backend = pmt::comm::default_backend_t<Exec>;
+using Model   = pmt::nn::Gpt<T, Exec, Backend>;
+using Opt     = pmt::optim::AdamW<T, Exec>;
+using Policy  = pmt::Hybrid<pmt::DataParallel<>, pmt::TensorSplit<>, pmt::Pipeline<>>;
+const pmt::nn::GptConfig gpt{/*vocab=*/256, /*context=*/128, /*layers=*/4,
+                             /*width=*/256, /*heads=*/4,     /*seed=*/5};
 constexpr std::size_t sequences = 2, microbatches = 4;
 
 Model::Batch batch(int step, std::size_t i) {
@@ -55,8 +56,9 @@ Result run(const pmt::comm::Communicator<Backend>& world, bool seq, int steps) {
   for (int step = 0; step < steps; ++step) {
     std::vector<Model::Batch> mbs;
     for (std::size_t i = 0; i < microbatches; ++i) mbs.push_back(batch(step, i));
-    const auto [peak, seconds] = pmt::bench::measured_step(
-        [&] { r.losses.push_back(trainer.step(mbs, {double(microbatches * sequences * gpt.context), 1e-3, 1.0})); });
+    const auto [peak, seconds] = pmt::bench::measured_step([&] {
+      r.losses.push_back(trainer.step(mbs, {double(microbatches * sequences * gpt.context), 1e-3, 1.0}));
+    });
     times.push_back(seconds);
     r.peak_mib = std::max(r.peak_mib, peak);
   }
@@ -74,7 +76,7 @@ double predicted_mib(int tp, bool seq) {
   mc.ranks = tp;
   pmt::plan::Layout l{1, tp, 1, int(microbatches), pmt::parallel::ScheduleKind::OneFOneB, false};
   l.sequence_parallel = seq;
-  const auto m = pmt::plan::estimate(pr, mc, l).memory[0];
+  const auto m        = pmt::plan::estimate(pr, mc, l).memory[0];
   return (m.activations + m.transient + m.data) / (1 << 20);
 }
 
@@ -89,7 +91,7 @@ int main(int argc, char* argv[]) {
     return 1;
   }
   pmt::ops::set_matmul_path(pmt::ops::MatmulPath::Vendor);  // no first-use measurement in the peaks
-  run(world, false, 1);  // warm-up
+  run(world, false, 1);                                     // warm-up
   const Result plain = run(world, false, steps), seq = run(world, true, steps);
   const Result plain2 = run(world, false, steps), seq2 = run(world, true, steps);  // alternated: drift hits both
   const double t_plain = std::min(plain.seconds, plain2.seconds), t_seq = std::min(seq.seconds, seq2.seconds);
@@ -97,17 +99,19 @@ int main(int argc, char* argv[]) {
   for (std::size_t i = 0; i < plain.losses.size(); ++i)
     worst = std::max(worst, std::abs(seq.losses[i] - plain.losses[i]) / std::abs(plain.losses[i]));
   if (world.rank() == 0) {
-    const int tp = world.size();
+    const int tp         = world.size();
     const double p_plain = predicted_mib(tp, false), p_seq = predicted_mib(tp, true);
     const std::string core = pmt::detail::blas_core_name();
     std::printf("bench_sequence on %s, %d ranks = tp %d%s\n", pmt::bench::cpu_name().c_str(), tp, tp,
                 core.empty() ? "" : (", OpenBLAS core " + core).c_str());
-    std::printf("GPT %zu layers, width %zu, %zu heads, context %zu; %zu microbatches of %zu sequences; float, %d steps\n",
-                gpt.layers, gpt.width, gpt.heads, gpt.context, microbatches, sequences, steps);
+    std::printf(
+        "GPT %zu layers, width %zu, %zu heads, context %zu; %zu microbatches of %zu sequences; float, %d steps\n",
+        gpt.layers, gpt.width, gpt.heads, gpt.context, microbatches, sequences, steps);
     std::printf("%-24s %16s %18s %14s\n", "rank 0", "step peak (MiB)", "predicted (MiB)", "step (ms)");
     std::printf("%-24s %16.2f %18.2f %14.2f\n", "tp", plain.peak_mib, p_plain, 1e3 * t_plain);
     std::printf("%-24s %16.2f %18.2f %14.2f\n", "tp, sequence-parallel", seq.peak_mib, p_seq, 1e3 * t_seq);
-    const double err = std::max(std::abs(p_plain - plain.peak_mib) / plain.peak_mib, std::abs(p_seq - seq.peak_mib) / seq.peak_mib);
+    const double err =
+        std::max(std::abs(p_plain - plain.peak_mib) / plain.peak_mib, std::abs(p_seq - seq.peak_mib) / seq.peak_mib);
     pmt::bench::target_line("sequence_peak_ratio", seq.peak_mib / plain.peak_mib, 0.9, /*higher_is_better=*/false);
     pmt::bench::target_line("sequence_step_ratio", t_seq / t_plain, 1.1, /*higher_is_better=*/false);
     pmt::bench::target_line("sequence_loss_difference", worst, 1e-5, /*higher_is_better=*/false);

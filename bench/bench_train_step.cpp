@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Time of one training step (forward + loss + backward + dp sync + clipping + AdamW) of pmt's Gpt,
-// fp32 (PMT_BENCH_PRECISION=bf16: bf16 products, fp32 masters), on the host execution space, with every rank in data parallelism (dp = world size; run
-// under mpiexec for weak scaling: each rank processes its own batch).
-// Usage: bench_train_step LAYERS WIDTH HEADS CONTEXT BATCH VOCAB STEPS   (or: bench_train_step peak;
+// fp32 (PMT_BENCH_PRECISION=bf16: bf16 products, fp32 masters), on the host execution space, with every rank in data
+// parallelism (dp = world size; run under mpiexec for weak scaling: each rank processes its own batch). Usage:
+// bench_train_step LAYERS WIDTH HEADS CONTEXT BATCH VOCAB STEPS   (or: bench_train_step peak;
 //        bench_train_step products LAYERS WIDTH HEADS CONTEXT BATCH VOCAB STEPS: the step's matmuls alone)
 // Prints one machine-readable line: "pmt_step ms=.. tokens_per_s=.. flops_per_step=.. ranks=..".
 // With PMT_BENCH_DP_PAIRED=1 (under mpiexec -n N, STEPS = rounds) it measures data-parallel weak
@@ -89,10 +89,11 @@ int dp_paired(const pmt::comm::Communicator<Backend>& world, const pmt::nn::GptC
   }
   if (world.rank() == 0) {
     using pmt::bench::median;
-    std::printf("pmt_dp_paired one_ms=%.3f dp_ms=%.3f efficiency=%.4f concurrent_ms=%.3f concurrent_efficiency=%.4f "
-                "ranks=%d rounds=%d per_round=",
-                median(t[0]) * 1e3, median(t[1]) * 1e3, median(ratio), median(t[2]) * 1e3, median(contention),
-                world.size(), rounds);
+    std::printf(
+        "pmt_dp_paired one_ms=%.3f dp_ms=%.3f efficiency=%.4f concurrent_ms=%.3f concurrent_efficiency=%.4f "
+        "ranks=%d rounds=%d per_round=",
+        median(t[0]) * 1e3, median(t[1]) * 1e3, median(ratio), median(t[2]) * 1e3, median(contention), world.size(),
+        rounds);
     for (std::size_t i = 0; i < ratio.size(); ++i) std::printf("%s%.3f", i ? "," : "", ratio[i]);
     std::printf("\n");
   }
@@ -118,7 +119,9 @@ int products(std::size_t L, std::size_t C, std::size_t T, std::size_t B, std::si
     return t;
   };
   using Tensor2 = decltype(tensor("", 1, 1, 0));
-  struct Lin { Tensor2 w, dw, x, y, dy, dx; };
+  struct Lin {
+    Tensor2 w, dw, x, y, dy, dx;
+  };
   std::vector<Lin> lins;
   const std::size_t shapes[4][2] = {{C, 3 * C}, {C, C}, {C, 4 * C}, {4 * C, C}};  // qkv, proj, fc, fc2
   for (std::size_t l = 0; l < L; ++l)
@@ -129,11 +132,11 @@ int products(std::size_t L, std::size_t C, std::size_t T, std::size_t B, std::si
     }
   auto emb = tensor("E", V, C, 1), demb = tensor("dE", V, C, 2), xf = tensor("xf", N, C, 3),
        logits = tensor("logits", N, V, 4), dxf = tensor("dxf", N, C, 5);
-  const double t = pmt::bench::median_seconds(steps, [&] {
+  const double t     = pmt::bench::median_seconds(steps, [&] {
     for (auto& l : lins) pmt::ops::matmul(exec, Trans::N, Trans::N, 1.0f, l.x, l.w, 1.0f, l.y);  // y = bias + x W
     pmt::ops::matmul(exec, Trans::N, Trans::T, 1.0f, xf, emb, 0.0f, logits);                     // x E^T
-    pmt::ops::matmul(exec, Trans::N, Trans::N, 1.0f, logits, emb, 0.0f, dxf);                     // dlogits E
-    pmt::ops::matmul(exec, Trans::T, Trans::N, 1.0f, logits, xf, 1.0f, demb);                     // dE += dlogits^T x
+    pmt::ops::matmul(exec, Trans::N, Trans::N, 1.0f, logits, emb, 0.0f, dxf);                    // dlogits E
+    pmt::ops::matmul(exec, Trans::T, Trans::N, 1.0f, logits, xf, 1.0f, demb);  // dE += dlogits^T x
     for (auto l = lins.rbegin(); l != lins.rend(); ++l) {
       pmt::ops::matmul(exec, Trans::T, Trans::N, 1.0f, l->x, l->dy, 1.0f, l->dw);  // dW += x^T dy
       pmt::ops::matmul(exec, Trans::N, Trans::T, 1.0f, l->dy, l->w, 0.0f, l->dx);  // dx = dy W^T
@@ -154,7 +157,7 @@ int main(int argc, char* argv[]) {
     return 0;
   }
   if (argc == 2 && std::string(argv[1]) == "instrument") {  // ns per Instrument with no tool and the recorder off
-    const long n = 20'000'000;
+    const long n       = 20'000'000;
     volatile long sink = 0;
     Kokkos::Timer t;
     for (long i = 0; i < n; ++i) {
@@ -173,8 +176,10 @@ int main(int argc, char* argv[]) {
   }
   if (argc >= 2 && std::string(argv[1]) == "products") {
     if (argc != 9) {
-      std::fprintf(stderr, "usage: %s products LAYERS WIDTH HEADS CONTEXT BATCH VOCAB STEPS (got %d arguments after "
-                   "'products', need 7)\n", argv[0], argc - 2);
+      std::fprintf(stderr,
+                   "usage: %s products LAYERS WIDTH HEADS CONTEXT BATCH VOCAB STEPS (got %d arguments after "
+                   "'products', need 7)\n",
+                   argv[0], argc - 2);
       return 2;
     }
     auto arg = [&](int i) { return std::size_t(std::strtoul(argv[i], nullptr, 10)); };
@@ -200,12 +205,12 @@ int main(int argc, char* argv[]) {
   using Opt   = pmt::optim::AdamW<float, Exec>;
   Model model(mesh, pmt::nn::GptConfig{V, T, L, C, H, 7});
   Opt opt(model.parameters(), pmt::optim::AdamWOptions{0.9, 0.95, 1e-8, 0.1});
-  const char* bucket_env = std::getenv("PMT_BUCKET_KIB");  // dp bucket size (default: GradSync's)
+  const char* bucket_env   = std::getenv("PMT_BUCKET_KIB");  // dp bucket size (default: GradSync's)
   const std::size_t bucket = bucket_env ? std::size_t(std::atol(bucket_env)) << 10
                                         : pmt::parallel::GradSync<float, Exec, Backend>::default_bucket_bytes;
   pmt::train::TrainerOptions topts(bucket);
   const char* precision_env = std::getenv("PMT_BENCH_PRECISION");  // fp32 (default) or bf16
-  topts.precision = pmt::parse_precision(precision_env ? precision_env : "fp32", "PMT_BENCH_PRECISION");
+  topts.precision           = pmt::parse_precision(precision_env ? precision_env : "fp32", "PMT_BENCH_PRECISION");
   pmt::train::Trainer<Model, Opt, Exec, Backend> trainer(mesh, model, opt, Exec(), topts);
   pmt::train::Microbatch<Model::Ids> mb{Model::Ids("ids", B * T), Model::Ids("targets", B * T), B, T};
   auto ids = Kokkos::create_mirror_view(mb.ids), tgt = Kokkos::create_mirror_view(mb.targets);
@@ -225,19 +230,20 @@ int main(int argc, char* argv[]) {
     return 2;
   }
 #endif
-  double loss = 0;
-  const double t = pmt::bench::median_seconds(steps, [&] {
+  double loss        = 0;
+  const double t     = pmt::bench::median_seconds(steps, [&] {
     loss = trainer.step({mb}, o);
     Kokkos::fence();
   });
-  const double P = double(L) * 12 * C * C + double(V) * C;
+  const double P     = double(L) * 12 * C * C + double(V) * C;
   const double flops = double(B * T) * (6 * P + 6 * double(L) * T * C);
   if (world.rank() == 0)
-    std::printf("pmt_step ms=%.3f tokens_per_s=%.1f flops_per_step=%.6e ranks=%d threads=%d loss=%.4f "
-                "matmul=%s blas_core=%s precision=%s\n",
-                t * 1e3, double(B * T) * world.size() / t, flops, world.size(), Exec().concurrency(), loss,
-                pmt::ops::matmul_path_label().c_str(),
-                pmt::detail::blas_core_name().empty() ? "-" : pmt::detail::blas_core_name().c_str(),
-                topts.precision == pmt::Precision::bf16 ? pmt::ops::bf16_matmul_isa<Exec>() : "fp32");
+    std::printf(
+        "pmt_step ms=%.3f tokens_per_s=%.1f flops_per_step=%.6e ranks=%d threads=%d loss=%.4f "
+        "matmul=%s blas_core=%s precision=%s\n",
+        t * 1e3, double(B * T) * world.size() / t, flops, world.size(), Exec().concurrency(), loss,
+        pmt::ops::matmul_path_label().c_str(),
+        pmt::detail::blas_core_name().empty() ? "-" : pmt::detail::blas_core_name().c_str(),
+        topts.precision == pmt::Precision::bf16 ? pmt::ops::bf16_matmul_isa<Exec>() : "fp32");
   return 0;
 }

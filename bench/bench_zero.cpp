@@ -34,15 +34,16 @@ using Exec    = Kokkos::DefaultHostExecutionSpace;
 using Backend = pmt::comm::default_backend_t<Exec>;
 using Model   = pmt::nn::Gpt<T, Exec, Backend>;
 using Policy  = pmt::Hybrid<pmt::DataParallel<>, pmt::TensorSplit<>, pmt::Pipeline<>>;
-const pmt::nn::GptConfig gpt{/*vocab=*/256, /*context=*/64, /*layers=*/4, /*width=*/512, /*heads=*/8, /*seed=*/5};
-constexpr std::size_t sequences = 4;                   // per dp rank and step
+const pmt::nn::GptConfig gpt{/*vocab=*/256, /*context=*/64, /*layers=*/4,
+                             /*width=*/512, /*heads=*/8,    /*seed=*/5};
+constexpr std::size_t sequences = 4;                     // per dp rank and step
 constexpr std::size_t bucket    = std::size_t(1) << 20;  // ZeRO-2's buckets
 
 struct Result {
   double peak_mib = 0, seconds = 0;
   std::vector<double> losses;
   std::size_t parameters = 0;
-  double gradient_mib = 0;  // ZeRO-2: the most bytes of gradient buffers held at once
+  double gradient_mib    = 0;  // ZeRO-2: the most bytes of gradient buffers held at once
 };
 
 /// `steps` steps of ZeRO-`stage` with `m` microbatches: the peak of the Kokkos allocations from
@@ -65,20 +66,22 @@ Result run(const pmt::comm::Communicator<Backend>& world, int stage, int m, int 
       for (int step = 0; step < steps; ++step) {
         std::vector<Model::Batch> mbs;
         for (int i = 0; i < m; ++i)
-          mbs.push_back(pmt::bench::synthetic_token_batch<Model::Batch>(step, first + std::size_t(i) * per, per, gpt.context, gpt.vocab));
+          mbs.push_back(pmt::bench::synthetic_token_batch<Model::Batch>(step, first + std::size_t(i) * per, per,
+                                                                        gpt.context, gpt.vocab));
         const double normaliser = double(sequences * std::size_t(world.size()) * gpt.context);
-        const auto t0 = std::chrono::steady_clock::now();
+        const auto t0           = std::chrono::steady_clock::now();
         r.losses.push_back(trainer.step(mbs, {normaliser, 1e-3, 1.0}));
         times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       }
     };
     if (stage == 2) {
-      pmt::optim::Zero2AdamW<T, Exec, Backend> opt(model.parameters(), hyper, mesh.comm(pmt::Axis::dp), mesh.comm(pmt::Axis::tp),
-                                                   std::nullopt, {}, bucket);
+      pmt::optim::Zero2AdamW<T, Exec, Backend> opt(model.parameters(), hyper, mesh.comm(pmt::Axis::dp),
+                                                   mesh.comm(pmt::Axis::tp), std::nullopt, {}, bucket);
       train(opt);
       r.gradient_mib = opt.peak_gradient_bytes() / 1048576.0;
     } else {
-      pmt::optim::ZeroAdamW<T, Exec, Backend> opt(model.parameters(), hyper, mesh.comm(pmt::Axis::dp), mesh.comm(pmt::Axis::tp));
+      pmt::optim::ZeroAdamW<T, Exec, Backend> opt(model.parameters(), hyper, mesh.comm(pmt::Axis::dp),
+                                                  mesh.comm(pmt::Axis::tp));
       train(opt);
     }
     r.seconds = pmt::bench::median(times);
@@ -90,8 +93,8 @@ Result run(const pmt::comm::Communicator<Backend>& world, int stage, int m, int 
 /// The planner's peak per rank for the layout, in MiB.
 double predicted_mib(int dp, int stage, int m) {
   pmt::plan::Problem pr;
-  pr.model = gpt;
-  pr.batch = sequences * std::size_t(dp);
+  pr.model        = gpt;
+  pr.batch        = sequences * std::size_t(dp);
   pr.bucket_bytes = bucket;
   pmt::plan::Machine mc;
   mc.ranks = dp;
@@ -128,22 +131,28 @@ int main(int argc, char* argv[]) {
     for (std::size_t i = 0; i < rows[k].r.losses.size(); ++i)
       worst = std::max(worst, std::abs(rows[k + 1].r.losses[i] - rows[k].r.losses[i]) / std::abs(rows[k].r.losses[i]));
   if (world.rank() == 0) {
-    const int dp = world.size();
-    const std::size_t P = rows[0].r.parameters;
+    const int dp           = world.size();
+    const std::size_t P    = rows[0].r.parameters;
     const std::string core = pmt::detail::blas_core_name();
     std::printf("bench_zero on %s, %d ranks = dp %d%s\n", pmt::bench::cpu_name().c_str(), dp, dp,
                 core.empty() ? "" : (", OpenBLAS core " + core).c_str());
-    std::printf("GPT %zu layers, width %zu, %zu heads, context %zu (%zu parameters, %.1f MiB); %zu sequences per rank; float, %d steps\n",
-                gpt.layers, gpt.width, gpt.heads, gpt.context, P, double(P) * sizeof(T) / (1 << 20), sequences, steps);
-    std::printf("%-24s %12s %16s %14s %22s\n", "rank 0", "peak (MiB)", "predicted (MiB)", "step (ms)", "gradient buffers (MiB)");
+    std::printf(
+        "GPT %zu layers, width %zu, %zu heads, context %zu (%zu parameters, %.1f MiB); %zu sequences per rank; float, "
+        "%d steps\n",
+        gpt.layers, gpt.width, gpt.heads, gpt.context, P, double(P) * sizeof(T) / (1 << 20), sequences, steps);
+    std::printf("%-24s %12s %16s %14s %22s\n", "rank 0", "peak (MiB)", "predicted (MiB)", "step (ms)",
+                "gradient buffers (MiB)");
     double err = 0;
     for (const auto& row : rows) {
       const double p = predicted_mib(dp, row.stage, row.m);
       err            = std::max(err, std::abs(p - row.r.peak_mib) / row.r.peak_mib);
-      std::printf("%-24s %12.2f %16.2f %14.2f %22.2f\n", pmt::detail::str("ZeRO-", row.stage, ", ", row.m, " microbatch", row.m > 1 ? "es" : "").c_str(),
-                  row.r.peak_mib, p, 1e3 * row.r.seconds, row.stage == 2 ? row.r.gradient_mib : double(row.r.parameters) * sizeof(T) / (1 << 20));
+      std::printf("%-24s %12.2f %16.2f %14.2f %22.2f\n",
+                  pmt::detail::str("ZeRO-", row.stage, ", ", row.m, " microbatch", row.m > 1 ? "es" : "").c_str(),
+                  row.r.peak_mib, p, 1e3 * row.r.seconds,
+                  row.stage == 2 ? row.r.gradient_mib : double(row.r.parameters) * sizeof(T) / (1 << 20));
     }
-    pmt::bench::target_line("zero2_peak_ratio", rows[1].r.peak_mib / rows[0].r.peak_mib, 0.8, /*higher_is_better=*/false);
+    pmt::bench::target_line("zero2_peak_ratio", rows[1].r.peak_mib / rows[0].r.peak_mib, 0.8,
+                            /*higher_is_better=*/false);
     pmt::bench::target_line("zero2_step_ratio", rows[1].r.seconds / rows[0].r.seconds, 1.1, /*higher_is_better=*/false);
     pmt::bench::target_line("zero2_loss_difference", worst, 1e-5, /*higher_is_better=*/false);
     pmt::bench::target_line("zero2_planner_error", err, 0.1, /*higher_is_better=*/false);

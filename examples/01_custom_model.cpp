@@ -105,10 +105,11 @@ Batch batch(const Exec& exec, int step, std::size_t N, std::size_t row0, std::si
 
 using AdamW = pmt::optim::AdamW<T, Exec>;
 using Zero  = pmt::optim::ZeroAdamW<T, Exec, Backend>;  // ZeRO-1: AdamW's state sharded over dp
-const pmt::optim::AdamWOptions hyper{/*beta1=*/0.9, /*beta2=*/0.999, /*eps=*/1e-8, /*weight decay=*/0.01};  // lr: per step
+const pmt::optim::AdamWOptions hyper{/*beta1=*/0.9, /*beta2=*/0.999, /*eps=*/1e-8,
+                                     /*weight decay=*/0.01};  // lr: per step
 // Data, tensor and pipeline parallelism, each of any degree (the Mesh says which); the schedule
 // is 1F1B unless set_schedule() picks another.
-using Policy = pmt::Hybrid<pmt::DataParallel<>, pmt::TensorSplit<>, pmt::Pipeline<>>;
+using Policy                       = pmt::Hybrid<pmt::DataParallel<>, pmt::TensorSplit<>, pmt::Pipeline<>>;
 constexpr std::size_t microbatches = 4;  // per dp rank and step
 
 // Everything one layout needs to train: the same code runs the requested layout and the one-rank
@@ -123,12 +124,15 @@ struct Run {
   // Checkpoints match parameters by name; StagedModel names the whole chain's parameters
   // "regressor.0", "regressor.1", ..., the same on every layout.
   explicit Run(const pmt::Mesh<Backend>& m)
-      : mesh(m), model(mesh, make_net(mesh), SquaredError{}, pmt::nn::StagedOptions{{}, 1, "regressor"}),
-        opt(make_optimizer()), trainer(mesh, model, opt) {}
+      : mesh(m),
+        model(mesh, make_net(mesh), SquaredError{}, pmt::nn::StagedOptions{{}, 1, "regressor"}),
+        opt(make_optimizer()),
+        trainer(mesh, model, opt) {}
 
   Opt make_optimizer() {
     if constexpr (Opt::shards_over_dp)
-      return Opt(model.parameters(), hyper, mesh.comm(pmt::Axis::dp), mesh.comm(pmt::Axis::tp), mesh.comm(pmt::Axis::pp));
+      return Opt(model.parameters(), hyper, mesh.comm(pmt::Axis::dp), mesh.comm(pmt::Axis::tp),
+                 mesh.comm(pmt::Axis::pp));
     else
       return Opt(model.parameters(), hyper);
   }
@@ -141,7 +145,8 @@ struct Run {
     const std::size_t n = N / static_cast<std::size_t>(dp);  // main() checks that dp divides N
     const std::size_t m = std::min(microbatches, n), per = n / m;
     std::vector<Batch> mbs;
-    for (std::size_t i = 0; i < m; ++i) mbs.push_back(batch(exec, step, N, static_cast<std::size_t>(dp_i) * n + i * per, per));
+    for (std::size_t i = 0; i < m; ++i)
+      mbs.push_back(batch(exec, step, N, static_cast<std::size_t>(dp_i) * n + i * per, per));
     return trainer.step(mbs, {/*normaliser=*/double(N), lr, /*max_norm=*/1.0});
   }
 };
@@ -186,13 +191,13 @@ int train(const pmt::comm::Communicator<Backend>& world, int argc, char* argv[])
   const int pp      = std::max(1, flag(argc, argv, "--pp", 1));
   const int rest    = std::max(1, world.size() / pp);
   const int dp_flag = flag(argc, argv, "--dp", 0), tp_flag = flag(argc, argv, "--tp", 0);
-  const int tp = tp_flag > 0 ? tp_flag : (dp_flag > 0 ? std::max(1, rest / dp_flag) : rest);
-  const int dp = dp_flag > 0 ? dp_flag : std::max(1, rest / std::max(tp, 1));
-  const bool gpipe = std::find(argv + 1, argv + argc, std::string("--gpipe")) != argv + argc;
+  const int tp           = tp_flag > 0 ? tp_flag : (dp_flag > 0 ? std::max(1, rest / dp_flag) : rest);
+  const int dp           = dp_flag > 0 ? dp_flag : std::max(1, rest / std::max(tp, 1));
+  const bool gpipe       = std::find(argv + 1, argv + argc, std::string("--gpipe")) != argv + argc;
   const int steps        = flag(argc, argv, "--steps", 40);
   const std::string ckpt = flag(argc, argv, "--ckpt", "");
-  const std::size_t N = 64;  // the global batch
-  const bool root     = world.rank() == 0;
+  const std::size_t N    = 64;  // the global batch
+  const bool root        = world.rank() == 0;
   try {
     // The Mesh throws pmt::ConfigError naming every factor when dp * tp * pp != world size, the
     // split Linear layers pmt::ShapeError when tp does not divide `hidden`, StagedModel
@@ -200,8 +205,8 @@ int train(const pmt::comm::Communicator<Backend>& world, int argc, char* argv[])
     // so no rank is left waiting.
     pmt::Mesh<Backend> mesh(world, pmt::MeshShape{dp, tp, pp});
     if (N % static_cast<std::size_t>(dp) != 0)
-      throw pmt::ConfigError("01_custom_model", "dp = " + std::to_string(dp) + " must divide the batch of " +
-                                                    std::to_string(N) + " rows");
+      throw pmt::ConfigError("01_custom_model",
+                             "dp = " + std::to_string(dp) + " must divide the batch of " + std::to_string(N) + " rows");
     Run<Opt> layout(mesh);
     if (gpipe) layout.trainer.set_schedule(pmt::parallel::ScheduleKind::GPipe);
     Run<AdamW> one(pmt::Mesh<Backend>(world.split(world.rank(), 0), pmt::MeshShape{}));  // this rank alone
@@ -217,8 +222,8 @@ int train(const pmt::comm::Communicator<Backend>& world, int argc, char* argv[])
                   pmt::plan::search(problem, machine).table(5).c_str());
     }
     if (root) {
-      std::printf("01_custom_model: %d rank(s) = dp %d x tp %d x pp %d%s; batch %zu, width %zu, hidden %zu\n", world.size(),
-                  dp, tp, pp, Opt::shards_over_dp ? ", ZeRO-1" : "", N, d, hidden);
+      std::printf("01_custom_model: %d rank(s) = dp %d x tp %d x pp %d%s; batch %zu, width %zu, hidden %zu\n",
+                  world.size(), dp, tp, pp, Opt::shards_over_dp ? ", ZeRO-1" : "", N, d, hidden);
       if (pp > 1)
         std::printf("pipeline: %s, %s, %zu microbatches per dp rank\n", layout.model.plan().describe().c_str(),
                     pmt::parallel::schedule_name(layout.trainer.schedule()), microbatches);
@@ -244,8 +249,8 @@ int train(const pmt::comm::Communicator<Backend>& world, int argc, char* argv[])
       // Every rank writes its shards (and AdamW's moments; ZeRO-1 gathers its parts of them first):
       // any layout, with either optimizer, can load them.
       pmt::io::CheckpointInfo info;
-      info.step  = steps;
-      info.model = "01_custom_model d=16 hidden=64";
+      info.step               = steps;
+      info.model              = "01_custom_model d=16 hidden=64";
       const std::string saved = pmt::io::save_checkpoint(ckpt, layout.mesh, layout.opt, info);
       // A fresh model on one rank (initialised from another seed would do as well) takes them,
       // then trains one more step beside the one-rank run: equal only if the moments and the
@@ -257,9 +262,10 @@ int train(const pmt::comm::Communicator<Backend>& world, int argc, char* argv[])
       pmt::comm::all_reduce(world, exec, worst, pmt::comm::ReduceOp::Max);
       const bool resumed_equal = worst(0) <= 1e-10 && worst(1) <= 1e-10;
       if (root)
-        std::printf("checkpoint %s: saved on dp %d x tp %d x pp %d, resumed on one rank: step %d loss %.10f (one rank: %.10f); "
-                    "parameters %.2e from the one-rank run: %s\n",
-                    saved.c_str(), dp, tp, pp, steps, a, b, worst(1), resumed_equal ? "equal within 1e-10" : "DIFFERENT");
+        std::printf(
+            "checkpoint %s: saved on dp %d x tp %d x pp %d, resumed on one rank: step %d loss %.10f (one rank: %.10f); "
+            "parameters %.2e from the one-rank run: %s\n",
+            saved.c_str(), dp, tp, pp, steps, a, b, worst(1), resumed_equal ? "equal within 1e-10" : "DIFFERENT");
       equal = equal && resumed_equal;
     }
     return equal ? 0 : 1;

@@ -37,7 +37,8 @@ struct Options {
   double gemm_gflops = 0, memory_gbps = 10, link_gbps = 5, latency_us = 5, memory_mib = 0, bf16_copy_bytes = 0;
   int ranks_per_node = 0;  // 0: one link model for every pair of ranks
   double intra_gbps = 0, intra_latency_us = 2, inter_gbps = 0, inter_latency_us = 5;
-  bool no_zero = false, no_gpipe = false, no_recompute = false, no_sequence_parallel = false, help = false, verbose = false;
+  bool no_zero = false, no_gpipe = false, no_recompute = false, no_sequence_parallel = false, help = false,
+       verbose = false;
   std::string csv, rankfile;
   std::vector<pmt::plan::DpChoice> dp_modes = {pmt::plan::DpChoice{}};
 };
@@ -97,7 +98,10 @@ Options parse(int argc, char* argv[]) {
       continue;
     }
     if (a == "--no-zero" || a == "--no-gpipe" || a == "--no-recompute" || a == "--no-sequence-parallel") {
-      (a == "--no-zero" ? o.no_zero : a == "--no-gpipe" ? o.no_gpipe : a == "--no-recompute" ? o.no_recompute : o.no_sequence_parallel) = true;
+      (a == "--no-zero"        ? o.no_zero
+       : a == "--no-gpipe"     ? o.no_gpipe
+       : a == "--no-recompute" ? o.no_recompute
+                               : o.no_sequence_parallel) = true;
       continue;
     }
     if (i + 1 >= argc) throw pmt::ConfigError(prog, a + " needs a value (see --help)");
@@ -110,7 +114,8 @@ Options parse(int argc, char* argv[]) {
       std::size_t at = 0;
       while (at <= v.size()) {
         const auto comma = v.find(',', at);
-        o.dp_modes.push_back(pmt::plan::parse_dp_choice(v.substr(at, comma == std::string::npos ? std::string::npos : comma - at)));
+        o.dp_modes.push_back(
+            pmt::plan::parse_dp_choice(v.substr(at, comma == std::string::npos ? std::string::npos : comma - at)));
         if (comma == std::string::npos) break;
         at = comma + 1;
       }
@@ -169,12 +174,10 @@ Options parse(int argc, char* argv[]) {
     else if (a == "--bf16-copy-bytes") {
       if (x != 0 && x != 2 && x != 4) throw pmt::ConfigError(prog, "--bf16-copy-bytes " + v + ": expected 0, 2 or 4");
       o.bf16_copy_bytes = x;
-    }
-    else if (a == "--activation-bytes") {
+    } else if (a == "--activation-bytes") {
       if (x != 2 && x != 4) throw pmt::ConfigError(prog, "--activation-bytes " + v + ": expected 2 or 4");
       o.problem.activation_bytes = whole();
-    }
-    else if (a == "--ranks-per-node")
+    } else if (a == "--ranks-per-node")
       o.ranks_per_node = static_cast<int>(whole());
     else if (a == "--intra-gbps")
       o.intra_gbps = x;
@@ -188,23 +191,25 @@ Options parse(int argc, char* argv[]) {
       throw pmt::ConfigError(prog, "unknown flag " + a + " (see --help)");
   }
   if (o.ranks > 0 && o.gemm_gflops <= 0)
-    throw pmt::ConfigError(
-        prog,
-        "--ranks plans for a machine given by hand: give --gemm-gflops too (or run under "
-        "mpiexec without --ranks to calibrate)");
+    throw pmt::ConfigError(prog,
+                           "--ranks plans for a machine given by hand: give --gemm-gflops too (or run under "
+                           "mpiexec without --ranks to calibrate)");
   if (o.ranks_per_node > 0 && o.ranks > 0 && (o.intra_gbps <= 0 || o.inter_gbps <= 0))
-    throw pmt::ConfigError(prog, "--ranks-per-node with a machine given by hand: give --intra-gbps and --inter-gbps too "
-                                 "(under mpiexec without --ranks the calibration measures both links)");
+    throw pmt::ConfigError(prog,
+                           "--ranks-per-node with a machine given by hand: give --intra-gbps and --inter-gbps too "
+                           "(under mpiexec without --ranks the calibration measures both links)");
   if (o.ranks <= 0 && (o.intra_gbps > 0 || o.inter_gbps > 0))
-    throw pmt::ConfigError(prog, "--intra-gbps and --inter-gbps describe a machine given by hand (--ranks); a calibration "
-                                 "measures the links");
+    throw pmt::ConfigError(prog,
+                           "--intra-gbps and --inter-gbps describe a machine given by hand (--ranks); a calibration "
+                           "measures the links");
   if (o.ranks_per_node <= 0 && !o.rankfile.empty())
     throw pmt::ConfigError(prog, "--rankfile places ranks on nodes: give --ranks-per-node too");
   if (o.ranks_per_node <= 0 && (o.intra_gbps > 0 || o.inter_gbps > 0))
     throw pmt::ConfigError(prog, "--intra-gbps and --inter-gbps need --ranks-per-node (how many ranks share a node)");
   if (o.ranks <= 0 && o.problem.activation_bytes != 0 && o.problem.activation_bytes != o.problem.value_bytes)
-    throw pmt::ConfigError(prog, "--activation-bytes plans for another runtime's storage: give the machine by hand "
-                                 "(--ranks, --gemm-gflops); a calibration times pmt's own blocks, which keep 4");
+    throw pmt::ConfigError(prog,
+                           "--activation-bytes plans for another runtime's storage: give the machine by hand "
+                           "(--ranks, --gemm-gflops); a calibration times pmt's own blocks, which keep 4");
   if (o.ranks > 0 && o.measure != 0)
     throw pmt::ConfigError(prog,
                            "--measure trains on the ranks it runs on: drop --ranks (the machine by "
@@ -237,14 +242,14 @@ int main(int argc, char* argv[]) {
 #endif
     pmt::plan::Machine machine;
     if (o.ranks > 0) {
-      machine.ranks        = o.ranks;
-      machine.gemm_gflops  = o.gemm_gflops;
-      machine.memory_gbps  = o.memory_gbps;
-      machine.link_gbps    = o.link_gbps;
-      machine.link_latency = o.latency_us * 1e-6;
-      machine.memory_bytes = o.memory_mib * 1048576.0;
+      machine.ranks           = o.ranks;
+      machine.gemm_gflops     = o.gemm_gflops;
+      machine.memory_gbps     = o.memory_gbps;
+      machine.link_gbps       = o.link_gbps;
+      machine.link_latency    = o.latency_us * 1e-6;
+      machine.memory_bytes    = o.memory_mib * 1048576.0;
       machine.bf16_copy_bytes = o.bf16_copy_bytes;
-      machine.source       = "given";
+      machine.source          = "given";
       if (o.ranks_per_node > 0) {
         machine.ranks_per_node = o.ranks_per_node;
         machine.intra          = {0, o.intra_latency_us * 1e-6, o.intra_gbps};
@@ -254,18 +259,18 @@ int main(int argc, char* argv[]) {
       pmt::plan::CalibrateOptions co;
       co.memory_bytes   = o.memory_mib * 1048576.0;
       co.ranks_per_node = o.ranks_per_node;
-      machine         = pmt::plan::calibrate(world, o.problem, co);
+      machine           = pmt::plan::calibrate(world, o.problem, co);
     }
     pmt::plan::SearchOptions so;
-    so.allow_zero   = !o.no_zero;
-    so.allow_gpipe  = !o.no_gpipe;
-    so.allow_recompute = !o.no_recompute;
+    so.allow_zero              = !o.no_zero;
+    so.allow_gpipe             = !o.no_gpipe;
+    so.allow_recompute         = !o.no_recompute;
     so.allow_sequence_parallel = !o.no_sequence_parallel;
-    so.dp_modes     = o.dp_modes;
+    so.dp_modes                = o.dp_modes;
     for (const auto& c : o.dp_modes)
       if (o.measure != 0 && c.mode != pmt::plan::DpMode::Sync && c.mode != pmt::plan::DpMode::Bf16)
-        throw pmt::ConfigError(prog, "--measure trains the synchronous dp modes only (sync, bf16); --dp-modes names " + c.describe() +
-                                         ", whose step time depends on the phase of its period");
+        throw pmt::ConfigError(prog, "--measure trains the synchronous dp modes only (sync, bf16); --dp-modes names " +
+                                         c.describe() + ", whose step time depends on the phase of its period");
     const auto plan = pmt::plan::search(o.problem, machine, so);
     std::vector<pmt::plan::Measured> measured;  // of the first measured.size() ranked candidates
     if (o.measure != 0) {
@@ -288,37 +293,44 @@ int main(int argc, char* argv[]) {
       std::printf("\n");
       std::fputs(plan.table(static_cast<std::size_t>(o.top)).c_str(), stdout);
       if (!plan.ranked.empty()) {
-        const auto& b = plan.best().layout;
-        const std::string flags =
-            pmt::detail::str("train_gpt --dp ", b.dp, " --tp ", b.tp, " --pp ", b.pp, " --microbatches ", b.microbatches,
-                             b.pp > 1 ? std::string(" --schedule ") + pmt::parallel::schedule_name(b.schedule) : std::string(),
-                             b.chunks > 1 ? " --chunks " + std::to_string(b.chunks) : std::string(), b.zero == 2 ? " --zero2" : b.zero ? " --zero" : "",
-                             b.recompute ? " --recompute" : "", b.recompute_attention ? " --recompute-attention" : "",
-                             b.recompute_stages > 0 ? " --recompute-stages " + std::to_string(b.recompute_stages) : std::string(),
-                             b.sequence_parallel ? " --sequence-parallel" : "",
-                             o.problem.precision == pmt::Precision::bf16 ? " --precision bf16" : "",
-                             b.sync.mode == pmt::plan::DpMode::Bf16       ? std::string(" --compress bf16")
-                             : b.sync.mode == pmt::plan::DpMode::LocalSgd ? " --local-sgd " + std::to_string(b.sync.period)
-                             : b.sync.mode == pmt::plan::DpMode::DiLoCo   ? " --diloco " + std::to_string(b.sync.period)
-                             : b.sync.mode == pmt::plan::DpMode::Stale    ? " --staleness " + std::to_string(b.sync.period)
-                                                                          : std::string());
+        const auto& b           = plan.best().layout;
+        const std::string flags = pmt::detail::str(
+            "train_gpt --dp ", b.dp, " --tp ", b.tp, " --pp ", b.pp, " --microbatches ", b.microbatches,
+            b.pp > 1 ? std::string(" --schedule ") + pmt::parallel::schedule_name(b.schedule) : std::string(),
+            b.chunks > 1 ? " --chunks " + std::to_string(b.chunks) : std::string(),
+            b.zero == 2 ? " --zero2"
+            : b.zero    ? " --zero"
+                        : "",
+            b.recompute ? " --recompute" : "", b.recompute_attention ? " --recompute-attention" : "",
+            b.recompute_stages > 0 ? " --recompute-stages " + std::to_string(b.recompute_stages) : std::string(),
+            b.sequence_parallel ? " --sequence-parallel" : "",
+            o.problem.precision == pmt::Precision::bf16 ? " --precision bf16" : "",
+            b.sync.mode == pmt::plan::DpMode::Bf16       ? std::string(" --compress bf16")
+            : b.sync.mode == pmt::plan::DpMode::LocalSgd ? " --local-sgd " + std::to_string(b.sync.period)
+            : b.sync.mode == pmt::plan::DpMode::DiLoCo   ? " --diloco " + std::to_string(b.sync.period)
+            : b.sync.mode == pmt::plan::DpMode::Stale    ? " --staleness " + std::to_string(b.sync.period)
+                                                         : std::string());
         const double flops = pmt::plan::gpt_step_flops(o.problem.model, o.problem.batch, b.recompute);
         const double step  = plan.best().step_seconds();
-        std::printf("\nthe best: %.4g s a step, %.4g GFLOP/s per rank of the model's products (%.4g FLOP a step%s)\n", step,
-                    flops / step / machine.ranks / 1e9, flops, b.recompute ? ", the recomputed forward included" : "");
+        std::printf("\nthe best: %.4g s a step, %.4g GFLOP/s per rank of the model's products (%.4g FLOP a step%s)\n",
+                    step, flops / step / machine.ranks / 1e9, flops,
+                    b.recompute ? ", the recomputed forward included" : "");
         std::printf("run it: mpiexec -n %d %s   (or train_gpt --auto)\n", machine.ranks, flags.c_str());
         std::printf("in C++: Trainer policy %s, optimizer %s%s%s\n", b.policy_type().c_str(),
-                    b.zero == 2 ? "pmt::optim::Zero2AdamW" : b.zero ? "pmt::optim::ZeroAdamW" : "pmt::optim::AdamW",
+                    b.zero == 2 ? "pmt::optim::Zero2AdamW"
+                    : b.zero    ? "pmt::optim::ZeroAdamW"
+                                : "pmt::optim::AdamW",
                     o.problem.precision == pmt::Precision::bf16 ? ", TrainerOptions::precision bf16" : "",
                     b.sync.mode == pmt::plan::DpMode::Bf16 ? ", GradSyncOptions::compression bf16" : "");
         if (machine.ranks_per_node > 0) {
           // the Mesh's order is tp fastest, then dp, then pp: consecutive world ranks on one node
           // keep each tp group (of at most ranks_per_node) inside it
           const int n = machine.ranks_per_node;
-          std::printf("on nodes of %d ranks, consecutive ranks per node (tp groups inside a node):\n"
-                      "  mpiexec -n %d --map-by ppr:%d:node --rank-by slot --bind-to core %s\n"
-                      "  srun -n %d --ntasks-per-node=%d --distribution=block:block %s\n",
-                      n, machine.ranks, n, flags.c_str(), machine.ranks, n, flags.c_str());
+          std::printf(
+              "on nodes of %d ranks, consecutive ranks per node (tp groups inside a node):\n"
+              "  mpiexec -n %d --map-by ppr:%d:node --rank-by slot --bind-to core %s\n"
+              "  srun -n %d --ntasks-per-node=%d --distribution=block:block %s\n",
+              n, machine.ranks, n, flags.c_str(), machine.ranks, n, flags.c_str());
           if (!o.rankfile.empty()) {
             std::FILE* f = std::fopen(o.rankfile.c_str(), "w");
             if (!f) throw pmt::IoError(prog, o.rankfile + ": cannot be written");
@@ -338,12 +350,14 @@ int main(int argc, char* argv[]) {
         }
         std::vector<std::size_t> order(n);
         for (std::size_t i = 0; i < n; ++i) order[i] = i;
-        std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return median[a] < median[b]; });
+        std::stable_sort(order.begin(), order.end(),
+                         [&](std::size_t a, std::size_t b) { return median[a] < median[b]; });
         std::vector<std::size_t> measured_rank(n);
         for (std::size_t k = 0; k < n; ++k) measured_rank[order[k]] = k + 1;
-        std::printf("\nmeasured: the %zu best predicted, trained side by side in %d rounds (each visit 1 warm-up + 2 "
-                    "timed steps; median and quartiles of the timed steps)\n",
-                    n, o.rounds);
+        std::printf(
+            "\nmeasured: the %zu best predicted, trained side by side in %d rounds (each visit 1 warm-up + 2 "
+            "timed steps; median and quartiles of the timed steps)\n",
+            n, o.rounds);
         std::printf("pred rank  meas rank  %-38s  predicted ms  measured ms (quartiles)\n", "layout");
         for (std::size_t i = 0; i < n; ++i)
           std::printf("%9zu  %9zu  %-38s  %12.2f  %11.2f (%.2f-%.2f)\n", i + 1, measured_rank[i],
@@ -357,22 +371,22 @@ int main(int argc, char* argv[]) {
       if (!o.csv.empty()) {
         std::FILE* f = std::fopen(o.csv.c_str(), "w");
         if (!f) throw pmt::IoError(prog, o.csv + ": cannot be written");
-        std::fprintf(f, "dp,tp,pp,microbatches,schedule,zero,step_ms,peak_mib,stage_peak_mib,measured_ms,"
-                        "measured_steps_ms,chunks\n");
+        std::fprintf(f,
+                     "dp,tp,pp,microbatches,schedule,zero,step_ms,peak_mib,stage_peak_mib,measured_ms,"
+                     "measured_steps_ms,chunks\n");
         for (std::size_t i = 0; i < plan.ranked.size(); ++i) {
           const auto& e = plan.ranked[i];
           std::string stages;
-          for (const auto& s : e.memory)
-            stages += (stages.empty() ? "" : ";") + std::to_string(s.total() / 1048576.0);
+          for (const auto& s : e.memory) stages += (stages.empty() ? "" : ";") + std::to_string(s.total() / 1048576.0);
           std::string meas, meas_steps;
           if (i < measured.size()) {
             meas = std::to_string(1e3 * measured[i].median);
             for (double t : measured[i].steps) meas_steps += (meas_steps.empty() ? "" : ";") + std::to_string(1e3 * t);
           }
           std::fprintf(f, "%d,%d,%d,%d,%s,%d,%.4f,%.3f,%s,%s,%s,%d\n", e.layout.dp, e.layout.tp, e.layout.pp,
-                       e.layout.microbatches, pmt::parallel::schedule_name(e.layout.schedule),
-                       e.layout.zero, 1e3 * e.step_seconds(), e.peak_bytes() / 1048576.0,
-                       stages.c_str(), meas.c_str(), meas_steps.c_str(), e.layout.chunks);
+                       e.layout.microbatches, pmt::parallel::schedule_name(e.layout.schedule), e.layout.zero,
+                       1e3 * e.step_seconds(), e.peak_bytes() / 1048576.0, stages.c_str(), meas.c_str(),
+                       meas_steps.c_str(), e.layout.chunks);
         }
         std::fclose(f);
         std::printf("candidates: %s\n", o.csv.c_str());

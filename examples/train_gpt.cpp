@@ -45,15 +45,15 @@
 
 namespace {
 
-using Exec    = Kokkos::DefaultHostExecutionSpace;
-using Backend = pmt::comm::default_backend_t<Exec>;
-using Model   = pmt::nn::Gpt<float, Exec, Backend>;
-using AdamW   = pmt::optim::AdamW<float, Exec>;
-using Zero    = pmt::optim::ZeroAdamW<float, Exec, Backend>;
-using Zero2   = pmt::optim::Zero2AdamW<float, Exec, Backend>;
-using Ids     = Model::Ids;
+using Exec                 = Kokkos::DefaultHostExecutionSpace;
+using Backend              = pmt::comm::default_backend_t<Exec>;
+using Model                = pmt::nn::Gpt<float, Exec, Backend>;
+using AdamW                = pmt::optim::AdamW<float, Exec>;
+using Zero                 = pmt::optim::ZeroAdamW<float, Exec, Backend>;
+using Zero2                = pmt::optim::Zero2AdamW<float, Exec, Backend>;
+using Ids                  = Model::Ids;
 constexpr const char* prog = "train_gpt";
-namespace fs = std::filesystem;
+namespace fs               = std::filesystem;
 
 /// Exit codes besides 0 (done) and 1 (bad input, I/O error); a second signal N exits 128 + N.
 constexpr int exit_nonfinite = 3, exit_watchdog = 4, exit_preempted = 75;
@@ -68,7 +68,7 @@ struct Options {
   int dp = 0, tp = 1, pp = 1, chunks = 1, microbatches = 0, layers = 4, width = 128, heads = 4, context = 64, batch = 8;
   int steps = 100, warmup = 10, val_every = 50, ckpt_every = 0, threads = 0, keep = 0;
   double lr = 3e-3, watchdog = 600;
-  long seed = 1;
+  long seed   = 1;
   bool resume = false, help = false, zero = false, auto_plan = false, memory_report = true;
   int zero_stage = 1;  // with zero: 1 (optimizer state sharded) or 2 (gradients too)
   bool overwrite = false, allow_changed_config = false, skip_nonfinite = false, recompute = false;
@@ -77,22 +77,34 @@ struct Options {
   std::vector<std::string> layout_flags;  // --dp, --tp, ... as given (--auto chooses them)
   std::vector<std::string> kokkos_args;   // --kokkos-*: passed to Kokkos, and only these
   std::string schedule = "1f1b", data = PMT_DEFAULT_DATA_DIR, ckpt_dir, metrics, trace, matmul;
-  std::string compress = "none";   // dp gradients on the wire: none or bf16 (error feedback)
+  std::string compress  = "none";  // dp gradients on the wire: none or bf16 (error feedback)
   std::string precision = "fp32";  // the model's products: fp32, or bf16 operands with fp32 sums
   int local_sgd = 0, diloco = 0;   // a period: parameters averaged (and DiLoCo's outer step) every so many steps
-  int staleness = -1;              // >= 0: bounded staleness, gradient sums applied this many steps late
+  int staleness   = -1;            // >= 0: bounded staleness, gradient sums applied this many steps late
   double outer_lr = 0.7, outer_momentum = 0.9;
   bool outer_given = false;
 };
 
 /// Kokkos' own flags (3.4 to 5.x), each as --name or --name=value.
 bool is_kokkos_flag(const std::string& a) {
-  static const char* const names[] = {"--kokkos-help", "--kokkos-threads", "--kokkos-num-threads", "--kokkos-numa",
-                                      "--kokkos-device-id", "--kokkos-device", "--kokkos-num-devices", "--kokkos-ndevices",
-                                      "--kokkos-skip-device", "--kokkos-disable-warnings", "--kokkos-print-configuration",
-                                      "--kokkos-tune-internals", "--kokkos-tools-library", "--kokkos-tools-libs",
-                                      "--kokkos-tools-args", "--kokkos-tools-help", "--kokkos-map-device-id-by"};
-  const std::string name = a.substr(0, a.find('='));
+  static const char* const names[] = {"--kokkos-help",
+                                      "--kokkos-threads",
+                                      "--kokkos-num-threads",
+                                      "--kokkos-numa",
+                                      "--kokkos-device-id",
+                                      "--kokkos-device",
+                                      "--kokkos-num-devices",
+                                      "--kokkos-ndevices",
+                                      "--kokkos-skip-device",
+                                      "--kokkos-disable-warnings",
+                                      "--kokkos-print-configuration",
+                                      "--kokkos-tune-internals",
+                                      "--kokkos-tools-library",
+                                      "--kokkos-tools-libs",
+                                      "--kokkos-tools-args",
+                                      "--kokkos-tools-help",
+                                      "--kokkos-map-device-id-by"};
+  const std::string name           = a.substr(0, a.find('='));
   return std::find_if(std::begin(names), std::end(names), [&](const char* n) { return name == n; }) != std::end(names);
 }
 
@@ -132,11 +144,11 @@ std::string usage() {
              "  --batch N (8)           sequences per step, over all dp ranks\n"
              "  --steps N (100)  --lr X (3e-3)  --warmup N (10)  --seed N (1)\n"
              "  --threads N             OpenMP threads per rank (default: OMP_NUM_THREADS; when it is unset and\n"
-         "                          several ranks share a node: its cores / its ranks, said at start-up)\n"
-         "  --on-nonfinite stop|skip  a nan or inf loss or gradient norm stops the run (exit 3; default), or\n"
-         "                          skips that step's update (10 skipped steps in a row stop it)\n"
-         "  --watchdog SECONDS      end the job when one communication call waits longer (default 600; 0: off),\n"
-         "                          naming the ranks that never arrived (exit 4)\n"
+             "                          several ranks share a node: its cores / its ranks, said at start-up)\n"
+             "  --on-nonfinite stop|skip  a nan or inf loss or gradient norm stops the run (exit 3; default), or\n"
+             "                          skips that step's update (10 skipped steps in a row stop it)\n"
+             "  --watchdog SECONDS      end the job when one communication call waits longer (default 600; 0: off),\n"
+             "                          naming the ranks that never arrived (exit 4)\n"
              "  --precision fp32|bf16   the model's matrix products: fp32 (default), or bf16 mixed precision\n"
              "                          (operands rounded to bf16, sums in fp32, on AMX tiles where the CPU has\n"
              "                          them; fp32 parameters, gradients and optimizer state)\n"
@@ -210,11 +222,40 @@ Options parse(int argc, char* argv[]) {
       if (a == "--zero" || a == "--zero2") o.layout_flags.push_back(a);
       continue;
     }
-    const auto known = {"--dp", "--tp", "--pp", "--chunks", "--schedule", "--microbatches", "--layers", "--width", "--heads",
-                        "--context", "--batch", "--steps", "--lr", "--warmup", "--seed", "--data", "--val-every",
-                        "--ckpt-dir", "--ckpt-every", "--metrics", "--trace", "--threads", "--matmul", "--keep",
-                        "--watchdog", "--on-nonfinite", "--compress", "--local-sgd", "--diloco", "--outer-lr",
-                        "--outer-momentum", "--staleness", "--precision", "--recompute-stages"};
+    const auto known = {"--dp",
+                        "--tp",
+                        "--pp",
+                        "--chunks",
+                        "--schedule",
+                        "--microbatches",
+                        "--layers",
+                        "--width",
+                        "--heads",
+                        "--context",
+                        "--batch",
+                        "--steps",
+                        "--lr",
+                        "--warmup",
+                        "--seed",
+                        "--data",
+                        "--val-every",
+                        "--ckpt-dir",
+                        "--ckpt-every",
+                        "--metrics",
+                        "--trace",
+                        "--threads",
+                        "--matmul",
+                        "--keep",
+                        "--watchdog",
+                        "--on-nonfinite",
+                        "--compress",
+                        "--local-sgd",
+                        "--diloco",
+                        "--outer-lr",
+                        "--outer-momentum",
+                        "--staleness",
+                        "--precision",
+                        "--recompute-stages"};
     if (std::find(known.begin(), known.end(), a) == known.end())
       throw pmt::ConfigError(prog, "unknown flag " + a + " (see --help)");
     if (i + 1 >= argc) throw pmt::ConfigError(prog, a + " needs a value (see --help)");
@@ -229,39 +270,61 @@ Options parse(int argc, char* argv[]) {
         throw pmt::ConfigError(prog, a + " " + v + ": expected an integer >= " + std::to_string(min));
       return static_cast<int>(x);
     };
-    if (a == "--dp") o.dp = as_int(1);
-    else if (a == "--tp") o.tp = as_int(1);
-    else if (a == "--pp") o.pp = as_int(1);
-    else if (a == "--chunks") o.chunks = as_int(1);
-    else if (a == "--recompute-stages") o.recompute_stages = as_int(1);
-    else if (a == "--microbatches") o.microbatches = as_int(1);
-    else if (a == "--layers") o.layers = as_int(1);
-    else if (a == "--width") o.width = as_int(1);
-    else if (a == "--heads") o.heads = as_int(1);
-    else if (a == "--context") o.context = as_int(1);
-    else if (a == "--batch") o.batch = as_int(1);
-    else if (a == "--steps") o.steps = as_int(1);
-    else if (a == "--warmup") o.warmup = as_int(0);
-    else if (a == "--seed") o.seed = as_int(0);
-    else if (a == "--val-every") o.val_every = as_int(0);
-    else if (a == "--ckpt-every") o.ckpt_every = as_int(0);
-    else if (a == "--threads") o.threads = as_int(1);
-    else if (a == "--keep") o.keep = as_int(1);
-    else if (a == "--local-sgd") o.local_sgd = as_int(1);
-    else if (a == "--diloco") o.diloco = as_int(1);
-    else if (a == "--staleness") o.staleness = as_int(0);
+    if (a == "--dp")
+      o.dp = as_int(1);
+    else if (a == "--tp")
+      o.tp = as_int(1);
+    else if (a == "--pp")
+      o.pp = as_int(1);
+    else if (a == "--chunks")
+      o.chunks = as_int(1);
+    else if (a == "--recompute-stages")
+      o.recompute_stages = as_int(1);
+    else if (a == "--microbatches")
+      o.microbatches = as_int(1);
+    else if (a == "--layers")
+      o.layers = as_int(1);
+    else if (a == "--width")
+      o.width = as_int(1);
+    else if (a == "--heads")
+      o.heads = as_int(1);
+    else if (a == "--context")
+      o.context = as_int(1);
+    else if (a == "--batch")
+      o.batch = as_int(1);
+    else if (a == "--steps")
+      o.steps = as_int(1);
+    else if (a == "--warmup")
+      o.warmup = as_int(0);
+    else if (a == "--seed")
+      o.seed = as_int(0);
+    else if (a == "--val-every")
+      o.val_every = as_int(0);
+    else if (a == "--ckpt-every")
+      o.ckpt_every = as_int(0);
+    else if (a == "--threads")
+      o.threads = as_int(1);
+    else if (a == "--keep")
+      o.keep = as_int(1);
+    else if (a == "--local-sgd")
+      o.local_sgd = as_int(1);
+    else if (a == "--diloco")
+      o.diloco = as_int(1);
+    else if (a == "--staleness")
+      o.staleness = as_int(0);
     else if (a == "--compress") {
       if (v != "none" && v != "bf16") throw pmt::ConfigError(prog, "--compress " + v + ": expected none or bf16");
       o.compress = v;
     } else if (a == "--outer-lr" || a == "--outer-momentum") {
-      char* end = nullptr;
+      char* end      = nullptr;
       const double x = std::strtod(v.c_str(), &end);
-      const bool ok = end && *end == '\0' && (a == "--outer-lr" ? x > 0 : x >= 0 && x < 1);
-      if (!ok) throw pmt::ConfigError(prog, a + " " + v + (a == "--outer-lr" ? ": expected a positive number" : ": expected 0 <= X < 1"));
+      const bool ok  = end && *end == '\0' && (a == "--outer-lr" ? x > 0 : x >= 0 && x < 1);
+      if (!ok)
+        throw pmt::ConfigError(
+            prog, a + " " + v + (a == "--outer-lr" ? ": expected a positive number" : ": expected 0 <= X < 1"));
       (a == "--outer-lr" ? o.outer_lr : o.outer_momentum) = x;
-      o.outer_given = true;
-    }
-    else if (a == "--watchdog") {
+      o.outer_given                                       = true;
+    } else if (a == "--watchdog") {
       char* end  = nullptr;
       o.watchdog = std::strtod(v.c_str(), &end);
       if (v.empty() || *end != '\0' || !(o.watchdog >= 0) || !std::isfinite(o.watchdog))
@@ -269,8 +332,7 @@ Options parse(int argc, char* argv[]) {
     } else if (a == "--on-nonfinite") {
       if (v != "stop" && v != "skip") throw pmt::ConfigError(prog, "--on-nonfinite " + v + ": expected stop or skip");
       o.skip_nonfinite = v == "skip";
-    }
-    else if (a == "--lr") {
+    } else if (a == "--lr") {
       char* end = nullptr;
       o.lr      = std::strtod(v.c_str(), &end);
       if (v.empty() || *end != '\0' || !(o.lr > 0) || !std::isfinite(o.lr))
@@ -278,13 +340,15 @@ Options parse(int argc, char* argv[]) {
     } else if (a == "--schedule") {
       if (v != "1f1b" && v != "gpipe") throw pmt::ConfigError(prog, "--schedule " + v + ": expected 1f1b or gpipe");
       o.schedule = v;
-    } else if (a == "--data") o.data = v;
+    } else if (a == "--data")
+      o.data = v;
     else if (a == "--ckpt-dir") {
       if (v.empty()) throw pmt::ConfigError(prog, "--ckpt-dir needs a directory, not an empty word");
       o.ckpt_dir = v;
-    }
-    else if (a == "--metrics") o.metrics = v;
-    else if (a == "--trace") o.trace = v;
+    } else if (a == "--metrics")
+      o.metrics = v;
+    else if (a == "--trace")
+      o.trace = v;
     else if (a == "--precision") {
       pmt::parse_precision(v, "--precision");  // throws for another word
       o.precision = v;
@@ -300,20 +364,24 @@ Options parse(int argc, char* argv[]) {
 void validate(Options& o, int ranks) {
   if (o.dp == 0) {
     if (ranks % (o.tp * o.pp) != 0)
-      throw pmt::ConfigError(prog, pmt::detail::str(ranks, " ranks are not divisible by tp(", o.tp, ") * pp(", o.pp, ")"));
+      throw pmt::ConfigError(prog,
+                             pmt::detail::str(ranks, " ranks are not divisible by tp(", o.tp, ") * pp(", o.pp, ")"));
     o.dp = ranks / (o.tp * o.pp);
   }
   if (static_cast<long>(o.dp) * o.tp * o.pp != ranks)
-    throw pmt::ConfigError(prog, pmt::detail::str("dp(", o.dp, ") * tp(", o.tp, ") * pp(", o.pp, ") = ",
-                                                  static_cast<long>(o.dp) * o.tp * o.pp, " but there are ", ranks, " ranks"));
+    throw pmt::ConfigError(
+        prog, pmt::detail::str("dp(", o.dp, ") * tp(", o.tp, ") * pp(", o.pp,
+                               ") = ", static_cast<long>(o.dp) * o.tp * o.pp, " but there are ", ranks, " ranks"));
   if (o.width % o.heads != 0)
     throw pmt::ConfigError(prog, pmt::detail::str("--width ", o.width, " is not divisible by --heads ", o.heads));
   if (o.heads % o.tp != 0)
-    throw pmt::ConfigError(prog, pmt::detail::str("--heads ", o.heads, " is not divisible by tp = ", o.tp, " (heads are split over tp)"));
+    throw pmt::ConfigError(
+        prog, pmt::detail::str("--heads ", o.heads, " is not divisible by tp = ", o.tp, " (heads are split over tp)"));
   if (256 % o.tp != 0)
     throw pmt::ConfigError(prog, pmt::detail::str("the vocabulary (256 bytes) is not divisible by tp = ", o.tp));
   if (o.layers < o.pp)
-    throw pmt::ConfigError(prog, pmt::detail::str("--layers ", o.layers, " < pp = ", o.pp, ": every stage needs a layer"));
+    throw pmt::ConfigError(prog,
+                           pmt::detail::str("--layers ", o.layers, " < pp = ", o.pp, ": every stage needs a layer"));
   if (o.chunks > 1 && o.pp == 1) throw pmt::ConfigError(prog, pmt::detail::str("--chunks ", o.chunks, " needs pp > 1"));
   if (o.layers < o.pp * o.chunks)
     throw pmt::ConfigError(prog, pmt::detail::str("--layers ", o.layers, " < pp ", o.pp, " x chunks ", o.chunks,
@@ -322,32 +390,40 @@ void validate(Options& o, int ranks) {
     throw pmt::ConfigError(prog, pmt::detail::str("--batch ", o.batch, " is not divisible by dp = ", o.dp));
   if (o.microbatches == 0) o.microbatches = o.pp > 1 ? std::min(2 * o.pp, o.batch / o.dp) : 1;
   if ((o.batch / o.dp) % o.microbatches != 0)
-    throw pmt::ConfigError(prog, pmt::detail::str("--microbatches ", o.microbatches, " does not divide the ", o.batch / o.dp,
-                                                  " sequences of each dp rank (batch ", o.batch, " / dp ", o.dp, ")"));
+    throw pmt::ConfigError(prog,
+                           pmt::detail::str("--microbatches ", o.microbatches, " does not divide the ", o.batch / o.dp,
+                                            " sequences of each dp rank (batch ", o.batch, " / dp ", o.dp, ")"));
   if (o.chunks > 1 && o.schedule == "1f1b" && o.microbatches % o.pp != 0)
-    throw pmt::ConfigError(prog, pmt::detail::str("--chunks ", o.chunks, " with 1f1b (interleaved) needs microbatches a multiple of pp = ",
-                                                  o.pp, "; got ", o.microbatches));
+    throw pmt::ConfigError(
+        prog, pmt::detail::str("--chunks ", o.chunks, " with 1f1b (interleaved) needs microbatches a multiple of pp = ",
+                               o.pp, "; got ", o.microbatches));
   if (o.sequence_parallel && o.tp > 1 && (o.batch / o.dp / o.microbatches) * o.context % o.tp != 0)
-    throw pmt::ConfigError(prog, pmt::detail::str("--sequence-parallel splits each microbatch's ", (o.batch / o.dp / o.microbatches) * o.context,
-                                                  " tokens over tp = ", o.tp, ", which does not divide them (sequences per microbatch ",
+    throw pmt::ConfigError(prog, pmt::detail::str("--sequence-parallel splits each microbatch's ",
+                                                  (o.batch / o.dp / o.microbatches) * o.context, " tokens over tp = ",
+                                                  o.tp, ", which does not divide them (sequences per microbatch ",
                                                   o.batch / o.dp / o.microbatches, " x context ", o.context, ")"));
   if (o.recompute_stages > 0 && (o.recompute_stages > o.pp || (!o.recompute && !o.recompute_attention)))
-    throw pmt::ConfigError(prog, pmt::detail::str("--recompute-stages ", o.recompute_stages,
-                                                  o.recompute_stages > o.pp ? pmt::detail::str(" exceeds pp = ", o.pp)
-                                                                            : std::string(" needs --recompute or --recompute-attention")));
+    throw pmt::ConfigError(
+        prog, pmt::detail::str("--recompute-stages ", o.recompute_stages,
+                               o.recompute_stages > o.pp ? pmt::detail::str(" exceeds pp = ", o.pp)
+                                                         : std::string(" needs --recompute or --recompute-attention")));
   if (o.zero && o.dp == 1) throw pmt::ConfigError(prog, "--zero shards the optimizer state over dp, and dp is 1");
   if ((o.local_sgd > 0) + (o.diloco > 0) + (o.staleness >= 0) > 1)
     throw pmt::ConfigError(prog, "--local-sgd, --diloco and --staleness are three data-parallel modes: give one");
   if (o.staleness >= 0 && (o.zero || o.compress != "none"))
-    throw pmt::ConfigError(prog, pmt::detail::str("--staleness applies whole fp32 gradient sums late; it does not combine with ",
-                                                  o.zero ? "--zero" : "--compress"));
+    throw pmt::ConfigError(
+        prog, pmt::detail::str("--staleness applies whole fp32 gradient sums late; it does not combine with ",
+                               o.zero ? "--zero" : "--compress"));
   if ((o.local_sgd > 0 || o.diloco > 0) && o.zero)
-    throw pmt::ConfigError(prog, pmt::detail::str(o.diloco > 0 ? "--diloco" : "--local-sgd",
-                                                  " keeps replicas apart between averages; --zero needs synchronous gradients"));
+    throw pmt::ConfigError(
+        prog, pmt::detail::str(o.diloco > 0 ? "--diloco" : "--local-sgd",
+                               " keeps replicas apart between averages; --zero needs synchronous gradients"));
   if (o.compress != "none" && (o.local_sgd > 0 || o.diloco > 0 || o.zero))
-    throw pmt::ConfigError(prog, pmt::detail::str("--compress ", o.compress, " compresses the synchronous gradient all-reduce; ",
-                                                  o.zero ? "--zero reduce-scatters instead" : "this run does not all-reduce gradients"));
-  if (o.outer_given && o.diloco == 0) throw pmt::ConfigError(prog, "--outer-lr and --outer-momentum set DiLoCo's outer step: they need --diloco H");
+    throw pmt::ConfigError(
+        prog, pmt::detail::str("--compress ", o.compress, " compresses the synchronous gradient all-reduce; ",
+                               o.zero ? "--zero reduce-scatters instead" : "this run does not all-reduce gradients"));
+  if (o.outer_given && o.diloco == 0)
+    throw pmt::ConfigError(prog, "--outer-lr and --outer-momentum set DiLoCo's outer step: they need --diloco H");
 }
 
 /// Checks the checkpoint and output flags (before the preflight acts on them).
@@ -357,7 +433,8 @@ void validate_outputs(const Options& o) {
     throw pmt::ConfigError(prog, "--ckpt-every " + std::to_string(o.ckpt_every) + " needs --ckpt-dir (where to save)");
   if (o.keep > 0 && o.ckpt_dir.empty()) throw pmt::ConfigError(prog, "--keep needs --ckpt-dir");
   if (o.overwrite && o.ckpt_dir.empty()) throw pmt::ConfigError(prog, "--overwrite needs --ckpt-dir");
-  if (o.overwrite && o.resume) throw pmt::ConfigError(prog, "--overwrite starts afresh and --resume continues: give one");
+  if (o.overwrite && o.resume)
+    throw pmt::ConfigError(prog, "--overwrite starts afresh and --resume continues: give one");
 }
 
 /// --auto: the planner's best layout for this model on these ranks (collective: it calibrates).
@@ -369,18 +446,23 @@ void choose_layout(Options& o, const Comm& world) {
     throw pmt::ConfigError(prog, "--auto chooses the layout; drop" + given);
   }
   pmt::plan::Problem problem;
-  problem.model = {256, static_cast<std::size_t>(o.context), static_cast<std::size_t>(o.layers),
-                   static_cast<std::size_t>(o.width), static_cast<std::size_t>(o.heads), static_cast<std::uint64_t>(o.seed)};
-  problem.batch = static_cast<std::size_t>(o.batch);
+  problem.model     = {256,
+                       static_cast<std::size_t>(o.context),
+                       static_cast<std::size_t>(o.layers),
+                       static_cast<std::size_t>(o.width),
+                       static_cast<std::size_t>(o.heads),
+                       static_cast<std::uint64_t>(o.seed)};
+  problem.batch     = static_cast<std::size_t>(o.batch);
   problem.precision = pmt::parse_precision(o.precision);  // calibrated in the run's precision
   pmt::plan::SearchOptions so;
   const auto plan = pmt::plan::search(problem, pmt::plan::calibrate(world, problem), so);
-  if (pmt::world_rank() == 0 && !plan.machine.advice.empty()) std::printf("--auto: note: %s\n", plan.machine.advice.c_str());
-  const auto& b   = plan.best().layout;  // raises, with the rejections, when nothing runs
+  if (pmt::world_rank() == 0 && !plan.machine.advice.empty())
+    std::printf("--auto: note: %s\n", plan.machine.advice.c_str());
+  const auto& b = plan.best().layout;  // raises, with the rejections, when nothing runs
   o.dp = b.dp, o.tp = b.tp, o.pp = b.pp, o.microbatches = b.microbatches, o.zero = b.zero > 0, o.chunks = b.chunks;
-  o.zero_stage = b.zero > 0 ? b.zero : 1;
-  o.recompute = o.recompute || b.recompute;
-  o.sequence_parallel = o.sequence_parallel || b.sequence_parallel;
+  o.zero_stage          = b.zero > 0 ? b.zero : 1;
+  o.recompute           = o.recompute || b.recompute;
+  o.sequence_parallel   = o.sequence_parallel || b.sequence_parallel;
   o.recompute_attention = (o.recompute_attention || b.recompute_attention) && !o.recompute;
   if (b.recompute || b.recompute_attention) o.recompute_stages = b.recompute_stages;
   o.schedule = pmt::parallel::schedule_name(b.schedule);
@@ -390,7 +472,8 @@ void choose_layout(Options& o, const Comm& world) {
 }
 
 std::string model_description(const Options& o) {
-  return pmt::detail::str("gpt vocab=256 context=", o.context, " layers=", o.layers, " width=", o.width, " heads=", o.heads);
+  return pmt::detail::str("gpt vocab=256 context=", o.context, " layers=", o.layers, " width=", o.width,
+                          " heads=", o.heads);
 }
 
 bool is_world_root_env() {  // before MPI is initialised
@@ -455,10 +538,10 @@ std::vector<std::pair<std::string, std::string>> run_config(const Options& o, co
           {"warmup", std::to_string(o.warmup)},
           {"steps", std::to_string(o.steps)},
           {"precision", o.precision},
-          {"dp_mode", o.diloco > 0   ? pmt::detail::str("diloco:", o.diloco, ":", o.outer_lr, ":", o.outer_momentum)
-                      : o.local_sgd > 0 ? pmt::detail::str("local-sgd:", o.local_sgd)
+          {"dp_mode", o.diloco > 0       ? pmt::detail::str("diloco:", o.diloco, ":", o.outer_lr, ":", o.outer_momentum)
+                      : o.local_sgd > 0  ? pmt::detail::str("local-sgd:", o.local_sgd)
                       : o.staleness >= 0 ? pmt::detail::str("stale:", o.staleness)
-                                        : "sync:" + o.compress}};
+                                         : "sync:" + o.compress}};
 }
 
 /// The number of ranks on this node, from the launcher's environment (1 when unknown).
@@ -492,26 +575,31 @@ struct Guards {
 template <class Comm>
 std::unique_ptr<Guards> preflight(const Options& o, const Comm& world) {
   const bool root = world.rank() == 0;
-  auto g = std::make_unique<Guards>();
+  auto g          = std::make_unique<Guards>();
   {
     std::exception_ptr err;
     if (root) try {
         if (!o.ckpt_dir.empty()) {
           g->lock = std::make_unique<pmt::io::CheckpointLock>(o.ckpt_dir);
-          if (!g->lock->note().empty()) std::printf("checkpoints: %s: %s\n", o.ckpt_dir.c_str(), g->lock->note().c_str());
+          if (!g->lock->note().empty())
+            std::printf("checkpoints: %s: %s\n", o.ckpt_dir.c_str(), g->lock->note().c_str());
           const auto steps = pmt::io::checkpoint_steps(o.ckpt_dir);
           if (!o.resume && !steps.empty()) {
             if (!o.overwrite)
-              throw pmt::IoError(prog, pmt::detail::str(o.ckpt_dir, " holds ", steps.size(), " checkpoint(s), the newest ", steps.back(),
-                                                        ": continue them with --resume, or replace them with --overwrite"));
+              throw pmt::IoError(
+                  prog,
+                  pmt::detail::str(o.ckpt_dir, " holds ", steps.size(), " checkpoint(s), the newest ", steps.back(),
+                                   ": continue them with --resume, or replace them with --overwrite"));
             std::error_code ec;
             for (const auto& st : steps) fs::remove_all(o.ckpt_dir + "/" + st, ec);
             fs::remove(o.ckpt_dir + "/LATEST", ec);
-            std::printf("checkpoints: --overwrite removed %zu checkpoint(s) from %s\n", steps.size(), o.ckpt_dir.c_str());
+            std::printf("checkpoints: --overwrite removed %zu checkpoint(s) from %s\n", steps.size(),
+                        o.ckpt_dir.c_str());
           }
           const auto gone = pmt::io::remove_stale_partials(o.ckpt_dir);
           if (!gone.empty())
-            std::printf("checkpoints: removed %zu leftover(s) of an interrupted save from %s\n", gone.size(), o.ckpt_dir.c_str());
+            std::printf("checkpoints: removed %zu leftover(s) of an interrupted save from %s\n", gone.size(),
+                        o.ckpt_dir.c_str());
         }
         if (!o.metrics.empty()) probe_writable("--metrics", o.metrics);
         if (!o.trace.empty()) probe_writable("--trace", o.trace);
@@ -535,7 +623,7 @@ std::unique_ptr<Guards> preflight(const Options& o, const Comm& world) {
       std::string dir = o.ckpt_dir.empty() ? std::string() : o.ckpt_dir + "/.heartbeat";
       if (dir.empty()) {
         std::string pattern = (fs::temp_directory_path() / "pmt-watchdog-XXXXXX").string();
-        dir = ::mkdtemp(&pattern[0]) ? pattern : std::string();
+        dir                 = ::mkdtemp(&pattern[0]) ? pattern : std::string();
       }
       std::error_code ec;
       if (!dir.empty()) fs::create_directories(dir, ec);
@@ -564,18 +652,25 @@ std::unique_ptr<Guards> preflight(const Options& o, const Comm& world) {
 /// (Synchronous, LocalSgd<> or DiLoCo<>): builds the model over the mesh, trains, validates,
 /// checkpoints, reports and samples.
 template <class Opt, class Mode>
-int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_ptr<pmt::io::TokenDataset>& data, Guards& guards) {
+int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_ptr<pmt::io::TokenDataset>& data,
+        Guards& guards) {
   const bool root = pmt::world_rank() == 0;
   auto& memory    = pmt::obs::MemoryTracker::instance();  // Kokkos allocations: the peak per rank, in the report
   if (o.memory_report) memory.enable();
   pmt::Mesh<Backend> mesh(world, pmt::MeshShape{o.dp, o.tp, o.pp});
   const std::size_t T = static_cast<std::size_t>(o.context);
-  const pmt::nn::GptConfig cfg{256, T, static_cast<std::size_t>(o.layers), static_cast<std::size_t>(o.width),
-                               static_cast<std::size_t>(o.heads), static_cast<std::uint64_t>(o.seed)};
+  const pmt::nn::GptConfig cfg{256,
+                               T,
+                               static_cast<std::size_t>(o.layers),
+                               static_cast<std::size_t>(o.width),
+                               static_cast<std::size_t>(o.heads),
+                               static_cast<std::uint64_t>(o.seed)};
   // recomputation on this rank's stage, unless --recompute-stages leaves it out
   const bool recomputes_here = o.recompute_stages == 0 || mesh.coord(pmt::Axis::pp) < o.recompute_stages;
-  Model model(mesh, cfg, pmt::nn::GptOptions{{}, o.chunks, o.recompute && recomputes_here, o.sequence_parallel,
-                                              o.recompute_attention && recomputes_here});
+  Model model(
+      mesh, cfg,
+      pmt::nn::GptOptions{
+          {}, o.chunks, o.recompute && recomputes_here, o.sequence_parallel, o.recompute_attention && recomputes_here});
   const pmt::optim::AdamWOptions hyper{0.9, 0.95, 1e-8, 0.1};
   Opt opt = [&] {
     if constexpr (std::is_same_v<Opt, Zero>)
@@ -593,11 +688,12 @@ int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_p
       o.compress == "bf16" ? pmt::parallel::GradCompression::bf16 : pmt::parallel::GradCompression::none});
   topts.period    = std::max(o.local_sgd, o.diloco);
   topts.staleness = std::max(o.staleness, 0);
-  topts.outer  = {o.outer_lr, o.outer_momentum, true};
+  topts.outer     = {o.outer_lr, o.outer_momentum, true};
   topts.precision = pmt::parse_precision(o.precision);
-  using Policy = pmt::Hybrid<pmt::DataParallel<Mode>, pmt::TensorSplit<>, pmt::Pipeline<>>;
+  using Policy    = pmt::Hybrid<pmt::DataParallel<Mode>, pmt::TensorSplit<>, pmt::Pipeline<>>;
   pmt::train::Trainer<Model, Opt, Exec, Backend, Policy> trainer(mesh, model, opt, Exec(), topts);
-  trainer.set_schedule(o.schedule == "gpipe" ? pmt::parallel::ScheduleKind::GPipe : pmt::parallel::ScheduleKind::OneFOneB);
+  trainer.set_schedule(o.schedule == "gpipe" ? pmt::parallel::ScheduleKind::GPipe
+                                             : pmt::parallel::ScheduleKind::OneFOneB);
   int start = 0;
   if (o.resume) {
     // rank 0 picks the checkpoint (LATEST, or the newest that verifies) and tells the others
@@ -616,7 +712,8 @@ int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_p
       agree_errors(world, err, "finding the checkpoint to resume");
     }
     pmt::comm::broadcast(world, Kokkos::DefaultHostExecutionSpace(), pick, 0);
-    const std::string latest = pick() < 0 ? std::string() : pmt::io::checkpoint_step_dir(o.ckpt_dir, static_cast<std::int64_t>(pick()));
+    const std::string latest =
+        pick() < 0 ? std::string() : pmt::io::checkpoint_step_dir(o.ckpt_dir, static_cast<std::int64_t>(pick()));
     if (latest.empty()) {
       if (root) std::printf("no checkpoint in %s: starting from step 0\n", o.ckpt_dir.c_str());
     } else {
@@ -633,7 +730,8 @@ int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_p
         }
         if (!changed.empty() && !o.allow_changed_config)
           throw Agreed{"resuming " + latest + " with a changed configuration: " + changed +
-                       "; its batches or learning rates would differ from the saved run's (--allow-changed-config resumes anyway)"};
+                       "; its batches or learning rates would differ from the saved run's (--allow-changed-config "
+                       "resumes anyway)"};
         if (!changed.empty() && root)
           std::printf("resuming with a changed configuration (--allow-changed-config): %s\n", changed.c_str());
         // the matmul paths the saved run took: the resumed run continues on them (bit for bit)
@@ -664,26 +762,33 @@ int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_p
   // scheduler gives them the cores, so a product's share of "peak / ranks" would mean nothing there.
   const bool cores_shared = pmt::plan::calibrate_detail::compute_share(world, Exec().concurrency()) < 1.0;
   if (root) {
-    std::printf("pmt train_gpt: %d ranks = dp %d x tp %d x pp %d (%s%s, %d microbatches%s); GPT %d layers, width %d, %d heads, "
-                "context %zu; batch %d; %d thread(s) per rank\n",
-                world.size(), o.dp, o.tp, o.pp, o.schedule.c_str(),
-                o.chunks > 1 ? pmt::detail::str(", ", o.chunks, " chunks per stage").c_str() : "", o.microbatches,
-                pmt::detail::str(o.recompute ? ", activations recomputed per block" : "",
-                                 o.recompute_attention && !o.recompute ? ", attention recomputed" : "",
-                                 o.recompute_stages > 0 && (o.recompute || o.recompute_attention)
-                                     ? pmt::detail::str(" on stages < ", o.recompute_stages) : std::string(),
-                                 model.sequence_parallel() ? ", sequence-parallel" : "").c_str(), o.layers, o.width, o.heads, T,
-                o.batch, Exec().concurrency());
+    std::printf(
+        "pmt train_gpt: %d ranks = dp %d x tp %d x pp %d (%s%s, %d microbatches%s); GPT %d layers, width %d, %d heads, "
+        "context %zu; batch %d; %d thread(s) per rank\n",
+        world.size(), o.dp, o.tp, o.pp, o.schedule.c_str(),
+        o.chunks > 1 ? pmt::detail::str(", ", o.chunks, " chunks per stage").c_str() : "", o.microbatches,
+        pmt::detail::str(o.recompute ? ", activations recomputed per block" : "",
+                         o.recompute_attention && !o.recompute ? ", attention recomputed" : "",
+                         o.recompute_stages > 0 && (o.recompute || o.recompute_attention)
+                             ? pmt::detail::str(" on stages < ", o.recompute_stages)
+                             : std::string(),
+                         model.sequence_parallel() ? ", sequence-parallel" : "")
+            .c_str(),
+        o.layers, o.width, o.heads, T, o.batch, Exec().concurrency());
     std::printf("data: %s, %zu bytes (%zu train, %zu validation)\n", data->path().c_str(), data->size(),
                 data->train_size(), data->val_size());
     if (o.pp > 1) std::printf("stages: %s\n", model.plan().describe().c_str());
-    std::printf("measured fp32 peak of all ranks: %.1f GFLOP/s (%s); %s\n", peak() / 1e9, pmt::obs::peak_isa_description().c_str(),
+    std::printf("measured fp32 peak of all ranks: %.1f GFLOP/s (%s); %s\n", peak() / 1e9,
+                pmt::obs::peak_isa_description().c_str(),
                 pmt::ops::matmul_path() == pmt::ops::MatmulPath::Auto
-                    ? "matmul auto: vendor BLAS or portable kernel, timed per shape class in the first step and agreed over the ranks"
+                    ? "matmul auto: vendor BLAS or portable kernel, timed per shape class in the first step and agreed "
+                      "over the ranks"
                     : pmt::ops::matmul_path_summary().c_str());
     if (o.precision == "bf16")
-      std::printf("precision: bf16 products (%s), fp32 parameters, gradients and optimizer state; MFU counts against the "
-                  "fp32 peak\n", pmt::ops::bf16_matmul_isa<Exec>());
+      std::printf(
+          "precision: bf16 products (%s), fp32 parameters, gradients and optimizer state; MFU counts against the "
+          "fp32 peak\n",
+          pmt::ops::bf16_matmul_isa<Exec>());
   }
   std::FILE* metrics = nullptr;
   if (root && !o.metrics.empty()) {
@@ -695,9 +800,10 @@ int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_p
       std::string line, kept;
       std::size_t n_kept = 0, n_dropped = 0;
       while (std::getline(in, line)) {
-        const auto at = line.find("{\"step\": ");
+        const auto at   = line.find("{\"step\": ");
         const long step = at == 0 ? std::atol(line.c_str() + 9) : -1;
-        const bool keep = at == 0 && (step < start || (step == start && line.find("\"val_loss\"") != std::string::npos));
+        const bool keep =
+            at == 0 && (step < start || (step == start && line.find("\"val_loss\"") != std::string::npos));
         (keep ? n_kept : n_dropped) += 1;
         if (keep) kept += line + "\n";
       }
@@ -705,12 +811,15 @@ int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_p
       std::ofstream(tmp, std::ios::trunc) << kept;
       std::error_code ec;
       fs::rename(tmp, o.metrics, ec);
-      if (n_dropped > 0) std::printf("metrics: %s keeps %zu lines up to step %d, dropped %zu after it\n", o.metrics.c_str(), n_kept, start, n_dropped);
+      if (n_dropped > 0)
+        std::printf("metrics: %s keeps %zu lines up to step %d, dropped %zu after it\n", o.metrics.c_str(), n_kept,
+                    start, n_dropped);
     }
     metrics = std::fopen(o.metrics.c_str(), o.resume && start > 0 ? "a" : "w");
     if (!metrics) throw pmt::IoError(prog, o.metrics + ": cannot be written");
   }
-  const std::size_t B_local = static_cast<std::size_t>(o.batch / o.dp), per = B_local / static_cast<std::size_t>(o.microbatches);
+  const std::size_t B_local = static_cast<std::size_t>(o.batch / o.dp),
+                    per     = B_local / static_cast<std::size_t>(o.microbatches);
   const std::size_t first   = B_local * static_cast<std::size_t>(mesh.coord(pmt::Axis::dp));
   std::vector<pmt::train::Microbatch<Ids>> mbs;
   for (int i = 0; i < o.microbatches; ++i) mbs.push_back({Ids("ids", per * T), Ids("targets", per * T), per, T});
@@ -723,10 +832,12 @@ int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_p
     }
   };
   const auto validate_now = [&](int step) {
-    double loss = 0;
+    double loss       = 0;
     const int batches = 4;
     for (int k = 0; k < batches; ++k) {
-      fill([&](std::size_t f, auto& ids, auto& tgt) { data->val_batch(static_cast<std::size_t>(k * o.batch) + f, per, ids, tgt); });
+      fill([&](std::size_t f, auto& ids, auto& tgt) {
+        data->val_batch(static_cast<std::size_t>(k * o.batch) + f, per, ids, tgt);
+      });
       loss += trainer.evaluate(mbs, tokens * batches);
     }
     if (root) {
@@ -748,24 +859,28 @@ int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_p
     }
     if (root && o.keep > 0) {
       const auto gone = pmt::io::prune_checkpoints(o.ckpt_dir, static_cast<std::size_t>(o.keep));
-      for (const auto& g : gone) std::printf("checkpoint: removed %s/%s (--keep %d)\n", o.ckpt_dir.c_str(), g.c_str(), o.keep);
+      for (const auto& g : gone)
+        std::printf("checkpoint: removed %s/%s (--keep %d)\n", o.ckpt_dir.c_str(), g.c_str(), o.keep);
     }
     return step;
   };
   int saved_at = -1;  // the step of this run's last checkpoint
   if (!o.trace.empty()) pmt::TraceRecorder::instance().enable();
   double total_wall = 0, total_comm = 0;  // this rank's, over the steps: the straggler report
-  const auto run_t0 = std::chrono::steady_clock::now();
+  const auto run_t0  = std::chrono::steady_clock::now();
   int skipped_in_row = 0;
   for (int step = start; step < o.steps; ++step) {
     if (guards.watchdog) guards.watchdog->set_step(step);
-    fill([&](std::size_t f, auto& ids, auto& tgt) { data->train_batch(static_cast<std::uint64_t>(o.seed), step, f, per, ids, tgt); });
+    fill([&](std::size_t f, auto& ids, auto& tgt) {
+      data->train_batch(static_cast<std::uint64_t>(o.seed), step, f, per, ids, tgt);
+    });
     const double lr = pmt::optim::warmup_cosine(step, o.warmup, o.steps, o.lr, o.lr / 10);
     const double c0 = pmt::comm::comm_time().seconds;
     const auto t0   = std::chrono::steady_clock::now();
     double loss     = 0;
     {
-      const pmt::Instrument instrument("train_gpt::step", pmt::Track::Optimizer, [step] { return "step " + std::to_string(step); });
+      const pmt::Instrument instrument("train_gpt::step", pmt::Track::Optimizer,
+                                       [step] { return "step " + std::to_string(step); });
       loss = trainer.step(mbs, pmt::train::StepOptions{tokens, lr, 1.0, /*skip_nonfinite=*/true, /*step=*/step});
     }
     if (trainer.last_step_skipped()) {  // nan or inf: the update was not applied (on every rank alike)
@@ -779,31 +894,34 @@ int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_p
       std::string ranks;
       for (int q = 0; q < world.size(); ++q)
         if (all(q) != 0) ranks += (ranks.empty() ? "" : ", ") + std::to_string(q);
-      const std::string what = pmt::detail::str("step ", step, ": loss ", loss, ", gradient norm ", trainer.last_grad_norm(),
-                                                ranks.empty() ? std::string(" (no rank's own gradients hold nan or inf: the loss does)")
-                                                              : " (non-finite gradients on rank(s) " + ranks + ")");
+      const std::string what =
+          pmt::detail::str("step ", step, ": loss ", loss, ", gradient norm ", trainer.last_grad_norm(),
+                           ranks.empty() ? std::string(" (no rank's own gradients hold nan or inf: the loss does)")
+                                         : " (non-finite gradients on rank(s) " + ranks + ")");
       if (!o.skip_nonfinite || ++skipped_in_row >= 10) {
-        throw Agreed{what + (o.skip_nonfinite ? "; 10 steps in a row were skipped" : "") +
-                         ": stopping; the update was not applied and nothing was saved" +
-                         (o.ckpt_dir.empty() ? std::string() : "; " + o.ckpt_dir + "/LATEST names the last good checkpoint"),
-                     true, exit_nonfinite};
+        throw Agreed{
+            what + (o.skip_nonfinite ? "; 10 steps in a row were skipped" : "") +
+                ": stopping; the update was not applied and nothing was saved" +
+                (o.ckpt_dir.empty() ? std::string() : "; " + o.ckpt_dir + "/LATEST names the last good checkpoint"),
+            true, exit_nonfinite};
       }
       if (root) std::printf("%s: update skipped (--on-nonfinite skip; %d in a row)\n", what.c_str(), skipped_in_row);
       if (metrics) std::fprintf(metrics, "{\"step\": %d, \"skipped\": true}\n", step), std::fflush(metrics);
       continue;
     }
     skipped_in_row = 0;
-    const auto t1   = std::chrono::steady_clock::now();
+    const auto t1  = std::chrono::steady_clock::now();
     const double s = std::chrono::duration<double>(t1 - t0).count(), comm = pmt::comm::comm_time().seconds - c0;
     total_wall += s, total_comm += comm;
     if (root) {
       const double done = double(step + 1 - start) / double(o.steps - start);
       const double left = std::chrono::duration<double>(t1 - run_t0).count() * (1 - done) / done;
-      std::printf("step %5d/%d  loss %.4f  lr %.2e  %7.0f tok/s  MFU %4.1f%% (%s)  comm %4.1f%%  [%3.0f%%, %dm%02ds left]\n",
-                  step, o.steps, loss, lr, tokens / s, 100.0 * flops / s / peak(),
-                  o.precision == "bf16" ? pmt::detail::str("bf16 ", pmt::ops::bf16_matmul_isa<Exec>()).c_str()
-                                        : pmt::ops::matmul_path_label().c_str(),
-                  100.0 * comm / s, 100.0 * done, int(left) / 60, int(left) % 60);
+      std::printf(
+          "step %5d/%d  loss %.4f  lr %.2e  %7.0f tok/s  MFU %4.1f%% (%s)  comm %4.1f%%  [%3.0f%%, %dm%02ds left]\n",
+          step, o.steps, loss, lr, tokens / s, 100.0 * flops / s / peak(),
+          o.precision == "bf16" ? pmt::detail::str("bf16 ", pmt::ops::bf16_matmul_isa<Exec>()).c_str()
+                                : pmt::ops::matmul_path_label().c_str(),
+          100.0 * comm / s, 100.0 * done, int(left) / 60, int(left) % 60);
       if (step == start && pmt::ops::matmul_path() == pmt::ops::MatmulPath::Auto)
         std::printf("%s%s\n", pmt::ops::matmul_path_summary(cores_shared ? 0.0 : peak() / 1e9 / world.size()).c_str(),
                     cores_shared ? " (ranks share cores: no share of peak)" : "");
@@ -820,9 +938,11 @@ int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_p
     if (const int sig = pmt::train::agree_stop(world)) {  // preemption: all ranks stop at this step boundary
       if (!o.ckpt_dir.empty() && saved_at != step + 1) saved_at = save(step + 1);
       if (root) {
-        std::printf("stopped by %s after step %d: %s\n", pmt::train::signal_name(sig), step,
-                    o.ckpt_dir.empty() ? "no --ckpt-dir, nothing saved"
-                                       : ("saved " + pmt::io::checkpoint_step_dir(o.ckpt_dir, saved_at) + "; --resume continues it").c_str());
+        std::printf(
+            "stopped by %s after step %d: %s\n", pmt::train::signal_name(sig), step,
+            o.ckpt_dir.empty()
+                ? "no --ckpt-dir, nothing saved"
+                : ("saved " + pmt::io::checkpoint_step_dir(o.ckpt_dir, saved_at) + "; --resume continues it").c_str());
         std::fflush(stdout);
       }
       if (metrics) std::fclose(metrics);
@@ -845,30 +965,39 @@ int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_p
     if (root && start < o.steps) {
       double slowest = 0, mean = 0;
       for (int q = 0; q < world.size(); ++q) slowest = std::max(slowest, all(3 * q)), mean += all(3 * q) / world.size();
-      std::printf("per-rank time over %d steps (compute = step time outside communication calls; comm = inside them,\n"
-                  "waiting included; idle = the slowest rank's compute minus this rank's) and peak memory (Kokkos\n"
-                  "allocations: parameters, gradients, optimizer state, activations, buffers):\n", o.steps - start);
+      std::printf(
+          "per-rank time over %d steps (compute = step time outside communication calls; comm = inside them,\n"
+          "waiting included; idle = the slowest rank's compute minus this rank's) and peak memory (Kokkos\n"
+          "allocations: parameters, gradients, optimizer state, activations, buffers):\n",
+          o.steps - start);
       std::printf("  rank  %-26s %10s %10s %10s %10s\n", "dp / tp / pp", "compute s", "comm s", "idle s", "peak MiB");
       for (int q = 0; q < world.size(); ++q) {
         const int tp_i = q % o.tp, dp_i = q / o.tp % o.dp, pp_i = q / (o.tp * o.dp);
         const std::string peak = o.memory_report ? pmt::detail::str(std::round(all(3 * q + 2) / 10485.76) / 100) : "-";
-        std::printf("  %4d  dp %d/%d, tp %d/%d, pp %d/%d%*s %10.2f %10.2f %10.2f %10s%s\n", q, dp_i, o.dp, tp_i, o.tp, pp_i,
-                    o.pp, 4, "", all(3 * q), all(3 * q + 1), slowest - all(3 * q), peak.c_str(),
+        std::printf("  %4d  dp %d/%d, tp %d/%d, pp %d/%d%*s %10.2f %10.2f %10.2f %10s%s\n", q, dp_i, o.dp, tp_i, o.tp,
+                    pp_i, o.pp, 4, "", all(3 * q), all(3 * q + 1), slowest - all(3 * q), peak.c_str(),
                     all(3 * q) == slowest && world.size() > 1 ? "  <- slowest" : "");
       }
       std::printf("imbalance (slowest / mean compute): %.3f\n", mean > 0 ? slowest / mean : 1.0);
       if (o.dp > 1)
-        std::printf("dp communication: %.2f MiB handed to dp all-reduces by rank 0 over %d steps (%s)\n",
-                    double(trainer.dp_bytes_sent()) / 1048576.0, o.steps - start,
-                    o.diloco > 0      ? pmt::detail::str("DiLoCo: parameters averaged every ", o.diloco, " steps").c_str()
-                    : o.local_sgd > 0 ? pmt::detail::str("local SGD: parameters averaged every ", o.local_sgd, " steps").c_str()
-                    : o.staleness >= 0 ? pmt::detail::str("gradients every step, fp32, applied ", o.staleness, " steps late").c_str()
-                    : o.zero          ? pmt::detail::str("ZeRO-", o.zero_stage, " reduce-scatters and all-gathers itself: not counted").c_str()
-                                      : pmt::detail::str("gradients every step, ", o.compress == "bf16" ? "bf16 with error feedback" : "fp32").c_str());
-      if (metrics) std::fprintf(metrics, "{\"dp_bytes_sent\": %llu}\n", static_cast<unsigned long long>(trainer.dp_bytes_sent()));
+        std::printf(
+            "dp communication: %.2f MiB handed to dp all-reduces by rank 0 over %d steps (%s)\n",
+            double(trainer.dp_bytes_sent()) / 1048576.0, o.steps - start,
+            o.diloco > 0      ? pmt::detail::str("DiLoCo: parameters averaged every ", o.diloco, " steps").c_str()
+            : o.local_sgd > 0 ? pmt::detail::str("local SGD: parameters averaged every ", o.local_sgd, " steps").c_str()
+            : o.staleness >= 0
+                ? pmt::detail::str("gradients every step, fp32, applied ", o.staleness, " steps late").c_str()
+            : o.zero
+                ? pmt::detail::str("ZeRO-", o.zero_stage, " reduce-scatters and all-gathers itself: not counted")
+                      .c_str()
+                : pmt::detail::str("gradients every step, ", o.compress == "bf16" ? "bf16 with error feedback" : "fp32")
+                      .c_str());
+      if (metrics)
+        std::fprintf(metrics, "{\"dp_bytes_sent\": %llu}\n", static_cast<unsigned long long>(trainer.dp_bytes_sent()));
       if (metrics && o.memory_report) {
         std::string list;
-        for (int q = 0; q < world.size(); ++q) list += (q ? ", " : "") + std::to_string(static_cast<long long>(all(3 * q + 2)));
+        for (int q = 0; q < world.size(); ++q)
+          list += (q ? ", " : "") + std::to_string(static_cast<long long>(all(3 * q + 2)));
         std::fprintf(metrics, "{\"peak_memory_bytes\": [%s]}\n", list.c_str());
       }
     }
@@ -906,7 +1035,8 @@ int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_p
       Kokkos::View<std::int32_t*, Kokkos::HostSpace> next("gen::next", 1);
       if (s + 1 == P) {  // the last row's logits, gathered over tp, sampled alike on every tp rank
         const std::size_t vl = out.extent(1);
-        Kokkos::View<float*, Kokkos::HostSpace> mine("gen::mine", vl), all("gen::all", vl * static_cast<std::size_t>(o.tp));
+        Kokkos::View<float*, Kokkos::HostSpace> mine("gen::mine", vl),
+            all("gen::all", vl * static_cast<std::size_t>(o.tp));
         auto ho = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out);
         for (std::size_t v = 0; v < vl; ++v) mine(v) = ho(n - 1, v);
         pmt::comm::all_gather(mesh.comm(pmt::Axis::tp), Kokkos::DefaultHostExecutionSpace(), mine, all);
@@ -914,7 +1044,9 @@ int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_p
         for (std::size_t v = 0; v < all.size(); ++v) mx = std::max(mx, double(all(v)) / 0.8);
         std::vector<double> prob(all.size());
         for (std::size_t v = 0; v < all.size(); ++v) z += prob[v] = std::exp(double(all(v)) / 0.8 - mx);
-        double u = pmt::random_uniform(pmt::RngKey{static_cast<std::uint64_t>(o.seed), 4242}, static_cast<std::uint64_t>(g)) * z;
+        double u =
+            pmt::random_uniform(pmt::RngKey{static_cast<std::uint64_t>(o.seed), 4242}, static_cast<std::uint64_t>(g)) *
+            z;
         std::size_t v = 0;
         while (v + 1 < all.size() && (u -= prob[v]) > 0) ++v;
         next(0) = static_cast<std::int32_t>(v);

@@ -17,7 +17,7 @@ if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 
 # ---------------------------------------------------------------------------------------------
 # apt packages
-APT_PKGS=(g++ make cmake pkg-config patch openmpi-bin libopenmpi-dev libopenblas-dev libopenblas-openmp-dev dpkg-dev xz-utils unzip python3-pip
+APT_PKGS=(g++ make cmake pkg-config patch clang-format openmpi-bin libopenmpi-dev libopenblas-dev libopenblas-openmp-dev dpkg-dev xz-utils unzip python3-pip
           iproute2 util-linux)  # ip, unshare, taskset: the tests' two emulated nodes (scripts/two_nodes.sh)
 need=()
 for p in "${APT_PKGS[@]}"; do

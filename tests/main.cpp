@@ -38,8 +38,8 @@ int main(int argc, char* argv[]) {
   std::string log_name;
   if (rank != 0) {
     const char* dir = std::getenv("PMT_TEST_LOG_DIR");
-    log_name = (dir ? std::string(dir) + "/" : std::string()) + base_name(argv[0]) + ".np" +
-               std::to_string(size) + ".rank" + std::to_string(rank) + ".log";
+    log_name = (dir ? std::string(dir) + "/" : std::string()) + base_name(argv[0]) + ".np" + std::to_string(size) +
+               ".rank" + std::to_string(rank) + ".log";
     session.configData().defaultOutputFilename = log_name;
   }
 #if PMT_ENABLE_MPI

@@ -46,8 +46,7 @@ inline bool all_ranks(bool ok) {
 /// Relative tolerance for a result accumulated over k terms in type T.
 template <class T>
 T tol(double k = 1.0) {
-  return static_cast<T>(std::max(1.0, std::sqrt(k)) * 8.0 *
-                        static_cast<double>(std::numeric_limits<T>::epsilon()));
+  return static_cast<T>(std::max(1.0, std::sqrt(k)) * 8.0 * static_cast<double>(std::numeric_limits<T>::epsilon()));
 }
 
 }  // namespace pmt::test

@@ -56,7 +56,7 @@ bool check_reduce_scatter_all_gather_broadcast(const C& c, std::size_t m) {
   Host exec;
   const int r = c.rank(), p = c.size();
   const std::size_t n = m * static_cast<std::size_t>(p);
-  bool ok = true;
+  bool ok             = true;
   for (bool in_place : {false, true}) {
     // reduce_scatter: rank r gets the sum over ranks of block r
     Vec<T> send("send", n), out("out", m);
@@ -73,7 +73,7 @@ bool check_reduce_scatter_all_gather_broadcast(const C& c, std::size_t m) {
       exec.fence();
       for (std::size_t j = 0; j < m; ++j) {
         const double want = (p * (p + 1) / 2 + double(p) * double((static_cast<std::size_t>(r) * m + j) % 5)) / p;
-        ok = ok && std::abs(double(recv(j)) - want) <= 1e-6 * want;
+        ok                = ok && std::abs(double(recv(j)) - want) <= 1e-6 * want;
       }
     }
     // all_gather: block b holds rank b's values
@@ -83,7 +83,8 @@ bool check_reduce_scatter_all_gather_broadcast(const C& c, std::size_t m) {
     for (std::size_t j = 0; j < m; ++j) src(j) = T(100 * (r + 1)) + T(j % 7);
     pmt::comm::all_gather(c, exec, src, all);
     exec.fence();
-    for (std::size_t i = 0; i < n; ++i) ok = ok && all(i) == T(100 * (i / (m > 0 ? m : 1) + 1)) + T(i % (m > 0 ? m : 1) % 7);
+    for (std::size_t i = 0; i < n; ++i)
+      ok = ok && all(i) == T(100 * (i / (m > 0 ? m : 1) + 1)) + T(i % (m > 0 ? m : 1) % 7);
   }
   // broadcast from the last rank
   Vec<T> buf("buf", m);
@@ -131,8 +132,8 @@ const std::vector<std::size_t> sizes = {0, 1, 13, std::size_t(1) << 20};
 
 }  // namespace
 
-TEMPLATE_TEST_CASE("all_reduce gives exact sum, avg, max and min in place and out of place",
-                   "[comm][collectives][mpi]", float, double) {
+TEMPLATE_TEST_CASE("all_reduce gives exact sum, avg, max and min in place and out of place", "[comm][collectives][mpi]",
+                   float, double) {
   for (std::size_t n : sizes) {
     INFO("n = " << n);
     CHECK(pmt::test::all_ranks(check_all_reduce<TestType>(pmt::test::world(), n)));
@@ -149,8 +150,8 @@ TEMPLATE_TEST_CASE("reduce_scatter, all_gather and broadcast are exact in place 
   }
 }
 
-TEMPLATE_TEST_CASE("send and recv, blocking and non-blocking, pass messages around a ring",
-                   "[comm][p2p][mpi]", float, double) {
+TEMPLATE_TEST_CASE("send and recv, blocking and non-blocking, pass messages around a ring", "[comm][p2p][mpi]", float,
+                   double) {
   for (std::size_t m : sizes) {
     INFO("message = " << m);
     CHECK(pmt::test::all_ranks(check_send_recv<TestType>(pmt::test::world(), m)));
@@ -166,10 +167,10 @@ TEST_CASE("iall_reduce overlapping a Kokkos kernel gives the same result and kee
   Vec<double> buf("buf", n), other("other", n), ref("ref", n);
   for (std::size_t i = 0; i < n; ++i) ref(i) = buf(i) = double(c.rank() + 1) * 0.5 + double(i % 9);
   pmt::comm::all_reduce(c, exec, ref, ReduceOp::Avg);
-  auto req = pmt::comm::iall_reduce(c, exec, buf, ReduceOp::Avg);
+  auto req        = pmt::comm::iall_reduce(c, exec, buf, ReduceOp::Avg);
   const long held = buf.use_count();
-  Kokkos::parallel_for("overlap", Kokkos::RangePolicy<Host>(exec, 0, n),
-                       KOKKOS_LAMBDA(std::size_t i) { other(i) = 2.0 * double(i); });
+  Kokkos::parallel_for(
+      "overlap", Kokkos::RangePolicy<Host>(exec, 0, n), KOKKOS_LAMBDA(std::size_t i) { other(i) = 2.0 * double(i); });
   exec.fence();
   req.wait();
   exec.fence();
@@ -183,10 +184,11 @@ TEST_CASE("ireduce_scatter equals reduce_scatter, two in flight at once, and ref
           "[comm][nonblocking][mpi]") {
   const auto& c = pmt::test::world();
   Host exec;
-  const auto n = static_cast<std::size_t>(c.size());
+  const auto n            = static_cast<std::size_t>(c.size());
   const std::size_t block = 1000;
   Vec<double> a("a", block * n), b("b", block * n), ra("ra", block), rb("rb", block), ea("ea", block), eb("eb", block);
-  for (std::size_t i = 0; i < a.size(); ++i) a(i) = double(c.rank() + 1) * 0.25 + double(i % 13), b(i) = -double(i % 7) * (c.rank() + 2);
+  for (std::size_t i = 0; i < a.size(); ++i)
+    a(i) = double(c.rank() + 1) * 0.25 + double(i % 13), b(i) = -double(i % 7) * (c.rank() + 2);
   pmt::comm::reduce_scatter(c, exec, a, ea);
   pmt::comm::reduce_scatter(c, exec, b, eb, ReduceOp::Max);
   auto qa = pmt::comm::ireduce_scatter(c, exec, a, ra);
@@ -196,9 +198,11 @@ TEST_CASE("ireduce_scatter equals reduce_scatter, two in flight at once, and ref
   bool ok = true;
   for (std::size_t i = 0; i < block; ++i) ok = ok && ra(i) == ea(i) && rb(i) == eb(i);
   CHECK(pmt::test::all_ranks(ok));
-  CHECK_THROWS_WITH((void)pmt::comm::ireduce_scatter(c, exec, a, ra, ReduceOp::Avg), Catch::Matchers::ContainsSubstring("Avg"));
+  CHECK_THROWS_WITH((void)pmt::comm::ireduce_scatter(c, exec, a, ra, ReduceOp::Avg),
+                    Catch::Matchers::ContainsSubstring("Avg"));
   Vec<double> wrong("wrong", block + 1);
-  CHECK_THROWS_WITH((void)pmt::comm::ireduce_scatter(c, exec, a, wrong), Catch::Matchers::ContainsSubstring("blocks of recv"));
+  CHECK_THROWS_WITH((void)pmt::comm::ireduce_scatter(c, exec, a, wrong),
+                    Catch::Matchers::ContainsSubstring("blocks of recv"));
 }
 
 TEST_CASE("bf16 rounds to nearest even, keeps nan and inf, and moves through the collectives", "[comm][bf16][mpi]") {
@@ -211,7 +215,7 @@ TEST_CASE("bf16 rounds to nearest even, keeps nan and inf, and moves through the
   CHECK(bits(1.0f + 3.0f / 256) == 0x3F82);                      // halfway, even above
   CHECK(bits(1.0f + 1.0f / 256 + 1.0f / 65536) == 0x3F81);       // just above halfway
   CHECK(bits(std::numeric_limits<float>::infinity()) == 0x7F80);
-  CHECK(bits(std::numeric_limits<float>::max()) == 0x7F80);      // rounds past the largest bf16
+  CHECK(bits(std::numeric_limits<float>::max()) == 0x7F80);  // rounds past the largest bf16
   CHECK(std::isnan(static_cast<float>(pmt::bf16(std::numeric_limits<float>::quiet_NaN()))));
   CHECK(std::isnan(static_cast<float>(pmt::bf16(-std::numeric_limits<float>::signaling_NaN()))));
   // all_reduce (sum, max, min; in place and out of place) and all_gather of bf16: values whose
@@ -225,13 +229,17 @@ TEST_CASE("bf16 rounds to nearest even, keeps nan and inf, and moves through the
         for (bool in_place : {false, true}) {
           Vec<pmt::bf16> send("send", n), recv("recv", n);
           for (std::size_t i = 0; i < n; ++i) send(i) = pmt::bf16(float(r + 1) + float(i % 5));
-          if (in_place) pmt::comm::all_reduce(c, exec, send, op), recv = send;
-          else pmt::comm::all_reduce(c, exec, send, recv, op);
+          if (in_place)
+            pmt::comm::all_reduce(c, exec, send, op), recv = send;
+          else
+            pmt::comm::all_reduce(c, exec, send, recv, op);
           exec.fence();
           for (std::size_t i = 0; i < n; ++i) {
-            const float k = float(i % 5);
-            const float expect = op == ReduceOp::Sum ? float(p * (p + 1) / 2) + float(p) * k : op == ReduceOp::Max ? float(p) + k : 1.0f + k;
-            ok = ok && static_cast<float>(recv(i)) == expect;
+            const float k      = float(i % 5);
+            const float expect = op == ReduceOp::Sum   ? float(p * (p + 1) / 2) + float(p) * k
+                                 : op == ReduceOp::Max ? float(p) + k
+                                                       : 1.0f + k;
+            ok                 = ok && static_cast<float>(recv(i)) == expect;
           }
         }
     Vec<pmt::bf16> mine("mine", 3), all("all", 3 * std::size_t(p));
@@ -239,7 +247,8 @@ TEST_CASE("bf16 rounds to nearest even, keeps nan and inf, and moves through the
     pmt::comm::all_gather(c, exec, mine, all);
     exec.fence();
     for (int q = 0; q < p; ++q)
-      for (std::size_t i = 0; i < 3; ++i) ok = ok && static_cast<float>(all(3 * std::size_t(q) + i)) == float(10 * q) + float(i);
+      for (std::size_t i = 0; i < 3; ++i)
+        ok = ok && static_cast<float>(all(3 * std::size_t(q) + i)) == float(10 * q) + float(i);
     return ok;
   };
   CHECK(pmt::test::all_ranks(run(pmt::test::world())));

@@ -12,15 +12,15 @@ using Catch::Matchers::StartsWith;
 using pmt::comm::ReduceOp;
 using Host = Kokkos::DefaultHostExecutionSpace;
 
-TEST_CASE("collectives check sizes, roots, contiguity and Avg's type before communicating",
-          "[comm][errors][mpi]") {
+TEST_CASE("collectives check sizes, roots, contiguity and Avg's type before communicating", "[comm][errors][mpi]") {
   const auto& c = pmt::test::world();
   Host exec;
   const int n = c.size();
   Kokkos::View<float*, Kokkos::LayoutRight, Host::memory_space> a("a", 6), b("b", 5);
   const std::string where = " (communicator rank " + std::to_string(c.rank()) + " of " + std::to_string(n) + ")";
-  CHECK_THROWS_WITH(pmt::comm::all_reduce(c, exec, a, b),
-                    StartsWith("pmt::comm::all_reduce: send is (6) but recv is (5); expected the same number of elements" + where));
+  CHECK_THROWS_WITH(
+      pmt::comm::all_reduce(c, exec, a, b),
+      StartsWith("pmt::comm::all_reduce: send is (6) but recv is (5); expected the same number of elements" + where));
   CHECK_THROWS_WITH(pmt::comm::broadcast(c, exec, a, n + 2),
                     StartsWith("pmt::comm::broadcast: root is " + std::to_string(n + 2) + "; expected a rank in [0, " +
                                std::to_string(n) + ")" + where));
@@ -33,13 +33,14 @@ TEST_CASE("collectives check sizes, roots, contiguity and Avg's type before comm
   CHECK_THROWS_AS(pmt::comm::reduce_scatter(c, exec, big, a), pmt::ShapeError);
   Kokkos::View<float**, Kokkos::LayoutRight, Host::memory_space> m("m", 4, 4);
   auto block = Kokkos::subview(m, std::make_pair(0, 2), std::make_pair(0, 2));  // LayoutRight, row stride 4
-  CHECK_THROWS_WITH(pmt::comm::all_reduce(c, exec, block),
-                    StartsWith("pmt::comm::all_reduce: send is (2, 2) but not contiguous; collectives need contiguous Views"));
+  CHECK_THROWS_WITH(
+      pmt::comm::all_reduce(c, exec, block),
+      StartsWith("pmt::comm::all_reduce: send is (2, 2) but not contiguous; collectives need contiguous Views"));
 }
 
 TEST_CASE("debug mode raises on every rank when ranks call different collectives", "[comm][debug][mpi]") {
   const auto& w = pmt::test::world();
-  auto c = w.split(0, w.rank());  // a fresh communicator: its own collective counter
+  auto c        = w.split(0, w.rank());  // a fresh communicator: its own collective counter
   c.set_debug(true);
   Host exec;
   const int r = c.rank(), n = c.size();
@@ -53,8 +54,10 @@ TEST_CASE("debug mode raises on every rank when ranks call different collectives
   bool threw = false;
   std::string what;
   try {
-    if (r == 0) pmt::comm::all_reduce(c, exec, four);
-    else pmt::comm::all_reduce(c, exec, five);
+    if (r == 0)
+      pmt::comm::all_reduce(c, exec, four);
+    else
+      pmt::comm::all_reduce(c, exec, five);
   } catch (const pmt::CommError& e) {
     threw = true;
     what  = e.what();
@@ -67,8 +70,10 @@ TEST_CASE("debug mode raises on every rank when ranks call different collectives
   // a different collective altogether: rank 0 broadcasts while the others all_reduce
   threw = false;
   try {
-    if (r == 0) pmt::comm::broadcast(c, exec, four, 0);
-    else pmt::comm::all_reduce(c, exec, four);
+    if (r == 0)
+      pmt::comm::broadcast(c, exec, four, 0);
+    else
+      pmt::comm::all_reduce(c, exec, four);
   } catch (const pmt::CommError& e) {
     threw = true;
     what  = e.what();
@@ -87,11 +92,10 @@ TEST_CASE("PMT_DEBUG_COLLECTIVES=1 in the environment turns debug mode on for ne
   unsetenv("PMT_DEBUG_COLLECTIVES");
   CHECK(on.debug());
   CHECK(off.debug() == (PMT_DEBUG != 0));  // PMT_DEBUG builds have it on regardless
-  CHECK(on.split(0, 0).debug());  // a split inherits the flag
+  CHECK(on.split(0, 0).debug());           // a split inherits the flag
 }
 
-TEST_CASE("MPI failures become CommErrors naming the op, the call, MPI's text and the rank",
-          "[comm][errors][mpi]") {
+TEST_CASE("MPI failures become CommErrors naming the op, the call, MPI's text and the rank", "[comm][errors][mpi]") {
   const auto& c = pmt::test::world();
   MPI_Errhandler eh;
   MPI_Comm_get_errhandler(c.native(), &eh);

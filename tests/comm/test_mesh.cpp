@@ -32,8 +32,7 @@ TEST_CASE("split groups ranks by color and orders them by key", "[comm][split][m
   CHECK(pmt::test::all_ranks(world_ranks_in(half, r) == expect));
 }
 
-TEST_CASE("Mesh axis communicators hold the expected ranks for every factorisation",
-          "[comm][mesh][mpi]") {
+TEST_CASE("Mesh axis communicators hold the expected ranks for every factorisation", "[comm][mesh][mpi]") {
   const auto& w = pmt::test::world();
   const int n = w.size(), r = w.rank();
   int layouts = 0;
@@ -62,10 +61,9 @@ TEST_CASE("Mesh axis communicators hold the expected ranks for every factorisati
   CHECK(layouts == expected_layouts);
 }
 
-TEST_CASE("a Mesh whose degrees do not multiply to the world size names every factor",
-          "[comm][mesh][errors][mpi]") {
+TEST_CASE("a Mesh whose degrees do not multiply to the world size names every factor", "[comm][mesh][errors][mpi]") {
   const auto& w = pmt::test::world();
-  const int n = w.size();
+  const int n   = w.size();
   using Catch::Matchers::StartsWith;
   CHECK_THROWS_AS(pmt::Mesh<pmt::test::World::backend>(w, pmt::MeshShape{2, 2, n + 1}), pmt::ConfigError);
   CHECK_THROWS_WITH(pmt::Mesh<pmt::test::World::backend>(w, pmt::MeshShape{n + 1, 1, 2}),

@@ -3,7 +3,7 @@
 #include "pmt/nn/chain.hpp"
 #include "pmt/nn/linear.hpp"
 
-using Exec = Kokkos::DefaultHostExecutionSpace;
+using Exec     = Kokkos::DefaultHostExecutionSpace;
 using ColLayer = pmt::nn::Linear<float, pmt::TensorSplit<pmt::Col>, Exec, pmt::comm::Self>;
 
 int main() { return static_cast<int>(sizeof(pmt::nn::Chain<ColLayer, ColLayer>)); }

@@ -7,10 +7,10 @@ using Exec = Kokkos::DefaultHostExecutionSpace;
 
 // A user layer that leaves its output as partial sums over tp (a Row product before its all-reduce).
 struct PartialProduct {
-  using value_type       = float;
-  using execution_space  = Exec;
-  using input_placement  = pmt::Sharded;
-  using output_placement = pmt::Partial;
+  using value_type                = float;
+  using execution_space           = Exec;
+  using input_placement           = pmt::Sharded;
+  using output_placement          = pmt::Partial;
   static constexpr bool nonlinear = false;
 };
 

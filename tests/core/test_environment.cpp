@@ -86,14 +86,15 @@ TEST_CASE("a parallel_reduce runs on every enabled space on every rank", "[core]
 
 TEST_CASE("ScopeGuard flushes denormals to zero on the host threads it starts", "[core][environment][denormals]") {
 #if defined(__x86_64__) || defined(__i386__)
-  const char* keep = std::getenv("PMT_DENORMALS");
+  const char* keep  = std::getenv("PMT_DENORMALS");
   const bool expect = !keep || std::string(keep) != "keep";
   // every host thread of Kokkos inherited the main thread's setting (a host lambda: the flag is the
   // host CPU's, and a Kokkos::Cuda build must not compile the call for the device)
-  using Host = Kokkos::DefaultHostExecutionSpace;
+  using Host  = Kokkos::DefaultHostExecutionSpace;
   int flushed = 0;
-  Kokkos::parallel_reduce("flushed", Kokkos::RangePolicy<Host>(0, 4 * Host().concurrency()),
-                          [=](int, int& n) { n += pmt::denormals_flushed() ? 1 : 0; }, flushed);
+  Kokkos::parallel_reduce(
+      "flushed", Kokkos::RangePolicy<Host>(0, 4 * Host().concurrency()),
+      [=](int, int& n) { n += pmt::denormals_flushed() ? 1 : 0; }, flushed);
   CHECK(pmt::denormals_flushed() == expect);
   CHECK(flushed == (expect ? 4 * Host().concurrency() : 0));
   // and it does what it says: a product below the smallest normal float is zero, a denormal input

@@ -2,8 +2,8 @@
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
-#include "pmt/core/error.hpp"
 #include "pmt/core/environment.hpp"
+#include "pmt/core/error.hpp"
 
 #include <string>
 
@@ -20,7 +20,7 @@ TEST_CASE("shape_str prints every extent of a View", "[core][error]") {
 }
 
 TEST_CASE("require builds its message only when the check fails", "[core][error]") {
-  int calls = 0;
+  int calls    = 0;
   auto message = [&] {
     ++calls;
     return std::string("A is (64, 128) but B is (256, 32); A.cols must equal B.rows");
@@ -33,17 +33,14 @@ TEST_CASE("require builds its message only when the check fails", "[core][error]
 
 TEST_CASE("errors name the op, the values and the rank context", "[core][error]") {
   try {
-    pmt::detail::require<pmt::ConfigError>(false, "pmt::Mesh", [] {
-      return std::string("dp(2) * tp(2) * pp(2) = 8 != world size 6");
-    });
+    pmt::detail::require<pmt::ConfigError>(false, "pmt::Mesh",
+                                           [] { return std::string("dp(2) * tp(2) * pp(2) = 8 != world size 6"); });
     FAIL("require did not throw");
   } catch (const pmt::Error& e) {
-    const std::string expected_rank =
-        pmt::world_size() > 1 ? " [rank " + std::to_string(pmt::world_rank()) + "/" +
-                                    std::to_string(pmt::world_size()) + "]"
-                              : "";
-    CHECK_THAT(e.what(),
-               Equals("pmt::Mesh: dp(2) * tp(2) * pp(2) = 8 != world size 6" + expected_rank));
+    const std::string expected_rank = pmt::world_size() > 1 ? " [rank " + std::to_string(pmt::world_rank()) + "/" +
+                                                                  std::to_string(pmt::world_size()) + "]"
+                                                            : "";
+    CHECK_THAT(e.what(), Equals("pmt::Mesh: dp(2) * tp(2) * pp(2) = 8 != world size 6" + expected_rank));
     CHECK(e.op() == "pmt::Mesh");
   }
 }

@@ -15,11 +15,11 @@
 #include <Kokkos_Core.hpp>
 
 #include <cmath>
-#include <string>
-#include <optional>
-#include <type_traits>
 #include <cstdio>
+#include <optional>
 #include <random>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 #if !defined(KOKKOS_ENABLE_CUDA)
@@ -51,9 +51,9 @@ void fill(const V& v, unsigned seed) {
 /// max |a - b| / max(1, |b|), a on the device, b on the host.
 template <class DV, class HV>
 double rel_diff(const DV& a, const HV& b) {
-  auto ha = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), a);
-  auto fa = pmt::detail::flat(ha);
-  auto fb = pmt::detail::flat(b);
+  auto ha      = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), a);
+  auto fa      = pmt::detail::flat(ha);
+  auto fb      = pmt::detail::flat(b);
   double worst = 0;
   for (std::size_t i = 0; i < fa.extent(0); ++i)
     worst = std::max(worst, std::abs(double(fa(i)) - double(fb(i))) / std::max(1.0, std::abs(double(fb(i)))));
@@ -89,7 +89,8 @@ void check_matmul_bf16() {
   auto hA = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), A);
   auto hB = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), B);
   HM<float> hC("hC", m, n);
-  expect(std::string(pmt::ops::bf16_matmul_isa<Dev>()) == "cublas-bf16", "matmul_bf16 on Kokkos::Cuda runs cuBLAS's bf16 GEMM");
+  expect(std::string(pmt::ops::bf16_matmul_isa<Dev>()) == "cublas-bf16",
+         "matmul_bf16 on Kokkos::Cuda runs cuBLAS's bf16 GEMM");
   pmt::ops::matmul_bf16(Dev(), pmt::ops::Trans::N, pmt::ops::Trans::T, 1.0f, A, B, 0.0f, C);
   pmt::ops::matmul_bf16<pmt::ops::MatmulVendor>(Host(), pmt::ops::Trans::N, pmt::ops::Trans::T, 1.0f, hA, hB, 0.0f, hC);
   Kokkos::fence();
@@ -167,8 +168,8 @@ std::vector<double> train(const pmt::comm::Communicator<B>& world, const pmt::tr
     auto ids = Kokkos::create_mirror_view(mbs[0].ids), tgt = Kokkos::create_mirror_view(mbs[0].targets);
     for (std::size_t i = 0; i < per * T; ++i) {
       const std::size_t g = (std::size_t(world.rank()) * per * T + i) * 7919 + std::size_t(step) * 104729;
-      ids(i) = static_cast<typename G::Ids::value_type>(g % cfg.vocab);
-      tgt(i) = static_cast<typename G::Ids::value_type>((g / 3) % cfg.vocab);
+      ids(i)              = static_cast<typename G::Ids::value_type>(g % cfg.vocab);
+      tgt(i)              = static_cast<typename G::Ids::value_type>((g / 3) % cfg.vocab);
     }
     Kokkos::deep_copy(mbs[0].ids, ids);
     Kokkos::deep_copy(mbs[0].targets, tgt);
@@ -199,7 +200,8 @@ int main(int argc, char* argv[]) {
   const auto host = train<Host, pmt::comm::Mpi>(world);
   // the other data-parallel modes on the device: bf16-compressed gradients (with dp > 1), DiLoCo
   // and bounded staleness; their first step's loss is the synchronous one's
-  pmt::train::TrainerOptions packed(pmt::parallel::GradSyncOptions{std::size_t(1) << 20, pmt::parallel::GradCompression::bf16});
+  pmt::train::TrainerOptions packed(
+      pmt::parallel::GradSyncOptions{std::size_t(1) << 20, pmt::parallel::GradCompression::bf16});
   pmt::train::TrainerOptions period;
   period.period = 2, period.staleness = 1;
   const auto bf16   = train<Dev, Backend>(nccl, packed);
@@ -208,13 +210,15 @@ int main(int argc, char* argv[]) {
   if (root)
     for (const auto* other : {&bf16, &diloco, &stale})
       expect(std::abs((*other)[0] - dev[0]) <= 1e-5 * std::abs(dev[0]),
-             pmt::detail::str("first step of a data-parallel mode on Kokkos::Cuda + NCCL: loss ", (*other)[0], ", synchronous ", dev[0]));
+             pmt::detail::str("first step of a data-parallel mode on Kokkos::Cuda + NCCL: loss ", (*other)[0],
+                              ", synchronous ", dev[0]));
   for (std::size_t s = 0; s < dev.size(); ++s)
     if (root) {
       expect(std::abs(dev[s] - host[s]) <= 1e-5 * std::abs(host[s]),
              pmt::detail::str("Gpt step ", s, " on Kokkos::Cuda + NCCL: loss ", dev[s], ", host ", host[s]));
-      expect(std::abs(zero[s] - dev[s]) <= 1e-5 * std::abs(dev[s]),
-             pmt::detail::str("Gpt step ", s, " with ZeRO-1 on Kokkos::Cuda + NCCL: loss ", zero[s], ", AdamW ", dev[s]));
+      expect(
+          std::abs(zero[s] - dev[s]) <= 1e-5 * std::abs(dev[s]),
+          pmt::detail::str("Gpt step ", s, " with ZeRO-1 on Kokkos::Cuda + NCCL: loss ", zero[s], ", AdamW ", dev[s]));
     }
   if (root) std::printf("%s\n", failures == 0 ? "cuda_step: all checks hold" : "cuda_step: FAILED");
   return failures == 0 ? 0 : 1;

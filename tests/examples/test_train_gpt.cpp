@@ -53,8 +53,10 @@ struct Result {
 };
 
 Result run(const std::string& args, int np = 1, const std::string& env = "") {
-  std::string cmd = "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_PROC_BIND=false OMP_NUM_THREADS=1 "
-                    "OMPI_MCA_btl_vader_single_copy_mechanism=none " + env + " timeout 240 ";
+  std::string cmd =
+      "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_PROC_BIND=false OMP_NUM_THREADS=1 "
+      "OMPI_MCA_btl_vader_single_copy_mechanism=none " +
+      env + " timeout 240 ";
   if (np > 1) cmd += std::string(PMT_MPIEXEC) + " -n " + std::to_string(np) + " --oversubscribe --bind-to none ";
   cmd += std::string(PMT_TRAIN_GPT) + " " + args + " 2>&1";
   Result r{0, ""};
@@ -134,8 +136,8 @@ TEST_CASE("--chunks 2: interleaved 1F1B on 2 stages prints the one-rank losses a
   REQUIRE(run(four + "--metrics " + one).rc == 0);
   const auto r = run(four + "--pp 2 --chunks 2 --microbatches 4 --metrics " + inter, 2);
   REQUIRE(r.rc == 0);
-  CHECK_THAT(r.out, ContainsSubstring("1f1b, 2 chunks per stage") && ContainsSubstring("layers [0,1) [1,2) [2,3) [3,4)") &&
-                        ContainsSubstring("sample (prompt"));
+  CHECK_THAT(r.out, ContainsSubstring("1f1b, 2 chunks per stage") &&
+                        ContainsSubstring("layers [0,1) [1,2) [2,3) [3,4)") && ContainsSubstring("sample (prompt"));
   const auto a = losses(one), b = losses(inter);
   REQUIRE((a.size() == 3 && b.size() == 3));
   for (const auto& [step, l] : a) {
@@ -179,7 +181,8 @@ TEST_CASE("train_gpt --recompute, --recompute-attention and --sequence-parallel 
 
 TEST_CASE("--zero and --zero2 train like AdamW; --auto runs the planner's best layout; the memory report",
           "[examples][train_gpt][plan]") {
-  const auto one = tmp("one_zero_ref.json"), zero = tmp("zero.json"), zero2 = tmp("zero2.json"), autom = tmp("auto.json");
+  const auto one = tmp("one_zero_ref.json"), zero = tmp("zero.json"), zero2 = tmp("zero2.json"),
+             autom = tmp("auto.json");
   REQUIRE(run(small + "--steps 3 --metrics " + one).rc == 0);
   const auto z = run(small + "--steps 3 --dp 2 --tp 2 --zero --metrics " + zero, 4);
   REQUIRE(z.rc == 0);
@@ -206,7 +209,9 @@ TEST_CASE("3 steps + resume 3 equals 6 steps, bit for bit", "[examples][train_gp
   // in the manifest). Two runs of their own measure and may choose other paths: pinned, they agree.
   const std::string layout = "--tp 2 --pp 2 --microbatches 2 ";
   const auto straight = tmp("straight"), split = tmp("split");
-  REQUIRE(run(small + layout + "--steps 6 --ckpt-every 3 --ckpt-dir " + split + " --metrics " + split + ".json", 4).rc == 0);
+  REQUIRE(
+      run(small + layout + "--steps 6 --ckpt-every 3 --ckpt-dir " + split + " --metrics " + split + ".json", 4).rc ==
+      0);
   fs::rename(split + "/step-00000006", split + "-step6");
   { std::ofstream(split + "/LATEST") << "step-00000003\n"; }
   const auto r = run(small + layout + "--steps 6 --resume --ckpt-dir " + split + " --metrics " + split + "2.json", 4);
@@ -227,7 +232,8 @@ TEST_CASE("3 steps + resume 3 equals 6 steps, bit for bit", "[examples][train_gp
   fs::remove_all(split + "-step6");
 }
 
-TEST_CASE("a crash during a save leaves the previous checkpoint; a flipped byte is refused", "[examples][train_gpt][checkpoint]") {
+TEST_CASE("a crash during a save leaves the previous checkpoint; a flipped byte is refused",
+          "[examples][train_gpt][checkpoint]") {
   const auto dir = tmp("crash"), ref = tmp("crash_ref");
   // pinned: the reference measures its own matmul paths, which may differ where two are close
   const std::string args = small + "--steps 4 --ckpt-every 2 --matmul vendor --ckpt-dir ";
@@ -269,7 +275,9 @@ TEST_CASE("a checkpoint saved at dp2 x tp2 loads at other layouts and into ZeRO-
     const auto copy = dir + "_" + std::to_string(std::hash<std::string>{}(layout));
     fs::remove_all(copy);
     fs::copy(dir, copy, fs::copy_options::recursive);
-    const auto r = run(small + "--steps 4 --allow-changed-config --resume " + layout + " --ckpt-dir " + copy + " --metrics " + copy + ".json", 4);
+    const auto r = run(small + "--steps 4 --allow-changed-config --resume " + layout + " --ckpt-dir " + copy +
+                           " --metrics " + copy + ".json",
+                       4);
     REQUIRE(r.rc == 0);
     const double fp = fingerprint(r.out);
     const auto l    = losses(copy + ".json");
@@ -291,29 +299,35 @@ TEST_CASE("a ZeRO-1 checkpoint with pipeline stages resumes as ZeRO-1, as ZeRO-2
     const auto copy = dir + "_" + std::to_string(std::hash<std::string>{}(layout));
     fs::remove_all(copy);
     fs::copy(dir, copy, fs::copy_options::recursive);
-    const auto r = run(small + "--steps 4 --allow-changed-config --resume " + layout + " --ckpt-dir " + copy + " --metrics " + copy + ".json", 4);
+    const auto r = run(small + "--steps 4 --allow-changed-config --resume " + layout + " --ckpt-dir " + copy +
+                           " --metrics " + copy + ".json",
+                       4);
     REQUIRE(r.rc == 0);
     fps.push_back(fingerprint(r.out));
     const auto l = losses(copy + ".json");
     REQUIRE(l.count(3) == 1);
     next.push_back(l.at(3));
   }
-  INFO("fingerprints " << fps[0] << " / " << fps[1] << " / " << fps[2] << ", next losses " << next[0] << " / " << next[1]
-                        << " / " << next[2]);
+  INFO("fingerprints " << fps[0] << " / " << fps[1] << " / " << fps[2] << ", next losses " << next[0] << " / "
+                       << next[1] << " / " << next[2]);
   CHECK(std::abs(fps[1] - fps[0]) <= 1e-12 * std::abs(fps[0]));
   CHECK(std::abs(fps[2] - fps[0]) <= 1e-12 * std::abs(fps[0]));
   CHECK(rel(next[1], next[0]) <= 1e-5);
   CHECK(rel(next[2], next[0]) <= 1e-5);
 }
 
-TEST_CASE("the data-parallel modes resume bit for bit and report their bytes", "[examples][train_gpt][checkpoint][dp]") {
+TEST_CASE("the data-parallel modes resume bit for bit and report their bytes",
+          "[examples][train_gpt][checkpoint][dp]") {
   // each mode's own state (the bf16 residuals, DiLoCo's anchor and momentum, the stale sums in
   // flight) travels with the checkpoint: 3 + resume 3 equals 6 steps; bf16 products too
   static std::map<std::string, double> mib;  // over the sections (Catch enters the test once per section)
-  for (const std::string mode : {"", "--compress bf16", "--local-sgd 2", "--diloco 2", "--staleness 2", "--precision bf16"}) {
+  for (const std::string mode :
+       {"", "--compress bf16", "--local-sgd 2", "--diloco 2", "--staleness 2", "--precision bf16"}) {
     DYNAMIC_SECTION("mode '" << mode << "'") {
       const auto dir = tmp("dp_mode");
-      const auto r = run(small + mode + " --dp 2 --steps 6 --ckpt-every 3 --overwrite --ckpt-dir " + dir + " --metrics " + dir + ".json", 2);
+      const auto r   = run(small + mode + " --dp 2 --steps 6 --ckpt-every 3 --overwrite --ckpt-dir " + dir +
+                               " --metrics " + dir + ".json",
+                           2);
       REQUIRE(r.rc == 0);
       const std::regex re(R"(dp communication: ([0-9.]+) MiB)");
       std::smatch m;
@@ -321,7 +335,8 @@ TEST_CASE("the data-parallel modes resume bit for bit and report their bytes", "
       mib[mode] = std::stod(m[1]);
       fs::remove_all(dir + "/step-00000006");
       { std::ofstream(dir + "/LATEST") << "step-00000003\n"; }
-      const auto again = run(small + mode + " --dp 2 --steps 6 --resume --ckpt-dir " + dir + " --metrics " + dir + "2.json", 2);
+      const auto again =
+          run(small + mode + " --dp 2 --steps 6 --resume --ckpt-dir " + dir + " --metrics " + dir + "2.json", 2);
       REQUIRE(again.rc == 0);
       const auto a = losses(dir + ".json"), b = losses(dir + "2.json");
       REQUIRE(b.size() == 3);
@@ -330,9 +345,9 @@ TEST_CASE("the data-parallel modes resume bit for bit and report their bytes", "
   }
   if (mib.size() == 6) {
     CHECK(mib.at("--compress bf16") == Catch::Approx(mib.at("") / 2).epsilon(0.01));  // half the bytes
-    CHECK(mib.at("--local-sgd 2") < mib.at(""));                                       // parameters every 2nd step
-    CHECK(mib.at("--staleness 2") == Catch::Approx(mib.at("")).epsilon(0.01));         // every step, applied late
-    CHECK(mib.at("--precision bf16") == Catch::Approx(mib.at("")).epsilon(0.01));      // fp32 gradients all the same
+    CHECK(mib.at("--local-sgd 2") < mib.at(""));                                      // parameters every 2nd step
+    CHECK(mib.at("--staleness 2") == Catch::Approx(mib.at("")).epsilon(0.01));        // every step, applied late
+    CHECK(mib.at("--precision bf16") == Catch::Approx(mib.at("")).epsilon(0.01));     // fp32 gradients all the same
   }
 }
 
@@ -370,7 +385,8 @@ TEST_CASE("bad input: a message on stderr, a non-zero exit, no hang", "[examples
       {"--zero", 1, "--zero shards the optimizer state over dp, and dp is 1"},
       {"--pp 2 --recompute-stages 1", 2, "--recompute-stages 1 needs --recompute or --recompute-attention"},
       {"--pp 2 --recompute --recompute-stages 3", 2, "--recompute-stages 3 exceeds pp = 2"},
-      {"--tp 2 --sequence-parallel --batch 1 --context 3", 2, "splits each microbatch's 3 tokens over tp = 2, which does not divide them"},
+      {"--tp 2 --sequence-parallel --batch 1 --context 3", 2,
+       "splits each microbatch's 3 tokens over tp = 2, which does not divide them"},
       {"--local-sgd 2 --diloco 2", 1, "three data-parallel modes: give one"},
       {"--compress gzip", 1, "--compress gzip: expected none or bf16"},
       {"--compress bf16 --local-sgd 2", 2, "this run does not all-reduce gradients"},

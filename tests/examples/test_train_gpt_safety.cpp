@@ -50,11 +50,13 @@ using clock_type = std::chrono::steady_clock;
 
 namespace {
 
-const std::string base_env = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_PROC_BIND=false "
-                             "OMPI_MCA_btl_vader_single_copy_mechanism=none";
+const std::string base_env =
+    "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_PROC_BIND=false "
+    "OMPI_MCA_btl_vader_single_copy_mechanism=none";
 
 std::string command(const std::string& args, int np, const std::string& env, bool threads = true) {
-  std::string cmd = std::string(threads ? "env " : "env -u OMP_NUM_THREADS ") + base_env + (threads ? " OMP_NUM_THREADS=1 " : " ") + env + " ";
+  std::string cmd = std::string(threads ? "env " : "env -u OMP_NUM_THREADS ") + base_env +
+                    (threads ? " OMP_NUM_THREADS=1 " : " ") + env + " ";
   if (np > 1) cmd += std::string(PMT_MPIEXEC) + " -n " + std::to_string(np) + " --oversubscribe --bind-to none ";
   return cmd + PMT_TRAIN_GPT + " " + args;
 }
@@ -97,9 +99,9 @@ struct Job {
       if (std::chrono::duration<double>(clock_type::now() - t0).count() > 240) {
         kill(-pid, SIGKILL);
         waitpid(pid, nullptr, 0);
-        pid = -1;
+        pid    = -1;
         auto r = finish(cmd, out_file, 0, t0);
-        r.rc = 124;
+        r.rc   = 124;
         return r;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -119,9 +121,9 @@ struct Job {
 
 Result run(const std::string& args, int np = 1, const std::string& env = "", bool threads = true) {
   static int n = 0;
-  Job j(command(args, np, env, threads), (fs::temp_directory_path() / ("pmt_safety_out_" + std::to_string(getpid()) + "_" +
-                                                                        std::to_string(n++)))
-                                             .string());
+  Job j(command(args, np, env, threads),
+        (fs::temp_directory_path() / ("pmt_safety_out_" + std::to_string(getpid()) + "_" + std::to_string(n++)))
+            .string());
   auto r = j.wait();
   fs::remove(j.out_file);
   return r;
@@ -217,7 +219,8 @@ void reseal(const std::string& step_dir, const std::string& shard) {
 // The matmul path pinned: the references are runs of their own, which measure their paths on first
 // use, and where vendor and portable are close (an AMD EPYC) two runs may choose differently and
 // differ in the last bits; a resumed run takes its checkpoint's paths.
-const std::string small = "--layers 2 --width 64 --heads 4 --context 32 --batch 8 --warmup 2 --val-every 0 --matmul vendor ";
+const std::string small =
+    "--layers 2 --width 64 --heads 4 --context 32 --batch 8 --warmup 2 --val-every 0 --matmul vendor ";
 
 std::string step_name(int step) {
   char name[32];
@@ -277,7 +280,7 @@ TEST_CASE("preflight: outputs are checked before training; the final checkpoint 
   }
   SECTION("the final checkpoint is written before the trace and the reports") {
     const auto dir = tmp("order");
-    const auto r = run(small + "--steps 2 --ckpt-dir " + dir + " --trace " + dir + ".trace.json", 2);
+    const auto r   = run(small + "--steps 2 --ckpt-dir " + dir + " --trace " + dir + ".trace.json", 2);
     REQUIRE(r.rc == 0);
     const auto saved = r.out.find("checkpoint: " + dir + "/step-00000002"), traced = r.out.find("trace: ");
     CHECK(saved != std::string::npos);
@@ -290,7 +293,7 @@ TEST_CASE("preemption: a signal stops every rank at one step with a checkpoint; 
           "[examples][train_gpt][safety]") {
   // a step of this model takes milliseconds: enough of them that the signal comes in time
   const std::string args = small + "--steps 1500 --ckpt-every 500 ";
-  const auto ref = reference(args, 2, "preempt_ref");
+  const auto ref         = reference(args, 2, "preempt_ref");
   REQUIRE(ref.size() == 1500);
   for (const std::string target : {"one rank (SIGTERM)", "mpiexec (SIGUSR1, forwarded)"}) {
     DYNAMIC_SECTION(target) {
@@ -305,8 +308,9 @@ TEST_CASE("preemption: a signal stops every rank at one step with a checkpoint; 
       const auto r = job.wait();
       CHECK(std::chrono::duration<double>(clock_type::now() - t0).count() < 30);
       CHECK(r.rc == 75);
-      const std::regex re(target[0] == 'o' ? R"(stopped by SIGTERM after step (\d+): saved (\S+); --resume continues it)"
-                                           : R"(stopped by SIGUSR1 after step (\d+): saved (\S+); --resume continues it)");
+      const std::regex re(target[0] == 'o'
+                              ? R"(stopped by SIGTERM after step (\d+): saved (\S+); --resume continues it)"
+                              : R"(stopped by SIGUSR1 after step (\d+): saved (\S+); --resume continues it)");
       std::smatch match;
       REQUIRE(std::regex_search(r.out, match, re));
       const int last = std::stoi(match[1]);
@@ -339,12 +343,11 @@ TEST_CASE("preemption: a signal stops every rank at one step with a checkpoint; 
 TEST_CASE("one writer per checkpoint directory; --overwrite; --resume finds the newest good checkpoint",
           "[examples][train_gpt][safety]") {
   const std::string args = small + "--steps 6 --ckpt-every 2 ";
-  const auto ref = reference(args, 1, "writer_ref");
-  const auto dir = tmp("writer");
+  const auto ref         = reference(args, 1, "writer_ref");
+  const auto dir         = tmp("writer");
   fs::remove_all(dir);
   SECTION("a second run on a directory in use is refused; a killed run's lock is taken over") {
-    Job first(command(small + "--steps 100000 --ckpt-dir " + dir + " --metrics " + dir + ".json", 1, ""),
-              dir + ".out");
+    Job first(command(small + "--steps 100000 --ckpt-dir " + dir + " --metrics " + dir + ".json", 1, ""), dir + ".out");
     REQUIRE(wait_for_step(dir + ".json", 1));
     const auto second = run(args + "--resume --ckpt-dir " + dir);
     CHECK(second.rc == 1);
@@ -362,8 +365,9 @@ TEST_CASE("one writer per checkpoint directory; --overwrite; --resume finds the 
     REQUIRE(run(args + "--ckpt-dir " + dir).rc == 0);
     const auto again = run(args + "--ckpt-dir " + dir);
     CHECK(again.rc == 1);
-    CHECK_THAT(again.out, ContainsSubstring(dir + " holds 3 checkpoint(s), the newest step-00000006: continue them with "
-                                                  "--resume, or replace them with --overwrite"));
+    CHECK_THAT(again.out,
+               ContainsSubstring(dir + " holds 3 checkpoint(s), the newest step-00000006: continue them with "
+                                       "--resume, or replace them with --overwrite"));
     CHECK(latest(dir) == "step-00000006");  // untouched
     const auto over = run(small + "--steps 3 --ckpt-dir " + dir + " --overwrite");
     REQUIRE(over.rc == 0);
@@ -396,22 +400,23 @@ TEST_CASE("one writer per checkpoint directory; --overwrite; --resume finds the 
 TEST_CASE("hardened loading: a hand-edited manifest, a crafted shard, a changed configuration",
           "[examples][train_gpt][safety]") {
   const std::string args = small + "--steps 6 --ckpt-every 2 ";
-  const auto ref = reference(args, 2, "hardened_ref");
-  const auto dir = tmp("hardened");
+  const auto ref         = reference(args, 2, "hardened_ref");
+  const auto dir         = tmp("hardened");
   fs::remove_all(dir);
   REQUIRE(run(args + "--ckpt-dir " + dir, 2).rc == 0);
   fs::remove_all(dir + "/step-00000006");
   { std::ofstream(dir + "/LATEST") << "step-00000004\n"; }
   SECTION("a manifest edited by hand") {
     std::string text = read(dir + "/step-00000004/MANIFEST");
-    const auto at = text.find("adam_steps 4");
+    const auto at    = text.find("adam_steps 4");
     REQUIRE(at != std::string::npos);
     text[at + 11] = '5';
     std::ofstream(dir + "/step-00000004/MANIFEST", std::ios::trunc) << text;
     const auto r = run(args + "--resume --ckpt-dir " + dir, 2);
     CHECK(r.rc == 1);
-    CHECK_THAT(r.out, ContainsSubstring("step-00000004/MANIFEST: damaged manifest (its checksum does not match its text)") &&
-                          ContainsSubstring("step-00000002 verifies: write its name into"));
+    CHECK_THAT(r.out,
+               ContainsSubstring("step-00000004/MANIFEST: damaged manifest (its checksum does not match its text)") &&
+                   ContainsSubstring("step-00000002 verifies: write its name into"));
   }
   SECTION("a crafted shard whose sizes overflow, with a matching CRC and manifest") {
     // record 0: global = local = (2^33, 2^33) 4-byte values, 0 data bytes: local0 x local1 x 4
@@ -419,7 +424,7 @@ TEST_CASE("hardened loading: a hand-edited manifest, a crafted shard, a changed 
     std::string bytes = read(dir + "/step-00000004/shard-00001.bin");
     std::uint32_t len = 0;
     std::memcpy(&len, bytes.data() + 12, 4);
-    const std::size_t dims = 16 + len + 4;  // global[2], offset[2], local[2], then nbytes
+    const std::size_t dims  = 16 + len + 4;  // global[2], offset[2], local[2], then nbytes
     const std::uint64_t big = std::uint64_t(1) << 33, zero = 0;
     for (int k = 0; k < 2; ++k) std::memcpy(&bytes[dims + 8 * k], &big, 8);
     for (int k = 0; k < 2; ++k) std::memcpy(&bytes[dims + 16 + 8 * k], &zero, 8);
@@ -427,9 +432,11 @@ TEST_CASE("hardened loading: a hand-edited manifest, a crafted shard, a changed 
     std::memcpy(&bytes[dims + 48], &zero, 8);
     std::ofstream(dir + "/step-00000004/shard-00001.bin", std::ios::binary | std::ios::trunc) << bytes;
     reseal(dir + "/step-00000004", "shard-00001.bin");
-    const auto r = run(small + "--steps 6 --tp 2 --resume --ckpt-dir " + dir, 2);  // another layout: every rank reads every shard
+    const auto r =
+        run(small + "--steps 6 --tp 2 --resume --ckpt-dir " + dir, 2);  // another layout: every rank reads every shard
     CHECK(r.rc == 1);
-    CHECK_THAT(r.out, ContainsSubstring("shard-00001.bin: record 0 (") && ContainsSubstring(") is damaged: 0 data bytes for a (8589934592, 8589934592) slice"));
+    CHECK_THAT(r.out, ContainsSubstring("shard-00001.bin: record 0 (") &&
+                          ContainsSubstring(") is damaged: 0 data bytes for a (8589934592, 8589934592) slice"));
     // the older checkpoint still loads and resumes bit for bit
     { std::ofstream(dir + "/LATEST") << "step-00000002\n"; }
     resumes_bit_for_bit(args, 2, dir, ref);
@@ -444,9 +451,10 @@ TEST_CASE("hardened loading: a hand-edited manifest, a crafted shard, a changed 
   }
 }
 
-TEST_CASE("numerics: a nan loss stops the run or skips steps; no checkpoint holds nan", "[examples][train_gpt][safety]") {
+TEST_CASE("numerics: a nan loss stops the run or skips steps; no checkpoint holds nan",
+          "[examples][train_gpt][safety]") {
   const auto dir = tmp("nan");
-  const auto r = run(small + "--steps 20 --lr 1e30 --warmup 0 --ckpt-every 1 --ckpt-dir " + dir, 2);
+  const auto r   = run(small + "--steps 20 --lr 1e30 --warmup 0 --ckpt-every 1 --ckpt-dir " + dir, 2);
   CHECK(r.rc == 3);
   CHECK(r.seconds < 60);
   std::smatch m;
@@ -466,9 +474,10 @@ TEST_CASE("numerics: a nan loss stops the run or skips steps; no checkpoint hold
                            ContainsSubstring("10 steps in a row were skipped"));
 }
 
-TEST_CASE("hangs: the watchdog names a stopped rank; ranks with other flags get one error", "[examples][train_gpt][safety]") {
+TEST_CASE("hangs: the watchdog names a stopped rank; ranks with other flags get one error",
+          "[examples][train_gpt][safety]") {
   const std::string args = small + "--steps 1500 --ckpt-every 500 ";
-  const auto ref = reference(args, 2, "hang_ref");
+  const auto ref         = reference(args, 2, "hang_ref");
   const auto dir = tmp("hang"), m = dir + ".json";
   Job job(command(args + "--watchdog 3 --ckpt-dir " + dir + " --metrics " + m, 2, ""), dir + ".out");
   REQUIRE(wait_for_step(m, 510));  // after the checkpoint of step 500
@@ -481,19 +490,21 @@ TEST_CASE("hangs: the watchdog names a stopped rank; ranks with other flags get 
   CHECK(took < 40);
   CHECK(r.rc != 0);
   CHECK_THAT(r.out, ContainsSubstring("train_gpt: error: watchdog: rank 0 waited") &&
-                        ContainsSubstring("never arrived: rank 1 (no heartbeat for") && ContainsSubstring("stopped or dead"));
+                        ContainsSubstring("never arrived: rank 1 (no heartbeat for") &&
+                        ContainsSubstring("stopped or dead"));
   REQUIRE(!latest(dir).empty());
   // rank 0 ended at once: its lock stays, and the resumed run takes it over as stale
   wait_lock_holder_gone(dir);
   resumes_bit_for_bit(args, 2, dir, ref);
   // an MPMD launch with different flags per rank: one clear error, at once
-  const std::string cmd = "env " + base_env + " OMP_NUM_THREADS=1 " + PMT_MPIEXEC + " --oversubscribe -n 1 " + PMT_TRAIN_GPT +
-                          " " + small + "--steps 2 : -n 1 " + PMT_TRAIN_GPT + " " + small + "--steps 3";
+  const std::string cmd = "env " + base_env + " OMP_NUM_THREADS=1 " + PMT_MPIEXEC + " --oversubscribe -n 1 " +
+                          PMT_TRAIN_GPT + " " + small + "--steps 2 : -n 1 " + PMT_TRAIN_GPT + " " + small + "--steps 3";
   Job mpmd(cmd, dir + ".mpmd.out");
   const auto r2 = mpmd.wait();
   CHECK(r2.rc == 1);
   CHECK(r2.seconds < 30);
-  CHECK_THAT(r2.out, ContainsSubstring("the ranks hold different flags (command line and PMT_MATMUL): rank 1 differs from rank 0"));
+  CHECK_THAT(r2.out, ContainsSubstring(
+                         "the ranks hold different flags (command line and PMT_MATMUL): rank 1 differs from rank 0"));
 }
 
 TEST_CASE("small ones: threads, Kokkos flags, metrics on resume, --keep, leftovers, a device as data",
@@ -506,8 +517,9 @@ TEST_CASE("small ones: threads, Kokkos flags, metrics on resume, --keep, leftove
     CHECK(shared.rc == 0);
     const unsigned cores = std::thread::hardware_concurrency();
     const unsigned each  = cores / 4 > 0 ? cores / 4 : 1;
-    CHECK_THAT(shared.out, ContainsSubstring("threads: " + std::to_string(each) + " per rank (OMP_NUM_THREADS unset: ") &&
-                               ContainsSubstring(std::to_string(each) + " thread(s) per rank"));
+    CHECK_THAT(shared.out,
+               ContainsSubstring("threads: " + std::to_string(each) + " per rank (OMP_NUM_THREADS unset: ") &&
+                   ContainsSubstring(std::to_string(each) + " thread(s) per rank"));
   }
   SECTION("a mistyped Kokkos flag is an error; a real one is passed on") {
     const auto typo = run(small + "--steps 1 --kokkos-disable-warning");

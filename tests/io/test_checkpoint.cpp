@@ -33,8 +33,8 @@ using TwoBlocks = pmt::nn::Chain<Col, Act, Row, Col, Act, Row>;
 
 TwoBlocks make(const pmt::Mesh<Backend>& mesh, std::uint64_t seed) {
   const std::size_t d = 8, hidden = 16;
-  return TwoBlocks(Col(mesh, d, hidden, {seed, 1}), Act(), Row(mesh, hidden, d, {seed, 2}), Col(mesh, d, hidden, {seed, 3}),
-                   Act(), Row(mesh, hidden, d, {seed, 4}));
+  return TwoBlocks(Col(mesh, d, hidden, {seed, 1}), Act(), Row(mesh, hidden, d, {seed, 2}),
+                   Col(mesh, d, hidden, {seed, 3}), Act(), Row(mesh, hidden, d, {seed, 4}));
 }
 
 }  // namespace
@@ -42,7 +42,7 @@ TwoBlocks make(const pmt::Mesh<Backend>& mesh, std::uint64_t seed) {
 TEST_CASE("a checkpoint refuses two parameters of one name and reshards a model with its own names",
           "[io][checkpoint][mpi]") {
   const auto& w = pmt::test::world();
-  const int tp  = w.size(), r = w.rank();
+  const int tp = w.size(), r = w.rank();
   pmt::Mesh<Backend> mesh(w, pmt::MeshShape{1, tp, 1});
   pmt::Mesh<Backend> one(w.split(r, 0), pmt::MeshShape{});
   const std::filesystem::path dir = pmt::test::shared_temp_path(w, "pmt-test-checkpoint");
@@ -71,7 +71,7 @@ TEST_CASE("a checkpoint refuses two parameters of one name and reshards a model 
   const auto got = pmt::io::load_checkpoint(pmt::io::latest_checkpoint(dir.string()), one, whole_opt, info.model);
   CHECK(got.step == 3);
   CHECK(got.layout.tp == tp);
-  bool equal = true;
+  bool equal    = true;
   const auto ps = whole.parameters(), qs = ref.parameters();
   for (std::size_t k = 0; k < ps.size(); ++k)
     for (std::size_t i = 0; i < ps[k]->size(); ++i) equal = equal && ps[k]->value(i) == qs[k]->value(i);
@@ -80,7 +80,7 @@ TEST_CASE("a checkpoint refuses two parameters of one name and reshards a model 
   // A parameter holding nan (on the last rank only) is never saved: every rank raises, the
   // raising rank names it, and LATEST keeps naming step 3, which still verifies.
   if (r == w.size() - 1) model.parameters()[2]->value(0) = std::nan("");
-  info.step = 4;
+  info.step    = 4;
   bool refused = false;
   try {
     pmt::io::save_checkpoint(dir.string(), mesh, opt, info);
@@ -103,13 +103,13 @@ TEST_CASE("a checkpoint refuses two parameters of one name and reshards a model 
 TEST_CASE("Sgd checkpoints and weights-only checkpoints round-trip across layouts; optimizers do not mix",
           "[io][checkpoint][mpi]") {
   const auto& w = pmt::test::world();
-  const int tp  = w.size(), r = w.rank();
+  const int tp = w.size(), r = w.rank();
   pmt::Mesh<Backend> mesh(w, pmt::MeshShape{1, tp, 1});
   pmt::Mesh<Backend> one(w.split(r, 0), pmt::MeshShape{});
   const std::filesystem::path dir = pmt::test::shared_temp_path(w, "pmt-test-checkpoint-sgd");
   pmt::io::CheckpointInfo info;
-  info.step  = 2;
-  info.model = "two mlp blocks d=8 hidden=16";
+  info.step        = 2;
+  info.model       = "two mlp blocks d=8 hidden=16";
   const auto named = [](TwoBlocks m) {
     pmt::nn::name_parameters(m.parameters(), "net");
     return m;
@@ -120,7 +120,7 @@ TEST_CASE("Sgd checkpoints and weights-only checkpoints round-trip across layout
   // gradients keyed by the global element, so every layout applies the same update
   const auto global_grads = [](TwoBlocks& m) {
     for (auto* p : m.parameters()) {
-      const auto g = p->grad2d();
+      const auto g         = p->grad2d();
       const std::size_t r0 = p->slice.offset[0], c0 = p->local_shape.size() > 1 ? p->slice.offset[1] : 0;
       for (std::size_t a = 0; a < g.extent(0); ++a)
         for (std::size_t b = 0; b < g.extent(1); ++b) g(a, b) = std::sin(double(3 * (r0 + a) + 5 * (c0 + b)));
@@ -139,7 +139,7 @@ TEST_CASE("Sgd checkpoints and weights-only checkpoints round-trip across layout
   pmt::io::load_checkpoint(saved, one, resumed_sgd, info.model);
   global_grads(resumed), resumed_sgd.step(Host(), 0.1);
   Host().fence();
-  double worst = 0;
+  double worst  = 0;
   const auto ps = resumed.parameters(), qs = ref.parameters();
   for (std::size_t k = 0; k < ps.size(); ++k)
     for (std::size_t i = 0; i < ps[k]->size(); ++i)
@@ -150,10 +150,11 @@ TEST_CASE("Sgd checkpoints and weights-only checkpoints round-trip across layout
   // an Sgd checkpoint does not load into AdamW (every rank raises), but its weights load anywhere
   TwoBlocks other = named(make(one, 9));
   pmt::optim::AdamW<double, Host> adam(other.parameters(), {});
-  CHECK_THROWS_WITH(pmt::io::load_checkpoint(saved, one, adam, info.model),
-                    Catch::Matchers::ContainsSubstring("holds the state of optimizer \"sgd\"; this run's is \"adamw\""));
+  CHECK_THROWS_WITH(
+      pmt::io::load_checkpoint(saved, one, adam, info.model),
+      Catch::Matchers::ContainsSubstring("holds the state of optimizer \"sgd\"; this run's is \"adamw\""));
   pmt::io::load_weights(saved, one, other.parameters(), info.model);
-  bool same = true;
+  bool same     = true;
   const auto os = other.parameters();
   // the saved weights are model's after two steps: compare with a one-rank twin of two steps
   TwoBlocks two = named(make(one, 7));
@@ -166,20 +167,21 @@ TEST_CASE("Sgd checkpoints and weights-only checkpoints round-trip across layout
   CHECK(pmt::test::all_ranks(same));
 
   // weights only: saved without any optimizer on tp ranks, loaded on one rank, bit for bit
-  info.step = 5;
+  info.step                 = 5;
   const std::string weights = pmt::io::save_weights(dir.string(), mesh, model.parameters(), info);
-  TwoBlocks fresh = named(make(one, 10));
-  const auto got = pmt::io::load_weights(weights, one, fresh.parameters(), info.model);
+  TwoBlocks fresh           = named(make(one, 10));
+  const auto got            = pmt::io::load_weights(weights, one, fresh.parameters(), info.model);
   CHECK(got.step == 5);
-  same = true;
+  same          = true;
   const auto fs = fresh.parameters();
   for (std::size_t k = 0; k < fs.size(); ++k)
     for (std::size_t i = 0; i < fs[k]->size(); ++i) same = same && fs[k]->value(i) == ts[k]->value(i);
   CHECK(pmt::test::all_ranks(same));
   // ... and an optimizer that needs state refuses it
   pmt::optim::Sgd<double, Host> needs_state(fresh.parameters(), {});
-  CHECK_THROWS_WITH(pmt::io::load_checkpoint(weights, one, needs_state, info.model),
-                    Catch::Matchers::ContainsSubstring("holds weights only, no optimizer state; this run's optimizer \"sgd\""));
+  CHECK_THROWS_WITH(
+      pmt::io::load_checkpoint(weights, one, needs_state, info.model),
+      Catch::Matchers::ContainsSubstring("holds weights only, no optimizer state; this run's optimizer \"sgd\""));
 
   pmt::comm::barrier(w);
   if (r == 0) std::filesystem::remove_all(dir);

@@ -24,7 +24,7 @@ double shard_error(const P& shard, const P& whole, bool grads, double floor) {
   for (std::size_t i = 0; i < rows; ++i)
     for (std::size_t j = 0; j < cols; ++j) {
       const std::size_t g = (s.offset[0] + i) * gcols + (shard.local_shape.size() > 1 ? s.offset[1] + j : 0);
-      worst = std::max(worst, std::abs(double(a(i * cols + j)) - double(b(g))));
+      worst               = std::max(worst, std::abs(double(a(i * cols + j)) - double(b(g))));
     }
   return worst / scale;
 }
@@ -33,7 +33,7 @@ double shard_error(const P& shard, const P& whole, bool grads, double floor) {
 /// the shard's GlobalSlice.
 template <class P>
 std::pair<double, double> shard_squared_norms(const P& shard, const P& whole) {
-  const auto& s = shard.slice;
+  const auto& s          = shard.slice;
   const std::size_t rows = shard.local_shape[0], cols = shard.local_shape.size() > 1 ? shard.local_shape[1] : 1;
   const std::size_t gcols = shard.local_shape.size() > 1 ? s.extent[1] : 1;
   double diff = 0, ref = 0;

@@ -15,16 +15,16 @@
 using Host    = Kokkos::DefaultHostExecutionSpace;
 using Backend = pmt::test::World::backend;
 
-
-
-TEMPLATE_TEST_CASE("the tensor-parallel Gpt gives the one-rank loss and gradients", "[nn][gpt][tp][mpi]", float, double) {
+TEMPLATE_TEST_CASE("the tensor-parallel Gpt gives the one-rank loss and gradients", "[nn][gpt][tp][mpi]", float,
+                   double) {
   using T       = TestType;
   const auto& w = pmt::test::world();
-  const int tp  = w.size(), r = w.rank();
+  const int tp = w.size(), r = w.rank();
   Host exec;
   pmt::Mesh<Backend> one(w.split(r, 0), pmt::MeshShape{});
   pmt::Mesh<Backend> mesh(w, pmt::MeshShape{1, tp, 1});
-  const pmt::nn::GptConfig cfg{/*vocab=*/96, /*context=*/16, /*layers=*/2, /*width=*/32, /*heads=*/4, /*seed=*/99};
+  const pmt::nn::GptConfig cfg{/*vocab=*/96, /*context=*/16, /*layers=*/2,
+                               /*width=*/32, /*heads=*/4,    /*seed=*/99};
   pmt::nn::Gpt<T, Host, Backend> ref(one, cfg), par(mesh, cfg);
   const std::size_t B = 2, Tn = 12;
   typename pmt::nn::Gpt<T, Host, Backend>::Ids ids("ids", B * Tn), targets("targets", B * Tn);
@@ -36,9 +36,9 @@ TEMPLATE_TEST_CASE("the tensor-parallel Gpt gives the one-rank loss and gradient
   const double l_par = par.forward_backward(exec, ids, targets, B, Tn, 20.0);
   exec.fence();
   const double tol = std::is_same_v<T, double> ? 1e-10 : 1e-5;
-  bool ok = std::abs(l_par - l_ref) <= tol * std::abs(l_ref) && std::isfinite(l_ref) && l_ref > 0;
+  bool ok          = std::abs(l_par - l_ref) <= tol * std::abs(l_ref) && std::isfinite(l_ref) && l_ref > 0;
   auto pr = ref.parameters(), pp = par.parameters();
-  ok = ok && pr.size() == pp.size();
+  ok                  = ok && pr.size() == pp.size();
   double largest_grad = 0;  // over the whole one-rank model
   for (auto* p : pr)
     for (std::size_t i = 0; i < p->size(); ++i) largest_grad = std::max(largest_grad, std::abs(double(p->grad(i))));
@@ -70,10 +70,11 @@ TEST_CASE("Gpt refuses sizes that do not divide by tp and names them", "[nn][gpt
   pmt::Mesh<Backend> mesh(w, pmt::MeshShape{1, tp, 1});
   using Catch::Matchers::ContainsSubstring;
   if (tp > 1) {
-    pmt::nn::GptConfig bad_vocab{/*vocab=*/static_cast<std::size_t>(4 * tp + 1), 8, 1, 16, 4 * static_cast<std::size_t>(tp), 1};
+    pmt::nn::GptConfig bad_vocab{
+        /*vocab=*/static_cast<std::size_t>(4 * tp + 1), 8, 1, 16, 4 * static_cast<std::size_t>(tp), 1};
     CHECK_THROWS_WITH((pmt::nn::Gpt<double, Host, Backend>(mesh, bad_vocab)),
-                      ContainsSubstring("vocabulary size " + std::to_string(4 * tp + 1) + " is not divisible by tp = " +
-                                        std::to_string(tp) + "; pad the vocabulary"));
+                      ContainsSubstring("vocabulary size " + std::to_string(4 * tp + 1) +
+                                        " is not divisible by tp = " + std::to_string(tp) + "; pad the vocabulary"));
     pmt::nn::GptConfig bad_heads{static_cast<std::size_t>(8 * tp), 8, 1, 16 * static_cast<std::size_t>(tp), 1, 1};
     CHECK_THROWS_WITH((pmt::nn::Gpt<double, Host, Backend>(mesh, bad_heads)),
                       ContainsSubstring("heads 1 are not divisible by tp = " + std::to_string(tp)));
@@ -89,13 +90,14 @@ TEST_CASE("a target outside the vocabulary raises on every tp rank, before the l
   // is left waiting in the vocab-parallel cross-entropy's all-reduces.
   const auto& w = pmt::test::world();
   pmt::Mesh<Backend> mesh(w, pmt::MeshShape{1, w.size(), 1});
-  const pmt::nn::GptConfig cfg{/*vocab=*/96, /*context=*/16, /*layers=*/1, /*width=*/32, /*heads=*/4, /*seed=*/5};
+  const pmt::nn::GptConfig cfg{/*vocab=*/96, /*context=*/16, /*layers=*/1,
+                               /*width=*/32, /*heads=*/4,    /*seed=*/5};
   pmt::nn::Gpt<float, Host, Backend> gpt(mesh, cfg);
   const std::size_t B = 2, Tn = 12;
   typename pmt::nn::Gpt<float, Host, Backend>::Ids ids("ids", B * Tn), targets("targets", B * Tn);
   for (std::size_t n = 0; n < B * Tn; ++n) targets(n) = static_cast<std::int32_t>(n % cfg.vocab);
-  targets(5) = 96;   // one past the vocabulary
-  targets(7) = -1;   // negative, and not the ignore index (-100)
+  targets(5) = 96;  // one past the vocabulary
+  targets(7) = -1;  // negative, and not the ignore index (-100)
   targets(9) = -100;
   using Catch::Matchers::StartsWith;
   CHECK_THROWS_WITH(gpt.forward_backward(Host(), ids, targets, B, Tn, 22.0),

@@ -33,7 +33,7 @@ double block_diff(const A& a, const B& b, std::size_t row0, std::size_t col0) {
   for (std::size_t i = 0; i < a.extent(0); ++i)
     for (std::size_t j = 0; j < a.extent(1); ++j) {
       const double ref = b(row0 + i, col0 + j);
-      worst = std::max(worst, std::abs(double(a(i, j)) - ref) / std::max(1.0, std::abs(ref)));
+      worst            = std::max(worst, std::abs(double(a(i, j)) - ref) / std::max(1.0, std::abs(ref)));
     }
   return worst;
 }
@@ -55,13 +55,13 @@ auto as2(P& p) {
 
 TEMPLATE_TEST_CASE("Linear<TensorSplit<Col>> and <Row> equal the serial Linear forward and backward",
                    "[nn][linear][tp][mpi]", float, double) {
-  using T        = TestType;
-  const auto& w  = pmt::test::world();
-  const int tp   = w.size(), r = w.rank();
+  using T       = TestType;
+  const auto& w = pmt::test::world();
+  const int tp = w.size(), r = w.rank();
   Host exec;
   pmt::Mesh<Backend> one(w.split(r, 0), pmt::MeshShape{});  // this rank alone: the reference
   pmt::Mesh<Backend> mesh(w, pmt::MeshShape{1, tp, 1});
-  const std::size_t N = 5, in = 16, out = 24;               // 24 divides by 1, 2, 4
+  const std::size_t N = 5, in = 16, out = 24;  // 24 divides by 1, 2, 4
   const pmt::RngKey key{7, 3};
   T2<T> x("x", N, in), dy("dy", N, out), xr("xr", N, out), dyr("dyr", N, in);
   pmt::test::fill_random(x, 11);
@@ -75,8 +75,8 @@ TEMPLATE_TEST_CASE("Linear<TensorSplit<Col>> and <Row> equal the serial Linear f
     Kokkos::deep_copy(ref.bias().value, T(0.5));  // a non-zero bias, the same slice on both
     Kokkos::deep_copy(col.bias().value, T(0.5));
     const std::size_t ol = out / tp, c0 = r * ol;
-    auto y_ref = ref.forward(exec, x);
-    auto y     = col.forward(exec, x);
+    auto y_ref  = ref.forward(exec, x);
+    auto y      = col.forward(exec, x);
     auto dx_ref = ref.backward(exec, dy);
     auto dx     = col.backward(exec, columns<T>(dy, c0, ol));
     exec.fence();
@@ -111,7 +111,7 @@ TEMPLATE_TEST_CASE("the Col -> Gelu -> Row Mlp equals the serial Mlp, forward an
                    float, double) {
   using T       = TestType;
   const auto& w = pmt::test::world();
-  const int tp  = w.size(), r = w.rank();
+  const int tp = w.size(), r = w.rank();
   Host exec;
   pmt::Mesh<Backend> one(w.split(r, 0), pmt::MeshShape{});
   pmt::Mesh<Backend> mesh(w, pmt::MeshShape{1, tp, 1});
@@ -125,7 +125,7 @@ TEMPLATE_TEST_CASE("the Col -> Gelu -> Row Mlp equals the serial Mlp, forward an
   auto dx_ref = ref.backward(exec, dy), dx = mlp.backward(exec, dy);
   exec.fence();
   const std::size_t hl = hidden / tp;
-  bool ok = block_diff(y, y_ref, 0, 0) <= tolerance<T>() && block_diff(dx, dx_ref, 0, 0) <= tolerance<T>();
+  bool ok              = block_diff(y, y_ref, 0, 0) <= tolerance<T>() && block_diff(dx, dx_ref, 0, 0) <= tolerance<T>();
   ok = ok && block_diff(mlp.template get<0>().weight().grad2d(), ref.template get<0>().weight().grad2d(), 0, r * hl) <=
                  tolerance<T>();
   ok = ok && block_diff(mlp.template get<2>().weight().grad2d(), ref.template get<2>().weight().grad2d(), r * hl, 0) <=
@@ -150,7 +150,8 @@ TEST_CASE("Linear names the layer, the extents and tp when sizes do not fit", "[
   T2<float> wrong("wrong", 3, 9);  // the shard is 8 wide at every tp
   CHECK_THROWS_WITH(row.forward(Host(), wrong),
                     StartsWith("pmt::nn::Linear<TensorSplit<Row>>::forward: x is (3, 9) but this layer takes (N, 8) "
-                               "(in_features " + std::to_string(8 * tp) + " / tp " + std::to_string(tp) + ")"));
+                               "(in_features " +
+                               std::to_string(8 * tp) + " / tp " + std::to_string(tp) + ")"));
   CHECK(pmt::test::all_ranks(true));
 }
 

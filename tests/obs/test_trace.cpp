@@ -42,16 +42,21 @@ struct JsonChecker {
   bool string() {
     if (at() != '"') return false;
     for (++i; i < s.size(); ++i) {
-      if (s[i] == '\\') ++i;
-      else if (s[i] == '"') return ++i, true;
-      else if (static_cast<unsigned char>(s[i]) < 0x20) return false;
+      if (s[i] == '\\')
+        ++i;
+      else if (s[i] == '"')
+        return ++i, true;
+      else if (static_cast<unsigned char>(s[i]) < 0x20)
+        return false;
     }
     return false;
   }
   bool number() {
     const std::size_t b = i;
     if (at() == '-') ++i;
-    while (std::isdigit(static_cast<unsigned char>(at())) || at() == '.' || at() == 'e' || at() == 'E' || at() == '+' || at() == '-') ++i;
+    while (std::isdigit(static_cast<unsigned char>(at())) || at() == '.' || at() == 'e' || at() == 'E' || at() == '+' ||
+           at() == '-')
+      ++i;
     return i > b;
   }
   bool value() {
@@ -82,8 +87,10 @@ struct JsonChecker {
       }
       ok = at() == ']';
       ++i;
-    } else if (at() == '"') ok = string();
-    else ok = lit("true") || lit("false") || lit("null") || number();
+    } else if (at() == '"')
+      ok = string();
+    else
+      ok = lit("true") || lit("false") || lit("null") || number();
     ws();
     return ok;
   }
@@ -93,17 +100,18 @@ struct JsonChecker {
 /// One traced 1F1B step of a 2-stage Gpt with `chunks` chunks per stage and 4 microbatches,
 /// checked as the file comment says; true on this rank when everything holds.
 bool traced_step_matches(int chunks) {
-  using Model   = pmt::nn::Gpt<double, Host, Backend>;
-  using Ids     = Model::Ids;
-  using Opt     = pmt::optim::AdamW<double, Host>;
-  const auto& w = pmt::test::world();
+  using Model             = pmt::nn::Gpt<double, Host, Backend>;
+  using Ids               = Model::Ids;
+  using Opt               = pmt::optim::AdamW<double, Host>;
+  const auto& w           = pmt::test::world();
   constexpr std::size_t V = 64, Tn = 8;
   pmt::Mesh<Backend> mesh(w, {1, 1, 2});
   Model model(mesh, {V, Tn, static_cast<std::size_t>(2 * chunks), 16, 2, 3}, {}, chunks);
   Opt opt(model.parameters(), {0.9, 0.95, 1e-8, 0.0});
   pmt::train::Trainer<Model, Opt, Host, Backend> tr(mesh, model, opt);
   std::vector<pmt::train::Microbatch<Ids>> mbs;
-  for (int i = 0; i < 4; ++i) mbs.push_back(pmt::test::synthetic_batch<Ids>(0, 2 * static_cast<std::size_t>(i), 2, Tn, V));
+  for (int i = 0; i < 4; ++i)
+    mbs.push_back(pmt::test::synthetic_batch<Ids>(0, 2 * static_cast<std::size_t>(i), 2, Tn, V));
   auto& rec = pmt::TraceRecorder::instance();
   rec.clear();
   tr.step(mbs, {8 * Tn, 1e-3, 1.0});  // recorder off: nothing recorded
@@ -121,10 +129,10 @@ bool traced_step_matches(int chunks) {
   for (const auto& e : rec.events())
     if (e.track == pmt::Track::Compute) got.push_back(e.name);
   UNSCOPED_INFO("rank " << w.rank() << ": " << got.size() << " compute events, " << expected.size() << " expected");
-  ok = ok && got == expected;
+  ok          = ok && got == expected;
   bool tracks = false;
   for (const auto& e : rec.events()) tracks = tracks || e.track == pmt::Track::Optimizer;
-  ok = ok && tracks;
+  ok             = ok && tracks;
   const auto all = pmt::obs::gather_trace(mesh);
   if (w.rank() == 0) {
     std::map<std::int64_t, double> send_begin, recv_end;
@@ -136,12 +144,13 @@ bool traced_step_matches(int chunks) {
     UNSCOPED_INFO(send_begin.size() << " sends, " << recv_end.size() << " receives");
     // every virtual stage but the last sends 4 activations, every one but the first 4 gradients
     const std::size_t messages = 2 * 4 * static_cast<std::size_t>(2 * chunks - 1);
-    ok = ok && all.size() == 2 && send_begin.size() == messages && recv_end.size() == messages;
+    ok                         = ok && all.size() == 2 && send_begin.size() == messages && recv_end.size() == messages;
     for (const auto& [id, b] : send_begin) ok = ok && recv_end.count(id) == 1 && b < recv_end[id];
     const std::string json = pmt::obs::trace_json(all);
     JsonChecker check{json};
     ok = ok && check.document() && json.find("\"traceEvents\"") != std::string::npos &&
-         json.find("\"ph\":\"s\"") != std::string::npos && json.find("rank 1 (dp 0/1, tp 0/1, pp 1/2)") != std::string::npos;
+         json.find("\"ph\":\"s\"") != std::string::npos &&
+         json.find("rank 1 (dp 0/1, tp 0/1, pp 1/2)") != std::string::npos;
     JsonChecker bad{std::string("{\"a\":[1,2,}")};  // the checker itself rejects broken JSON
     ok = ok && !bad.document();
   }

@@ -28,8 +28,8 @@ void fill_random(const View& v, std::uint32_t seed, double lo = -1.0, double hi 
 /// Largest |a - b| / max(1, |b|) over all elements (same shapes).
 template <class A, class B>
 double max_rel_diff(const A& a, const B& b) {
-  auto fa = pmt::detail::flat(a);
-  auto fb = pmt::detail::flat(b);
+  auto fa      = pmt::detail::flat(a);
+  auto fb      = pmt::detail::flat(b);
   double worst = 0;
   for (std::size_t i = 0; i < fa.extent(0); ++i) {
     const double d = std::abs(static_cast<double>(fa(i)) - static_cast<double>(fb(i))) /
@@ -53,10 +53,9 @@ bool bitwise_equal(const A& a, const B& b) {
 /// Central differences of the scalar loss() with respect to every element of x (double),
 /// compared with `grad` (the analytic gradient): returns ||fd - grad|| / max(||fd||, 1e-30).
 template <class XV, class GV>
-double finite_difference_error(const XV& x, const GV& grad, const std::function<double()>& loss,
-                               double h = 1e-5) {
-  auto fx = pmt::detail::flat(x);
-  auto fg = pmt::detail::flat(grad);
+double finite_difference_error(const XV& x, const GV& grad, const std::function<double()>& loss, double h = 1e-5) {
+  auto fx    = pmt::detail::flat(x);
+  auto fg    = pmt::detail::flat(grad);
   double num = 0, den = 0;
   for (std::size_t i = 0; i < fx.extent(0); ++i) {
     const double saved = fx(i);
@@ -75,8 +74,8 @@ double finite_difference_error(const XV& x, const GV& grad, const std::function<
 /// sum(w * y): the scalar whose gradient with respect to y is w.
 template <class WV, class YV>
 double weighted_sum(const WV& w, const YV& y) {
-  auto fw = pmt::detail::flat(w);
-  auto fy = pmt::detail::flat(y);
+  auto fw  = pmt::detail::flat(w);
+  auto fy  = pmt::detail::flat(y);
   double s = 0;
   for (std::size_t i = 0; i < fw.extent(0); ++i) s += static_cast<double>(fw(i)) * static_cast<double>(fy(i));
   return s;

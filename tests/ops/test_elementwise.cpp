@@ -23,7 +23,7 @@ TEMPLATE_TEST_CASE("add, scale, axpy and bias_add equal the reference", "[ops][e
   using T = TestType;
   Host exec;
   auto a = pmt::make_tensor<T, Host>("a", 7, 5, 3), b = pmt::make_tensor<T, Host>("b", 7, 5, 3);
-  auto out = pmt::make_tensor<T, Host>("out", 7, 5, 3);
+  auto out  = pmt::make_tensor<T, Host>("out", 7, 5, 3);
   auto bias = pmt::make_tensor<T, Host>("bias", 3);
   pmt::test::fill_random(a, 1);
   pmt::test::fill_random(b, 2);
@@ -53,7 +53,7 @@ TEMPLATE_TEST_CASE("gelu and relu equal their formulas", "[ops][elementwise]", f
   pmt::ops::gelu(exec, x, y);
   exec.fence();
   for (int i = 0; i < 1000; ++i) {
-    const double v = x(i);
+    const double v   = x(i);
     const double ref = 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
     CHECK(std::abs(y(i) - ref) <= 8 * pmt::test::tol<T>() * std::max(1.0, std::abs(ref)));
   }
@@ -87,16 +87,26 @@ TEST_CASE("gelu_backward and relu_backward match finite differences", "[ops][ele
   pmt::test::fill_random(w, 6);
   pmt::ops::gelu_backward(exec, x, w, dx);
   exec.fence();
-  auto gelu_loss = [&] { pmt::ops::gelu(exec, x, y); exec.fence(); return pmt::test::weighted_sum(w, y); };
+  auto gelu_loss = [&] {
+    pmt::ops::gelu(exec, x, y);
+    exec.fence();
+    return pmt::test::weighted_sum(w, y);
+  };
   CHECK(pmt::test::finite_difference_error(x, dx, gelu_loss) <= 1e-6);
-  for (int i = 0; i < 200; ++i) if (std::abs(x(i)) < 1e-3) x(i) = 0.5;  // keep away from the kink
+  for (int i = 0; i < 200; ++i)
+    if (std::abs(x(i)) < 1e-3) x(i) = 0.5;  // keep away from the kink
   pmt::ops::relu_backward(exec, x, w, dx);
   exec.fence();
-  auto relu_loss = [&] { pmt::ops::relu(exec, x, y); exec.fence(); return pmt::test::weighted_sum(w, y); };
+  auto relu_loss = [&] {
+    pmt::ops::relu(exec, x, y);
+    exec.fence();
+    return pmt::test::weighted_sum(w, y);
+  };
   CHECK(pmt::test::finite_difference_error(x, dx, relu_loss) <= 1e-6);
 }
 
-TEST_CASE("silu and tanh equal their formulas; their backward matches finite differences", "[ops][elementwise][gradient]") {
+TEST_CASE("silu and tanh equal their formulas; their backward matches finite differences",
+          "[ops][elementwise][gradient]") {
   Host exec;
   auto x = pmt::make_tensor<double, Host>("x", 200), y = pmt::make_tensor<double, Host>("y", 200);
   auto w = pmt::make_tensor<double, Host>("w", 200), dx = pmt::make_tensor<double, Host>("dx", 200);
@@ -112,12 +122,20 @@ TEST_CASE("silu and tanh equal their formulas; their backward matches finite dif
   CHECK(worst <= 1e-15);
   pmt::ops::silu_backward(exec, x, w, dx);
   exec.fence();
-  auto silu_loss = [&] { pmt::ops::silu(exec, x, y); exec.fence(); return pmt::test::weighted_sum(w, y); };
+  auto silu_loss = [&] {
+    pmt::ops::silu(exec, x, y);
+    exec.fence();
+    return pmt::test::weighted_sum(w, y);
+  };
   CHECK(pmt::test::finite_difference_error(x, dx, silu_loss) <= 1e-6);
   pmt::ops::tanh(exec, x, y);
   pmt::ops::tanh_backward(exec, y, w, dx);  // from the output
   exec.fence();
-  auto tanh_loss = [&] { pmt::ops::tanh(exec, x, y); exec.fence(); return pmt::test::weighted_sum(w, y); };
+  auto tanh_loss = [&] {
+    pmt::ops::tanh(exec, x, y);
+    exec.fence();
+    return pmt::test::weighted_sum(w, y);
+  };
   CHECK(pmt::test::finite_difference_error(x, dx, tanh_loss) <= 1e-6);
 }
 
@@ -139,7 +157,8 @@ TEST_CASE("argmax_rows takes the first largest entry; accuracy counts hits and s
   CHECK(correct == 1);
   CHECK(counted == 3);
   Kokkos::View<std::int32_t*, Kokkos::HostSpace> short_ids("ids", 3);
-  CHECK_THROWS_WITH(pmt::ops::argmax_rows(exec, x, short_ids), Catch::Matchers::ContainsSubstring("pmt::ops::argmax_rows: x is (4, 3) and ids (3)"));
+  CHECK_THROWS_WITH(pmt::ops::argmax_rows(exec, x, short_ids),
+                    Catch::Matchers::ContainsSubstring("pmt::ops::argmax_rows: x is (4, 3) and ids (3)"));
 }
 
 TEMPLATE_TEST_CASE("reductions equal the reference and are independent of the thread count",
@@ -158,19 +177,21 @@ TEMPLATE_TEST_CASE("reductions equal the reference and are independent of the th
     Kokkos::View<double, Kokkos::HostSpace> out("out");
     pmt::ops::sum(exec, x, out);
     exec.fence();
-    CHECK(std::abs(out() - static_cast<double>(s)) <= 1e-12 * std::max(1.0, std::abs(static_cast<double>(s))) * std::sqrt(n));
+    CHECK(std::abs(out() - static_cast<double>(s)) <=
+          1e-12 * std::max(1.0, std::abs(static_cast<double>(s))) * std::sqrt(n));
     pmt::ops::mean(exec, x, out);
     exec.fence();
     CHECK(std::abs(out() - static_cast<double>(s / n)) <= 1e-12);
     pmt::ops::max(exec, x, out);
     exec.fence();
     CHECK(out() == static_cast<double>(mx));
-    CHECK(std::abs(pmt::ops::squared_norm_value(exec, x) - static_cast<double>(s2)) <= 1e-12 * static_cast<double>(s2) + 1e-300);
+    CHECK(std::abs(pmt::ops::squared_norm_value(exec, x) - static_cast<double>(s2)) <=
+          1e-12 * static_cast<double>(s2) + 1e-300);
 #if defined(KOKKOS_ENABLE_SERIAL) && defined(KOKKOS_ENABLE_OPENMP)
     CHECK(pmt::ops::sum_value(Kokkos::Serial(), x) == pmt::ops::sum_value(Kokkos::OpenMP(), x));
 #endif
   }
-  auto m = pmt::make_tensor<T, Host>("m", 97, 13);
+  auto m  = pmt::make_tensor<T, Host>("m", 97, 13);
   auto cs = pmt::make_tensor<T, Host>("cs", 13), cs2 = pmt::make_tensor<T, Host>("cs2", 13);
   pmt::test::fill_random(m, 8);
   Kokkos::deep_copy(cs, T(1));
@@ -209,8 +230,8 @@ TEMPLATE_TEST_CASE("SGD with momentum and AdamW follow their update rules", "[op
     pmt::ops::adamw_update(exec, p, g, m, v, h);
     exec.fence();
     for (int i = 0; i < n; ++i) {
-      rm[i] = 0.9 * rm[i] + 0.1 * g(i);
-      rv[i] = 0.95 * rv[i] + 0.05 * g(i) * g(i);
+      rm[i]           = 0.9 * rm[i] + 0.1 * g(i);
+      rv[i]           = 0.95 * rv[i] + 0.05 * g(i) * g(i);
       const double mh = rm[i] / (1 - std::pow(0.9, step)), vh = rv[i] / (1 - std::pow(0.95, step));
       rp[i] -= 1e-2 * (mh / (std::sqrt(vh) + 1e-8) + 0.1 * rp[i]);
     }
@@ -270,7 +291,8 @@ void multi_tensor_checks() {
   CHECK(same(m1, m2));
   CHECK(same(v1, v2));
   pmt::ops::sgd_update_all(exec, p1, g1, m1, pmt::ops::SgdParams{0.1, 0.9, 0.01});
-  for (std::size_t i = 0; i < sizes.size(); ++i) pmt::ops::sgd_update(exec, p2[i], g2[i], m2[i], pmt::ops::SgdParams{0.1, 0.9, 0.01});
+  for (std::size_t i = 0; i < sizes.size(); ++i)
+    pmt::ops::sgd_update(exec, p2[i], g2[i], m2[i], pmt::ops::SgdParams{0.1, 0.9, 0.01});
   exec.fence();
   CHECK(same(p1, p2));
   CHECK(same(m1, m2));
@@ -295,7 +317,7 @@ void multi_tensor_checks() {
   CHECK_THROWS_WITH(pmt::ops::adamw_update_all(exec, p1, g1, short_m, v1, h),
                     Catch::Matchers::StartsWith("pmt::ops::adamw_update_all: m holds 7 tensors but the parameters 8"));
   std::vector<V> wrong = g1;
-  wrong[3] = V(std::string("wrong"), 5);
+  wrong[3]             = V(std::string("wrong"), 5);
   CHECK_THROWS_WITH(pmt::ops::sgd_update_all(exec, p1, wrong, m1, pmt::ops::SgdParams{}),
                     Catch::Matchers::StartsWith("pmt::ops::sgd_update_all: grads[3] is (5) but parameter 3 is (4096)"));
   h.step = 0;

@@ -35,7 +35,8 @@ TEMPLATE_TEST_CASE("embedding forward and backward equal the reference", "[ops][
   for (int v = 0; v < V; ++v)
     for (int c = 0; c < C; ++c) {
       T ref = 1;  // summed in increasing n, as the op promises
-      for (int n = 0; n < N; ++n) if (ids(n) == v) ref += dout(n, c);
+      for (int n = 0; n < N; ++n)
+        if (ids(n) == v) ref += dout(n, c);
       CHECK(dtable(v, c) == ref);
     }
   // an ignored id: zeros forward, no contribution backward
@@ -48,14 +49,16 @@ TEMPLATE_TEST_CASE("embedding forward and backward equal the reference", "[ops][
   for (int v = 0; v < V; ++v)
     for (int c = 0; c < C; ++c) {
       T ref = 0;
-      for (int n = 0; n < N; ++n) if (ids(n) == v) ref += dout(n, c);
+      for (int n = 0; n < N; ++n)
+        if (ids(n) == v) ref += dout(n, c);
       CHECK(dt2(v, c) == ref);
     }
   CHECK_THROWS_AS(pmt::ops::embedding(exec, ids, table, out), pmt::ShapeError);  // -1 not ignored
   ids(3) = (3 * 3 + 3) % V;
   ids(7) = V;
-  CHECK_THROWS_WITH(pmt::ops::embedding(exec, ids, table, out),
-                    Catch::Matchers::StartsWith("pmt::ops::embedding: 1 of 300 ids lie outside [0, 11); table is (11, 6)"));
+  CHECK_THROWS_WITH(
+      pmt::ops::embedding(exec, ids, table, out),
+      Catch::Matchers::StartsWith("pmt::ops::embedding: 1 of 300 ids lie outside [0, 11); table is (11, 6)"));
 }
 
 TEST_CASE("embedding_backward is bitwise the same on Serial and OpenMP", "[ops][embedding][determinism]") {
@@ -64,7 +67,8 @@ TEST_CASE("embedding_backward is bitwise the same on Serial and OpenMP", "[ops][
   Kokkos::View<int*, Kokkos::LayoutRight, Kokkos::HostSpace> ids("ids", N);
   for (int n = 0; n < N; ++n) ids(n) = (n * 31 + n / 7) % V;
   auto dout = pmt::make_tensor<float, Kokkos::OpenMP>("dout", N, C);
-  auto d1 = pmt::make_tensor<float, Kokkos::OpenMP>("d1", V, C), d2 = pmt::make_tensor<float, Kokkos::OpenMP>("d2", V, C);
+  auto d1   = pmt::make_tensor<float, Kokkos::OpenMP>("d1", V, C),
+       d2   = pmt::make_tensor<float, Kokkos::OpenMP>("d2", V, C);
   pmt::test::fill_random(dout, 3);
   pmt::ops::embedding_backward(Kokkos::Serial(), ids, dout, d1);
   pmt::ops::embedding_backward(Kokkos::OpenMP(), ids, dout, d2);
@@ -89,7 +93,7 @@ void attention_reference(const Q& qkv, const O& out, int H) {
           double d = 0;
           for (int i = 0; i < hs; ++i) d += double(qkv(b, t, h * hs + i)) * qkv(b, u, C + h * hs + i);
           s[u] = d / std::sqrt(double(hs));
-          mx = std::max(mx, s[u]);
+          mx   = std::max(mx, s[u]);
         }
         for (int u = 0; u <= t; ++u) z += (s[u] = std::exp(s[u] - mx));
         for (int i = 0; i < hs; ++i) {
@@ -105,7 +109,8 @@ namespace {
 // While alive, attention takes its generic path (batched matmuls), or (off) the fused host one
 // wherever the build has it: the matmul path is pinned to vendor, which pins fused attention.
 struct ForceGenericAttention {
-  explicit ForceGenericAttention(bool on) : saved(pmt::detail::attention_force_generic()), path(pmt::ops::matmul_path()) {
+  explicit ForceGenericAttention(bool on)
+      : saved(pmt::detail::attention_force_generic()), path(pmt::ops::matmul_path()) {
     pmt::detail::attention_force_generic() = on;
     if (!on) pmt::ops::set_matmul_path(pmt::ops::MatmulPath::Vendor);
   }
@@ -152,8 +157,9 @@ TEMPLATE_TEST_CASE("causal attention forward equals the naive reference", "[ops]
       auto wrong = pmt::make_tensor<T, Host>("wrong", B, Tn + 1, 3 * C);
       CHECK_THROWS_AS(pmt::ops::attention_forward(exec, wrong, out, cache), pmt::ShapeError);
     }
-  CHECK_THROWS_WITH((pmt::ops::make_attention_cache<T, Host>(2, 7, 10, 3)),
-                    Catch::Matchers::StartsWith("pmt::ops::make_attention_cache: width C = 10 is not divisible by heads H = 3"));
+  CHECK_THROWS_WITH(
+      (pmt::ops::make_attention_cache<T, Host>(2, 7, 10, 3)),
+      Catch::Matchers::StartsWith("pmt::ops::make_attention_cache: width C = 10 is not divisible by heads H = 3"));
 }
 
 TEST_CASE("causal attention backward matches finite differences", "[ops][attention][gradient]") {
@@ -163,12 +169,18 @@ TEST_CASE("causal attention backward matches finite differences", "[ops][attenti
       INFO(path_name(generic) << ", T = " << Tn);
       const ForceGenericAttention force(generic);
       const int B = 2, C = 8, H = 2;
-      auto qkv = pmt::make_tensor<double, Host>("qkv", B, Tn, 3 * C), out = pmt::make_tensor<double, Host>("out", B, Tn, C);
-      auto w = pmt::make_tensor<double, Host>("w", B, Tn, C), dqkv = pmt::make_tensor<double, Host>("dqkv", B, Tn, 3 * C);
+      auto qkv  = pmt::make_tensor<double, Host>("qkv", B, Tn, 3 * C),
+           out  = pmt::make_tensor<double, Host>("out", B, Tn, C);
+      auto w    = pmt::make_tensor<double, Host>("w", B, Tn, C),
+           dqkv = pmt::make_tensor<double, Host>("dqkv", B, Tn, 3 * C);
       pmt::test::fill_random(qkv, 5);
       pmt::test::fill_random(w, 6);
       auto cache = pmt::ops::make_attention_cache<double, Host>(B, Tn, C, H);
-      auto loss = [&] { pmt::ops::attention_forward(exec, qkv, out, cache); exec.fence(); return pmt::test::weighted_sum(w, out); };
+      auto loss  = [&] {
+        pmt::ops::attention_forward(exec, qkv, out, cache);
+        exec.fence();
+        return pmt::test::weighted_sum(w, out);
+      };
       loss();
       pmt::test::fill_random(dqkv, 7);  // every element is overwritten
       pmt::ops::attention_backward(exec, w, dqkv, cache);
@@ -176,12 +188,13 @@ TEST_CASE("causal attention backward matches finite differences", "[ops][attenti
       CHECK(pmt::test::finite_difference_error(qkv, dqkv, loss) <= 1e-6);
     }
   const int B = 2, Tn = 5, C = 8, H = 2;
-  auto dqkv = pmt::make_tensor<double, Host>("dqkv", B, Tn, 3 * C);
-  auto cache = pmt::ops::make_attention_cache<double, Host>(B, Tn, C, H);
+  auto dqkv       = pmt::make_tensor<double, Host>("dqkv", B, Tn, 3 * C);
+  auto cache      = pmt::ops::make_attention_cache<double, Host>(B, Tn, C, H);
   auto short_dout = pmt::make_tensor<double, Host>("short_dout", B, Tn, C / 2);
-  CHECK_THROWS_WITH(pmt::ops::attention_backward(exec, short_dout, dqkv, cache),
-                    Catch::Matchers::StartsWith("pmt::ops::attention_backward: dqkv is (2, 5, 24) and dout is (2, 5, 4) "
-                                                "but the cache was made for B = 2, T = 5, C = 8, H = 2"));
+  CHECK_THROWS_WITH(
+      pmt::ops::attention_backward(exec, short_dout, dqkv, cache),
+      Catch::Matchers::StartsWith("pmt::ops::attention_backward: dqkv is (2, 5, 24) and dout is (2, 5, 4) "
+                                  "but the cache was made for B = 2, T = 5, C = 8, H = 2"));
 }
 
 TEMPLATE_TEST_CASE("the fused host attention equals the generic one", "[ops][attention]", float, double) {
@@ -243,9 +256,10 @@ TEMPLATE_TEST_CASE("attention on separate q, k, v equals attention on the packed
                dqkv(b, t_, 2 * C + c) == dv(b, t_, c);
   CHECK(same);
   auto short_k = pmt::make_tensor<T, Host>("short_k", B, Tn - 1, C);
-  CHECK_THROWS_WITH(pmt::ops::attention_forward(exec, q, short_k, v, out2, split),
-                    Catch::Matchers::StartsWith("pmt::ops::attention_forward: q is (2, 6, 8), k (2, 5, 8), v (2, 6, 8) "
-                                                "and out (2, 6, 8) but the cache was made for B = 2, T = 6, C = 8, H = 2"));
+  CHECK_THROWS_WITH(
+      pmt::ops::attention_forward(exec, q, short_k, v, out2, split),
+      Catch::Matchers::StartsWith("pmt::ops::attention_forward: q is (2, 6, 8), k (2, 5, 8), v (2, 6, 8) "
+                                  "and out (2, 6, 8) but the cache was made for B = 2, T = 6, C = 8, H = 2"));
 }
 
 TEST_CASE("the RNG gives an element the same value from any slice of the tensor", "[core][random]") {
@@ -264,8 +278,10 @@ TEST_CASE("the RNG gives an element the same value from any slice of the tensor"
   pmt::fill_normal(exec, row, key, 0.0, 0.02, rs);
   exec.fence();
   bool same = true;
-  for (int i = 0; i < 12; ++i) for (int j = 0; j < 5; ++j) same = same && col(i, j) == full(i, 15 + j);
-  for (int i = 0; i < 3; ++i) for (int j = 0; j < 20; ++j) same = same && row(i, j) == full(6 + i, j);
+  for (int i = 0; i < 12; ++i)
+    for (int j = 0; j < 5; ++j) same = same && col(i, j) == full(i, 15 + j);
+  for (int i = 0; i < 3; ++i)
+    for (int j = 0; j < 20; ++j) same = same && row(i, j) == full(6 + i, j);
   CHECK(same);
 #if defined(KOKKOS_ENABLE_SERIAL) && defined(KOKKOS_ENABLE_OPENMP)
   auto serial = pmt::make_tensor<float, Host>("serial", 12, 20);
@@ -292,5 +308,6 @@ TEST_CASE("the RNG gives an element the same value from any slice of the tensor"
   pmt::GlobalSlice too_far;
   too_far.extent[0] = 12, too_far.extent[1] = 20, too_far.offset[1] = 16;
   CHECK_THROWS_WITH(pmt::fill_normal(exec, col, key, 0.0, 1.0, too_far),
-                    Catch::Matchers::StartsWith("pmt::fill_normal: the local tensor (12, 5) does not fit in the global slice along dim 1"));
+                    Catch::Matchers::StartsWith(
+                        "pmt::fill_normal: the local tensor (12, 5) does not fit in the global slice along dim 1"));
 }

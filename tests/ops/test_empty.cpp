@@ -19,8 +19,8 @@
 
 #include <cstdint>
 
-using pmt::test::Host;
 using Catch::Matchers::StartsWith;
+using pmt::test::Host;
 
 namespace {
 
@@ -50,7 +50,7 @@ TEST_CASE("ops on tensors with no rows do nothing", "[ops][empty]") {
   pmt::ops::log_softmax_backward(exec, y, dy, dx);
   pmt::ops::bias_add(exec, y, w);
   pmt::ops::column_sum(exec, dy, db, 1.0f);
-  auto ids = pmt::make_tensor<std::int32_t, Host>("ids", 0);
+  auto ids   = pmt::make_tensor<std::int32_t, Host>("ids", 0);
   auto table = tensor<float>("table", 5, C), dtable = tensor<float>("dtable", 5, C);
   Kokkos::deep_copy(dtable, 4.0f);
   pmt::ops::embedding(exec, ids, table, y);
@@ -69,7 +69,8 @@ TEST_CASE("ops on tensors with no rows do nothing", "[ops][empty]") {
   for (auto [B, T] : {std::pair<int, int>{0, 4}, {2, 0}}) {
     auto cache = pmt::ops::make_attention_cache<float, Host>(B, T, C, 2);
     auto qkv = pmt::make_tensor<float, Host>("qkv", B, T, 3 * C), out = pmt::make_tensor<float, Host>("out", B, T, C);
-    auto dqkv = pmt::make_tensor<float, Host>("dqkv", B, T, 3 * C), dout = pmt::make_tensor<float, Host>("dout", B, T, C);
+    auto dqkv = pmt::make_tensor<float, Host>("dqkv", B, T, 3 * C),
+         dout = pmt::make_tensor<float, Host>("dout", B, T, C);
     pmt::ops::attention_forward(exec, qkv, out, cache);
     pmt::ops::attention_backward(exec, dout, dqkv, cache);
   }
@@ -93,8 +94,7 @@ TEST_CASE("ops on tensors with no rows do nothing", "[ops][empty]") {
   CHECK_THROWS_WITH(pmt::ops::mean(exec, e, s), StartsWith("pmt::ops::mean: x is (0); expected at least one element"));
 }
 
-TEST_CASE("ops on rows of no features do nothing, or raise where the result would be undefined",
-          "[ops][empty]") {
+TEST_CASE("ops on rows of no features do nothing, or raise where the result would be undefined", "[ops][empty]") {
   Host exec;
   const std::size_t N = 4;
   auto x = tensor<float>("x", N, 0), y = tensor<float>("y", N, 0), dy = tensor<float>("dy", N, 0),
@@ -115,7 +115,7 @@ TEST_CASE("ops on rows of no features do nothing, or raise where the result woul
                     StartsWith("pmt::ops::softmax: x is (4, 0); a causal mask needs rows <= cols"));
   // cross-entropy over no classes: a target is out of range, unless every row is ignored
   auto targets = pmt::make_tensor<std::int32_t, Host>("targets", N);
-  auto loss = pmt::make_tensor<float, Host>("loss");
+  auto loss    = pmt::make_tensor<float, Host>("loss");
   CHECK_THROWS_WITH(pmt::ops::softmax_cross_entropy(exec, x, targets, 1.0, loss, dx),
                     StartsWith("pmt::ops::softmax_cross_entropy: 4 of 4 targets lie outside [0, 0)"));
   Kokkos::deep_copy(targets, -100);
@@ -124,7 +124,7 @@ TEST_CASE("ops on rows of no features do nothing, or raise where the result woul
   exec.fence();
   CHECK(loss() == 0.0f);
   // embedding rows of no features: the ids are still checked
-  auto ids = pmt::make_tensor<std::int32_t, Host>("ids", N);
+  auto ids   = pmt::make_tensor<std::int32_t, Host>("ids", N);
   auto table = tensor<float>("table", 5, 0);
   pmt::ops::embedding(exec, ids, table, y);
   pmt::ops::embedding_backward(exec, ids, dy, table);

@@ -29,14 +29,14 @@ void reference(Trans ta, Trans tb, double alpha, const A& a, const B& b, double 
         for (std::size_t k = 0; k < K; ++k)
           s += static_cast<long double>(ta == Trans::N ? a(q, i, k) : a(q, k, i)) *
                static_cast<long double>(tb == Trans::N ? b(q, k, j) : b(q, j, k));
-        c(q, i, j) = static_cast<typename C::value_type>(alpha * static_cast<double>(s) +
-                                                         (beta == 0 ? 0.0 : beta * c(q, i, j)));
+        c(q, i, j) =
+            static_cast<typename C::value_type>(alpha * static_cast<double>(s) + (beta == 0 ? 0.0 : beta * c(q, i, j)));
       }
 }
 
 template <class T, class Backend>
-void check_case(Backend backend, Trans ta, Trans tb, std::size_t batch, std::size_t M,
-                std::size_t N, std::size_t K, double alpha, double beta, bool batched) {
+void check_case(Backend backend, Trans ta, Trans tb, std::size_t batch, std::size_t M, std::size_t N, std::size_t K,
+                double alpha, double beta, bool batched) {
   Host exec;
   auto A  = ta == Trans::N ? pmt::make_tensor<T, Host>("A", batch, M, K) : pmt::make_tensor<T, Host>("A", batch, K, M);
   auto B  = tb == Trans::N ? pmt::make_tensor<T, Host>("B", batch, K, N) : pmt::make_tensor<T, Host>("B", batch, N, K);
@@ -61,9 +61,11 @@ void check_case(Backend backend, Trans ta, Trans tb, std::size_t batch, std::siz
 
 template <class T, class Backend>
 void check_backend(Backend backend) {
-  struct Size { std::size_t M, N, K; };
-  const std::vector<Size> sizes = {{1, 1, 1}, {37, 53, 29}, {130, 257, 300}, {7, 3, 0}, {0, 5, 4}, {96, 32, 256},
-                                    {1500, 20, 270}};  // several row blocks per column panel
+  struct Size {
+    std::size_t M, N, K;
+  };
+  const std::vector<Size> sizes = {{1, 1, 1}, {37, 53, 29},  {130, 257, 300}, {7, 3, 0},
+                                   {0, 5, 4}, {96, 32, 256}, {1500, 20, 270}};  // several row blocks per column panel
   for (Trans ta : {Trans::N, Trans::T})
     for (Trans tb : {Trans::N, Trans::T})
       for (const Size& s : sizes) {
@@ -76,8 +78,8 @@ void check_backend(Backend backend) {
 
 }  // namespace
 
-TEMPLATE_TEST_CASE("matmul equals the reference for every backend, transpose and edge size",
-                   "[ops][matmul]", float, double) {
+TEMPLATE_TEST_CASE("matmul equals the reference for every backend, transpose and edge size", "[ops][matmul]", float,
+                   double) {
   SECTION("portable") { check_backend<TestType>(pmt::ops::MatmulPortable{}); }
   SECTION("auto") { check_backend<TestType>(pmt::ops::MatmulAuto{}); }
 #if PMT_ENABLE_CBLAS
@@ -189,8 +191,8 @@ void check_bf16_case(Backend backend, Trans ta, Trans tb, std::size_t M, std::si
   pmt::ops::matmul_bf16(exec, ta, tb, float(alpha), s2(A), s2(B), float(beta), s2(C), backend);
   exec.fence();
   reference(ta, tb, alpha, rounded_copy(A), rounded_copy(B), beta, Cr);
-  INFO("path " << pmt::ops::bf16_matmul_isa<Host>() << " M=" << M << " N=" << N << " K=" << K << " ta="
-               << (ta == Trans::T) << " tb=" << (tb == Trans::T) << " alpha=" << alpha << " beta=" << beta);
+  INFO("path " << pmt::ops::bf16_matmul_isa<Host>() << " M=" << M << " N=" << N << " K=" << K
+               << " ta=" << (ta == Trans::T) << " tb=" << (tb == Trans::T) << " alpha=" << alpha << " beta=" << beta);
   CHECK(pmt::test::max_rel_diff(C, Cr) <= 4 * pmt::test::tol<float>(static_cast<double>(K)));
 }
 
@@ -214,11 +216,13 @@ std::string for_each_bf16_kernel(Body&& body) {
 
 TEST_CASE("matmul_bf16 equals the product of the bf16-rounded operands for every kernel, path, transpose and edge size",
           "[ops][matmul][bf16]") {
-  struct Size { std::size_t M, N, K; };
+  struct Size {
+    std::size_t M, N, K;
+  };
   // tile edges: 16 and 32 rows, 16 and 32 columns, 32 k; several row groups and column pairs
-  const std::vector<Size> sizes = {{1, 1, 1},    {37, 53, 29},  {32, 32, 32}, {33, 17, 65}, {7, 3, 0},
-                                    {0, 5, 4},    {130, 257, 300}, {300, 40, 1030}};
-  const std::string ran = for_each_bf16_kernel([&] {
+  const std::vector<Size> sizes = {{1, 1, 1}, {37, 53, 29}, {32, 32, 32},    {33, 17, 65},
+                                   {7, 3, 0}, {0, 5, 4},    {130, 257, 300}, {300, 40, 1030}};
+  const std::string ran         = for_each_bf16_kernel([&] {
     for (Trans ta : {Trans::N, Trans::T})
       for (Trans tb : {Trans::N, Trans::T})
         for (const Size& s : sizes) {
@@ -238,8 +242,8 @@ TEST_CASE("matmul_bf16 equals the product of the bf16-rounded operands for every
       }
 }
 
-
-TEST_CASE("matmul_bf16 rounds its operands to nearest even bf16 and does not read C for beta 0", "[ops][matmul][bf16]") {
+TEST_CASE("matmul_bf16 rounds its operands to nearest even bf16 and does not read C for beta 0",
+          "[ops][matmul][bf16]") {
   Host exec;
   // 1 + 2^-8 is the tie between 1 and 1 + 2^-7: it rounds to 1 (even); 1 + 3 * 2^-9 rounds up
   auto A = pmt::make_tensor<float, Host>("A", 40, 70);
@@ -248,7 +252,7 @@ TEST_CASE("matmul_bf16 rounds its operands to nearest even bf16 and does not rea
   for (std::size_t i = 0; i < 40; ++i)
     for (std::size_t k = 0; k < 70; ++k) A(i, k) = k % 2 ? 1.0f + 0.00390625f : 1.0f + 3 * 0.001953125f;
   Kokkos::deep_copy(B, 1.0f);
-  const float expect = 35 * 1.0f + 35 * (1.0f + 0.0078125f);  // the rounded values, summed exactly
+  const float expect    = 35 * 1.0f + 35 * (1.0f + 0.0078125f);  // the rounded values, summed exactly
   const std::string ran = for_each_bf16_kernel([&] {
     Kokkos::deep_copy(C, std::numeric_limits<float>::quiet_NaN());
     pmt::ops::matmul_bf16(exec, Trans::N, Trans::N, 1.0f, A, B, 0.0f, C);
@@ -263,7 +267,8 @@ TEST_CASE("matmul_bf16 rounds its operands to nearest even bf16 and does not rea
   CHECK(!ran.empty());
 }
 
-TEST_CASE("ops::matmul in a bf16 PrecisionScope is matmul_bf16; fp32 outside it and for double", "[ops][matmul][bf16]") {
+TEST_CASE("ops::matmul in a bf16 PrecisionScope is matmul_bf16; fp32 outside it and for double",
+          "[ops][matmul][bf16]") {
   Host exec;
   auto A  = pmt::make_tensor<float, Host>("A", 50, 90);
   auto B  = pmt::make_tensor<float, Host>("B", 90, 70);
@@ -318,7 +323,8 @@ TEST_CASE("matmul_bf16 gives the same bits on one thread (Serial) as on all (Ope
         pmt::ops::matmul_bf16(Kokkos::OpenMP(), ta, Trans::N, 1.0f, A, B, 0.0f, C2, pmt::ops::MatmulPortable{});
       }
       Kokkos::fence();
-      INFO("kernel " << pmt::ops::bf16_matmul_isa<Kokkos::OpenMP>() << ", OpenMP threads: " << Kokkos::OpenMP().concurrency());
+      INFO("kernel " << pmt::ops::bf16_matmul_isa<Kokkos::OpenMP>()
+                     << ", OpenMP threads: " << Kokkos::OpenMP().concurrency());
       CHECK(pmt::test::bitwise_equal(C1, C2));
     });
   }

@@ -94,7 +94,7 @@ TEST_CASE("matmul path: a pinned path is that path bit for bit and measures noth
 
 TEST_CASE("matmul path: auto measures a shape class once; the job agrees on one path", "[matmul][auto][mpi]") {
   Reset reset;
-  auto& w    = pmt::test::world();
+  auto& w     = pmt::test::world();
   const int r = w.rank(), n = w.size();
   const Operands o(64, 96, 80);
   const auto vendor = product(o, pmt::ops::MatmulVendor{}), portable = product(o, pmt::ops::MatmulPortable{});
@@ -169,8 +169,8 @@ AttentionRun attention_run() {
   pmt::ops::attention_forward(exec, qkv, out, cache);
   pmt::ops::attention_backward(exec, dout, dqkv, cache);
   exec.fence();
-  return {std::vector<float>(out.data(), out.data() + out.size()), std::vector<float>(dqkv.data(), dqkv.data() + dqkv.size()),
-          pmt::detail::attention_fused_calls() - fused0};
+  return {std::vector<float>(out.data(), out.data() + out.size()),
+          std::vector<float>(dqkv.data(), dqkv.data() + dqkv.size()), pmt::detail::attention_fused_calls() - fused0};
 }
 }  // namespace
 
@@ -211,8 +211,8 @@ TEST_CASE("attention path: vendor pins fused, portable pins batched; auto measur
     CHECK((again_run.fused == want.fused && again_run.out == first.out && again_run.dqkv == first.dqkv));
     CHECK(count_op(pmt::ops::attention_choice_op) == 1);
     CHECK(pmt::ops::matmul_path_summary().find(forced == 0 ? "; attention: batched for 0 shape classes, fused for 1"
-                                                           : "; attention: batched for 1 shape class, fused for 0")
-          != std::string::npos);
+                                                           : "; attention: batched for 1 shape class, fused for 0") !=
+          std::string::npos);
   }
 }
 
@@ -292,9 +292,9 @@ TEST_CASE("bf16 products: where the BLAS has a bf16 GEMM, auto times it against 
       const auto again = bf16_product();
       CHECK(same_bits(again, forced == 1 ? vendor : own));
       CHECK(count_op(pmt::ops::bf16_vendor_choice_op) == 1);
-      CHECK(pmt::ops::matmul_path_summary().find(forced == 1 ? "; bf16: vendor for 1 shape class, pmt for 0 shape classes"
-                                                             : "; bf16: vendor for 0 shape classes, pmt for 1 shape class")
-            != std::string::npos);
+      CHECK(pmt::ops::matmul_path_summary().find(
+                forced == 1 ? "; bf16: vendor for 1 shape class, pmt for 0 shape classes"
+                            : "; bf16: vendor for 0 shape classes, pmt for 1 shape class") != std::string::npos);
     }
   }
 }

@@ -11,19 +11,19 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <utility>
 #include <vector>
 
+using Catch::Matchers::StartsWith;
 using pmt::ops::Mask;
 using pmt::test::Host;
-using Catch::Matchers::StartsWith;
 
-TEMPLATE_TEST_CASE("softmax and log_softmax equal the reference, with and without a causal mask",
-                   "[ops][softmax]", float, double) {
+TEMPLATE_TEST_CASE("softmax and log_softmax equal the reference, with and without a causal mask", "[ops][softmax]",
+                   float, double) {
   using T = TestType;
   Host exec;
   auto x = pmt::make_tensor<T, Host>("x", 3, 6, 6), y = pmt::make_tensor<T, Host>("y", 3, 6, 6);
@@ -42,8 +42,11 @@ TEMPLATE_TEST_CASE("softmax and log_softmax equal the reference, with and withou
         for (int j = 0; j < 6; ++j) {
           const double ref = j < n ? std::exp(x(b, i, j) - mx) / s : 0.0;
           CHECK(std::abs(y(b, i, j) - ref) <= 8 * pmt::test::tol<T>(6));
-          if (j < n) CHECK(std::abs(ly(b, i, j) - std::log(ref)) <= 8 * pmt::test::tol<T>(6) * std::max(1.0, std::abs(std::log(ref))));
-          else CHECK(std::isinf(ly(b, i, j)));
+          if (j < n)
+            CHECK(std::abs(ly(b, i, j) - std::log(ref)) <=
+                  8 * pmt::test::tol<T>(6) * std::max(1.0, std::abs(std::log(ref))));
+          else
+            CHECK(std::isinf(ly(b, i, j)));
         }
       }
   }
@@ -80,9 +83,12 @@ TEMPLATE_TEST_CASE("softmax and log_softmax on long rows (vector body, tails, ca
         for (int j = 0; j < n; ++j) s += std::exp(double(x(b, i, j)) - mx);
         for (int j = 0; j < C; ++j) {
           const double ref = j < n ? std::exp(double(x(b, i, j)) - mx) / s : 0.0;
-          worst = std::max(worst, std::abs(double(y(b, i, j)) - ref));
-          if (j < n) worst_log = std::max(worst_log, std::abs(ly(b, i, j) - std::log(ref)) / std::max(1.0, std::abs(std::log(ref))));
-          else CHECK(std::isinf(ly(b, i, j)));
+          worst            = std::max(worst, std::abs(double(y(b, i, j)) - ref));
+          if (j < n)
+            worst_log =
+                std::max(worst_log, std::abs(ly(b, i, j) - std::log(ref)) / std::max(1.0, std::abs(std::log(ref))));
+          else
+            CHECK(std::isinf(ly(b, i, j)));
         }
       }
     CHECK(worst <= 8 * pmt::test::tol<T>(C));
@@ -110,15 +116,16 @@ TEMPLATE_TEST_CASE("softmax is bitwise the same on Serial, on OpenMP and as its 
     bool same = true;
     for (int b = 0; b < B; ++b)
       for (int i = 0; i < R; ++i) {
-        const int n    = mask == Mask::Causal ? i + 1 + (C - R) : C;
-        const T* row   = &x(b, i, 0);
-        const T mx     = pmt::detail::lane_max(row, n);
-        const T inv    = T(1) / pmt::detail::exp_sum_row(row, n, mx, e.data(), static_cast<const T*>(nullptr),
-                                                         static_cast<T*>(nullptr));
+        const int n  = mask == Mask::Causal ? i + 1 + (C - R) : C;
+        const T* row = &x(b, i, 0);
+        const T mx   = pmt::detail::lane_max(row, n);
+        const T inv  = T(1) / pmt::detail::exp_sum_row(row, n, mx, e.data(), static_cast<const T*>(nullptr),
+                                                       static_cast<T*>(nullptr));
         for (int j = 0; j < C; ++j)
           same = same && ys(b, i, j) == yo(b, i, j) && yo(b, i, j) == (j < n ? e[j] * inv : T(0));
       }
-    INFO("mask " << (mask == Mask::Causal ? "causal" : "none") << ", OpenMP threads: " << Kokkos::OpenMP().concurrency());
+    INFO("mask " << (mask == Mask::Causal ? "causal" : "none")
+                 << ", OpenMP threads: " << Kokkos::OpenMP().concurrency());
     CHECK(same);
   }
 #else
@@ -133,20 +140,22 @@ TEST_CASE("the row exponential sums exp(x - max) to float accuracy, underflows t
   const int n = 4099;
   std::vector<float> x(n), e(n);
   for (int j = 0; j < n; ++j) x[j] = -100.0f * float(j) / float(n - 1);  // 0 ... -100
-  const float s = pmt::detail::exp_sum_row(x.data(), n, 0.0f, e.data(), x.data(), e.data());
+  const float s  = pmt::detail::exp_sum_row(x.data(), n, 0.0f, e.data(), x.data(), e.data());
   double ref_sum = 0, worst = 0;
   for (int j = 0; j < n; ++j) {
     const double ref = std::exp(double(x[j]));
     ref_sum += ref;
-    if (x[j] >= -87.0f) worst = std::max(worst, std::abs(e[j] - ref) / ref);
-    else CHECK(e[j] == 0.0f);
+    if (x[j] >= -87.0f)
+      worst = std::max(worst, std::abs(e[j] - ref) / ref);
+    else
+      CHECK(e[j] == 0.0f);
   }
   CHECK(worst <= 3e-7);
   CHECK(std::abs(s - ref_sum) <= 1e-6 * ref_sum);
   INFO("host back end: " << pmt::detail::host::Native::name);
   std::vector<float> z(32, -1.0f), ez(32);
-  z[5] = std::nanf("");
-  z[20] = -std::numeric_limits<float>::infinity();
+  z[5]           = std::nanf("");
+  z[20]          = -std::numeric_limits<float>::infinity();
   const float sz = pmt::detail::exp_sum_row(z.data(), 32, 0.0f, ez.data(), static_cast<const float*>(nullptr),
                                             static_cast<float*>(nullptr));
   CHECK(std::isnan(ez[5]));
@@ -155,8 +164,7 @@ TEST_CASE("the row exponential sums exp(x - max) to float accuracy, underflows t
   CHECK(std::abs(ez[0] - std::exp(-1.0)) <= 3e-7 * std::exp(-1.0));
 }
 
-TEST_CASE("the scalar exponentials: float accuracy, 0 below -87, NaN kept, no undefined conversion",
-          "[ops][softmax]") {
+TEST_CASE("the scalar exponentials: float accuracy, 0 below -87, NaN kept, no undefined conversion", "[ops][softmax]") {
   // exp_nonpositive (softmax, cross-entropy, the rows' scalar tails) and exp_fast (GELU's portable
   // path). A NaN passes their clamps; converting it to an integer for 2^k would be undefined
   // behaviour (scripts/check.sh runs this under UBSan), so the exponent is bounded first.
@@ -164,12 +172,12 @@ TEST_CASE("the scalar exponentials: float accuracy, 0 below -87, NaN kept, no un
   using pmt::detail::exp_nonpositive;
   double worst_np = 0, worst_fast = 0;
   for (int j = 0; j <= 2000; ++j) {
-    const float x = -87.0f * float(j) / 2000.0f;
+    const float x    = -87.0f * float(j) / 2000.0f;
     const double ref = std::exp(double(x));
-    worst_np = std::max(worst_np, std::abs(exp_nonpositive(x) - ref) / ref);
-    const float xp = 88.0f * float(j) / 2000.0f;  // exp_fast covers positive arguments too
-    worst_fast = std::max({worst_fast, std::abs(exp_fast(x) - ref) / ref,
-                           std::abs(exp_fast(xp) - std::exp(double(xp))) / std::exp(double(xp))});
+    worst_np         = std::max(worst_np, std::abs(exp_nonpositive(x) - ref) / ref);
+    const float xp   = 88.0f * float(j) / 2000.0f;  // exp_fast covers positive arguments too
+    worst_fast       = std::max({worst_fast, std::abs(exp_fast(x) - ref) / ref,
+                                 std::abs(exp_fast(xp) - std::exp(double(xp))) / std::exp(double(xp))});
   }
   CHECK(worst_np <= 3e-7);
   CHECK(worst_fast <= 3e-7);
@@ -202,7 +210,7 @@ TEMPLATE_TEST_CASE("the row maximum equals std::max over every length, skips NaN
     if (n == 0) CHECK(pmt::detail::lane_max(x.data(), 0) == -std::numeric_limits<T>::infinity());
   }
   std::vector<T> z(40, T(-3));
-  z[2] = std::numeric_limits<T>::quiet_NaN();
+  z[2]  = std::numeric_limits<T>::quiet_NaN();
   z[18] = std::numeric_limits<T>::quiet_NaN();
   z[33] = T(2);
   CHECK(pmt::detail::lane_max(z.data(), 40) == T(2));
@@ -218,7 +226,8 @@ TEMPLATE_TEST_CASE("the row sum is lane_sum's result bit for bit, on every lengt
   for (std::size_t j = 0; j < x.size(); ++j) x[j] = T(0.1) * T((j * 37) % 101) - T(3.3) + T(1e-3) * T(j);
   for (int n = 0; n <= 100; ++n) {
     INFO("n = " << n << ", host back end: " << pmt::detail::host::Native::name);
-    const T expect = pmt::detail::lane_sum<T>(x.data(), n, KOKKOS_LAMBDA(T e) { return e; });
+    const T expect = pmt::detail::lane_sum<T>(
+        x.data(), n, KOKKOS_LAMBDA(T e) { return e; });
     CHECK(pmt::detail::row_sum<T>(x.data(), n) == expect);
   }
 }
@@ -230,7 +239,11 @@ TEST_CASE("softmax_backward and log_softmax_backward match finite differences", 
   pmt::test::fill_random(x, 2, -2, 2);
   pmt::test::fill_random(w, 3);
   for (Mask mask : {Mask::None, Mask::Causal}) {
-    auto sm_loss = [&] { pmt::ops::softmax(exec, x, y, mask); exec.fence(); return pmt::test::weighted_sum(w, y); };
+    auto sm_loss = [&] {
+      pmt::ops::softmax(exec, x, y, mask);
+      exec.fence();
+      return pmt::test::weighted_sum(w, y);
+    };
     sm_loss();
     pmt::ops::softmax_backward(exec, y, w, dx, mask);
     exec.fence();
@@ -239,12 +252,15 @@ TEST_CASE("softmax_backward and log_softmax_backward match finite differences", 
     auto wl = pmt::make_tensor<double, Host>("wl", 2, 5, 5);
     Kokkos::deep_copy(wl, w);
     if (mask == Mask::Causal)
-      for (int b = 0; b < 2; ++b) for (int i = 0; i < 5; ++i) for (int j = i + 1; j < 5; ++j) wl(b, i, j) = 0;
+      for (int b = 0; b < 2; ++b)
+        for (int i = 0; i < 5; ++i)
+          for (int j = i + 1; j < 5; ++j) wl(b, i, j) = 0;
     auto lsm_loss = [&] {
       pmt::ops::log_softmax(exec, x, y, mask);
       exec.fence();
       double s = 0;
-      for (std::size_t i = 0; i < y.size(); ++i) if (wl.data()[i] != 0) s += wl.data()[i] * y.data()[i];
+      for (std::size_t i = 0; i < y.size(); ++i)
+        if (wl.data()[i] != 0) s += wl.data()[i] * y.data()[i];
       return s;
     };
     lsm_loss();
@@ -263,9 +279,12 @@ struct LayernormCase {
   pmt::Tensor<T, 1, Host> w, b;
   pmt::Tensor<S, 1, Host> mean, rstd;
   LayernormCase(int N, int C, std::uint32_t seed)
-      : x(pmt::make_tensor<T, Host>("x", N, C)), y(pmt::make_tensor<T, Host>("y", N, C)),
-        w(pmt::make_tensor<T, Host>("w", C)), b(pmt::make_tensor<T, Host>("b", C)),
-        mean(pmt::make_tensor<S, Host>("mean", N)), rstd(pmt::make_tensor<S, Host>("rstd", N)) {
+      : x(pmt::make_tensor<T, Host>("x", N, C)),
+        y(pmt::make_tensor<T, Host>("y", N, C)),
+        w(pmt::make_tensor<T, Host>("w", C)),
+        b(pmt::make_tensor<T, Host>("b", C)),
+        mean(pmt::make_tensor<S, Host>("mean", N)),
+        rstd(pmt::make_tensor<S, Host>("rstd", N)) {
     pmt::test::fill_random(x, seed, -2, 5);
     pmt::test::fill_random(w, seed + 1);
     pmt::test::fill_random(b, seed + 2);
@@ -286,8 +305,9 @@ struct LayernormCase {
 
 }  // namespace
 
-TEMPLATE_TEST_CASE("layernorm forward equals the reference and saves mean and rstd", "[ops][layernorm]", float, double) {
-  using T = TestType;
+TEMPLATE_TEST_CASE("layernorm forward equals the reference and saves mean and rstd", "[ops][layernorm]", float,
+                   double) {
+  using T     = TestType;
   const int N = 9, C = 33;
   LayernormCase<T, double> lc(N, C, 4);
   for (int n = 0; n < N; ++n) {
@@ -336,11 +356,11 @@ TEMPLATE_TEST_CASE("layernorm forward is bitwise the same on Serial, on OpenMP a
     pmt::ops::layernorm_forward(Kokkos::Serial(), lc.x, lc.w, lc.b, y1, m1, r1, 1e-5);
     bool same = true;
     for (int n = 0; n < N; ++n) {
-      auto rows = std::make_pair(n, n + 1);
+      auto rows  = std::make_pair(n, n + 1);
       auto y_row = pmt::make_tensor<T, Host>("y_row", 1, C);
       auto m_row = pmt::make_tensor<T, Host>("m_row", 1), r_row = pmt::make_tensor<T, Host>("r_row", 1);
-      pmt::ops::layernorm_forward(Kokkos::OpenMP(), Kokkos::subview(lc.x, rows, Kokkos::ALL), lc.w, lc.b, y_row,
-                                  m_row, r_row, 1e-5);
+      pmt::ops::layernorm_forward(Kokkos::OpenMP(), Kokkos::subview(lc.x, rows, Kokkos::ALL), lc.w, lc.b, y_row, m_row,
+                                  r_row, 1e-5);
       Kokkos::OpenMP().fence();
       same = same && m1(n) == lc.mean(n) && r1(n) == lc.rstd(n) && m_row(0) == lc.mean(n) && r_row(0) == lc.rstd(n);
       for (int c = 0; c < C; ++c) same = same && y1(n, c) == lc.y(n, c) && y_row(0, c) == lc.y(n, c);
@@ -402,7 +422,8 @@ TEMPLATE_TEST_CASE("softmax_cross_entropy equals the reference, honours ignore_i
     for (int v = 0; v < V; ++v) s += std::exp(logits(n, v) - mx);
     ref += mx + std::log(s) - logits(n, t(n));
     for (int v = 0; v < V; ++v)
-      CHECK(std::abs(dl(n, v) - (std::exp(logits(n, v) - mx) / s - (v == t(n))) / normaliser) <= 8 * pmt::test::tol<T>(V));
+      CHECK(std::abs(dl(n, v) - (std::exp(logits(n, v) - mx) / s - (v == t(n))) / normaliser) <=
+            8 * pmt::test::tol<T>(V));
   }
   CHECK(std::abs(loss() - ref / normaliser) <= 8 * pmt::test::tol<T>(N * V) * std::max(1.0, ref / normaliser));
   t(0) = V;
@@ -412,7 +433,8 @@ TEMPLATE_TEST_CASE("softmax_cross_entropy equals the reference, honours ignore_i
   CHECK_THROWS_AS(pmt::ops::cross_entropy(exec, logits, t, 0.0, loss), pmt::ConfigError);
 }
 
-TEST_CASE("softmax_cross_entropy's gradient matches finite differences, also in place", "[ops][cross_entropy][gradient]") {
+TEST_CASE("softmax_cross_entropy's gradient matches finite differences, also in place",
+          "[ops][cross_entropy][gradient]") {
   Host exec;
   const int N = 5, V = 7;
   auto logits = pmt::make_tensor<double, Host>("logits", N, V), dl = pmt::make_tensor<double, Host>("dl", N, V);
@@ -422,7 +444,11 @@ TEST_CASE("softmax_cross_entropy's gradient matches finite differences, also in 
   Kokkos::View<double, Kokkos::HostSpace> loss("loss");
   pmt::ops::softmax_cross_entropy(exec, logits, t, 3.0, loss, dl, -1);
   exec.fence();
-  auto f = [&] { pmt::ops::cross_entropy(exec, logits, t, 3.0, loss, -1); exec.fence(); return loss(); };
+  auto f = [&] {
+    pmt::ops::cross_entropy(exec, logits, t, 3.0, loss, -1);
+    exec.fence();
+    return loss();
+  };
   CHECK(pmt::test::finite_difference_error(logits, dl, f) <= 1e-6);
   const double l0 = f();
   pmt::ops::softmax_cross_entropy(exec, logits, t, 3.0, loss, logits, -1);  // in place
@@ -503,7 +529,8 @@ TEMPLATE_TEST_CASE("the device-shaped team path of softmax, layernorm and cross-
       pmt::ops::layernorm_forward(exec, x, w, b, y, mean, rstd, 1e-5);
       pmt::ops::layernorm_backward(exec, dy, x, w, mean, rstd, dx, dw, db);
       exec.fence();
-      ys.push_back(y), dxs.push_back(dx), stats.push_back(mean), stats.push_back(rstd), stats.push_back(dw), stats.push_back(db);
+      ys.push_back(y), dxs.push_back(dx), stats.push_back(mean), stats.push_back(rstd), stats.push_back(dw),
+          stats.push_back(db);
     }
     CHECK(pmt::test::max_rel_diff(ys[1], ys[0]) <= tol);
     CHECK(pmt::test::max_rel_diff(dxs[1], dxs[0]) <= tol);
@@ -539,8 +566,8 @@ TEMPLATE_TEST_CASE("the device-shaped team path of softmax, layernorm and cross-
 // The AVX-512 back end must give the AVX2 back end's bits: the same operations per element, the
 // same 16 lanes per row (one register instead of two).
 TEST_CASE("the AVX-512 host back end gives the AVX2 back end's bits", "[ops][rowwise][simd]") {
-  using A = pmt::detail::host::Avx2;
-  using B = pmt::detail::host::Avx512;
+  using A         = pmt::detail::host::Avx2;
+  using B         = pmt::detail::host::Avx512;
   constexpr int n = 16 * 61 + 11;  // whole blocks and a tail
   std::vector<float> x(n), dy(n);
   std::uint32_t s = 12345;
@@ -548,7 +575,8 @@ TEST_CASE("the AVX-512 host back end gives the AVX2 back end's bits", "[ops][row
     s = s * 1664525u + 1013904223u;
     return static_cast<float>(s >> 8) / 16777216.0f;
   };
-  for (int i = 0; i < n; ++i) x[static_cast<std::size_t>(i)] = -100.0f + 120.0f * next(), dy[static_cast<std::size_t>(i)] = next() - 0.5f;
+  for (int i = 0; i < n; ++i)
+    x[static_cast<std::size_t>(i)] = -100.0f + 120.0f * next(), dy[static_cast<std::size_t>(i)] = next() - 0.5f;
   x[3] = std::nanf(""), x[40] = -std::numeric_limits<float>::infinity(), x[77] = -87.0f, x[78] = 0.0f;
   const auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
     return std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;

@@ -23,7 +23,8 @@ TEST_CASE("conjugate regions: sums, column scatter and gather", "[parallel][regi
   Host().fence();
   bool ok = mine.extent(0) == N && mine.extent(1) == C / std::size_t(p);
   for (std::size_t n = 0; ok && n < N; ++n)
-    for (std::size_t j = 0; j < mine.extent(1); ++j) ok = ok && mine(n, j) == x(n, std::size_t(r) * (C / std::size_t(p)) + j);
+    for (std::size_t j = 0; j < mine.extent(1); ++j)
+      ok = ok && mine(n, j) == x(n, std::size_t(r) * (C / std::size_t(p)) + j);
   CHECK(pmt::test::all_ranks(ok));
   // gather_from puts them back; it is scatter_to's backward and scatter_to is its backward
   const auto whole = pmt::parallel::scatter_to_backward(w, Host(), mine);
@@ -56,7 +57,8 @@ TEST_CASE("conjugate regions: sums, column scatter and gather", "[parallel][regi
   // columns that do not divide over the ranks
   if (p > 1) {
     pmt::Tensor<double, 2, Host> odd("odd", 2, std::size_t(p) + 1);
-    CHECK_THROWS_WITH(pmt::parallel::scatter_to(w, Host(), odd),
-                      Catch::Matchers::ContainsSubstring("pmt::parallel::scatter_to: x is (2, " + std::to_string(p + 1) + ")"));
+    CHECK_THROWS_WITH(
+        pmt::parallel::scatter_to(w, Host(), odd),
+        Catch::Matchers::ContainsSubstring("pmt::parallel::scatter_to: x is (2, " + std::to_string(p + 1) + ")"));
   }
 }

@@ -46,8 +46,8 @@ TEST_CASE("interleaved 1F1B and chunked GPipe pass the checker with the interlea
       for (int m = p; m <= 16; m += p) {
         const auto f = check(one_f_one_b(p, m, v)), g = check(gpipe(p, m, v));
         const double theory = ScheduleReport::theory(p, m, v);
-        INFO("v " << v << ", p " << p << ", m " << m << ": bubble interleaved 1f1b " << f.bubble << ", gpipe " << g.bubble
-                  << ", theory " << theory);
+        INFO("v " << v << ", p " << p << ", m " << m << ": bubble interleaved 1f1b " << f.bubble << ", gpipe "
+                  << g.bubble << ", theory " << theory);
         CHECK(std::abs(theory - double(p - 1) / double(v * m + p - 1)) < 1e-15);
         CHECK(std::abs(f.bubble - theory) < 1e-12);
         CHECK(std::abs(g.bubble - theory) < 1e-12);
@@ -64,7 +64,8 @@ TEST_CASE("interleaved 1F1B and chunked GPipe pass the checker with the interlea
   CHECK(checked > 100);
   // the same table without chunks is plain 1F1B
   CHECK(one_f_one_b(4, 8, 1).per_stage == one_f_one_b(4, 8).per_stage);
-  CHECK_THROWS_WITH(one_f_one_b(4, 6, 2), ContainsSubstring("6 microbatches on 4 stages with 2 chunks") && ContainsSubstring("use 8"));
+  CHECK_THROWS_WITH(one_f_one_b(4, 6, 2),
+                    ContainsSubstring("6 microbatches on 4 stages with 2 chunks") && ContainsSubstring("use 8"));
   CHECK_THROWS_WITH(gpipe(1, 4, 2), ContainsSubstring("at least 2 stages"));
   CHECK_THROWS_AS(interleaved_one_f_one_b(2, 4, 1), pmt::ConfigError);
 }
@@ -73,8 +74,8 @@ TEST_CASE("the checker follows chunks round the ring", "[pipeline][schedule]") {
   using A = Action;
   // 2 stages, 2 chunks, 1 microbatch: virtual stages 0 (s0 c0), 1 (s1 c0), 2 (s0 c1), 3 (s1 c1)
   auto sc = gpipe(2, 1, 2);
-  const std::vector<A> s0{{A::Forward, 0, 0}, {A::SendAct, 0, 0}, {A::RecvAct, 0, 1},  {A::Forward, 0, 1},
-                          {A::SendAct, 0, 1}, {A::RecvGrad, 0, 1}, {A::Backward, 0, 1}, {A::SendGrad, 0, 1},
+  const std::vector<A> s0{{A::Forward, 0, 0},  {A::SendAct, 0, 0},  {A::RecvAct, 0, 1},  {A::Forward, 0, 1},
+                          {A::SendAct, 0, 1},  {A::RecvGrad, 0, 1}, {A::Backward, 0, 1}, {A::SendGrad, 0, 1},
                           {A::RecvGrad, 0, 0}, {A::Backward, 0, 0}};
   CHECK(sc.per_stage[0] == s0);
   CHECK_NOTHROW(check(sc));
@@ -103,10 +104,11 @@ TEST_CASE("the checker follows chunks round the ring", "[pipeline][schedule]") {
   }
 }
 
-TEST_CASE("the checker rejects a crossing, a deadlock, a missing receive and an action out of order", "[pipeline][schedule]") {
+TEST_CASE("the checker rejects a crossing, a deadlock, a missing receive and an action out of order",
+          "[pipeline][schedule]") {
   using A = Action;
   SECTION("crossing: stage 1 receives microbatch 1 before 0") {
-    auto sc = gpipe(2, 2);
+    auto sc  = gpipe(2, 2);
     auto& s1 = sc.per_stage[1];
     // stage 1 starts: RecvAct 0, Forward 0, RecvAct 1, Forward 1 -> swap the microbatch order
     s1[0] = {A::RecvAct, 1}, s1[1] = {A::Forward, 1}, s1[2] = {A::RecvAct, 0}, s1[3] = {A::Forward, 0};
@@ -121,9 +123,10 @@ TEST_CASE("the checker rejects a crossing, a deadlock, a missing receive and an 
     CHECK_THROWS_WITH(check(sc), ContainsSubstring("never sent"));
     // a true wait cycle: stage 1 waits for a gradient it must itself send first
     Schedule cyc{"cycle", 3, 1, {}};
-    cyc.per_stage = {{{A::Forward, 0}, {A::SendAct, 0}, {A::RecvGrad, 0}, {A::Backward, 0}},
-                     {{A::RecvAct, 0}, {A::Forward, 0}, {A::SendAct, 0}, {A::RecvGrad, 0}, {A::Backward, 0}, {A::SendGrad, 0}},
-                     {{A::RecvAct, 0}, {A::Forward, 0}, {A::Backward, 0}, {A::SendGrad, 0}}};
+    cyc.per_stage = {
+        {{A::Forward, 0}, {A::SendAct, 0}, {A::RecvGrad, 0}, {A::Backward, 0}},
+        {{A::RecvAct, 0}, {A::Forward, 0}, {A::SendAct, 0}, {A::RecvGrad, 0}, {A::Backward, 0}, {A::SendGrad, 0}},
+        {{A::RecvAct, 0}, {A::Forward, 0}, {A::Backward, 0}, {A::SendGrad, 0}}};
     CHECK_NOTHROW(check(cyc));
     std::swap(cyc.per_stage[2][0], cyc.per_stage[2][1]);  // forward before its input arrives
     CHECK_THROWS_WITH(check(cyc), ContainsSubstring("its activation was not received first"));
@@ -132,8 +135,8 @@ TEST_CASE("the checker rejects a crossing, a deadlock, a missing receive and an 
     Schedule sc = gpipe(2, 2);
     // stage 0 waits for microbatch 0's gradient before sending microbatch 1's activation,
     // while stage 1 runs all forwards before any backward: neither can go on.
-    sc.per_stage[0] = {{A::Forward, 0}, {A::SendAct, 0}, {A::Forward, 1}, {A::RecvGrad, 0}, {A::SendAct, 1},
-                       {A::Backward, 0}, {A::RecvGrad, 1}, {A::Backward, 1}};
+    sc.per_stage[0] = {{A::Forward, 0}, {A::SendAct, 0},  {A::Forward, 1},  {A::RecvGrad, 0},
+                       {A::SendAct, 1}, {A::Backward, 0}, {A::RecvGrad, 1}, {A::Backward, 1}};
     CHECK_THROWS_WITH(check(sc), ContainsSubstring("deadlock") && ContainsSubstring("stage 0 waits at recv-gradient") &&
                                      ContainsSubstring("stage 1 waits at recv-activation"));
   }

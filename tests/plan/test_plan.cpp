@@ -2,20 +2,19 @@
 // The planner (plan/): its rejections (sizes that do not divide, memory that does not fit) are
 // right and name the reason; the search covers every factorisation of the ranks; and its memory
 // model matches what pmt allocates: for every layout of the job's ranks (microbatches 1 and 2,
-// both schedules and interleaved 1F1B with 2 chunks with pp > 1, ZeRO-1 with dp > 1) a real Gpt + optimizer + Trainer runs 2 steps
-// while obs::MemoryTracker counts the Kokkos allocations; each rank's parameters equal the
-// predicted count exactly and its peak is within 20 % of the prediction for its stage.
-// A user's Chain describes itself (plan::describe: the same ModelSpec from every tp) and the planner
-// searches it like a Gpt; its memory model matches what a StagedModel allocates on every layout
-// (parameters exactly, the peak within 20 % of the prediction, which counts an output in flight
-// to the next stage for every live microbatch, the most a run can hold, where a run may hold one).
-// plan::measure (the interleaved measurement of layouts) returns every layout's timed steps, the
-// same on every rank, and rejects what cannot run; plan::spearman ranks with ties.
-// (Step-time predictions are checked against measurement by bench/plan_check.py, not here.)
+// both schedules and interleaved 1F1B with 2 chunks with pp > 1, ZeRO-1 with dp > 1) a real Gpt + optimizer + Trainer
+// runs 2 steps while obs::MemoryTracker counts the Kokkos allocations; each rank's parameters equal the predicted count
+// exactly and its peak is within 20 % of the prediction for its stage. A user's Chain describes itself (plan::describe:
+// the same ModelSpec from every tp) and the planner searches it like a Gpt; its memory model matches what a StagedModel
+// allocates on every layout (parameters exactly, the peak within 20 % of the prediction, which counts an output in
+// flight to the next stage for every live microbatch, the most a run can hold, where a run may hold one). plan::measure
+// (the interleaved measurement of layouts) returns every layout's timed steps, the same on every rank, and rejects what
+// cannot run; plan::spearman ranks with ties. (Step-time predictions are checked against measurement by
+// bench/plan_check.py, not here.)
+#include <algorithm>
 #include <catch2/catch_approx.hpp>
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <set>
@@ -51,8 +50,8 @@ using Catch::Matchers::ContainsSubstring;
 
 namespace {
 
-pmt::plan::Problem problem(std::size_t vocab, std::size_t layers, std::size_t width,
-                           std::size_t heads, std::size_t batch) {
+pmt::plan::Problem problem(std::size_t vocab, std::size_t layers, std::size_t width, std::size_t heads,
+                           std::size_t batch) {
   pmt::plan::Problem p;
   p.model = {vocab, /*context=*/32, layers, width, heads, 1};
   p.batch = batch;
@@ -80,22 +79,17 @@ TEST_CASE("the planner rejects layouts that do not divide the problem, naming wh
     // 8
     const auto plan = pmt::plan::search(problem(256, 2, 64, 4, 2), machine(8));
     REQUIRE(rejected(plan, 1, 8, 1) != nullptr);
-    CHECK_THAT(rejected(plan, 1, 8, 1)->reason,
-               ContainsSubstring("heads 4 are not divisible by tp 8"));
+    CHECK_THAT(rejected(plan, 1, 8, 1)->reason, ContainsSubstring("heads 4 are not divisible by tp 8"));
     REQUIRE(rejected(plan, 2, 1, 4) != nullptr);
-    CHECK_THAT(rejected(plan, 2, 1, 4)->reason,
-               ContainsSubstring("2 layers cannot fill pp 4 stages"));
+    CHECK_THAT(rejected(plan, 2, 1, 4)->reason, ContainsSubstring("2 layers cannot fill pp 4 stages"));
     REQUIRE(rejected(plan, 4, 2, 1) != nullptr);
-    CHECK_THAT(rejected(plan, 4, 2, 1)->reason,
-               ContainsSubstring("batch 2 is not divisible by dp 4"));
+    CHECK_THAT(rejected(plan, 4, 2, 1)->reason, ContainsSubstring("batch 2 is not divisible by dp 4"));
     // every one that runs does divide
-    for (const auto& e : plan.ranked)
-      CHECK(pmt::plan::why_invalid(plan.problem, e.layout, 8).empty());
+    for (const auto& e : plan.ranked) CHECK(pmt::plan::why_invalid(plan.problem, e.layout, 8).empty());
     // the vocabulary: 98 entries over tp 4
     const auto vocab = pmt::plan::search(problem(98, 4, 64, 8, 8), machine(4));
     REQUIRE(rejected(vocab, 1, 4, 1) != nullptr);
-    CHECK_THAT(rejected(vocab, 1, 4, 1)->reason,
-               ContainsSubstring("vocabulary 98 is not divisible by tp 4"));
+    CHECK_THAT(rejected(vocab, 1, 4, 1)->reason, ContainsSubstring("vocabulary 98 is not divisible by tp 4"));
     CHECK(rejected(vocab, 2, 2, 1) == nullptr);
   }
   SECTION("every factorisation of the ranks is either ranked or rejected") {
@@ -110,9 +104,9 @@ TEST_CASE("the planner rejects layouts that do not divide the problem, naming wh
       CHECK((!e.layout.zero || e.layout.dp > 1));
       CHECK((e.layout.schedule == pmt::parallel::ScheduleKind::OneFOneB || e.layout.pp > 1));
       // model chunks: interleaved 1F1B only, with m a multiple of pp and a layer per chunk
-      CHECK((e.layout.chunks == 1 || (e.layout.chunks == 2 && e.layout.pp > 1 && e.layout.microbatches % e.layout.pp == 0 &&
-                                      e.layout.schedule == pmt::parallel::ScheduleKind::OneFOneB &&
-                                      4 >= e.layout.pp * e.layout.chunks)));
+      CHECK((e.layout.chunks == 1 ||
+             (e.layout.chunks == 2 && e.layout.pp > 1 && e.layout.microbatches % e.layout.pp == 0 &&
+              e.layout.schedule == pmt::parallel::ScheduleKind::OneFOneB && 4 >= e.layout.pp * e.layout.chunks)));
     }
     bool interleaved = false;
     for (const auto& e : plan.ranked) interleaved = interleaved || e.layout.chunks == 2;
@@ -121,11 +115,10 @@ TEST_CASE("the planner rejects layouts that do not divide the problem, naming wh
   SECTION("memory that does not fit") {
     const auto all = pmt::plan::search(problem(256, 4, 128, 4, 8), machine(4));
     double lo = 1e300, hi = 0;
-    for (const auto& e : all.ranked)
-      lo = std::min(lo, e.peak_bytes()), hi = std::max(hi, e.peak_bytes());
+    for (const auto& e : all.ranked) lo = std::min(lo, e.peak_bytes()), hi = std::max(hi, e.peak_bytes());
     REQUIRE(lo < hi);
     const double limit = (lo + hi) / 2;
-    const auto plan = pmt::plan::search(problem(256, 4, 128, 4, 8), machine(4, limit / 1048576.0));
+    const auto plan    = pmt::plan::search(problem(256, 4, 128, 4, 8), machine(4, limit / 1048576.0));
     CHECK(!plan.ranked.empty());
     for (const auto& e : plan.ranked) CHECK(e.peak_bytes() <= limit);
     std::size_t memory_rejections = 0;
@@ -137,9 +130,10 @@ TEST_CASE("the planner rejects layouts that do not divide the problem, naming wh
     // every layout of the unlimited search is ranked or rejected for memory; the limited search
     // also tries ZeRO-2 with several microbatches where ZeRO-1 does not fit
     std::size_t zero2_extra = 0;
-    const auto extra = [](const pmt::plan::Layout& l) { return l.zero == 2 && l.microbatches > 1; };
+    const auto extra        = [](const pmt::plan::Layout& l) { return l.zero == 2 && l.microbatches > 1; };
     for (const auto& e : plan.ranked) zero2_extra += extra(e.layout);
-    for (const auto& r : plan.rejected) zero2_extra += r.reason.find("MiB per rank") != std::string::npos && extra(r.layout);
+    for (const auto& r : plan.rejected)
+      zero2_extra += r.reason.find("MiB per rank") != std::string::npos && extra(r.layout);
     for (const auto& e : all.ranked) CHECK(!extra(e.layout));
     CHECK(zero2_extra > 0);
     CHECK(memory_rejections + plan.ranked.size() == all.ranked.size() + zero2_extra);
@@ -176,8 +170,7 @@ TEST_CASE(
       if (la.dp != lb.dp || la.tp != lb.tp || la.pp != lb.pp || la.zero != lb.zero || la.chunks != lb.chunks) continue;
       if (la.schedule == lb.schedule && la.microbatches < lb.microbatches)
         CHECK(a.memory[0].activations >= b.memory[0].activations);
-      if (la.microbatches == lb.microbatches &&
-          la.schedule == pmt::parallel::ScheduleKind::OneFOneB &&
+      if (la.microbatches == lb.microbatches && la.schedule == pmt::parallel::ScheduleKind::OneFOneB &&
           lb.schedule == pmt::parallel::ScheduleKind::GPipe)
         CHECK(a.peak_bytes() <= b.peak_bytes());
     }
@@ -199,10 +192,8 @@ TEST_CASE(
   const pmt::plan::Layout z4{4, 1, 1, 1, pmt::parallel::ScheduleKind::OneFOneB, true},
       a4{4, 1, 1, 1, pmt::parallel::ScheduleKind::OneFOneB, false};
   const auto p  = problem(256, 4, 128, 4, 16);
-  const auto ez = pmt::plan::estimate(p, machine(4), z4),
-             ea = pmt::plan::estimate(p, machine(4), a4);
-  CHECK(ez.memory[0].optimizer + ez.memory[0].buckets <
-        ea.memory[0].optimizer + ea.memory[0].buckets);
+  const auto ez = pmt::plan::estimate(p, machine(4), z4), ea = pmt::plan::estimate(p, machine(4), a4);
+  CHECK(ez.memory[0].optimizer + ez.memory[0].buckets < ea.memory[0].optimizer + ea.memory[0].buckets);
 }
 
 TEST_CASE("the step simulation: a critical path with a core per rank, work-conserving on shared cores", "[plan]") {
@@ -212,7 +203,8 @@ TEST_CASE("the step simulation: a critical path with a core per rank, work-conse
   // a core per rank: 2 equal stages, GPipe, 4 microbatches: (m + p - 1)(f + b)
   CHECK(simulate(ScheduleKind::GPipe, 2, 4, f2, b2, none2, 0.0, 2.0, 1) == 15.0);
   // one microbatch on 2 stages: forward and backward of each stage in turn, whatever the cores
-  for (double cores : {1.0, 2.0, 4.0}) CHECK(simulate(ScheduleKind::OneFOneB, 2, 1, f2, b2, none2, 0.0, cores, 1) == 6.0);
+  for (double cores : {1.0, 2.0, 4.0})
+    CHECK(simulate(ScheduleKind::OneFOneB, 2, 1, f2, b2, none2, 0.0, cores, 1) == 6.0);
   // dp 2 x pp 2 on 2 cores: the ranks of a stage sit on different cores, a stage never waits for a core
   CHECK(simulate(ScheduleKind::OneFOneB, 2, 1, f2, b2, none2, 0.0, 2.0, 2) == 6.0);
   // 2 ranks of one stage (dp 2) on one core compute at half speed
@@ -236,7 +228,7 @@ TEST_CASE("the step simulation: a critical path with a core per rank, work-conse
   // checker's makespan of the same table, (v m + p - 1) (f + b) / v for interleaved 1F1B
   const std::vector<double> none4(4, 0.0), f4(4, 0.5), b4(4, 1.0);
   for (int m : {2, 4, 8}) {
-    const auto table = pmt::parallel::one_f_one_b(2, m, 2);
+    const auto table  = pmt::parallel::one_f_one_b(2, m, 2);
     const double want = pmt::parallel::check(table, f2, b2).makespan;
     CHECK(std::abs(want - (2.0 * m + 1) * 1.5) < 1e-9);
     CHECK(std::abs(simulate(ScheduleKind::OneFOneB, 2, m, f4, b4, none4, 0.0, 2.0, 1, 2) - want) < 1e-9);
@@ -264,7 +256,8 @@ TEST_CASE("the step simulation: the one-pass critical path equals the event loop
           if (chunks > 1 && m % p) continue;  // interleaving takes m a multiple of p
           const auto VS = static_cast<std::size_t>(p * chunks);
           std::vector<double> f(VS), b(VS), w(VS);
-          for (std::size_t vs = 0; vs < VS; ++vs) f[vs] = uniform(0.5, 2), b[vs] = uniform(1, 4), w[vs] = uniform(0, 0.3);
+          for (std::size_t vs = 0; vs < VS; ++vs)
+            f[vs] = uniform(0.5, 2), b[vs] = uniform(1, 4), w[vs] = uniform(0, 0.3);
           const double hop = uniform(0, 0.5);
           for (int per_stage : {1, 3}) {
             const double ranks = double(p * per_stage);
@@ -309,10 +302,11 @@ std::pair<double, double> measure_memory(const pmt::plan::Problem& pr, const pmt
   using T     = float;
   using Model = pmt::nn::Gpt<T, Host, Backend>;
   using Ids   = typename Model::Ids;
-  using Opt   = std::conditional_t<Zero == 2, pmt::optim::Zero2AdamW<T, Host, Backend>,
-                                   std::conditional_t<Zero == 1, pmt::optim::ZeroAdamW<T, Host, Backend>, pmt::optim::AdamW<T, Host>>>;
-  using Policy    = pmt::Hybrid<pmt::DataParallel<>, pmt::TensorSplit<>, pmt::Pipeline<>>;
-  auto& mem       = pmt::obs::MemoryTracker::instance();
+  using Opt   = std::conditional_t<
+      Zero == 2, pmt::optim::Zero2AdamW<T, Host, Backend>,
+      std::conditional_t<Zero == 1, pmt::optim::ZeroAdamW<T, Host, Backend>, pmt::optim::AdamW<T, Host>>>;
+  using Policy = pmt::Hybrid<pmt::DataParallel<>, pmt::TensorSplit<>, pmt::Pipeline<>>;
+  auto& mem    = pmt::obs::MemoryTracker::instance();
   pmt::Workspace::instance().release();  // an earlier layout's step memory goes: this one's is measured
   const auto base = static_cast<double>(mem.current_bytes());
   mem.reset_peak();
@@ -342,8 +336,8 @@ std::pair<double, double> measure_memory(const pmt::plan::Problem& pr, const pmt
     for (int step = 0; step < 2; ++step) {
       std::vector<pmt::train::Microbatch<Ids>> mbs;
       for (int i = 0; i < l.microbatches; ++i)
-        mbs.push_back(pmt::test::synthetic_batch<Ids>(
-            step, first + static_cast<std::size_t>(i) * per, per, T_, pr.model.vocab));
+        mbs.push_back(
+            pmt::test::synthetic_batch<Ids>(step, first + static_cast<std::size_t>(i) * per, per, T_, pr.model.vocab));
       tr.step(mbs, {pmt::test::valid_targets(step, pr.batch, T_, pr.model.vocab), 1e-3, 1.0});
     }
   }
@@ -368,7 +362,8 @@ TEST_CASE("the planner counts the portable matmul kernel's scratch as the runtim
   // and the model puts it on every stage
   auto mc                 = machine(1);
   mc.matmul_scratch_bytes = pmt::plan::portable_matmul_scratch_bytes<Host>();
-  const auto e = pmt::plan::estimate(problem(96, 2, 32, 4, 4), mc, {1, 1, 1, 1, pmt::parallel::ScheduleKind::OneFOneB, false});
+  const auto e =
+      pmt::plan::estimate(problem(96, 2, 32, 4, 4), mc, {1, 1, 1, 1, pmt::parallel::ScheduleKind::OneFOneB, false});
   CHECK(e.memory[0].scratch == mc.matmul_scratch_bytes);
   pmt::ops::set_matmul_path(pmt::ops::MatmulPath::Vendor);
   CHECK(pmt::plan::portable_matmul_scratch_bytes<Host>() == (pmt::ops::has_vendor_matmul_v<Host, float> ? 0.0 : kept));
@@ -404,58 +399,64 @@ TEST_CASE("the planner's memory model matches what every layout allocates", "[pl
   long_context.model.context = 256;
   const auto mc              = machine(n);
   for (const auto& pr : {problem(96, 4, 64, 4, 8), long_context})
-  for (int tp = 1; tp <= n; tp *= 2)
-    for (int pp = 1; pp <= n / tp; pp *= 2) {
-      const int dp = n / tp / pp;
-      std::vector<pmt::plan::Layout> layouts;
-      for (int m : {1, 2}) {
-        layouts.push_back({dp, tp, pp, m, pmt::parallel::ScheduleKind::OneFOneB, false});
-        if (pp > 1) layouts.push_back({dp, tp, pp, m, pmt::parallel::ScheduleKind::GPipe, false});
-        if (pp > 1) layouts.push_back({dp, tp, pp, m, pmt::parallel::ScheduleKind::OneFOneB, false, 2});  // interleaved
-        if (dp > 1) layouts.push_back({dp, tp, pp, m, pmt::parallel::ScheduleKind::OneFOneB, true});
-        if (dp > 1) layouts.push_back({dp, tp, pp, m, pmt::parallel::ScheduleKind::OneFOneB, 2});
-        // activation recomputation per block
-        layouts.push_back({dp, tp, pp, m, pmt::parallel::ScheduleKind::OneFOneB, false, 1, {}, true});
-        if (pp > 1) layouts.push_back({dp, tp, pp, m, pmt::parallel::ScheduleKind::GPipe, false, 1, {}, true});
-        // sequence parallelism, alone and with recomputation
-        if (tp > 1) layouts.push_back({dp, tp, pp, m, pmt::parallel::ScheduleKind::OneFOneB, false, 1, {}, false, true});
-        if (tp > 1) layouts.push_back({dp, tp, pp, m, pmt::parallel::ScheduleKind::OneFOneB, false, 1, {}, true, true});
-        // the attention's recomputation, alone and with sequence parallelism
-        layouts.push_back({dp, tp, pp, m, pmt::parallel::ScheduleKind::OneFOneB, false, 1, {}, false, false, true});
-        // recomputation on the first stage only (the others keep their activations)
-        if (pp > 1) layouts.push_back({dp, tp, pp, m, pmt::parallel::ScheduleKind::OneFOneB, false, 1, {}, true, false, false, 1});
-        if (tp > 1) layouts.push_back({dp, tp, pp, m, pmt::parallel::ScheduleKind::OneFOneB, false, 1, {}, false, true, true});
-      }
-      for (const auto& l : layouts) {
-        if (!pmt::plan::why_invalid(pr, l, n).empty()) continue;
-        DYNAMIC_SECTION("context " << pr.model.context << ": " << l.describe()) {
-          const auto e              = pmt::plan::estimate(pr, mc, l);
-          auto [params, peak] = l.zero == 2 ? measure_memory<2>(pr, l) : l.zero ? measure_memory<1>(pr, l) : measure_memory<0>(pr, l);
-          const int stage =
-              pmt::test::world().rank() / (l.dp * l.tp);  // the Mesh's order: tp fastest, then dp
-          const auto& want = e.memory[static_cast<std::size_t>(stage)];
-          const double held = peak;
-          peak             = without_timing(held, want);
-          const double err = (want.total() - peak) / peak;
-          INFO("rank " << pmt::test::world().rank() << " stage " << stage << ": predicted "
-                       << want.total() / 1048576.0 << " MiB, measured " << peak / 1048576.0
-                       << " MiB (" << held / 1048576.0 << " MiB with the send buffers it held); parameters predicted " << want.parameters / 4 << ", the model's "
-                       << params << "\npredicted (bytes): parameters " << want.parameters << ", gradients "
-                       << want.gradients << ", optimizer " << want.optimizer << ", buckets " << want.buckets
-                       << ", data " << want.data << ", activations " << want.activations << ", transient "
-                       << want.transient << ", scratch " << want.scratch << ", products " << want.products
-                       << ", sends " << want.sends
-                       << "\nheld at the peak (bytes): " << held_at_peak());
-          CHECK(pmt::test::all_ranks(params * 4.0 == want.parameters));
-          // within 10 % on every rank (on a Xeon within 5 % without recomputation, 9 % with it)
-          CHECK(pmt::test::all_ranks(std::abs(err) <= 0.1));
-          if (pmt::test::world().rank() == 0)
-            WARN(l.describe() << ": rank 0 predicted " << want.total() / 1048576.0
-                              << " MiB, measured " << peak / 1048576.0 << " MiB (" << 100 * err
-                              << " %)");
+    for (int tp = 1; tp <= n; tp *= 2)
+      for (int pp = 1; pp <= n / tp; pp *= 2) {
+        const int dp = n / tp / pp;
+        std::vector<pmt::plan::Layout> layouts;
+        for (int m : {1, 2}) {
+          layouts.push_back({dp, tp, pp, m, pmt::parallel::ScheduleKind::OneFOneB, false});
+          if (pp > 1) layouts.push_back({dp, tp, pp, m, pmt::parallel::ScheduleKind::GPipe, false});
+          if (pp > 1)
+            layouts.push_back({dp, tp, pp, m, pmt::parallel::ScheduleKind::OneFOneB, false, 2});  // interleaved
+          if (dp > 1) layouts.push_back({dp, tp, pp, m, pmt::parallel::ScheduleKind::OneFOneB, true});
+          if (dp > 1) layouts.push_back({dp, tp, pp, m, pmt::parallel::ScheduleKind::OneFOneB, 2});
+          // activation recomputation per block
+          layouts.push_back({dp, tp, pp, m, pmt::parallel::ScheduleKind::OneFOneB, false, 1, {}, true});
+          if (pp > 1) layouts.push_back({dp, tp, pp, m, pmt::parallel::ScheduleKind::GPipe, false, 1, {}, true});
+          // sequence parallelism, alone and with recomputation
+          if (tp > 1)
+            layouts.push_back({dp, tp, pp, m, pmt::parallel::ScheduleKind::OneFOneB, false, 1, {}, false, true});
+          if (tp > 1)
+            layouts.push_back({dp, tp, pp, m, pmt::parallel::ScheduleKind::OneFOneB, false, 1, {}, true, true});
+          // the attention's recomputation, alone and with sequence parallelism
+          layouts.push_back({dp, tp, pp, m, pmt::parallel::ScheduleKind::OneFOneB, false, 1, {}, false, false, true});
+          // recomputation on the first stage only (the others keep their activations)
+          if (pp > 1)
+            layouts.push_back(
+                {dp, tp, pp, m, pmt::parallel::ScheduleKind::OneFOneB, false, 1, {}, true, false, false, 1});
+          if (tp > 1)
+            layouts.push_back({dp, tp, pp, m, pmt::parallel::ScheduleKind::OneFOneB, false, 1, {}, false, true, true});
+        }
+        for (const auto& l : layouts) {
+          if (!pmt::plan::why_invalid(pr, l, n).empty()) continue;
+          DYNAMIC_SECTION("context " << pr.model.context << ": " << l.describe()) {
+            const auto e        = pmt::plan::estimate(pr, mc, l);
+            auto [params, peak] = l.zero == 2 ? measure_memory<2>(pr, l)
+                                  : l.zero    ? measure_memory<1>(pr, l)
+                                              : measure_memory<0>(pr, l);
+            const int stage     = pmt::test::world().rank() / (l.dp * l.tp);  // the Mesh's order: tp fastest, then dp
+            const auto& want    = e.memory[static_cast<std::size_t>(stage)];
+            const double held   = peak;
+            peak                = without_timing(held, want);
+            const double err    = (want.total() - peak) / peak;
+            INFO("rank " << pmt::test::world().rank() << " stage " << stage << ": predicted "
+                         << want.total() / 1048576.0 << " MiB, measured " << peak / 1048576.0 << " MiB ("
+                         << held / 1048576.0 << " MiB with the send buffers it held); parameters predicted "
+                         << want.parameters / 4 << ", the model's " << params << "\npredicted (bytes): parameters "
+                         << want.parameters << ", gradients " << want.gradients << ", optimizer " << want.optimizer
+                         << ", buckets " << want.buckets << ", data " << want.data << ", activations "
+                         << want.activations << ", transient " << want.transient << ", scratch " << want.scratch
+                         << ", products " << want.products << ", sends " << want.sends
+                         << "\nheld at the peak (bytes): " << held_at_peak());
+            CHECK(pmt::test::all_ranks(params * 4.0 == want.parameters));
+            // within 10 % on every rank (on a Xeon within 5 % without recomputation, 9 % with it)
+            CHECK(pmt::test::all_ranks(std::abs(err) <= 0.1));
+            if (pmt::test::world().rank() == 0)
+              WARN(l.describe() << ": rank 0 predicted " << want.total() / 1048576.0 << " MiB, measured "
+                                << peak / 1048576.0 << " MiB (" << 100 * err << " %)");
+          }
         }
       }
-    }
   mem.enable(false);
 }
 
@@ -463,7 +464,7 @@ TEST_CASE("the planner's memory model matches what bf16 runs allocate, on a copy
           "[plan][bf16][mpi]") {
   auto& mem = pmt::obs::MemoryTracker::instance();
   mem.enable();
-  mem.enable_breakdown();  // the send buffers held at the peak (without_timing)
+  mem.enable_breakdown();                                   // the send buffers held at the peak (without_timing)
   pmt::ops::set_matmul_path(pmt::ops::MatmulPath::Vendor);  // no first-use measurement in the peak
   struct Unpin {
     ~Unpin() {
@@ -493,7 +494,7 @@ TEST_CASE("the planner's memory model matches what bf16 runs allocate, on a copy
     for (const auto& l : layouts) {
       if (!pmt::plan::why_invalid(pr, l, n).empty()) continue;
       DYNAMIC_SECTION("context " << pr.model.context << ", bf16: " << l.describe()) {
-        const int stage = pmt::test::world().rank() / (l.dp * l.tp);
+        const int stage    = pmt::test::world().rank() / (l.dp * l.tp);
         const double bound = 0.1;  // as the fp32 test holds every layout
         std::vector<double> measured, copies;
         bool ok = true;
@@ -505,14 +506,15 @@ TEST_CASE("the planner's memory model matches what bf16 runs allocate, on a copy
           const double peak  = without_timing(measure_memory<0>(pr, l).second, want);
           const double err   = (want.total() - peak) / peak;
           measured.push_back(peak), copies.push_back(want.products);
-          UNSCOPED_INFO("rank " << pmt::test::world().rank() << " stage " << stage << ", bf16 " << pmt::ops::bf16_kernel_name(k)
-                                << ": predicted " << want.total() / 1048576.0 << " MiB (operand copies " << want.products / 1048576.0
-                                << "), measured " << peak / 1048576.0 << " MiB (" << 100 * err << " %)");
+          UNSCOPED_INFO("rank " << pmt::test::world().rank() << " stage " << stage << ", bf16 "
+                                << pmt::ops::bf16_kernel_name(k) << ": predicted " << want.total() / 1048576.0
+                                << " MiB (operand copies " << want.products / 1048576.0 << "), measured "
+                                << peak / 1048576.0 << " MiB (" << 100 * err << " %)");
           ok = ok && std::abs(err) <= bound;
           if (pmt::test::world().rank() == 0)
-            WARN(l.describe() << ", bf16 " << pmt::ops::bf16_kernel_name(k) << ": rank 0 predicted " << want.total() / 1048576.0
-                              << " MiB (copies " << want.products / 1048576.0 << "), measured " << peak / 1048576.0 << " MiB ("
-                              << 100 * err << " %)");
+            WARN(l.describe() << ", bf16 " << pmt::ops::bf16_kernel_name(k) << ": rank 0 predicted "
+                              << want.total() / 1048576.0 << " MiB (copies " << want.products / 1048576.0
+                              << "), measured " << peak / 1048576.0 << " MiB (" << 100 * err << " %)");
         }
         // the copying paths' copies (fp32 for the rounded path, bf16 for the BLAS's GEMM): what
         // each holds beyond the in-register kernel, against the model
@@ -539,8 +541,8 @@ TEST_CASE("spearman: rank correlation with ties", "[plan]") {
   // (0, 3, 1, 2) against (0, 1, 2, 3): 1 - 6 * 6 / (4 * 15) = 0.4
   CHECK(std::abs(spearman({5, 9, 6, 8}, {1, 2, 3, 4}) - 0.4) < 1e-15);
   CHECK(spearman({1, 1, 1}, {1, 2, 3}) == 1.0);  // constant: no ranking to contradict
-  CHECK_THROWS_WITH(spearman({1, 2}, {1, 2, 3}), ContainsSubstring("pmt::plan::spearman") &&
-                                                     ContainsSubstring("2 and 3 values"));
+  CHECK_THROWS_WITH(spearman({1, 2}, {1, 2, 3}),
+                    ContainsSubstring("pmt::plan::spearman") && ContainsSubstring("2 and 3 values"));
 }
 
 TEST_CASE("plan::measure trains each layout, interleaved, the same times on every rank", "[plan][mpi]") {
@@ -555,8 +557,8 @@ TEST_CASE("plan::measure trains each layout, interleaved, the same times on ever
     if (n > 2) layouts.push_back({n / 2, 2, 1, 1, pmt::parallel::ScheduleKind::OneFOneB, true});
   }
   pmt::plan::MeasureOptions o;
-  o.rounds      = 3;
-  o.timed_steps = 2;
+  o.rounds       = 3;
+  o.timed_steps  = 2;
   const auto got = pmt::plan::measure(pmt::test::world(), pr, layouts, o);
   REQUIRE(got.size() == layouts.size());
   for (std::size_t i = 0; i < got.size(); ++i) {
@@ -584,8 +586,8 @@ TEST_CASE("plan::measure trains each layout, interleaved, the same times on ever
 }
 
 TEST_CASE("plan::measure rejects what cannot run before it builds anything", "[plan]") {
-  const int n  = pmt::test::world().size();
-  auto pr      = problem(96, 2, 32, 4, 4);
+  const int n = pmt::test::world().size();
+  auto pr     = problem(96, 2, 32, 4, 4);
   const pmt::plan::Layout bad{n, 1, 1, 3, pmt::parallel::ScheduleKind::OneFOneB, false};
   CHECK_THROWS_WITH(pmt::plan::measure(pmt::test::world(), pr, {bad}),
                     ContainsSubstring("pmt::plan::measure") && ContainsSubstring("3 microbatches do not divide"));
@@ -604,16 +606,16 @@ namespace chain_plan {
 
 using T = float;
 template <class P>
-using Linear = pmt::nn::Linear<T, P, Host, Backend>;
-using Col    = Linear<pmt::TensorSplit<pmt::Col>>;
-using Row    = Linear<pmt::TensorSplit<pmt::Row>>;
-using Rep    = Linear<pmt::Replicate>;
-using Gelu   = pmt::nn::Gelu<T, Host>;
-using Relu   = pmt::nn::Relu<T, Host>;
-using Norm   = pmt::nn::LayerNorm<T, Host>;
-using Drop   = pmt::nn::Dropout<T, Host, pmt::Sharded, Backend>;
-using Net    = pmt::nn::Chain<Col, Gelu, Drop, Row, Norm, Col, Relu, Row, Rep>;
-using Model  = pmt::nn::StagedModel<Net, pmt::nn::MseLoss<T, Host>>;
+using Linear            = pmt::nn::Linear<T, P, Host, Backend>;
+using Col               = Linear<pmt::TensorSplit<pmt::Col>>;
+using Row               = Linear<pmt::TensorSplit<pmt::Row>>;
+using Rep               = Linear<pmt::Replicate>;
+using Gelu              = pmt::nn::Gelu<T, Host>;
+using Relu              = pmt::nn::Relu<T, Host>;
+using Norm              = pmt::nn::LayerNorm<T, Host>;
+using Drop              = pmt::nn::Dropout<T, Host, pmt::Sharded, Backend>;
+using Net               = pmt::nn::Chain<Col, Gelu, Drop, Row, Norm, Col, Relu, Row, Rep>;
+using Model             = pmt::nn::StagedModel<Net, pmt::nn::MseLoss<T, Host>>;
 constexpr std::size_t d = 64, hidden = 256, out = 4;
 
 Net make_net(const pmt::Mesh<Backend>& mesh) {
@@ -636,7 +638,7 @@ template <bool Zero>
 std::pair<double, double> measure_chain_memory(const pmt::plan::Problem& pr, const pmt::plan::Layout& l) {
   using Opt    = std::conditional_t<Zero, pmt::optim::ZeroAdamW<T, Host, Backend>, pmt::optim::AdamW<T, Host>>;
   using Policy = pmt::Hybrid<pmt::DataParallel<>, pmt::TensorSplit<>, pmt::Pipeline<>>;
-  auto& mem       = pmt::obs::MemoryTracker::instance();
+  auto& mem    = pmt::obs::MemoryTracker::instance();
   pmt::Workspace::instance().release();  // an earlier layout's step memory goes: this one's is measured
   const auto base = static_cast<double>(mem.current_bytes());
   mem.reset_peak();
@@ -647,14 +649,16 @@ std::pair<double, double> measure_chain_memory(const pmt::plan::Problem& pr, con
     const pmt::optim::AdamWOptions hyper{0.9, 0.95, 1e-8, 0.1};
     Opt opt = [&] {
       if constexpr (Zero)
-        return Opt(model.parameters(), hyper, mesh.comm(pmt::Axis::dp), mesh.comm(pmt::Axis::tp), mesh.comm(pmt::Axis::pp));
+        return Opt(model.parameters(), hyper, mesh.comm(pmt::Axis::dp), mesh.comm(pmt::Axis::tp),
+                   mesh.comm(pmt::Axis::pp));
       else
         return Opt(model.parameters(), hyper);
     }();
     pmt::train::Trainer<Model, Opt, Host, Backend, Policy> tr(mesh, model, opt);
     tr.set_schedule(l.schedule);
     for (auto* p : model.parameters()) params += static_cast<double>(p->size());
-    const std::size_t local = pr.batch / static_cast<std::size_t>(l.dp), per = local / static_cast<std::size_t>(l.microbatches);
+    const std::size_t local = pr.batch / static_cast<std::size_t>(l.dp),
+                      per   = local / static_cast<std::size_t>(l.microbatches);
     const std::size_t first = local * static_cast<std::size_t>(mesh.coord(pmt::Axis::dp));
     for (int step = 0; step < 2; ++step) {
       std::vector<Model::Batch> mbs;
@@ -671,7 +675,7 @@ TEST_CASE("a Chain describes itself to the planner the same on every tp", "[plan
   using namespace chain_plan;
   const auto& w = pmt::test::world();
   pmt::Mesh<Backend> one(w.split(w.rank(), 0), pmt::MeshShape{});
-  Net net1 = make_net(one);
+  Net net1        = make_net(one);
   const auto spec = pmt::plan::describe(net1, 1, "mlp");
   REQUIRE(spec.layers.size() == Net::size());
   const auto& col = spec.layers[0];
@@ -679,9 +683,10 @@ TEST_CASE("a Chain describes itself to the planner the same on every tp", "[plan
   CHECK(col.replicated_parameters == 0);
   CHECK(col.flops == double(2 * d * hidden + hidden));
   CHECK((col.input == double(d) && !col.input_split && col.output == double(hidden) && col.output_split));
-  CHECK((col.backward_reduce == double(d) && col.forward_reduce == 0 && col.divides == std::vector<std::size_t>{hidden}));
+  CHECK(
+      (col.backward_reduce == double(d) && col.forward_reduce == 0 && col.divides == std::vector<std::size_t>{hidden}));
   CHECK((spec.layers[1].saved == double(hidden) && spec.layers[1].output_split));  // Gelu keeps its input
-  CHECK(spec.layers[2].saved == 0);                                                 // Dropout keeps its keys only
+  CHECK(spec.layers[2].saved == 0);                                                // Dropout keeps its keys only
   const auto& row = spec.layers[3];
   CHECK((row.parameters == double(hidden * d) && row.replicated_parameters == double(d)));  // the bias whole
   CHECK((row.forward_reduce == double(d) && row.backward_reduce == 0 && !row.output_split));
@@ -689,7 +694,7 @@ TEST_CASE("a Chain describes itself to the planner the same on every tp", "[plan
   CHECK(spec.parameters() == double(2 * (2 * d * hidden + hidden + d) + 2 * d + d * out + out));
   if (w.size() >= 2) {  // the same figures from a tp 2 chain
     pmt::Mesh<Backend> two(w, pmt::MeshShape{w.size() / 2, 2, 1});
-    Net net2        = make_net(two);
+    Net net2         = make_net(two);
     const auto spec2 = pmt::plan::describe(net2, 2, "mlp");
     bool same        = spec2.layers.size() == spec.layers.size();
     for (std::size_t i = 0; same && i < spec.layers.size(); ++i) {
@@ -703,8 +708,8 @@ TEST_CASE("a Chain describes itself to the planner the same on every tp", "[plan
   }
   // the planner: tp must divide the split features; every factorisation is tried
   pmt::plan::Problem pr;
-  pr.spec  = spec;
-  pr.batch = 64;
+  pr.spec         = spec;
+  pr.batch        = 64;
   const auto plan = pmt::plan::search(pr, machine(6));
   const auto* r   = rejected(plan, 2, 3, 1);
   REQUIRE(r != nullptr);
@@ -717,7 +722,7 @@ TEST_CASE("the planner's memory model matches what a Chain allocates on every la
   using namespace chain_plan;
   auto& mem = pmt::obs::MemoryTracker::instance();
   mem.enable();
-  mem.enable_breakdown();  // the send buffers held at the peak (sends_held)
+  mem.enable_breakdown();                                   // the send buffers held at the peak (sends_held)
   pmt::ops::set_matmul_path(pmt::ops::MatmulPath::Vendor);  // no first-use measurement in the peak
   struct Unpin {
     ~Unpin() { pmt::ops::set_matmul_path(pmt::ops::MatmulPath::Auto); }
@@ -749,10 +754,11 @@ TEST_CASE("the planner's memory model matches what a Chain allocates on every la
           const int stage           = w.rank() / (l.dp * l.tp);
           const auto& want          = e.memory[static_cast<std::size_t>(stage)];
           const double err          = (want.total() - peak) / peak;
-          INFO("rank " << w.rank() << " stage " << stage << ": predicted " << want.total() / 1048576.0 << " MiB (activations "
-                       << want.activations / 1048576.0 << "), measured " << peak / 1048576.0 << " MiB; parameters predicted "
-                       << want.parameters / 4 << ", the model's " << params << "; sends predicted " << want.sends
-                       << ", transient " << want.transient << "\nheld at the peak (bytes): " << held_at_peak());
+          INFO("rank " << w.rank() << " stage " << stage << ": predicted " << want.total() / 1048576.0
+                       << " MiB (activations " << want.activations / 1048576.0 << "), measured " << peak / 1048576.0
+                       << " MiB; parameters predicted " << want.parameters / 4 << ", the model's " << params
+                       << "; sends predicted " << want.sends << ", transient " << want.transient
+                       << "\nheld at the peak (bytes): " << held_at_peak());
           CHECK(pmt::test::all_ranks(params * 4.0 == want.parameters));
           // a stage's outputs in flight to the next stage live until the receiver takes them, which
           // depends on timing: the prediction counts one per live microbatch (the most), and a run
@@ -765,20 +771,21 @@ TEST_CASE("the planner's memory model matches what a Chain allocates on every la
           const double in_flight = stage + 1 < l.pp ? (want.live_microbatches - 1) * 4.0 * per_mb *
                                                           pr.spec.layers[last_layer].output_local(l.tp)
                                                     : 0.0;
-          const double one_each = (stage + 1 < l.pp ? 4.0 * per_mb * pr.spec.layers[last_layer].output_local(l.tp) : 0.0) +
-                                  (stage > 0 ? 4.0 * per_mb * pr.spec.layers[first_layer].input_local(l.tp) : 0.0);
+          const double one_each =
+              (stage + 1 < l.pp ? 4.0 * per_mb * pr.spec.layers[last_layer].output_local(l.tp) : 0.0) +
+              (stage > 0 ? 4.0 * per_mb * pr.spec.layers[first_layer].input_local(l.tp) : 0.0);
           const double extra_sends = std::max(0.0, sends_held() - one_each);
           const double err_high    = (want.total() - (peak - extra_sends)) / (peak - extra_sends);
           const double err_low     = (want.total() - in_flight - peak) / peak;
           INFO("send buffers held beyond one per direction: " << extra_sends << " bytes");
           CHECK(pmt::test::all_ranks(err_high >= -0.2 && err_low <= 0.2));
           if (w.rank() == 0)
-            WARN(l.describe() << ": rank 0 predicted " << want.total() / 1048576.0 << " MiB, measured " << peak / 1048576.0
-                              << " MiB (" << 100 * err << " %); params " << want.parameters / 1048576.0 << " optim "
-                              << want.optimizer / 1048576.0 << " buckets " << want.buckets / 1048576.0 << " data "
-                              << want.data / 1048576.0 << " act " << want.activations / 1048576.0 << " (x"
-                              << want.live_microbatches << ") transient " << want.transient / 1048576.0 << " stages "
-                              << e.stages.describe());
+            WARN(l.describe() << ": rank 0 predicted " << want.total() / 1048576.0 << " MiB, measured "
+                              << peak / 1048576.0 << " MiB (" << 100 * err << " %); params "
+                              << want.parameters / 1048576.0 << " optim " << want.optimizer / 1048576.0 << " buckets "
+                              << want.buckets / 1048576.0 << " data " << want.data / 1048576.0 << " act "
+                              << want.activations / 1048576.0 << " (x" << want.live_microbatches << ") transient "
+                              << want.transient / 1048576.0 << " stages " << e.stages.describe());
         }
       }
     }
@@ -811,7 +818,7 @@ TEST_CASE("nodes: each axis's collectives are costed on the links they cross", "
 
   // in a prediction: with a slow network, tp 4 (inside a node) keeps its tp cost and dp pays,
   // and tp 8 (across two nodes) pays more for tp than with links as fast as inside
-  pmt::plan::Problem pr = problem(256, 8, 256, 8, 64);
+  pmt::plan::Problem pr   = problem(256, 8, 256, 8, 64);
   pmt::plan::Machine fast = m;
   fast.inter              = fast.intra;
   const pmt::plan::Layout tp4{4, 4, 1, 1, pmt::parallel::ScheduleKind::OneFOneB, false};
@@ -824,12 +831,13 @@ TEST_CASE("nodes: each axis's collectives are costed on the links they cross", "
   CHECK_THAT(pmt::plan::describe(m), ContainsSubstring("nodes of 4 ranks: inside 100 GB/s"));
 }
 
-TEST_CASE("measured links: large buffers at their own rate, ZeRO's reduce-scatter + all-gather as measured", "[plan][links]") {
+TEST_CASE("measured links: large buffers at their own rate, ZeRO's reduce-scatter + all-gather as measured",
+          "[plan][links]") {
   pmt::plan::Machine m = machine(2);
   m.links              = {{2, 0.0, 8.0}};  // 8 GB/s up to 256 KiB, no latency: the ratios are exact
   const double b = 4.0 * 1048576.0, small = 262144.0;
   CHECK(std::abs(m.all_reduce(b, 2) - b / 8e9) < 1e-15);  // one rate without a large-buffer one
-  m.links[0].big_gbps = 4.0;             // beyond 256 KiB at half the rate
+  m.links[0].big_gbps = 4.0;                              // beyond 256 KiB at half the rate
   CHECK(std::abs(m.all_reduce(b, 2) - (small / 8e9 + (b - small) / 4e9)) < 1e-15);
   CHECK(m.all_reduce(small, 2) == small / 8e9);
   // ZeRO's pair: an all-reduce's cost until measured, then its own rate
@@ -837,8 +845,8 @@ TEST_CASE("measured links: large buffers at their own rate, ZeRO's reduce-scatte
   m.links[0].sharded_gbps = 2.0;
   CHECK(std::abs(m.reduce_scatter_all_gather_on(b, 2, 1) - b / 2e9) < 1e-15);
   // in a prediction: a ZeRO layout's dp time follows the pair's rate, a plain one's does not
-  pmt::plan::Problem pr = problem(256, 8, 256, 8, 64);
-  pmt::plan::Machine fast = m;
+  pmt::plan::Problem pr      = problem(256, 8, 256, 8, 64);
+  pmt::plan::Machine fast    = m;
   fast.links[0].sharded_gbps = 8.0;
   const pmt::plan::Layout zero{2, 1, 1, 1, pmt::parallel::ScheduleKind::OneFOneB, true};
   const pmt::plan::Layout plain{2, 1, 1, 1, pmt::parallel::ScheduleKind::OneFOneB, false};
@@ -850,10 +858,10 @@ TEST_CASE("data-parallel modes: bytes, time and memory of compression, periodic 
           "[plan][dp_modes]") {
   using pmt::plan::DpChoice;
   using pmt::plan::DpMode;
-  pmt::plan::Problem pr = problem(256, 8, 256, 8, 64);
+  pmt::plan::Problem pr   = problem(256, 8, 256, 8, 64);
   pmt::plan::Machine slow = machine(8);
-  slow.link_gbps = 0.05;  // the dp all-reduce dominates
-  const auto at = [&](DpChoice c, const pmt::plan::Machine& m) {
+  slow.link_gbps          = 0.05;  // the dp all-reduce dominates
+  const auto at           = [&](DpChoice c, const pmt::plan::Machine& m) {
     pmt::plan::Layout l{8, 1, 1, 1, pmt::parallel::ScheduleKind::OneFOneB, false, 1, c};
     return pmt::plan::estimate(pr, m, l);
   };
@@ -879,14 +887,14 @@ TEST_CASE("data-parallel modes: bytes, time and memory of compression, periodic 
   const auto stale1 = at({DpMode::Stale, 1}, slow), stale4 = at({DpMode::Stale, 4}, slow);
   CHECK(stale1.time.dp_comm > stale4.time.dp_comm);
   pmt::plan::Machine fast = machine(8);
-  fast.link_gbps = 1000;
+  fast.link_gbps          = 1000;
   CHECK(at({DpMode::Stale, 1}, fast).time.dp_comm == Catch::Approx(fast.memory(2 * grad_bytes)).epsilon(1e-9));
   // the search: sync only unless asked; asked, the communication-bound machine ranks the cheaper
   // modes first
   const auto plain = pmt::plan::search(pr, slow);
   for (const auto& e : plain.ranked) CHECK(e.layout.sync.mode == DpMode::Sync);
   pmt::plan::SearchOptions so;
-  so.dp_modes = {DpChoice{DpMode::Sync, 1}, DpChoice{DpMode::Bf16, 1}, DpChoice{DpMode::LocalSgd, 8}};
+  so.dp_modes      = {DpChoice{DpMode::Sync, 1}, DpChoice{DpMode::Bf16, 1}, DpChoice{DpMode::LocalSgd, 8}};
   const auto asked = pmt::plan::search(pr, slow, so);
   CHECK(asked.best().layout.sync.mode != DpMode::Sync);
   CHECK_THAT(asked.table(3), ContainsSubstring(", local 8") || ContainsSubstring(", bf16"));
@@ -903,8 +911,9 @@ TEST_CASE("data-parallel modes: bytes, time and memory of compression, periodic 
     CHECK_THROWS_WITH(pmt::plan::parse_dp_choice(bad), ContainsSubstring("is not a data-parallel mode"));
 }
 
-TEST_CASE("sequence parallelism: 1 / tp of the rows' activations, its collectives costed, chosen when memory requires it",
-          "[plan][sequence]") {
+TEST_CASE(
+    "sequence parallelism: 1 / tp of the rows' activations, its collectives costed, chosen when memory requires it",
+    "[plan][sequence]") {
   pmt::plan::Problem pr = problem(256, 8, 256, 8, 16);
   const auto mc         = machine(4);
   const pmt::plan::Layout plain{1, 4, 1, 1, pmt::parallel::ScheduleKind::OneFOneB, false};
@@ -921,7 +930,9 @@ TEST_CASE("sequence parallelism: 1 / tp of the rows' activations, its collective
         Catch::Approx(0.75 * (8 * rows + stage_rows)).epsilon(1e-12));
   CHECK(b.memory[0].activations > 8 * rest);
   // the tp collectives: per block 5 all-reduces' worth of bytes instead of 4, the embedding 1.5
-  CHECK(b.bytes.tp / a.bytes.tp == Catch::Approx(((5.0 * 8 + 1.5 + 1) * N * C * s + 3 * 8 * N) / ((4.0 * 8 + 2) * N * C * s + 3 * 8 * N)).epsilon(1e-9));
+  CHECK(b.bytes.tp / a.bytes.tp ==
+        Catch::Approx(((5.0 * 8 + 1.5 + 1) * N * C * s + 3 * 8 * N) / ((4.0 * 8 + 2) * N * C * s + 3 * 8 * N))
+            .epsilon(1e-9));
   // the memory model alone, with the same live microbatches, gives the estimate's peak
   const auto live = [](const pmt::plan::Estimate& e) {
     std::vector<int> l;
@@ -934,7 +945,8 @@ TEST_CASE("sequence parallelism: 1 / tp of the rows' activations, its collective
   // a pipeline message is 1 / tp of the activation
   pmt::plan::Layout piped{1, 2, 2, 2, pmt::parallel::ScheduleKind::OneFOneB, false}, piped_seq = piped;
   piped_seq.sequence_parallel = true;
-  CHECK(pmt::plan::estimate(pr, mc, piped_seq).bytes.pp * 2 == Catch::Approx(pmt::plan::estimate(pr, mc, piped).bytes.pp));
+  CHECK(pmt::plan::estimate(pr, mc, piped_seq).bytes.pp * 2 ==
+        Catch::Approx(pmt::plan::estimate(pr, mc, piped).bytes.pp));
   // what cannot run says why
   pmt::plan::Layout lone{4, 1, 1, 1, pmt::parallel::ScheduleKind::OneFOneB, false, 1, {}, false, true};
   CHECK(pmt::plan::why_invalid(pr, lone, 4) == "sequence parallelism splits the tokens over tp, and tp is 1");
@@ -945,7 +957,7 @@ TEST_CASE("sequence parallelism: 1 / tp of the rows' activations, its collective
   for (const auto& e : pmt::plan::search(pr, mc).ranked) CHECK(!e.layout.sequence_parallel);
   const double limit = 0.5 * (a.peak_bytes() + b.peak_bytes());  // between the two
   const auto tight   = machine(4, limit / 1048576.0);
-  bool found = false;
+  bool found         = false;
   for (const auto& e : pmt::plan::search(pr, tight).ranked) {
     CHECK(e.peak_bytes() <= limit);
     const auto& l = e.layout;
@@ -977,15 +989,15 @@ TEST_CASE("recomputation: less activation memory for one more forward, chosen wh
   CHECK_THAT(again.describe(), ContainsSubstring(", recompute"));
   // the attention's recomputation: its T x T matrices go (s b Hl T^2 per block and live
   // microbatch), a twelfth of the rest too; its core once more per block and microbatch
-  pmt::plan::Layout attention = keep;
+  pmt::plan::Layout attention   = keep;
   attention.recompute_attention = true;
   CHECK_THAT(attention.describe(), ContainsSubstring(", recompute attention"));
-  const auto c = pmt::plan::estimate(pr, mc, attention);
+  const auto c   = pmt::plan::estimate(pr, mc, attention);
   const double s = 4, N = 2.0 * 256, Cl = 256, TT = 2.0 * 8 * 256 * 256;
   CHECK(a.memory[0].activations - c.memory[0].activations == Catch::Approx(8 * 4 * s * (N * Cl + TT)).epsilon(1e-12));
   CHECK(c.time.compute - a.time.compute ==
         Catch::Approx(8 * 4 * pmt::plan::plan_detail::attention_core_forward(pr, mc, keep, 2)).epsilon(1e-9));
-  pmt::plan::Layout both = again;
+  pmt::plan::Layout both   = again;
   both.recompute_attention = true;
   CHECK_THAT(pmt::plan::why_invalid(pr, both, 2), ContainsSubstring("do not combine"));
   // the search recomputes only what does not fit otherwise, the attention before whole blocks
@@ -993,8 +1005,8 @@ TEST_CASE("recomputation: less activation memory for one more forward, chosen wh
   for (const auto& e : roomy.ranked) CHECK((!e.layout.recompute && !e.layout.recompute_attention));
   const auto fits_with = [&](double limit, bool blocks) {
     pmt::plan::Machine tight = machine(2, limit / 1048576.0);
-    const auto plan = pmt::plan::search(pr, tight);
-    bool found = false;
+    const auto plan          = pmt::plan::search(pr, tight);
+    bool found               = false;
     for (const auto& e : plan.ranked) {
       CHECK(e.peak_bytes() <= limit);
       const auto& l = e.layout;
@@ -1004,7 +1016,8 @@ TEST_CASE("recomputation: less activation memory for one more forward, chosen wh
     CHECK(found);
     pmt::plan::SearchOptions never;
     never.allow_recompute = false;
-    for (const auto& e : pmt::plan::search(pr, tight, never).ranked) CHECK((!e.layout.recompute && !e.layout.recompute_attention));
+    for (const auto& e : pmt::plan::search(pr, tight, never).ranked)
+      CHECK((!e.layout.recompute && !e.layout.recompute_attention));
   };
   // recomputation on the first stage only: stage 0 as with it, stage 1 as without
   pmt::plan::Layout first = again;
@@ -1020,12 +1033,12 @@ TEST_CASE("recomputation: less activation memory for one more forward, chosen wh
   CHECK_THAT(pmt::plan::why_invalid(pr, idle, 2), ContainsSubstring("nothing recomputes"));
   {  // under 1F1B stage 0 holds 2 live microbatches, stage 1 one: the search recomputes on stage 0 only
     const pmt::plan::Layout keep1{1, 1, 2, 8, pmt::parallel::ScheduleKind::OneFOneB, false};
-    pmt::plan::Layout attn1 = keep1;
+    pmt::plan::Layout attn1   = keep1;
     attn1.recompute_attention = true, attn1.recompute_stages = 1;
     const auto k1 = pmt::plan::estimate(pr, mc, keep1), a1 = pmt::plan::estimate(pr, mc, attn1);
     REQUIRE(a1.peak_bytes() < k1.peak_bytes());
     const double limit = 0.5 * (a1.peak_bytes() + k1.peak_bytes());
-    bool picked = false;
+    bool picked        = false;
     for (const auto& e : pmt::plan::search(pr, machine(2, limit / 1048576.0)).ranked) {
       const auto& l = e.layout;
       if (l.dp == 1 && l.tp == 1 && l.pp == 2 && l.microbatches == 8 && l.schedule == keep1.schedule && l.chunks == 1)

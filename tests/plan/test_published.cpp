@@ -40,7 +40,7 @@ struct Published {
   int chunks;              // model chunks per stage (> 1: interleaved 1F1B, a chunk's layers equal)
   double tflops;           // published, per GPU
   double inter_gbps;       // the network per GPU: the cluster's links per node / 8
-  bool zero = false;       // the optimizer state sharded over dp (ZeRO-1)
+  bool zero   = false;     // the optimizer state sharded over dp (ZeRO-1)
   bool within = true;      // held to the 25 % (MT-NLG is not; see above)
 };
 
@@ -94,8 +94,9 @@ double tflops_per_gpu(const Published& r, const pmt::plan::Estimate& e) {
 
 pmt::plan::Estimate as_published(const Published& r) {
   const int dp = r.gpus / r.tp / r.pp;
-  pmt::plan::Layout l{dp, r.tp, r.pp, int(r.batch / std::size_t(dp) / r.microbatch),
-                      pmt::parallel::ScheduleKind::OneFOneB, r.zero, r.chunks};
+  pmt::plan::Layout l{
+      dp,     r.tp,    r.pp, int(r.batch / std::size_t(dp) / r.microbatch), pmt::parallel::ScheduleKind::OneFOneB,
+      r.zero, r.chunks};
   l.recompute = true;
   return pmt::plan::estimate(problem_of(r), machine_of(r), l);
 }
@@ -108,8 +109,8 @@ TEST_CASE("published runs: the published layout's throughput within 25 %", "[pla
     const auto e           = as_published(r);
     const double predicted = tflops_per_gpu(r, e);
     std::printf("%-36s %s: predicted %.1f TFLOP/s per GPU (%.2f s a step), published %.0f: %+.1f %%; peak %.1f GiB\n",
-                r.name, e.layout.describe().c_str(), predicted, e.step_seconds(), r.tflops, 100 * (predicted / r.tflops - 1),
-                e.peak_bytes() / 1073741824.0);
+                r.name, e.layout.describe().c_str(), predicted, e.step_seconds(), r.tflops,
+                100 * (predicted / r.tflops - 1), e.peak_bytes() / 1073741824.0);
     INFO(r.name << ": predicted " << predicted << " TFLOP/s per GPU, published " << r.tflops);
     if (r.within) CHECK(std::abs(predicted / r.tflops - 1) <= 0.25);
     CHECK(e.peak_bytes() <= kMemoryMiB * 1048576.0);
@@ -127,7 +128,7 @@ TEST_CASE("published runs: the planner's own choice keeps tp inside a node", "[p
     for (const auto& r : kRuns)
       if (std::string(r.name).rfind(name, 0) == 0) run = &r;
     REQUIRE(run);
-    const auto& r    = *run;
+    const auto& r = *run;
     // the bound is on the search's own processor time: with ctest -j the other tests share the
     // cores, which stretches the wall time but not the work (the search runs on one thread)
     const auto start     = std::chrono::steady_clock::now();
@@ -135,7 +136,7 @@ TEST_CASE("published runs: the planner's own choice keeps tp inside a node", "[p
     const auto plan      = pmt::plan::search(problem_of(r), machine_of(r));
     const double cpu     = double(std::clock() - c) / CLOCKS_PER_SEC;
     const double s       = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    const auto& best = plan.best();
+    const auto& best     = plan.best();
     std::printf("%-36s chose %s: %.1f TFLOP/s per GPU (%.2f s a step; searched in %.1f s, %.1f s of processor time)\n",
                 r.name, best.layout.describe().c_str(), tflops_per_gpu(r, best), best.step_seconds(), s, cpu);
     INFO(r.name << ": " << best.layout.describe());
@@ -156,20 +157,21 @@ TEST_CASE("published runs: sequence parallelism and the attention's recomputatio
   // both ways; MFU counts the same model FLOPs, so the ratio of step times is the ratio of MFUs.
   const Published& r = kRuns[5];
   REQUIRE(std::string(r.name).rfind("MT-NLG", 0) == 0);
-  const auto full = as_published(r);
+  const auto full     = as_published(r);
   pmt::plan::Layout l = full.layout;
   l.recompute = false, l.recompute_attention = true, l.sequence_parallel = true;
-  const auto split = pmt::plan::estimate(problem_of(r), machine_of(r), l);
+  const auto split   = pmt::plan::estimate(problem_of(r), machine_of(r), l);
   const double ratio = full.step_seconds() / split.step_seconds(), published = 54.2 / 42.1;
-  std::printf("530B on 2240 GPUs: %.2f s a step with full recomputation, %.2f s with sequence parallelism and the "
-              "attention's recomputation (peak %.1f GiB): %.3fx, published %.3fx\n",
-              full.step_seconds(), split.step_seconds(), split.peak_bytes() / 1073741824.0, ratio, published);
+  std::printf(
+      "530B on 2240 GPUs: %.2f s a step with full recomputation, %.2f s with sequence parallelism and the "
+      "attention's recomputation (peak %.1f GiB): %.3fx, published %.3fx\n",
+      full.step_seconds(), split.step_seconds(), split.peak_bytes() / 1073741824.0, ratio, published);
   CHECK(split.peak_bytes() <= kMemoryMiB * 1048576.0);
   CHECK(std::abs(ratio / published - 1) <= 0.10);
 }
 
 // The spelling Layout::policy_type gives is a type: each case below declares it and keeps its text.
-#define PMT_SPELLED(name, ...)  \
+#define PMT_SPELLED(name, ...)                   \
   [[maybe_unused]] constexpr __VA_ARGS__ name{}; \
   [[maybe_unused]] const std::string name##_text = #__VA_ARGS__
 
@@ -178,14 +180,17 @@ TEST_CASE("a layout names its C++ policy type, spelled so that it compiles", "[p
   PMT_SPELLED(None, pmt::Hybrid<>);
   CHECK(l.policy_type() == None_text);
   l.dp = 24, l.tp = 8, l.pp = 8, l.sequence_parallel = true, l.recompute_attention = true;
-  PMT_SPELLED(Megatron, pmt::Hybrid<pmt::DataParallel<>, pmt::TensorSplit<pmt::Sequence>, pmt::Pipeline<8>, pmt::Recompute<pmt::Selective>>);
+  PMT_SPELLED(Megatron, pmt::Hybrid<pmt::DataParallel<>, pmt::TensorSplit<pmt::Sequence>, pmt::Pipeline<8>,
+                                    pmt::Recompute<pmt::Selective>>);
   CHECK(l.policy_type() == Megatron_text);
   static_assert(pmt::activation_policy<std::decay_t<decltype(Megatron)>>::selective && Megatron.sequence_parallel);
   l.sync = {pmt::plan::DpMode::LocalSgd, 8}, l.chunks = 2, l.sequence_parallel = false, l.recompute_attention = false;
   l.recompute = true, l.recompute_stages = 3;
-  PMT_SPELLED(Local, pmt::Hybrid<pmt::DataParallel<pmt::LocalSgd<8>>, pmt::TensorSplit<>, pmt::Pipeline<8, pmt::Interleaved<2>>, pmt::Recompute<pmt::Full, 3>>);
+  PMT_SPELLED(Local, pmt::Hybrid<pmt::DataParallel<pmt::LocalSgd<8>>, pmt::TensorSplit<>,
+                                 pmt::Pipeline<8, pmt::Interleaved<2>>, pmt::Recompute<pmt::Full, 3>>);
   CHECK(l.policy_type() == Local_text);
-  l.sync = {pmt::plan::DpMode::Stale, 1}, l.tp = 1, l.schedule = pmt::parallel::ScheduleKind::GPipe, l.recompute = false;
+  l.sync = {pmt::plan::DpMode::Stale, 1}, l.tp = 1, l.schedule = pmt::parallel::ScheduleKind::GPipe,
+  l.recompute = false;
   PMT_SPELLED(Stale, pmt::Hybrid<pmt::DataParallel<pmt::BoundedStaleness<1>>, pmt::Pipeline<8, pmt::GPipe>>);
   CHECK(l.policy_type() == Stale_text);
   l.sync = {pmt::plan::DpMode::DiLoCo, 4}, l.pp = 1;

@@ -24,7 +24,8 @@ static_assert(!policy_traits<DataParallel<LocalSgd<4>>>::layer_policy && LocalSg
 
 using A = Hybrid<DataParallel<>, TensorSplit<>, Pipeline<2>>;
 using B = Hybrid<Pipeline<2>, DataParallel<>, TensorSplit<>>;
-static_assert(std::is_same_v<A::get<Axis::dp>, B::get<Axis::dp>> && std::is_same_v<A::get<Axis::tp>, B::get<Axis::tp>> &&
+static_assert(std::is_same_v<A::get<Axis::dp>, B::get<Axis::dp>> &&
+                  std::is_same_v<A::get<Axis::tp>, B::get<Axis::tp>> &&
                   std::is_same_v<A::get<Axis::pp>, B::get<Axis::pp>>,
               "Hybrid is order-independent");
 static_assert(std::is_same_v<A::get<Axis::pp>, Pipeline<2>>);
@@ -33,11 +34,13 @@ static_assert(DpOnly::has(Axis::dp) && !DpOnly::has(Axis::tp) && std::is_same_v<
 
 // Sequence parallelism and recomputation as policies: TensorSplit<Sequence> is the tp axis with
 // sequence parallelism fixed; Recompute<What, Stages> is a model policy on no axis.
-static_assert(policy_traits<TensorSplit<Sequence>>::model_policy && !policy_traits<TensorSplit<Sequence>>::layer_policy &&
+static_assert(policy_traits<TensorSplit<Sequence>>::model_policy &&
+              !policy_traits<TensorSplit<Sequence>>::layer_policy &&
               policy_traits<TensorSplit<Sequence>>::axis == Axis::tp);
 static_assert(policy_traits<Recompute<>>::model_policy && !policy_traits<Recompute<>>::has_axis &&
               !policy_traits<Recompute<Selective>>::layer_policy);
-static_assert(Recompute<Full, 2>::on(0) && Recompute<Full, 2>::on(1) && !Recompute<Full, 2>::on(2) && Recompute<>::on(7));
+static_assert(Recompute<Full, 2>::on(0) && Recompute<Full, 2>::on(1) && !Recompute<Full, 2>::on(2) &&
+              Recompute<>::on(7));
 using Seq = Hybrid<Recompute<Selective, 1>, DataParallel<>, TensorSplit<Sequence>, Pipeline<>>;
 static_assert(Seq::sequence_parallel && std::is_same_v<Seq::recompute, Recompute<Selective, 1>> &&
               std::is_same_v<Seq::get<Axis::tp>, TensorSplit<Sequence>> && Seq::has(Axis::pp));
@@ -48,7 +51,8 @@ static_assert(!A::sequence_parallel && std::is_void_v<A::recompute> && !activati
               !activation_policy<A>::recomputes_on(0));
 static_assert(!activation_policy<Synchronous>::sequence_parallel && !activation_policy<Synchronous>::fixes_recompute);
 using FullOnly = Hybrid<Recompute<Full>>;
-static_assert(activation_policy<FullOnly>::full && activation_policy<FullOnly>::recomputes_on(3) && !FullOnly::has(Axis::tp));
+static_assert(activation_policy<FullOnly>::full && activation_policy<FullOnly>::recomputes_on(3) &&
+              !FullOnly::has(Axis::tp));
 
 TEST_CASE("policy traits and Hybrid hold at compile time", "[policy]") {
   SUCCEED("the static_asserts in this file compiled");

@@ -18,7 +18,6 @@
 
 #include "../comm/comm_test.hpp"
 #include "../nn/model_test.hpp"
-#include "train_test.hpp"
 #include "pmt/nn/activation.hpp"
 #include "pmt/nn/chain.hpp"
 #include "pmt/nn/dropout.hpp"
@@ -31,6 +30,7 @@
 #include "pmt/optim/zero.hpp"
 #include "pmt/optim/zero2.hpp"
 #include "pmt/train/trainer.hpp"
+#include "train_test.hpp"
 
 #include <cmath>
 #include <map>
@@ -46,23 +46,23 @@ using T       = double;
 namespace {
 
 template <class P>
-using Linear = pmt::nn::Linear<T, P, Host, Backend>;
-using Col    = Linear<pmt::TensorSplit<pmt::Col>>;
-using Row    = Linear<pmt::TensorSplit<pmt::Row>>;
-using Rep    = Linear<pmt::Replicate>;
-using Gelu   = pmt::nn::Gelu<T, Host>;
-using Relu   = pmt::nn::Relu<T, Host>;
-using Silu   = pmt::nn::Silu<T, Host>;
-using Tanh   = pmt::nn::Tanh<T, Host>;
-using DropS  = pmt::nn::Dropout<T, Host, pmt::Sharded, Backend>;
-using DropR  = pmt::nn::Dropout<T, Host, pmt::Replicated, Backend>;
-using Net    = pmt::nn::Chain<Col, Gelu, DropS, Row, Relu, DropR, Col, Silu, Row, Tanh, Rep>;
+using Linear                 = pmt::nn::Linear<T, P, Host, Backend>;
+using Col                    = Linear<pmt::TensorSplit<pmt::Col>>;
+using Row                    = Linear<pmt::TensorSplit<pmt::Row>>;
+using Rep                    = Linear<pmt::Replicate>;
+using Gelu                   = pmt::nn::Gelu<T, Host>;
+using Relu                   = pmt::nn::Relu<T, Host>;
+using Silu                   = pmt::nn::Silu<T, Host>;
+using Tanh                   = pmt::nn::Tanh<T, Host>;
+using DropS                  = pmt::nn::Dropout<T, Host, pmt::Sharded, Backend>;
+using DropR                  = pmt::nn::Dropout<T, Host, pmt::Replicated, Backend>;
+using Net                    = pmt::nn::Chain<Col, Gelu, DropS, Row, Relu, DropR, Col, Silu, Row, Tanh, Rep>;
 constexpr std::size_t layers = 11;
-using Act    = pmt::Tensor<T, 2, Host>;
+using Act                    = pmt::Tensor<T, 2, Host>;
 
 constexpr std::size_t d = 8, hidden = 16, N_global = 32, classes = 4;
 constexpr std::uint64_t seed = 77;
-constexpr int Steps = 4;
+constexpr int Steps          = 4;
 
 Net make_net(const pmt::Mesh<Backend>& mesh, std::size_t out) {
   const auto key = [](std::uint32_t s) { return pmt::RngKey{seed, s}; };
@@ -75,7 +75,7 @@ Net make_net(const pmt::Mesh<Backend>& mesh, std::size_t out) {
 /// The loss, the target type and the output width of the regressor (MSE) and the classifier.
 template <bool Classifier>
 struct Task {
-  using Loss = std::conditional_t<Classifier, pmt::nn::CrossEntropyLoss<T, Host>, pmt::nn::MseLoss<T, Host>>;
+  using Loss  = std::conditional_t<Classifier, pmt::nn::CrossEntropyLoss<T, Host>, pmt::nn::MseLoss<T, Host>>;
   using Model = pmt::nn::StagedModel<Net, Loss>;
   using Batch = typename Model::Batch;
   static constexpr std::size_t out = Classifier ? classes : 1;
@@ -98,7 +98,8 @@ struct Task {
       }
     } else {
       b.target = Act("t", n, 1);
-      for (std::size_t i = 0; i < n; ++i) b.target(i, 0) = std::sin(b.input(i, 0) + b.input(i, 1)) + 0.5 * b.input(i, 2) * b.input(i, 3);
+      for (std::size_t i = 0; i < n; ++i)
+        b.target(i, 0) = std::sin(b.input(i, 0) + b.input(i, 1)) + 0.5 * b.input(i, 2) * b.input(i, 3);
     }
     return b;
   }
@@ -133,16 +134,19 @@ struct Reference {
 /// Trains the layout and compares with the reference on this rank.
 template <bool Classifier, int Zero = 0>
 bool matches(const Reference<Classifier>& ref, pmt::MeshShape shape, pmt::parallel::ScheduleKind kind, int chunks) {
-  using Model  = typename Task<Classifier>::Model;
-  using Opt    = std::conditional_t<Zero == 2, pmt::optim::Zero2AdamW<T, Host, Backend>,
-                                    std::conditional_t<Zero == 1, pmt::optim::ZeroAdamW<T, Host, Backend>, pmt::optim::AdamW<T, Host>>>;
-  using Policy = pmt::Hybrid<pmt::DataParallel<>, pmt::TensorSplit<>, pmt::Pipeline<>>;
+  using Model = typename Task<Classifier>::Model;
+  using Opt   = std::conditional_t<
+      Zero == 2, pmt::optim::Zero2AdamW<T, Host, Backend>,
+      std::conditional_t<Zero == 1, pmt::optim::ZeroAdamW<T, Host, Backend>, pmt::optim::AdamW<T, Host>>>;
+  using Policy         = pmt::Hybrid<pmt::DataParallel<>, pmt::TensorSplit<>, pmt::Pipeline<>>;
   constexpr double tol = 1e-10;
   pmt::Mesh<Backend> mesh(pmt::test::world(), shape);
-  Model par(mesh, make_net(mesh, Task<Classifier>::out), typename Task<Classifier>::Loss{}, pmt::nn::StagedOptions{{}, chunks, "mlp"});
+  Model par(mesh, make_net(mesh, Task<Classifier>::out), typename Task<Classifier>::Loss{},
+            pmt::nn::StagedOptions{{}, chunks, "mlp"});
   Opt opt = [&] {
     if constexpr (Zero == 2)  // buckets of 1 KiB: several per stage
-      return Opt(par.parameters(), hyper, mesh.comm(pmt::Axis::dp), mesh.comm(pmt::Axis::tp), mesh.comm(pmt::Axis::pp), {}, 1 << 10);
+      return Opt(par.parameters(), hyper, mesh.comm(pmt::Axis::dp), mesh.comm(pmt::Axis::tp), mesh.comm(pmt::Axis::pp),
+                 {}, 1 << 10);
     else if constexpr (Zero == 1)
       return Opt(par.parameters(), hyper, mesh.comm(pmt::Axis::dp), mesh.comm(pmt::Axis::tp), mesh.comm(pmt::Axis::pp));
     else
@@ -195,9 +199,11 @@ void every_layout() {
           }
         }
       DYNAMIC_SECTION("dp " << dp << " x tp " << tp << " x pp " << pp << ", ZeRO-1") {
-        CHECK(pmt::test::all_ranks(matches<Classifier, 1>(ref, {dp, tp, pp}, pmt::parallel::ScheduleKind::OneFOneB, 1)));
+        CHECK(
+            pmt::test::all_ranks(matches<Classifier, 1>(ref, {dp, tp, pp}, pmt::parallel::ScheduleKind::OneFOneB, 1)));
       }
-      DYNAMIC_SECTION("dp " << dp << " x tp " << tp << " x pp " << pp << ", ZeRO-2, " << (pp > 1 ? "GPipe x 2 chunks" : "1F1B")) {
+      DYNAMIC_SECTION("dp " << dp << " x tp " << tp << " x pp " << pp << ", ZeRO-2, "
+                            << (pp > 1 ? "GPipe x 2 chunks" : "1F1B")) {
         const auto kind = pp > 1 ? pmt::parallel::ScheduleKind::GPipe : pmt::parallel::ScheduleKind::OneFOneB;
         CHECK(pmt::test::all_ranks(matches<Classifier, 2>(ref, {dp, tp, pp}, kind, pp > 1 ? 2 : 1)));
       }
@@ -208,11 +214,13 @@ void every_layout() {
 
 static_assert(pmt::parallel::check_stage_module<Task<false>::Model, Host>());
 
-TEST_CASE("a user's Chain trains through the Trainer on every layout like one rank: regressor", "[train][any_model][mpi]") {
+TEST_CASE("a user's Chain trains through the Trainer on every layout like one rank: regressor",
+          "[train][any_model][mpi]") {
   every_layout<false>();
 }
 
-TEST_CASE("a user's Chain trains through the Trainer on every layout like one rank: classifier", "[train][any_model][mpi]") {
+TEST_CASE("a user's Chain trains through the Trainer on every layout like one rank: classifier",
+          "[train][any_model][mpi]") {
   every_layout<true>();
 }
 
@@ -221,14 +229,16 @@ TEST_CASE("StagedModel: extents at the cuts, balanced plan, errors", "[train][an
   const pmt::Mesh<Backend> one(w.split(w.rank(), 0), pmt::MeshShape{});
   using Model = Task<false>::Model;
   // the widths entering each layer on one rank
-  Model whole(one, make_net(one, 1), {}, pmt::nn::StagedOptions{pmt::parallel::explicit_stages(layers, {layers}), 1, ""});
+  Model whole(one, make_net(one, 1), {},
+              pmt::nn::StagedOptions{pmt::parallel::explicit_stages(layers, {layers}), 1, ""});
   const auto b = Task<false>::batch(0, 0, 5);
   CHECK(whole.input_extent(0, b) == std::array<std::size_t, 2>{5, d});
   CHECK(whole.output_extent(0, b) == std::array<std::size_t, 2>{5, 1});
   CHECK(whole.net().widths(d) == std::vector<std::size_t>{d, hidden, hidden, hidden, d, d, d, hidden, hidden, d, d, 1});
   // a plan for another number of stages, and more virtual stages than layers
-  CHECK_THROWS_WITH(Model(one, make_net(one, 1), {}, pmt::nn::StagedOptions{pmt::parallel::explicit_stages(layers, {4, 7}), 1, ""}),
-                    Catch::Matchers::ContainsSubstring("the stage plan (layers [0,4) [4,11) (uneven)) is for 2 stages"));
+  CHECK_THROWS_WITH(
+      Model(one, make_net(one, 1), {}, pmt::nn::StagedOptions{pmt::parallel::explicit_stages(layers, {4, 7}), 1, ""}),
+      Catch::Matchers::ContainsSubstring("the stage plan (layers [0,4) [4,11) (uneven)) is for 2 stages"));
   CHECK_THROWS_AS(Model(one, make_net(one, 1), {}, pmt::nn::StagedOptions{{}, 12, ""}), pmt::ConfigError);
   // the default plan balances by parameters: each Linear weighs, the activations barely
   const pmt::nn::StagedOptions four{{}, 4, ""};
@@ -236,18 +246,20 @@ TEST_CASE("StagedModel: extents at the cuts, balanced plan, errors", "[train][an
   CHECK(quartered.plan().stages() == 4);
   for (int k = 0; k < 4; ++k) CHECK(quartered.end(k) > quartered.begin(k));
   // a batch whose input is not (rows, d)
-  auto bad = Task<false>::batch(0, 0, 5);
-  bad.rows = 4;
+  auto bad    = Task<false>::batch(0, 0, 5);
+  bad.rows    = 4;
   double loss = 0;
   CHECK_THROWS_WITH(whole.forward_chunk(Host(), 0, bad, Act(), 1.0, &loss),
                     Catch::Matchers::ContainsSubstring("the batch's input is (5, 8) for 4 rows; expected (4, 8)"));
   // an MSE target of the wrong shape
-  auto wrong = Task<false>::batch(0, 0, 5);
+  auto wrong   = Task<false>::batch(0, 0, 5);
   wrong.target = Act("t", 5, 2);
-  CHECK_THROWS_WITH(whole.forward_chunk(Host(), 0, wrong, Act(), 1.0, &loss), Catch::Matchers::ContainsSubstring("pmt::nn::MseLoss"));
+  CHECK_THROWS_WITH(whole.forward_chunk(Host(), 0, wrong, Act(), 1.0, &loss),
+                    Catch::Matchers::ContainsSubstring("pmt::nn::MseLoss"));
 }
 
-TEST_CASE("evaluation mode keeps no activation; dropout drops at its rate and is the identity there", "[nn][any_model]") {
+TEST_CASE("evaluation mode keeps no activation; dropout drops at its rate and is the identity there",
+          "[nn][any_model]") {
   const auto& w = pmt::test::world();
   const pmt::Mesh<Backend> one(w.split(w.rank(), 0), pmt::MeshShape{});
   using Model = Task<false>::Model;
@@ -261,7 +273,7 @@ TEST_CASE("evaluation mode keeps no activation; dropout drops at its rate and is
   Act y             = model.predict(Host(), b.input);
   CHECK(mem.current_bytes() - before == y.size() * sizeof(T));
   // the same forward with gradients on keeps every layer's input for the backward
-  double loss = 0;
+  double loss             = 0;
   const auto before_train = mem.current_bytes();
   model.forward_chunk(Host(), 0, b, Act(), double(N_global), &loss);
   const auto kept = mem.current_bytes() - before_train;
@@ -291,7 +303,8 @@ TEST_CASE("evaluation mode keeps no activation; dropout drops at its rate and is
   CHECK_THROWS_AS(DropR(one, 1.0, pmt::RngKey{}), pmt::ConfigError);
 }
 
-TEST_CASE("activation recomputation: the same parameters bit for bit, a lower peak on a pipeline stage", "[train][any_model][recompute][mpi]") {
+TEST_CASE("activation recomputation: the same parameters bit for bit, a lower peak on a pipeline stage",
+          "[train][any_model][recompute][mpi]") {
   const auto& w = pmt::test::world();
   const int n   = w.size();
   if (n < 2) return;  // the saving shows where a stage holds several microbatches: pp 2, GPipe
@@ -306,7 +319,7 @@ TEST_CASE("activation recomputation: the same parameters bit for bit, a lower pe
   };
   // recomputation as a policy type: Recompute<Full> in the Hybrid, the model built with its options
   using Recomputing = pmt::Hybrid<pmt::DataParallel<>, pmt::TensorSplit<>, pmt::Pipeline<>, pmt::Recompute<pmt::Full>>;
-  const auto train = [&](auto policy) {
+  const auto train  = [&](auto policy) {
     using P = decltype(policy);
     pmt::Mesh<Backend> mesh(w, shape);
     Model model(mesh, make_net(mesh, 1), {}, pmt::nn::staged_options<P>(mesh, pmt::nn::StagedOptions{{}, 1, "mlp"}));
@@ -344,11 +357,11 @@ TEST_CASE("activation recomputation: the same parameters bit for bit, a lower pe
 
 TEST_CASE("a user's Chain: a training step after the first allocates nothing (with recomputation too)",
           "[train][any_model][workspace][mpi]") {
-  const auto& w = pmt::test::world();
-  const int n   = w.size();
-  using Model  = Task<true>::Model;  // the classifier: cross-entropy, dropout
-  using Opt    = pmt::optim::AdamW<T, Host>;
-  using Policy = pmt::Hybrid<pmt::DataParallel<>, pmt::TensorSplit<>, pmt::Pipeline<>>;
+  const auto& w              = pmt::test::world();
+  const int n                = w.size();
+  using Model                = Task<true>::Model;  // the classifier: cross-entropy, dropout
+  using Opt                  = pmt::optim::AdamW<T, Host>;
+  using Policy               = pmt::Hybrid<pmt::DataParallel<>, pmt::TensorSplit<>, pmt::Pipeline<>>;
   const pmt::MeshShape shape = n >= 2 ? pmt::MeshShape{1, n / 2, 2} : pmt::MeshShape{};
   for (bool recompute : {false, true}) {
     DYNAMIC_SECTION("tp " << shape.tp << " x pp " << shape.pp << (recompute ? ", recomputation" : "")) {

@@ -27,13 +27,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <deque>
 #include <filesystem>
-#include <cstddef>
-#include <type_traits>
-#include <utility>
 #include <memory>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 using Host    = Kokkos::DefaultHostExecutionSpace;
@@ -56,7 +56,8 @@ double worst_shard_error(const std::vector<P*>& shards, const std::vector<P*>& w
   double largest = 0, worst = 0;
   for (auto* p : whole)
     for (std::size_t i = 0; i < p->size(); ++i) largest = std::max(largest, std::abs(double(p->value(i))));
-  for (std::size_t i = 0; i < whole.size(); ++i) worst = std::max(worst, pmt::test::shard_norm_error(*shards[i], *whole[i], 1e-3 * largest));
+  for (std::size_t i = 0; i < whole.size(); ++i)
+    worst = std::max(worst, pmt::test::shard_norm_error(*shards[i], *whole[i], 1e-3 * largest));
   return worst;
 }
 
@@ -114,16 +115,16 @@ bool resumes_bit_for_bit(const std::string& name, const std::vector<int>& save_a
   bool same = true;
   for (int saved : save_after) {
     pmt::nn::GptConfig other = cfg;
-    other.seed = cfg.seed + 1;  // the checkpoint must overwrite every value
+    other.seed               = cfg.seed + 1;  // the checkpoint must overwrite every value
     Model resumed(mesh, other);
     Opt resumed_opt(resumed.parameters(), hyper);
     Tr resumed_tr(mesh, resumed, resumed_opt, Host(), options);
-    const auto got = pmt::io::load_checkpoint(pmt::io::checkpoint_step_dir(dir, saved + 1), mesh, resumed_opt, info.model,
-                                              resumed_tr.state());
-    same = same && got.step == saved + 1;
+    const auto got = pmt::io::load_checkpoint(pmt::io::checkpoint_step_dir(dir, saved + 1), mesh, resumed_opt,
+                                              info.model, resumed_tr.state());
+    same           = same && got.step == saved + 1;
     for (int step = saved + 1; step < 7; ++step) {
       pmt::train::StepOptions at = o;
-      at.step = step;  // the global step keeps a period's phase
+      at.step                    = step;  // the global step keeps a period's phase
       same = resumed_tr.step({batch<Ids>(step, first, B)}, at) == losses[std::size_t(step)] && same;
     }
     const auto ps = straight.parameters(), qs = resumed.parameters();
@@ -138,15 +139,18 @@ bool resumes_bit_for_bit(const std::string& name, const std::vector<int>& save_a
 
 }  // namespace
 
-TEST_CASE("bf16 error feedback: what a rank sends over K steps adds up to its K gradients", "[train][compress][dp][mpi]") {
+TEST_CASE("bf16 error feedback: what a rank sends over K steps adds up to its K gradients",
+          "[train][compress][dp][mpi]") {
   const auto& w = pmt::test::world();
   const int dp  = w.size();
   pmt::Mesh<Backend> mesh(w, pmt::MeshShape{dp, 1, 1});
   pmt::nn::Linear<float, pmt::Replicate, Host, Backend> layer(mesh, 4, 3, {5, 1});
   const auto ps = layer.parameters();
   using pmt::parallel::GradCompression;
-  pmt::parallel::GradSync<float, Host, Backend> with(mesh.comm(pmt::Axis::dp), ps, {/*bucket_bytes=*/32, GradCompression::bf16});
-  pmt::parallel::GradSync<float, Host, Backend> plain(mesh.comm(pmt::Axis::dp), ps, {/*bucket_bytes=*/32, GradCompression::none});
+  pmt::parallel::GradSync<float, Host, Backend> with(mesh.comm(pmt::Axis::dp), ps,
+                                                     {/*bucket_bytes=*/32, GradCompression::bf16});
+  pmt::parallel::GradSync<float, Host, Backend> plain(mesh.comm(pmt::Axis::dp), ps,
+                                                      {/*bucket_bytes=*/32, GradCompression::none});
   // 1 + 2^-9 lies halfway between two bf16 values: rounded alone it is 1 every time. With error
   // feedback the residual grows until a step sends 1 + 2^-7, and four steps send 4 (1 + 2^-9)
   // exactly; the sums over dp (a power of two) add no rounding of their own.
@@ -177,7 +181,8 @@ TEST_CASE("bf16 error feedback: what a rank sends over K steps adds up to its K 
   CHECK(pmt::test::all_ranks(ok));
 }
 
-TEST_CASE("bf16-compressed gradients train within 0.1 % of uncompressed ones, with half the bytes", "[train][compress][dp][mpi]") {
+TEST_CASE("bf16-compressed gradients train within 0.1 % of uncompressed ones, with half the bytes",
+          "[train][compress][dp][mpi]") {
   using Model   = pmt::nn::Gpt<float, Host, Backend>;
   using Ids     = typename Model::Ids;
   using Opt     = pmt::optim::AdamW<float, Host>;
@@ -190,14 +195,16 @@ TEST_CASE("bf16-compressed gradients train within 0.1 % of uncompressed ones, wi
       Opt plain_opt(plain.parameters(), hyper), packed_opt(packed.parameters(), hyper);
       pmt::train::Trainer<Model, Opt, Host, Backend> plain_tr(mesh, plain, plain_opt, Host(), std::size_t(8) << 10);
       pmt::train::Trainer<Model, Opt, Host, Backend> packed_tr(
-          mesh, packed, packed_opt, Host(), pmt::parallel::GradSyncOptions{std::size_t(8) << 10, pmt::parallel::GradCompression::bf16});
-      const std::size_t B = B_global / static_cast<std::size_t>(dp), first = B * static_cast<std::size_t>(mesh.coord(pmt::Axis::dp));
+          mesh, packed, packed_opt, Host(),
+          pmt::parallel::GradSyncOptions{std::size_t(8) << 10, pmt::parallel::GradCompression::bf16});
+      const std::size_t B     = B_global / static_cast<std::size_t>(dp),
+                        first = B * static_cast<std::size_t>(mesh.coord(pmt::Axis::dp));
       double worst = 0, first_loss = 0, last_loss = 0;
       for (int step = 0; step < 20; ++step) {
         const pmt::train::StepOptions o{double(B_global * Tn), 3e-3, 1.0};
         const double lp = plain_tr.step({batch<Ids>(step, first, B)}, o);
         const double lc = packed_tr.step({batch<Ids>(step, first, B)}, o);
-        worst = std::max(worst, std::abs(lp - lc) / std::abs(lp));
+        worst           = std::max(worst, std::abs(lp - lc) / std::abs(lp));
         if (step == 0) first_loss = lp;
         last_loss = lc;
       }
@@ -212,8 +219,8 @@ TEST_CASE("bf16-compressed gradients train within 0.1 % of uncompressed ones, wi
 }
 
 TEST_CASE("compression needs synchronous gradients", "[train][compress]") {
-  using Model = pmt::nn::Gpt<float, Host, Backend>;
-  using Opt   = pmt::optim::AdamW<float, Host>;
+  using Model                           = pmt::nn::Gpt<float, Host, Backend>;
+  using Opt                             = pmt::optim::AdamW<float, Host>;
   pmt::comm::Communicator<Backend> self = pmt::test::world().split(pmt::test::world().rank(), 0);
   pmt::Mesh<Backend> one(self, pmt::MeshShape{});
   Model m(one, cfg);
@@ -229,11 +236,11 @@ TEST_CASE("compression needs synchronous gradients", "[train][compress]") {
 }
 
 TEST_CASE("DiLoCo equals a serial simulation of its replicas", "[train][diloco][dp][mpi]") {
-  using Model   = pmt::nn::Gpt<double, Host, Backend>;
-  using Ids     = typename Model::Ids;
-  using Opt     = pmt::optim::AdamW<double, Host>;
+  using Model     = pmt::nn::Gpt<double, Host, Backend>;
+  using Ids       = typename Model::Ids;
+  using Opt       = pmt::optim::AdamW<double, Host>;
   constexpr int H = 3;
-  const auto& w = pmt::test::world();
+  const auto& w   = pmt::test::world();
   const int n = w.size(), r = w.rank();
   const pmt::train::OuterOptions outer{0.7, 0.9, true};
   for (const auto& [dp, tp] : dp_tp_layouts(n)) {
@@ -252,7 +259,8 @@ TEST_CASE("DiLoCo equals a serial simulation of its replicas", "[train][diloco][
       for (int j = 0; j < dp; ++j) {
         reps.push_back(std::make_unique<Model>(one, cfg));
         opts.push_back(std::make_unique<Opt>(reps.back()->parameters(), hyper));
-        trs.push_back(std::make_unique<pmt::train::Trainer<Model, Opt, Host, Backend>>(one, *reps.back(), *opts.back()));
+        trs.push_back(
+            std::make_unique<pmt::train::Trainer<Model, Opt, Host, Backend>>(one, *reps.back(), *opts.back()));
       }
       const auto ref0 = reps[0]->parameters();
       std::vector<std::vector<double>> anchor(ref0.size()), mom(ref0.size());
@@ -260,12 +268,13 @@ TEST_CASE("DiLoCo equals a serial simulation of its replicas", "[train][diloco][
         anchor[i].assign(ref0[i]->value.data(), ref0[i]->value.data() + ref0[i]->size());
         mom[i].assign(ref0[i]->size(), 0.0);
       }
-      const std::size_t B = B_global / static_cast<std::size_t>(dp), first = B * static_cast<std::size_t>(mesh.coord(pmt::Axis::dp));
+      const std::size_t B     = B_global / static_cast<std::size_t>(dp),
+                        first = B * static_cast<std::size_t>(mesh.coord(pmt::Axis::dp));
       for (int step = 0; step < 2 * H + 1; ++step) {
         const pmt::train::StepOptions o{double(B_global * Tn), 3e-3, 0.0};  // no clipping: replicas' norms differ
         par_tr.step({batch<Ids>(step, first, B)}, o);
         pmt::train::StepOptions local = o;
-        local.normaliser = o.normaliser / dp;  // each replica normalises by its share of the tokens
+        local.normaliser              = o.normaliser / dp;  // each replica normalises by its share of the tokens
         for (int j = 0; j < dp; ++j) trs[std::size_t(j)]->step({batch<Ids>(step, B * std::size_t(j), B)}, local);
         if ((step + 1) % H != 0) continue;
         for (std::size_t i = 0; i < ref0.size(); ++i)
@@ -280,7 +289,8 @@ TEST_CASE("DiLoCo equals a serial simulation of its replicas", "[train][diloco][
           }
       }
       // after 2H + 1 steps the replicas have drifted apart again: compare this rank's replica
-      const double err = worst_shard_error(par.parameters(), reps[std::size_t(mesh.coord(pmt::Axis::dp))]->parameters());
+      const double err =
+          worst_shard_error(par.parameters(), reps[std::size_t(mesh.coord(pmt::Axis::dp))]->parameters());
       INFO("rank " << r << ": worst parameter difference against the serial replicas " << err);
       CHECK(pmt::test::all_ranks(err <= 1e-10));
     }
@@ -302,14 +312,16 @@ TEST_CASE("DiLoCo with outer lr 1, no momentum, H = 1 and plain SGD is synchrono
       pmt::train::TrainerOptions options;
       options.outer = {1.0, 0.0, true};
       pmt::train::Trainer<Model, Opt, Host, Backend> sync_tr(mesh, sync_m, sync_opt);
-      pmt::train::Trainer<Model, Opt, Host, Backend, pmt::DiLoCo<1>> outer_tr(mesh, outer_m, outer_opt, Host(), options);
-      const std::size_t B = B_global / static_cast<std::size_t>(dp), first = B * static_cast<std::size_t>(mesh.coord(pmt::Axis::dp));
-      double worst = 0;
+      pmt::train::Trainer<Model, Opt, Host, Backend, pmt::DiLoCo<1>> outer_tr(mesh, outer_m, outer_opt, Host(),
+                                                                              options);
+      const std::size_t B     = B_global / static_cast<std::size_t>(dp),
+                        first = B * static_cast<std::size_t>(mesh.coord(pmt::Axis::dp));
+      double worst            = 0;
       for (int step = 0; step < 8; ++step) {
         const pmt::train::StepOptions o{double(B_global * Tn), 0.05, 0.0};
         const double ls = sync_tr.step({batch<Ids>(step, first, B)}, o);
         const double lo = outer_tr.step({batch<Ids>(step, first, B)}, o);
-        worst = std::max(worst, std::abs(ls - lo) / std::abs(ls));
+        worst           = std::max(worst, std::abs(ls - lo) / std::abs(ls));
       }
       const double pd = worst_difference(outer_m.parameters(), sync_m.parameters());
       INFO("loss " << worst << ", parameters " << pd);
@@ -337,29 +349,32 @@ TEST_CASE("bounded staleness applies the dp sum of exactly S steps before, as on
         pmt::train::Trainer<Model, Opt, Host, Backend, pmt::BoundedStaleness<>> tr(mesh, par, par_opt, Host(), options);
         const auto rp = ref.parameters();
         std::deque<std::vector<std::vector<double>>> delayed;  // the reference's gradients, oldest first
-        const std::size_t B = B_global / static_cast<std::size_t>(dp), first = B * static_cast<std::size_t>(mesh.coord(pmt::Axis::dp));
-        bool ok = true;
-        double worst_loss = 0;
+        const std::size_t B     = B_global / static_cast<std::size_t>(dp),
+                          first = B * static_cast<std::size_t>(mesh.coord(pmt::Axis::dp));
+        bool ok                 = true;
+        double worst_loss       = 0;
         for (int step = 0; step < 8; ++step) {
           const pmt::train::StepOptions o{double(B_global * Tn), 3e-3, 0.5};  // clipping on
           const double lp = tr.step({batch<Ids>(step, first, B)}, o);
           // the reference: this step's gradient on the global batch joins the queue; the one of S
           // steps before is applied
           ref_opt.zero_grad(Host());
-          const auto all = batch<Ids>(step, 0, B_global);
+          const auto all  = batch<Ids>(step, 0, B_global);
           const double lr = ref.forward_backward(Host(), all.ids, all.targets, all.B, all.T, o.normaliser);
           Host().fence();
           auto& g = delayed.emplace_back();
           for (auto* p : rp) g.emplace_back(p->grad.data(), p->grad.data() + p->size());
           if (delayed.size() > std::size_t(S)) {
-            for (std::size_t i = 0; i < rp.size(); ++i) std::copy(delayed.front()[i].begin(), delayed.front()[i].end(), rp[i]->grad.data());
+            for (std::size_t i = 0; i < rp.size(); ++i)
+              std::copy(delayed.front()[i].begin(), delayed.front()[i].end(), rp[i]->grad.data());
             delayed.pop_front();
             pmt::optim::clip_grad_norm(Host(), rp, one.comm(pmt::Axis::tp), o.max_norm);
             ref_opt.step(Host(), o.lr);
           }
           worst_loss = std::max(worst_loss, std::abs(lp - lr) / std::abs(lr));
           // the schedule: nothing applied before step S, then sums exactly S steps old
-          ok = ok && tr.last_step_applied() == (step >= S) && tr.stale_sync()->last_staleness() == (step >= S ? S : -1) &&
+          ok = ok && tr.last_step_applied() == (step >= S) &&
+               tr.stale_sync()->last_staleness() == (step >= S ? S : -1) &&
                tr.stale_sync()->pending() == std::size_t(std::min(step + 1, S));
         }
         const double err = worst_shard_error(par.parameters(), rp);
@@ -388,7 +403,9 @@ TEST_CASE("the Trainer's state resumes bit for bit: residuals, DiLoCo's outer st
     CHECK(resumes_bit_for_bit<float, pmt::Synchronous>("residual", {2}, 1.0, packed, residuals));
     CHECK(pmt::test::all_ranks(pmt::test::world().size() == 1 || norm > 0));  // there was a residual to keep
   }
-  SECTION("DiLoCo, mid-period (the replicas differ)") { CHECK(resumes_bit_for_bit<double, pmt::DiLoCo<2>>("diloco", {2}, 0.0)); }
+  SECTION("DiLoCo, mid-period (the replicas differ)") {
+    CHECK(resumes_bit_for_bit<double, pmt::DiLoCo<2>>("diloco", {2}, 0.0));
+  }
   SECTION("bounded staleness with 1 and 2 sums pending") {
     CHECK(resumes_bit_for_bit<double, pmt::BoundedStaleness<2>>("stale", {0, 3}, 0.5));
   }

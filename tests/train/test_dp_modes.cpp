@@ -17,10 +17,10 @@
 #include "pmt/io/checkpoint.hpp"
 #include "pmt/nn/gpt.hpp"
 #include "pmt/nn/linear.hpp"
-#include "pmt/parallel/grad_sync.hpp"
 #include "pmt/optim/optimizers.hpp"
 #include "pmt/optim/zero.hpp"
 #include "pmt/optim/zero2.hpp"
+#include "pmt/parallel/grad_sync.hpp"
 #include "pmt/train/trainer.hpp"
 #include "train_test.hpp"
 
@@ -62,13 +62,13 @@ double param_diff(Model& a, Model& b) {
 
 }  // namespace
 
-TEMPLATE_TEST_CASE("ZeRO-1 equals plain data parallelism and holds 1/dp of the optimizer state", "[train][zero][dp][mpi]",
-                   double, float) {
-  using T       = TestType;
-  using Model   = pmt::nn::Gpt<T, Host, Backend>;
-  using Ids     = typename Model::Ids;
-  const auto& w = pmt::test::world();
-  const int n   = w.size();
+TEMPLATE_TEST_CASE("ZeRO-1 equals plain data parallelism and holds 1/dp of the optimizer state",
+                   "[train][zero][dp][mpi]", double, float) {
+  using T          = TestType;
+  using Model      = pmt::nn::Gpt<T, Host, Backend>;
+  using Ids        = typename Model::Ids;
+  const auto& w    = pmt::test::world();
+  const int n      = w.size();
   const double tol = std::is_same_v<T, double> ? 1e-10 : 1e-5;
   const pmt::optim::AdamWOptions hyper{0.9, 0.95, 1e-8, 0.1};
   for (int tp : {1, 2}) {
@@ -78,30 +78,35 @@ TEMPLATE_TEST_CASE("ZeRO-1 equals plain data parallelism and holds 1/dp of the o
       pmt::Mesh<Backend> mesh(w, pmt::MeshShape{dp, tp, 1});
       Model plain(mesh, cfg), zero(mesh, cfg);
       pmt::optim::AdamW<T, Host> plain_opt(plain.parameters(), hyper);
-      pmt::optim::ZeroAdamW<T, Host, Backend> zero_opt(zero.parameters(), hyper, mesh.comm(pmt::Axis::dp), mesh.comm(pmt::Axis::tp));
+      pmt::optim::ZeroAdamW<T, Host, Backend> zero_opt(zero.parameters(), hyper, mesh.comm(pmt::Axis::dp),
+                                                       mesh.comm(pmt::Axis::tp));
       pmt::train::Trainer<Model, pmt::optim::AdamW<T, Host>, Host, Backend> plain_tr(mesh, plain, plain_opt);
       pmt::train::Trainer<Model, pmt::optim::ZeroAdamW<T, Host, Backend>, Host, Backend> zero_tr(mesh, zero, zero_opt);
-      const std::size_t B = B_global / static_cast<std::size_t>(dp), first = B * static_cast<std::size_t>(mesh.coord(pmt::Axis::dp));
+      const std::size_t B     = B_global / static_cast<std::size_t>(dp),
+                        first = B * static_cast<std::size_t>(mesh.coord(pmt::Axis::dp));
       double worst_loss = 0, worst_norm = 0;
       for (int step = 0; step < 10; ++step) {
         const pmt::train::StepOptions o{double(B_global * Tn), 3e-3, 0.5};  // clipping active
         const double lp = plain_tr.step({batch<Ids>(step, first, B)}, o);
         const double lz = zero_tr.step({batch<Ids>(step, first, B)}, o);
-        worst_loss = std::max(worst_loss, std::abs(lp - lz) / std::abs(lp));
-        worst_norm = std::max(worst_norm, std::abs(plain_tr.last_grad_norm() - zero_tr.last_grad_norm()) / plain_tr.last_grad_norm());
+        worst_loss      = std::max(worst_loss, std::abs(lp - lz) / std::abs(lp));
+        worst_norm      = std::max(
+                 worst_norm, std::abs(plain_tr.last_grad_norm() - zero_tr.last_grad_norm()) / plain_tr.last_grad_norm());
       }
       std::size_t P = 0;
       for (auto* p : plain.parameters()) P += p->size();
       const std::size_t expect_state = 2 * ((P + dp - 1) / dp) * sizeof(T);
-      const double pd = param_diff(plain, zero);
-      INFO("loss " << worst_loss << ", grad norm " << worst_norm << ", parameters " << pd << "; state " << zero_opt.state_bytes()
-                   << " B vs plain " << 2 * P * sizeof(T) << " B");
-      CHECK(pmt::test::all_ranks(worst_loss <= tol && worst_norm <= tol && pd <= tol && zero_opt.state_bytes() == expect_state));
+      const double pd                = param_diff(plain, zero);
+      INFO("loss " << worst_loss << ", grad norm " << worst_norm << ", parameters " << pd << "; state "
+                   << zero_opt.state_bytes() << " B vs plain " << 2 * P * sizeof(T) << " B");
+      CHECK(pmt::test::all_ranks(worst_loss <= tol && worst_norm <= tol && pd <= tol &&
+                                 zero_opt.state_bytes() == expect_state));
     }
   }
 }
 
-TEST_CASE("a ZeRO-1 checkpoint resumes exactly, and plain AdamW on one rank resumes it too", "[train][zero][checkpoint][mpi]") {
+TEST_CASE("a ZeRO-1 checkpoint resumes exactly, and plain AdamW on one rank resumes it too",
+          "[train][zero][checkpoint][mpi]") {
   using Model   = pmt::nn::Gpt<double, Host, Backend>;
   using Ids     = typename Model::Ids;
   using Zero    = pmt::optim::ZeroAdamW<double, Host, Backend>;
@@ -130,7 +135,7 @@ TEST_CASE("a ZeRO-1 checkpoint resumes exactly, and plain AdamW on one rank resu
 
   // the same layout and optimizer from the checkpoint: bit for bit
   pmt::nn::GptConfig other = cfg;
-  other.seed = cfg.seed + 1;  // the checkpoint must overwrite every value
+  other.seed               = cfg.seed + 1;  // the checkpoint must overwrite every value
   Model resumed(mesh, other);
   Zero resumed_opt(resumed.parameters(), hyper, mesh.comm(pmt::Axis::dp), mesh.comm(pmt::Axis::tp));
   const auto got = pmt::io::load_checkpoint(pmt::io::latest_checkpoint(dir), mesh, resumed_opt, info.model);
@@ -138,7 +143,8 @@ TEST_CASE("a ZeRO-1 checkpoint resumes exactly, and plain AdamW on one rank resu
   CHECK(resumed_opt.steps() == 3);
   pmt::train::Trainer<Model, Zero, Host, Backend> resumed_tr(mesh, resumed, resumed_opt);
   bool same = true;
-  for (int step = 3; step < 6; ++step) same = resumed_tr.step({batch<Ids>(step, first, B)}, o) == losses[std::size_t(step)] && same;
+  for (int step = 3; step < 6; ++step)
+    same = resumed_tr.step({batch<Ids>(step, first, B)}, o) == losses[std::size_t(step)] && same;
   CHECK(pmt::test::all_ranks(same && param_diff(resumed, straight) == 0));
 
   // plain AdamW on one rank, the whole batch: the same numbers within 1e-10 (only the order of
@@ -172,7 +178,8 @@ TEST_CASE("ZeRO-2 equals plain DP; its checkpoint resumes exactly, and ZeRO-1 an
   const std::size_t B = B_global / static_cast<std::size_t>(dp), first = B * static_cast<std::size_t>(w.rank());
   const auto mbs = [&](int step) {  // two microbatches where the local batch allows
     if (B < 2) return std::vector<pmt::train::Microbatch<Ids>>{batch<Ids>(step, first, B)};
-    return std::vector<pmt::train::Microbatch<Ids>>{batch<Ids>(step, first, B / 2), batch<Ids>(step, first + B / 2, B - B / 2)};
+    return std::vector<pmt::train::Microbatch<Ids>>{batch<Ids>(step, first, B / 2),
+                                                    batch<Ids>(step, first + B / 2, B - B / 2)};
   };
   const std::string dir = pmt::test::shared_temp_path(w, "pmt-test-zero2-checkpoint");
   pmt::Mesh<Backend> mesh(w, pmt::MeshShape{dp, 1, 1});
@@ -183,7 +190,8 @@ TEST_CASE("ZeRO-2 equals plain DP; its checkpoint resumes exactly, and ZeRO-1 an
 
   // 6 steps straight with ZeRO-2 (small buckets), saved after the third; plain DP alongside
   Model straight(mesh, cfg), plain(mesh, cfg);
-  Zero2 opt(straight.parameters(), hyper, mesh.comm(pmt::Axis::dp), mesh.comm(pmt::Axis::tp), std::nullopt, {}, 4 << 10);
+  Zero2 opt(straight.parameters(), hyper, mesh.comm(pmt::Axis::dp), mesh.comm(pmt::Axis::tp), std::nullopt, {},
+            4 << 10);
   Plain plain_opt(plain.parameters(), hyper);
   pmt::train::Trainer<Model, Zero2, Host, Backend> tr(mesh, straight, opt);
   pmt::train::Trainer<Model, Plain, Host, Backend> plain_tr(mesh, plain, plain_opt);
@@ -192,7 +200,7 @@ TEST_CASE("ZeRO-2 equals plain DP; its checkpoint resumes exactly, and ZeRO-1 an
   for (int step = 0; step < 6; ++step) {
     losses.push_back(tr.step(mbs(step), o));
     const double lp = plain_tr.step(mbs(step), o);
-    worst_plain = std::max(worst_plain, std::abs(lp - losses.back()) / std::abs(lp));
+    worst_plain     = std::max(worst_plain, std::abs(lp - losses.back()) / std::abs(lp));
     if (step == 2) pmt::io::save_checkpoint(dir, mesh, opt, info);
   }
   INFO("ZeRO-2 against plain DP: losses " << worst_plain << ", parameters " << param_diff(straight, plain) << "; "
@@ -204,9 +212,10 @@ TEST_CASE("ZeRO-2 equals plain DP; its checkpoint resumes exactly, and ZeRO-1 an
 
   // ZeRO-2 from the checkpoint: bit for bit
   pmt::nn::GptConfig other = cfg;
-  other.seed = cfg.seed + 1;  // the checkpoint must overwrite every value
+  other.seed               = cfg.seed + 1;  // the checkpoint must overwrite every value
   Model resumed(mesh, other);
-  Zero2 resumed_opt(resumed.parameters(), hyper, mesh.comm(pmt::Axis::dp), mesh.comm(pmt::Axis::tp), std::nullopt, {}, 4 << 10);
+  Zero2 resumed_opt(resumed.parameters(), hyper, mesh.comm(pmt::Axis::dp), mesh.comm(pmt::Axis::tp), std::nullopt, {},
+                    4 << 10);
   const auto got = pmt::io::load_checkpoint(pmt::io::latest_checkpoint(dir), mesh, resumed_opt, info.model);
   CHECK(got.step == 3);
   CHECK(resumed_opt.steps() == 3);
@@ -227,8 +236,8 @@ TEST_CASE("ZeRO-2 equals plain DP; its checkpoint resumes exactly, and ZeRO-1 an
   double worst = 0;
   for (int step = 3; step < 6; ++step) {
     const double l = losses[std::size_t(step)];
-    worst = std::max(worst, std::abs(zero1_tr.step(mbs(step), o) - l) / std::abs(l));
-    worst = std::max(worst, std::abs(whole_tr.step({batch<Ids>(step, 0, B_global)}, o) - l) / std::abs(l));
+    worst          = std::max(worst, std::abs(zero1_tr.step(mbs(step), o) - l) / std::abs(l));
+    worst          = std::max(worst, std::abs(whole_tr.step({batch<Ids>(step, 0, B_global)}, o) - l) / std::abs(l));
   }
   INFO("losses of ZeRO-1 and of plain AdamW on one rank after the ZeRO-2 checkpoint: " << worst);
   CHECK(pmt::test::all_ranks(worst <= 1e-10));
@@ -237,7 +246,8 @@ TEST_CASE("ZeRO-2 equals plain DP; its checkpoint resumes exactly, and ZeRO-1 an
   if (w.rank() == 0) std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("GradSync sums over dp once armed, and finish() without arm() raises instead of skipping", "[train][dp][mpi]") {
+TEST_CASE("GradSync sums over dp once armed, and finish() without arm() raises instead of skipping",
+          "[train][dp][mpi]") {
   using Catch::Matchers::ContainsSubstring;
   const auto& w = pmt::test::world();
   const int dp  = w.size();
@@ -246,10 +256,14 @@ TEST_CASE("GradSync sums over dp once armed, and finish() without arm() raises i
   const auto ps = layer.parameters();
   pmt::parallel::GradSync<double, Host, Backend> sync(mesh.comm(pmt::Axis::dp), ps, /*bucket_bytes=*/64);  // 2 buckets
   for (auto* p : ps) Kokkos::deep_copy(p->grad, double(w.rank() + 1));
-  const std::string forgot = "pmt::parallel::GradSync::finish: arm() was not called since the last finish(), so nothing was "
-                             "summed over the " + std::to_string(dp) + " dp ranks";
-  if (dp > 1) CHECK_THROWS_WITH(sync.finish(Host()), ContainsSubstring(forgot));
-  else CHECK_NOTHROW(sync.finish(Host()));  // one rank: nothing to sum
+  const std::string forgot =
+      "pmt::parallel::GradSync::finish: arm() was not called since the last finish(), so nothing was "
+      "summed over the " +
+      std::to_string(dp) + " dp ranks";
+  if (dp > 1)
+    CHECK_THROWS_WITH(sync.finish(Host()), ContainsSubstring(forgot));
+  else
+    CHECK_NOTHROW(sync.finish(Host()));  // one rank: nothing to sum
   bool ok = true;
   for (auto* p : ps)
     for (std::size_t i = 0; i < p->size(); ++i) ok = ok && p->grad(i) == double(w.rank() + 1);  // untouched
@@ -279,7 +293,7 @@ TEST_CASE("local SGD with H = 1 and plain SGD equals synchronous data parallelis
     const pmt::train::StepOptions o{double(B_global * Tn), 0.05, 0.0};  // no clipping: replicas' norms differ
     const double ls = sync_tr.step({batch<Ids>(step, first, B)}, o);
     const double ll = local_tr.step({batch<Ids>(step, first, B)}, o);
-    worst_loss = std::max(worst_loss, std::abs(ls - ll) / std::abs(ls));
+    worst_loss      = std::max(worst_loss, std::abs(ls - ll) / std::abs(ls));
   }
   const double pd = param_diff(sync_m, local_m);
   INFO("loss " << worst_loss << ", parameters " << pd);
@@ -298,7 +312,7 @@ TEST_CASE("local SGD with H = 3 averages the replicas every third step only", "[
   pmt::train::Trainer<Model, Opt, Host, Backend, pmt::LocalSgd<3>> tr(mesh, m, opt);
   const std::size_t B = B_global / static_cast<std::size_t>(dp), first = B * static_cast<std::size_t>(w.rank());
   auto& probe = *m.parameters().back();  // the final LayerNorm's bias: changes every step
-  bool ok = true;
+  bool ok     = true;
   for (int step = 1; step <= 6; ++step) {
     tr.step({batch<Ids>(step, first, B)}, pmt::train::StepOptions{double(B_global * Tn), 1e-3, 0.0});
     Kokkos::View<double*, Kokkos::HostSpace> lo("lo", probe.size()), hi("hi", probe.size());
@@ -321,17 +335,16 @@ TEST_CASE("the same Gpt source on Kokkos::Serial gives the OpenMP result", "[nn]
   pmt::Mesh<pmt::comm::Self> one(self, pmt::MeshShape{});
   pmt::nn::Gpt<double, Kokkos::Serial, pmt::comm::Self> serial(one, cfg);
   pmt::nn::Gpt<double, Kokkos::OpenMP, pmt::comm::Self> omp(one, cfg);
-  auto a = batch<pmt::nn::Gpt<double, Kokkos::Serial, pmt::comm::Self>::Ids>(0, 0, 2);
+  auto a          = batch<pmt::nn::Gpt<double, Kokkos::Serial, pmt::comm::Self>::Ids>(0, 0, 2);
   const double ls = serial.forward_backward(Kokkos::Serial(), a.ids, a.targets, a.B, a.T, 16.0);
   const double lo = omp.forward_backward(Kokkos::OpenMP(), a.ids, a.targets, a.B, a.T, 16.0);
   Kokkos::fence();
   CHECK(std::abs(ls - lo) <= 1e-12 * std::abs(ls));
-  auto ps = serial.parameters();
-  auto po = omp.parameters();
+  auto ps      = serial.parameters();
+  auto po      = omp.parameters();
   double worst = 0;
   for (std::size_t i = 0; i < ps.size(); ++i)
-    for (std::size_t k = 0; k < ps[i]->size(); ++k)
-      worst = std::max(worst, std::abs(ps[i]->grad(k) - po[i]->grad(k)));
+    for (std::size_t k = 0; k < ps[i]->size(); ++k) worst = std::max(worst, std::abs(ps[i]->grad(k) - po[i]->grad(k)));
   CHECK(worst <= 1e-12);
 #else
   SKIP("needs both Kokkos::Serial and Kokkos::OpenMP");

@@ -13,10 +13,10 @@
 
 #include "../comm/comm_test.hpp"
 #include "../nn/model_test.hpp"
-#include "train_test.hpp"
 #include "pmt/nn/gpt.hpp"
 #include "pmt/optim/optimizers.hpp"
 #include "pmt/train/trainer.hpp"
+#include "train_test.hpp"
 
 #include <cmath>
 #include <vector>
@@ -38,7 +38,8 @@ double valid_targets(int step) { return pmt::test::valid_targets(step, B_global,
 
 }  // namespace
 
-TEMPLATE_TEST_CASE("every dp x tp layout trains like one rank on the global batch", "[train][dp][tp][mpi]", double, float) {
+TEMPLATE_TEST_CASE("every dp x tp layout trains like one rank on the global batch", "[train][dp][tp][mpi]", double,
+                   float) {
   using T       = TestType;
   using Model   = pmt::nn::Gpt<T, Host, Backend>;
   using Ids     = typename Model::Ids;
@@ -55,16 +56,18 @@ TEMPLATE_TEST_CASE("every dp x tp layout trains like one rank on the global batc
       Model ref(one, cfg), par(mesh, cfg);
       Opt ref_opt(ref.parameters(), hyper), par_opt(par.parameters(), hyper);
       pmt::train::Trainer<Model, Opt, Host, Backend> ref_tr(one, ref, ref_opt), par_tr(mesh, par, par_opt, Host(),
-                                                                                        /*bucket_bytes=*/8 << 10);
-      const std::size_t B_local = B_global / static_cast<std::size_t>(dp), first = B_local * static_cast<std::size_t>(mesh.coord(pmt::Axis::dp));
-      bool ok = true;
-      double worst_loss = 0;
+                                                                                       /*bucket_bytes=*/8 << 10);
+      const std::size_t B_local = B_global / static_cast<std::size_t>(dp),
+                        first   = B_local * static_cast<std::size_t>(mesh.coord(pmt::Axis::dp));
+      bool ok                   = true;
+      double worst_loss         = 0;
       for (int step = 0; step < 10; ++step) {
         const pmt::train::StepOptions o{valid_targets(step), pmt::optim::warmup_cosine(step, 3, 10, 3e-3, 3e-4), 1.0};
         const double l_ref = ref_tr.step({batch<Ids>(step, 0, B_global)}, o);
-        const double l_par = par_tr.step({batch<Ids>(step, first, B_local / 2), batch<Ids>(step, first + B_local / 2, B_local - B_local / 2)}, o);
+        const double l_par = par_tr.step(
+            {batch<Ids>(step, first, B_local / 2), batch<Ids>(step, first + B_local / 2, B_local - B_local / 2)}, o);
         worst_loss = std::max(worst_loss, std::abs(l_par - l_ref) / std::abs(l_ref));
-        ok = ok && std::isfinite(l_ref);
+        ok         = ok && std::isfinite(l_ref);
       }
       auto pr = ref.parameters(), pp = par.parameters();
       // Relative to each parameter's magnitude, floored at 1e-3 of the model's largest value: the
@@ -77,13 +80,16 @@ TEMPLATE_TEST_CASE("every dp x tp layout trains like one rank on the global batc
         worst_param = std::max(worst_param, pmt::test::shard_norm_error(*pp[i], *pr[i], 1e-3 * largest));
         worst_elem  = std::max(worst_elem, pmt::test::shard_error(*pp[i], *pr[i], false, 1e-3 * largest));
       }
-      INFO("rank " << r << ": worst loss difference " << worst_loss << ", worst parameter difference " << worst_param << " (norm-wise; elementwise " << worst_elem << ")"
+      INFO("rank " << r << ": worst loss difference " << worst_loss << ", worst parameter difference " << worst_param
+                   << " (norm-wise; elementwise " << worst_elem << ")"
                    << ", buckets started during backward " << par_tr.grad_sync().launched_early() << " of "
                    << par_tr.grad_sync().buckets());
       ok = ok && worst_loss <= tol && worst_param <= tol;
       if (std::is_same_v<T, double>) ok = ok && worst_elem <= tol;
       // dp all-reduces overlapped backward, except the last bucket's (summed blocking at the end)
-      if (dp > 1) ok = ok && par_tr.grad_sync().launched_early() > 0 && par_tr.grad_sync().launched_early() < par_tr.grad_sync().buckets();
+      if (dp > 1)
+        ok = ok && par_tr.grad_sync().launched_early() > 0 &&
+             par_tr.grad_sync().launched_early() < par_tr.grad_sync().buckets();
       CHECK(pmt::test::all_ranks(ok));
     }
   }

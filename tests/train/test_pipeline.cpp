@@ -24,13 +24,13 @@
 
 #include "../comm/comm_test.hpp"
 #include "../nn/model_test.hpp"
-#include "train_test.hpp"
 #include "pmt/nn/gpt.hpp"
 #include "pmt/obs/memory.hpp"
 #include "pmt/optim/optimizers.hpp"
 #include "pmt/optim/zero.hpp"
 #include "pmt/optim/zero2.hpp"
 #include "pmt/train/trainer.hpp"
+#include "train_test.hpp"
 
 #include <cmath>
 #include <cstdint>
@@ -99,14 +99,16 @@ struct Reference {
 /// Zero 1 the optimizer is ZeroAdamW (state sharded over dp, norm summed over tp and pp), with 2
 /// Zero2AdamW (the gradients sharded too).
 template <class T, int Zero = 0, class Policy = pmt::Hybrid<pmt::DataParallel<>, pmt::TensorSplit<>, pmt::Pipeline<>>>
-bool matches(const Reference<T>& ref, const pmt::nn::GptConfig& cfg, pmt::MeshShape shape, pmt::parallel::ScheduleKind kind,
-             pmt::parallel::StagePlan plan, int* peak, int* microbatches, int chunks = 1, std::size_t* early = nullptr,
-             pmt::Precision precision = pmt::Precision::fp32, bool seq = false, bool recompute = false) {
-  using Model   = pmt::nn::Gpt<T, Host, Backend>;
-  using Ids     = typename Model::Ids;
-  using Opt     = std::conditional_t<Zero == 2, pmt::optim::Zero2AdamW<T, Host, Backend>,
-                                     std::conditional_t<Zero == 1, pmt::optim::ZeroAdamW<T, Host, Backend>, pmt::optim::AdamW<T, Host>>>;
-  const bool bf16 = precision == pmt::Precision::bf16;
+bool matches(const Reference<T>& ref, const pmt::nn::GptConfig& cfg, pmt::MeshShape shape,
+             pmt::parallel::ScheduleKind kind, pmt::parallel::StagePlan plan, int* peak, int* microbatches,
+             int chunks = 1, std::size_t* early = nullptr, pmt::Precision precision = pmt::Precision::fp32,
+             bool seq = false, bool recompute = false) {
+  using Model = pmt::nn::Gpt<T, Host, Backend>;
+  using Ids   = typename Model::Ids;
+  using Opt   = std::conditional_t<
+      Zero == 2, pmt::optim::Zero2AdamW<T, Host, Backend>,
+      std::conditional_t<Zero == 1, pmt::optim::ZeroAdamW<T, Host, Backend>, pmt::optim::AdamW<T, Host>>>;
+  const bool bf16  = precision == pmt::Precision::bf16;
   const double tol = std::is_same_v<T, double> ? 1e-10 : (bf16 ? BF16_LOSS_TOL : 1e-5);
   pmt::Mesh<Backend> mesh(pmt::test::world(), shape);
   // what the policy fixes (TensorSplit<Sequence>, Recompute<>) on top of the options given here
@@ -129,20 +131,22 @@ bool matches(const Reference<T>& ref, const pmt::nn::GptConfig& cfg, pmt::MeshSh
   const std::size_t B_local = B_global / static_cast<std::size_t>(shape.dp);
   const std::size_t first   = B_local * static_cast<std::size_t>(mesh.coord(pmt::Axis::dp));
   const std::size_t m = std::min<std::size_t>(8, B_local), per = B_local / m;
-  *microbatches = static_cast<int>(m);
+  *microbatches     = static_cast<int>(m);
   double worst_loss = 0, first_loss = 0;
   for (int step = 0; step < Steps; ++step) {
     std::vector<pmt::train::Microbatch<Ids>> mbs;
     for (std::size_t i = 0; i < m; ++i) mbs.push_back(batch<Ids>(step, first + i * per, per));
     const double l = tr.step(mbs, options(step));
-    worst_loss = std::max(worst_loss, std::abs(l - ref.losses[static_cast<std::size_t>(step)]) / std::abs(ref.losses[static_cast<std::size_t>(step)]));
+    worst_loss     = std::max(worst_loss, std::abs(l - ref.losses[static_cast<std::size_t>(step)]) /
+                                              std::abs(ref.losses[static_cast<std::size_t>(step)]));
     if (step == 0) first_loss = std::abs(l - ref.losses[0]) / std::abs(ref.losses[0]);
   }
   *peak = tr.pipeline() ? tr.pipeline()->stats().peak_live : 1;
   if (early) *early = tr.grad_sync().launched_early();
   double largest = 0;
   for (auto& kv : ref.params)
-    for (std::size_t i = 0; i < kv.second->size(); ++i) largest = std::max(largest, std::abs(double(kv.second->value(i))));
+    for (std::size_t i = 0; i < kv.second->size(); ++i)
+      largest = std::max(largest, std::abs(double(kv.second->value(i))));
   double worst_param = 0, worst_elem = 0;
   std::string worst_name;
   bool named = true;
@@ -153,28 +157,31 @@ bool matches(const Reference<T>& ref, const pmt::nn::GptConfig& cfg, pmt::MeshSh
       named = false;
       continue;
     }
-    const double e = pmt::test::shard_norm_error(*p, *it->second, 1e-3 * largest);
+    const double e            = pmt::test::shard_norm_error(*p, *it->second, 1e-3 * largest);
     const auto [diff, ref_sq] = pmt::test::shard_squared_norms(*p, *it->second);
     sums(0) += diff, sums(1) += ref_sq;
     if (e > worst_param) worst_param = e, worst_name = p->name;
-    worst_elem  = std::max(worst_elem, pmt::test::shard_error(*p, *it->second, false, 1e-3 * largest));
+    worst_elem = std::max(worst_elem, pmt::test::shard_error(*p, *it->second, false, 1e-3 * largest));
   }
   pmt::comm::all_reduce(pmt::test::world(), Kokkos::DefaultHostExecutionSpace(), sums);
   const double whole = std::sqrt(sums(0) / sums(1));
   UNSCOPED_INFO("rank " << pmt::test::world().rank() << " (" << mesh.where() << ", " << par.plan().describe()
-                        << "): worst loss difference " << worst_loss << " (first step " << first_loss << "), whole model " << whole
-                        << ", worst parameter " << worst_param << " (" << worst_name << ", elementwise " << worst_elem
-                        << "), names matched " << named);
-  bool ok = named && worst_loss <= tol && whole <= (bf16 ? BF16_MODEL_TOL : tol) && first_loss <= (bf16 ? BF16_FIRST_TOL : tol);
-  ok = ok && (std::is_same_v<T, double> ? worst_param <= tol && worst_elem <= tol : worst_param <= (bf16 ? BF16_PARAM_TOL : 1e-4));
+                        << "): worst loss difference " << worst_loss << " (first step " << first_loss
+                        << "), whole model " << whole << ", worst parameter " << worst_param << " (" << worst_name
+                        << ", elementwise " << worst_elem << "), names matched " << named);
+  bool ok = named && worst_loss <= tol && whole <= (bf16 ? BF16_MODEL_TOL : tol) &&
+            first_loss <= (bf16 ? BF16_FIRST_TOL : tol);
+  ok = ok && (std::is_same_v<T, double> ? worst_param <= tol && worst_elem <= tol
+                                        : worst_param <= (bf16 ? BF16_PARAM_TOL : 1e-4));
   return ok;
 }
 
 }  // namespace
 
-TEMPLATE_TEST_CASE("every dp x tp x pp layout and schedule trains like one rank", "[train][pipeline][mpi]", double, float) {
-  using T                  = TestType;
-  const int n              = pmt::test::world().size();
+TEMPLATE_TEST_CASE("every dp x tp x pp layout and schedule trains like one rank", "[train][pipeline][mpi]", double,
+                   float) {
+  using T     = TestType;
+  const int n = pmt::test::world().size();
   const pmt::nn::GptConfig cfg{V, /*context=*/16, /*layers=*/4, /*width=*/32, /*heads=*/8, /*seed=*/5};
   const Reference<T> ref(cfg);
   for (int pp = 1; pp <= std::min(n, 4); pp *= 2)
@@ -197,8 +204,9 @@ TEMPLATE_TEST_CASE("every dp x tp x pp layout and schedule trains like one rank"
     }
 }
 
-TEST_CASE("bf16 products: every dp x tp x pp layout trains like one rank in bf16, and near fp32", "[train][pipeline][bf16][mpi]") {
-  const int n              = pmt::test::world().size();
+TEST_CASE("bf16 products: every dp x tp x pp layout trains like one rank in bf16, and near fp32",
+          "[train][pipeline][bf16][mpi]") {
+  const int n = pmt::test::world().size();
   const pmt::nn::GptConfig cfg{V, /*context=*/16, /*layers=*/4, /*width=*/32, /*heads=*/8, /*seed=*/5};
   const Reference<float> ref(cfg, pmt::Precision::bf16);
   SECTION("one rank: bf16 against fp32") {
@@ -206,7 +214,7 @@ TEST_CASE("bf16 products: every dp x tp x pp layout trains like one rank in bf16
     double worst = 0, changed = 0;
     for (int step = 0; step < Steps; ++step) {
       const double a = ref.losses[std::size_t(step)], b = fp32.losses[std::size_t(step)];
-      worst = std::max(worst, std::abs(a - b) / std::abs(b));
+      worst   = std::max(worst, std::abs(a - b) / std::abs(b));
       changed = std::max(changed, std::abs(a - b));
     }
     INFO("worst relative loss difference bf16 - fp32 over " << Steps << " steps: " << worst);
@@ -218,16 +226,16 @@ TEST_CASE("bf16 products: every dp x tp x pp layout trains like one rank in bf16
       const int tp = n / pp / dp;
       DYNAMIC_SECTION("dp " << dp << " x tp " << tp << " x pp " << pp) {
         int peak = 0, m = 0;
-        const bool ok = matches(ref, cfg, {dp, tp, pp}, pmt::parallel::ScheduleKind::OneFOneB, {}, &peak, &m, 1, nullptr,
-                                pmt::Precision::bf16);
+        const bool ok = matches(ref, cfg, {dp, tp, pp}, pmt::parallel::ScheduleKind::OneFOneB, {}, &peak, &m, 1,
+                                nullptr, pmt::Precision::bf16);
         CHECK(pmt::test::all_ranks(ok));
       }
     }
 }
 
 TEMPLATE_TEST_CASE("uneven stage plans: 5 layers on 2 stages", "[train][pipeline][mpi]", double, float) {
-  using T       = TestType;
-  const int n   = pmt::test::world().size();
+  using T     = TestType;
+  const int n = pmt::test::world().size();
   const pmt::nn::GptConfig cfg{V, /*context=*/16, /*layers=*/5, /*width=*/32, /*heads=*/4, /*seed=*/9};
   if (n % 2 != 0) return;
   const Reference<T> ref(cfg);
@@ -237,7 +245,8 @@ TEMPLATE_TEST_CASE("uneven stage plans: 5 layers on 2 stages", "[train][pipeline
     DYNAMIC_SECTION("dp " << dp << " x tp " << tp << " x pp 2, " << plan.describe()) {
       int peak = 0, m = 0;
       CHECK_FALSE(plan.even());
-      CHECK(pmt::test::all_ranks(matches(ref, cfg, {dp, tp, 2}, pmt::parallel::ScheduleKind::OneFOneB, plan, &peak, &m)));
+      CHECK(
+          pmt::test::all_ranks(matches(ref, cfg, {dp, tp, 2}, pmt::parallel::ScheduleKind::OneFOneB, plan, &peak, &m)));
     }
   }
 }
@@ -252,17 +261,18 @@ TEMPLATE_TEST_CASE("two model chunks per stage: interleaved 1F1B and chunked GPi
   for (int pp = 2; pp <= std::min(n, 4); pp *= 2)
     for (auto kind : {pmt::parallel::ScheduleKind::OneFOneB, pmt::parallel::ScheduleKind::GPipe}) {
       const int dp = n / pp >= 2 ? 2 : 1, tp = n / pp / dp;
-      DYNAMIC_SECTION("dp " << dp << " x tp " << tp << " x pp " << pp << " x 2 chunks, " << pmt::parallel::schedule_name(kind)) {
+      DYNAMIC_SECTION("dp " << dp << " x tp " << tp << " x pp " << pp << " x 2 chunks, "
+                            << pmt::parallel::schedule_name(kind)) {
         int peak = 0, m = 0;
         std::size_t early = 0;
-        const bool ok = matches(ref, cfg, {dp, tp, pp}, kind, {}, &peak, &m, /*chunks=*/2, &early);
+        const bool ok     = matches(ref, cfg, {dp, tp, pp}, kind, {}, &peak, &m, /*chunks=*/2, &early);
         // the first stage's live (chunk, microbatch) pairs: interleaved 2 (pp-1) + pp + 1, GPipe 2 m
         const pmt::Mesh<Backend> probe(pmt::test::world(), {dp, tp, pp});
-        const int expect = kind == pmt::parallel::ScheduleKind::GPipe ? 2 * m : std::min(2 * (pp - 1) + pp + 1, 2 * m);
+        const int expect  = kind == pmt::parallel::ScheduleKind::GPipe ? 2 * m : std::min(2 * (pp - 1) + pp + 1, 2 * m);
         const bool mem_ok = probe.coord(pmt::Axis::pp) != 0 || peak == expect;
-        UNSCOPED_INFO("first-stage peak of live (chunk, microbatch) pairs " << peak << " (expected " << expect << ") with "
-                                                                         << m << " microbatches; dp buckets started during backward "
-                                                                         << early);
+        UNSCOPED_INFO("first-stage peak of live (chunk, microbatch) pairs "
+                      << peak << " (expected " << expect << ") with " << m
+                      << " microbatches; dp buckets started during backward " << early);
         // with dp > 1 each chunk's gradient buckets start while the stage's other backwards run
         CHECK(pmt::test::all_ranks(ok && mem_ok && (dp == 1 || early > 0)));
       }
@@ -292,13 +302,16 @@ TEST_CASE("Interleaved<V> needs a model of V chunks per stage, and microbatches 
   // 3 microbatches on 2 stages: the interleaved table needs a multiple of 2, raised before any message
   std::vector<pmt::train::Microbatch<Ids>> three;
   for (std::size_t i = 0; i < 3; ++i) three.push_back(batch<Ids>(0, i, 1));
-  CHECK_THROWS_WITH(tr.step(three, options(0)), Catch::Matchers::ContainsSubstring("3 microbatches on 2 stages with 2 chunks"));
+  CHECK_THROWS_WITH(tr.step(three, options(0)),
+                    Catch::Matchers::ContainsSubstring("3 microbatches on 2 stages with 2 chunks"));
   // 4 layers cannot fill 2 stages x 3 chunks = 6 virtual stages
-  CHECK_THROWS_WITH(Model(mesh, four, {}, 3), Catch::Matchers::ContainsSubstring("4 layers cannot fill pp 2 x 3 chunks") &&
-                                                  Catch::Matchers::ContainsSubstring("at most 2 here"));
+  CHECK_THROWS_WITH(Model(mesh, four, {}, 3),
+                    Catch::Matchers::ContainsSubstring("4 layers cannot fill pp 2 x 3 chunks") &&
+                        Catch::Matchers::ContainsSubstring("at most 2 here"));
   CHECK_THROWS_WITH(Model(mesh, four, {}, 0), Catch::Matchers::ContainsSubstring("chunks must be >= 1"));
   // the single-chunk entry points refuse a chunked model
-  CHECK_THROWS_WITH(two.backward_stage(Host(), Model::Activation()), Catch::Matchers::ContainsSubstring("holds 2 model chunks"));
+  CHECK_THROWS_WITH(two.backward_stage(Host(), Model::Activation()),
+                    Catch::Matchers::ContainsSubstring("holds 2 model chunks"));
 }
 
 TEMPLATE_TEST_CASE("ZeRO-1 over dp with pipeline stages (one and two chunks) trains like one rank",
@@ -344,7 +357,8 @@ TEMPLATE_TEST_CASE("ZeRO-2 (gradients sharded too) trains like one rank on every
     }
     DYNAMIC_SECTION("dp 2 x tp " << n / 4 << " x pp 2, GPipe, Zero2AdamW") {
       int peak = 0, m = 0;
-      CHECK(pmt::test::all_ranks(matches<T, 2>(ref, cfg, {2, n / 4, 2}, pmt::parallel::ScheduleKind::GPipe, {}, &peak, &m)));
+      CHECK(pmt::test::all_ranks(
+          matches<T, 2>(ref, cfg, {2, n / 4, 2}, pmt::parallel::ScheduleKind::GPipe, {}, &peak, &m)));
     }
   }
 }
@@ -353,8 +367,8 @@ TEMPLATE_TEST_CASE("ZeRO-2 (gradients sharded too) trains like one rank on every
 template <class... More>
 using SeqPolicy = pmt::Hybrid<pmt::DataParallel<>, pmt::TensorSplit<pmt::Sequence>, pmt::Pipeline<>, More...>;
 
-TEMPLATE_TEST_CASE("sequence parallelism: every layout with tp > 1 trains like one rank", "[train][pipeline][sequence][mpi]",
-                   double, float) {
+TEMPLATE_TEST_CASE("sequence parallelism: every layout with tp > 1 trains like one rank",
+                   "[train][pipeline][sequence][mpi]", double, float) {
   using T     = TestType;
   const int n = pmt::test::world().size();
   if (n < 2) return;
@@ -371,15 +385,19 @@ TEMPLATE_TEST_CASE("sequence parallelism: every layout with tp > 1 trains like o
       }
     }
   const int tp = 2, pp = n >= 4 ? 2 : 1, dp = n / tp / pp;
-  DYNAMIC_SECTION("dp " << dp << " x tp " << tp << " x pp " << pp << ", sequence-parallel with recomputation (run-time options)") {
+  DYNAMIC_SECTION("dp " << dp << " x tp " << tp << " x pp " << pp
+                        << ", sequence-parallel with recomputation (run-time options)") {
     int peak = 0, m = 0;
-    CHECK(pmt::test::all_ranks(matches(ref, cfg, {dp, tp, pp}, kind, {}, &peak, &m, 1, nullptr, pmt::Precision::fp32, true, true)));
+    CHECK(pmt::test::all_ranks(
+        matches(ref, cfg, {dp, tp, pp}, kind, {}, &peak, &m, 1, nullptr, pmt::Precision::fp32, true, true)));
   }
   DYNAMIC_SECTION("dp " << dp << " x tp " << tp << " x pp " << pp << ", TensorSplit<Sequence>, Recompute<Full>") {
     int peak = 0, m = 0;
-    CHECK(pmt::test::all_ranks(matches<T, 0, SeqPolicy<pmt::Recompute<pmt::Full>>>(ref, cfg, {dp, tp, pp}, kind, {}, &peak, &m)));
+    CHECK(pmt::test::all_ranks(
+        matches<T, 0, SeqPolicy<pmt::Recompute<pmt::Full>>>(ref, cfg, {dp, tp, pp}, kind, {}, &peak, &m)));
   }
-  DYNAMIC_SECTION("dp " << dp << " x tp " << tp << " x pp " << pp << ", TensorSplit<Sequence>, Recompute<Selective, 1>") {
+  DYNAMIC_SECTION("dp " << dp << " x tp " << tp << " x pp " << pp
+                        << ", TensorSplit<Sequence>, Recompute<Selective, 1>") {
     int peak = 0, m = 0;  // the attention recomputed on the first stage only
     CHECK(pmt::test::all_ranks(
         matches<T, 0, SeqPolicy<pmt::Recompute<pmt::Selective, 1>>>(ref, cfg, {dp, tp, pp}, kind, {}, &peak, &m)));
@@ -387,7 +405,8 @@ TEMPLATE_TEST_CASE("sequence parallelism: every layout with tp > 1 trains like o
   if (n >= 4) {
     DYNAMIC_SECTION("dp " << n / 4 << " x tp 2 x pp 2 x 2 chunks, sequence-parallel, interleaved 1F1B") {
       int peak = 0, m = 0;
-      CHECK(pmt::test::all_ranks(matches(ref, cfg, {n / 4, 2, 2}, kind, {}, &peak, &m, 2, nullptr, pmt::Precision::fp32, true)));
+      CHECK(pmt::test::all_ranks(
+          matches(ref, cfg, {n / 4, 2, 2}, kind, {}, &peak, &m, 2, nullptr, pmt::Precision::fp32, true)));
     }
     DYNAMIC_SECTION("dp " << n / 2 << " x tp 2, sequence-parallel, ZeroAdamW") {
       int peak = 0, m = 0;
@@ -426,7 +445,8 @@ TEST_CASE("sequence parallelism: N/tp rows between the regions, partial gradient
   // one rank's worth of rows that tp does not divide: refused on every rank before any collective
   Kokkos::View<std::int32_t*, Kokkos::LayoutRight, Kokkos::HostSpace> ids("ids", 3);
   CHECK_THROWS_WITH(seq.forward_backward(Host(), ids, ids, 1, 3, 3.0),
-                    Catch::Matchers::ContainsSubstring("pmt::nn::Gpt") && Catch::Matchers::ContainsSubstring("3 rows") &&
+                    Catch::Matchers::ContainsSubstring("pmt::nn::Gpt") &&
+                        Catch::Matchers::ContainsSubstring("3 rows") &&
                         Catch::Matchers::ContainsSubstring("tp = " + std::to_string(n)));
   // with pipeline stages too: every rank raises before the first message (no stage waits for one)
   if (n >= 4) {
@@ -452,9 +472,9 @@ TEST_CASE("sequence parallelism: N/tp rows between the regions, partial gradient
 }
 
 TEST_CASE("pipeline configuration errors are raised up front with every factor", "[train][pipeline][mpi]") {
-  using Model     = pmt::nn::Gpt<double, Host, Backend>;
-  const auto& w   = pmt::test::world();
-  const int n     = w.size();
+  using Model   = pmt::nn::Gpt<double, Host, Backend>;
+  const auto& w = pmt::test::world();
+  const int n   = w.size();
   const pmt::nn::GptConfig two_layers{V, 16, 2, 32, 4, 1};
   if (n >= 4) {
     pmt::Mesh<Backend> mesh(w, {1, n / 4, 4});
@@ -469,10 +489,12 @@ TEST_CASE("pipeline configuration errors are raised up front with every factor",
     pmt::optim::AdamW<double, Host> opt(model.parameters(), hyper);
     using NoPipe = pmt::Hybrid<pmt::DataParallel<>, pmt::TensorSplit<>>;
     using Pipe4  = pmt::Hybrid<pmt::DataParallel<>, pmt::Pipeline<4>>;
-    CHECK_THROWS_WITH((pmt::train::Trainer<Model, pmt::optim::AdamW<double, Host>, Host, Backend, NoPipe>(mesh, model, opt)),
-                      Catch::Matchers::ContainsSubstring("pp(2)") && Catch::Matchers::ContainsSubstring("no Pipeline"));
-    CHECK_THROWS_WITH((pmt::train::Trainer<Model, pmt::optim::AdamW<double, Host>, Host, Backend, Pipe4>(mesh, model, opt)),
-                      Catch::Matchers::ContainsSubstring("Pipeline<4>"));
+    CHECK_THROWS_WITH(
+        (pmt::train::Trainer<Model, pmt::optim::AdamW<double, Host>, Host, Backend, NoPipe>(mesh, model, opt)),
+        Catch::Matchers::ContainsSubstring("pp(2)") && Catch::Matchers::ContainsSubstring("no Pipeline"));
+    CHECK_THROWS_WITH(
+        (pmt::train::Trainer<Model, pmt::optim::AdamW<double, Host>, Host, Backend, Pipe4>(mesh, model, opt)),
+        Catch::Matchers::ContainsSubstring("Pipeline<4>"));
     // TensorSplit<Sequence> and Recompute<> are checked against the model on every rank: the
     // ranks whose model differs name the difference, the others learn that it failed elsewhere
     using SeqPipe   = pmt::Hybrid<pmt::DataParallel<>, pmt::TensorSplit<pmt::Sequence>, pmt::Pipeline<>>;
@@ -481,27 +503,31 @@ TEST_CASE("pipeline configuration errors are raised up front with every factor",
     Model everywhere(mesh, four_layers, pmt::nn::GptOptions{{}, 1, /*recompute=*/true});
     pmt::optim::AdamW<double, Host> opt4(everywhere.parameters(), hyper);
     const bool first = mesh.coord(pmt::Axis::pp) == 0;
-    CHECK_THROWS_WITH((pmt::train::Trainer<Model, pmt::optim::AdamW<double, Host>, Host, Backend, FirstOnly>(mesh, everywhere, opt4)),
-                      first ? Catch::Matchers::ContainsSubstring("failed on " + std::to_string(n / 2) + " other rank(s)")
-                            : Catch::Matchers::ContainsSubstring("Recompute<Full, 1> has pipeline stage 1 recompute nothing, "
-                                                                 "but the model on it recomputes whole blocks"));
+    CHECK_THROWS_WITH(
+        (pmt::train::Trainer<Model, pmt::optim::AdamW<double, Host>, Host, Backend, FirstOnly>(mesh, everywhere, opt4)),
+        first ? Catch::Matchers::ContainsSubstring("failed on " + std::to_string(n / 2) + " other rank(s)")
+              : Catch::Matchers::ContainsSubstring("Recompute<Full, 1> has pipeline stage 1 recompute nothing, "
+                                                   "but the model on it recomputes whole blocks"));
     Model built(mesh, four_layers, pmt::nn::gpt_options<FirstOnly>(mesh));  // from the policy: accepted
     CHECK(built.recomputes() == first);
     pmt::optim::AdamW<double, Host> opt5(built.parameters(), hyper);
-    CHECK_NOTHROW(pmt::train::Trainer<Model, pmt::optim::AdamW<double, Host>, Host, Backend, FirstOnly>(mesh, built, opt5));
+    CHECK_NOTHROW(
+        pmt::train::Trainer<Model, pmt::optim::AdamW<double, Host>, Host, Backend, FirstOnly>(mesh, built, opt5));
     if (n >= 4) {
       pmt::Mesh<Backend> tp2(w, {n / 4, 2, 2});
       Model plain(tp2, four_layers);
       pmt::optim::AdamW<double, Host> opt6(plain.parameters(), hyper);
-      CHECK_THROWS_WITH((pmt::train::Trainer<Model, pmt::optim::AdamW<double, Host>, Host, Backend, SeqPipe>(tp2, plain, opt6)),
-                        Catch::Matchers::ContainsSubstring("TensorSplit<Sequence> and tp = 2, but the model does not run "
-                                                           "sequence-parallel; build the model with the policy's options"));
+      CHECK_THROWS_WITH(
+          (pmt::train::Trainer<Model, pmt::optim::AdamW<double, Host>, Host, Backend, SeqPipe>(tp2, plain, opt6)),
+          Catch::Matchers::ContainsSubstring("TensorSplit<Sequence> and tp = 2, but the model does not run "
+                                             "sequence-parallel; build the model with the policy's options"));
     }
     // forward_backward is for the whole model
     Kokkos::View<std::int32_t*, Kokkos::LayoutRight, Kokkos::HostSpace> ids("ids", 12);
     CHECK_THROWS_AS(model.forward_backward(Host(), ids, ids, 1, 12, 12.0), pmt::ConfigError);
   }
-  CHECK_THROWS_WITH(pmt::Mesh<Backend>(w, {n, 2, 2}), Catch::Matchers::ContainsSubstring("dp(" + std::to_string(n) + ") * tp(2) * pp(2)"));
+  CHECK_THROWS_WITH(pmt::Mesh<Backend>(w, {n, 2, 2}),
+                    Catch::Matchers::ContainsSubstring("dp(" + std::to_string(n) + ") * tp(2) * pp(2)"));
 }
 
 TEST_CASE("Gpt activation recomputation per block and of the attention: the same parameters bit for bit, a lower peak",
@@ -521,7 +547,8 @@ TEST_CASE("Gpt activation recomputation per block and of the attention: the same
   };
   // pp 1 on every rank count; with 2 ranks or more also tp x pp 2 under GPipe (all 8 microbatches
   // live on stage 0) and, with 4 or more, dp 2 x tp x pp 2 under 1F1B
-  std::vector<std::pair<pmt::MeshShape, pmt::parallel::ScheduleKind>> layouts{{{n, 1, 1}, pmt::parallel::ScheduleKind::OneFOneB}};
+  std::vector<std::pair<pmt::MeshShape, pmt::parallel::ScheduleKind>> layouts{
+      {{n, 1, 1}, pmt::parallel::ScheduleKind::OneFOneB}};
   if (n >= 2) layouts.push_back({{1, n / 2, 2}, pmt::parallel::ScheduleKind::GPipe});
   if (n >= 4) layouts.push_back({{2, n / 4, 2}, pmt::parallel::ScheduleKind::OneFOneB});
   for (const auto& [shape, kind] : layouts) {
@@ -566,7 +593,8 @@ TEST_CASE("Gpt activation recomputation per block and of the attention: the same
       // stage 0 holds its live microbatches' activations of 2 blocks without, 2 inputs with; the
       // attention's recomputation drops their T x T matrices
       const pmt::Mesh<Backend> probe(w, shape);
-      CHECK(pmt::test::all_ranks(probe.coord(pmt::Axis::pp) != 0 || (recomputed.peak < selective.peak && selective.peak < plain.peak)));
+      CHECK(pmt::test::all_ranks(probe.coord(pmt::Axis::pp) != 0 ||
+                                 (recomputed.peak < selective.peak && selective.peak < plain.peak)));
     }
   }
 }
@@ -606,7 +634,8 @@ TEST_CASE("a training step after the first allocates nothing: its memory comes f
           steps.emplace_back();
           for (std::size_t i = 0; i < m; ++i) steps.back().push_back(batch<Ids>(step, first + i * per, per));
         }
-        for (int step = 0; step < 2; ++step) tr.step(steps[std::size_t(step)], opts[std::size_t(step)]);  // plans the memory
+        for (int step = 0; step < 2; ++step)
+          tr.step(steps[std::size_t(step)], opts[std::size_t(step)]);  // plans the memory
         const auto a = pmt::test::allocations_of([&] {
           for (int step = 2; step < 4; ++step) tr.step(steps[std::size_t(step)], opts[std::size_t(step)]);
         });
@@ -618,8 +647,9 @@ TEST_CASE("a training step after the first allocates nothing: its memory comes f
                                                          mesh.comm(pmt::Axis::tp), mesh.comm(pmt::Axis::pp));
         run(opt);
       } else if (c.zero == 2) {
-        pmt::optim::Zero2AdamW<double, Host, Backend> opt(model.parameters(), hyper, mesh.comm(pmt::Axis::dp), mesh.comm(pmt::Axis::tp),
-                                                          mesh.comm(pmt::Axis::pp), model.tied_parameters(), /*bucket_bytes=*/8 << 10);
+        pmt::optim::Zero2AdamW<double, Host, Backend> opt(model.parameters(), hyper, mesh.comm(pmt::Axis::dp),
+                                                          mesh.comm(pmt::Axis::tp), mesh.comm(pmt::Axis::pp),
+                                                          model.tied_parameters(), /*bucket_bytes=*/8 << 10);
         run(opt);
       } else {
         pmt::optim::AdamW<double, Host> opt(model.parameters(), hyper);
@@ -629,8 +659,9 @@ TEST_CASE("a training step after the first allocates nothing: its memory comes f
   }
 }
 
-TEST_CASE("ZeRO-2 holds a few gradient buckets at a time: its step's peak is ZeRO-1's less the gradients and the flat buffer",
-          "[train][pipeline][zero][zero2][memory][mpi]") {
+TEST_CASE(
+    "ZeRO-2 holds a few gradient buckets at a time: its step's peak is ZeRO-1's less the gradients and the flat buffer",
+    "[train][pipeline][zero][zero2][memory][mpi]") {
   using Model   = pmt::nn::Gpt<double, Host, Backend>;
   using Ids     = Model::Ids;
   const auto& w = pmt::test::world();
@@ -661,17 +692,18 @@ TEST_CASE("ZeRO-2 holds a few gradient buckets at a time: its step's peak is ZeR
         for (int step = 1; step < 3; ++step) tr.step(mbs, options(step));
         P = 0;
         for (auto* p : model.parameters()) P += p->size();
-        if constexpr (pmt::optim::shards_grads_v<typename decltype(opt)::element_type>) held = opt->peak_buckets(), buckets = opt->buckets(), held_bytes = opt->peak_gradient_bytes();
+        if constexpr (pmt::optim::shards_grads_v<typename decltype(opt)::element_type>)
+          held = opt->peak_buckets(), buckets = opt->buckets(), held_bytes = opt->peak_gradient_bytes();
         return std::pair<double, double>(double(tracker.peak_bytes()), double(before));
       };
       const auto [zero1, base1] = peak([&](Model& m) {
-        return std::make_unique<pmt::optim::ZeroAdamW<double, Host, Backend>>(m.parameters(), hyper, mesh.comm(pmt::Axis::dp),
-                                                                              mesh.comm(pmt::Axis::tp), mesh.comm(pmt::Axis::pp));
+        return std::make_unique<pmt::optim::ZeroAdamW<double, Host, Backend>>(
+            m.parameters(), hyper, mesh.comm(pmt::Axis::dp), mesh.comm(pmt::Axis::tp), mesh.comm(pmt::Axis::pp));
       });
       const auto [zero2, base2] = peak([&](Model& m) {
-        return std::make_unique<pmt::optim::Zero2AdamW<double, Host, Backend>>(m.parameters(), hyper, mesh.comm(pmt::Axis::dp),
-                                                                               mesh.comm(pmt::Axis::tp), mesh.comm(pmt::Axis::pp),
-                                                                               m.tied_parameters(), bucket);
+        return std::make_unique<pmt::optim::Zero2AdamW<double, Host, Backend>>(
+            m.parameters(), hyper, mesh.comm(pmt::Axis::dp), mesh.comm(pmt::Axis::tp), mesh.comm(pmt::Axis::pp),
+            m.tied_parameters(), bucket);
       });
       tracker.enable(false);
       // ZeRO-1 keeps every gradient and a flat buffer of all parameters: 2 P values that ZeRO-2
@@ -682,10 +714,11 @@ TEST_CASE("ZeRO-2 holds a few gradient buckets at a time: its step's peak is ZeR
       const double saved     = zero1 - zero2;
       const double predicted = whole - double(held_bytes);
       UNSCOPED_INFO("rank " << w.rank() << " (" << mesh.where() << "): step peak ZeRO-1 " << zero1 << " B (held before "
-                            << base1 << "), ZeRO-2 " << zero2 << " B (" << base2 << "); saved " << saved << " B, predicted "
-                            << predicted << " B; " << P << " parameters; ZeRO-2 held at most " << held << " of " << buckets
-                            << " buckets, " << held_bytes << " B");
-      CHECK(pmt::test::all_ranks(held < buckets && saved >= predicted - 0.1 * whole && saved <= whole && saved >= 0.5 * whole));
+                            << base1 << "), ZeRO-2 " << zero2 << " B (" << base2 << "); saved " << saved
+                            << " B, predicted " << predicted << " B; " << P << " parameters; ZeRO-2 held at most "
+                            << held << " of " << buckets << " buckets, " << held_bytes << " B");
+      CHECK(pmt::test::all_ranks(held < buckets && saved >= predicted - 0.1 * whole && saved <= whole &&
+                                 saved >= 0.5 * whole));
     }
   }
 }

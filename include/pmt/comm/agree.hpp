@@ -67,8 +67,8 @@ void agree_on_text(const Communicator<B>& world, const std::string& text, const 
   for (std::size_t i = 0; i < differ.size() && i < 16; ++i) list += (i ? ", " : "") + std::to_string(differ[i]);
   if (differ.size() > 16) list += ", ...";
   throw ConfigError(op, detail::str("the ranks hold different ", what, ": rank", differ.size() == 1 ? " " : "s ", list,
-                                    differ.size() == 1 ? " differs" : " differ", " from rank 0 (every rank needs the same ",
-                                    what, ")"));
+                                    differ.size() == 1 ? " differs" : " differ",
+                                    " from rank 0 (every rank needs the same ", what, ")"));
 }
 
 /// \brief Decides, identically on every rank, every measured choice that any rank holds pending.
@@ -90,10 +90,10 @@ int agree_choices(const Communicator<B>& world, const Exec& exec) {
   HostI keys("pmt::comm::agree_choices::keys", static_cast<std::size_t>(n * most * 4));
   for (std::size_t i = 0; i < mine.size(); ++i) {
     const std::size_t at = static_cast<std::size_t>((r * most + static_cast<std::int64_t>(i)) * 4);
-    keys(at)     = 1;  // slot used
-    keys(at + 1) = mine[i].first.op;
-    keys(at + 2) = mine[i].first.a;
-    keys(at + 3) = mine[i].first.b;
+    keys(at)             = 1;  // slot used
+    keys(at + 1)         = mine[i].first.op;
+    keys(at + 2)         = mine[i].first.a;
+    keys(at + 3)         = mine[i].first.b;
   }
   all_reduce_host_values(world, exec, keys);
   std::vector<ChoiceKey> all;
@@ -117,11 +117,11 @@ int agree_choices(const Communicator<B>& world, const Exec& exec) {
   for (std::size_t i = 0; i < all.size(); ++i) {
     Choice c;
     const double ranks = sums(4 * i + 2);
-    c.seconds[0] = sums(4 * i) / ranks;
-    c.seconds[1] = sums(4 * i + 1) / ranks;
-    c.flops      = sums(4 * i + 3) / ranks;
-    c.path       = c.seconds[1] < c.seconds[0] ? 1 : 0;
-    c.state      = Choice::State::Agreed;
+    c.seconds[0]       = sums(4 * i) / ranks;
+    c.seconds[1]       = sums(4 * i + 1) / ranks;
+    c.flops            = sums(4 * i + 3) / ranks;
+    c.path             = c.seconds[1] < c.seconds[0] ? 1 : 0;
+    c.state            = Choice::State::Agreed;
     if (const auto it = local.find(all[i]); it != local.end()) c.shape = it->second.shape;
     decided.emplace_back(all[i], c);
   }

@@ -22,8 +22,8 @@
 #include "pmt/comm/communicator.hpp"
 #include "pmt/comm/request.hpp"
 #include "pmt/comm/stats.hpp"
-#include "pmt/core/instrument.hpp"
 #include "pmt/core/error.hpp"
+#include "pmt/core/instrument.hpp"
 #include "pmt/core/tensor.hpp"
 #include "pmt/core/workspace.hpp"
 
@@ -45,22 +45,21 @@ std::string comm_where(const C& c) {
 template <class Exec, class V>
 void check_comm_view(const char* op, const char* name, const V& v) {
   static_check_view<Exec, V>();
-  require(v.span_is_contiguous(), op, [&] {
-    return str(name, " is ", shape_str(v), " but not contiguous; collectives need contiguous Views");
-  });
+  require(v.span_is_contiguous(), op,
+          [&] { return str(name, " is ", shape_str(v), " but not contiguous; collectives need contiguous Views"); });
 }
 
 /// Debug mode: all ranks exchange what they are about to call and raise together on a mismatch.
 template <class C>
-void agree_on_collective(const C& c, const char* op, CollectiveKind kind, comm::DataType t,
-                         std::size_t count, int extra) {
+void agree_on_collective(const C& c, const char* op, CollectiveKind kind, comm::DataType t, std::size_t count,
+                         int extra) {
   if (!c.debug()) return;
   Fingerprint mine;
-  mine.op    = static_cast<std::int32_t>(kind);
-  mine.dtype = static_cast<std::int32_t>(t);
-  mine.extra = extra;
-  mine.count = count;
-  mine.seq   = c.next_sequence();
+  mine.op                            = static_cast<std::int32_t>(kind);
+  mine.dtype                         = static_cast<std::int32_t>(t);
+  mine.extra                         = extra;
+  mine.count                         = count;
+  mine.seq                           = c.next_sequence();
   const std::vector<Fingerprint> all = c.gather_fingerprints(mine);
   std::string differ;
   for (std::size_t r = 1; r < all.size(); ++r) {
@@ -88,8 +87,8 @@ void divide_by(const Exec& exec, const V& v, int n) {
   if constexpr (std::is_floating_point_v<T>) {  // Avg on other types is refused before any communication
     auto f    = flat(v);
     const T s = T(1) / static_cast<T>(n);
-    Kokkos::parallel_for("pmt::comm::avg", Kokkos::RangePolicy<Exec>(exec, 0, f.extent(0)),
-                         KOKKOS_LAMBDA(std::size_t i) { f(i) *= s; });
+    Kokkos::parallel_for(
+        "pmt::comm::avg", Kokkos::RangePolicy<Exec>(exec, 0, f.extent(0)), KOKKOS_LAMBDA(std::size_t i) { f(i) *= s; });
   } else {
     (void)exec, (void)v, (void)n;
   }
@@ -118,16 +117,16 @@ void check_reduce_scatter(const char* name, const C& c, const SV& send, const RV
   check_comm_view<Exec>(name, "send", send);
   check_comm_view<Exec>(name, "recv", recv);
   require(send.size() == recv.size() * static_cast<std::size_t>(c.size()), name, [&] {
-    return str("send is ", shape_str(send), " and recv is ", shape_str(recv), "; expected send to hold size() = ", c.size(),
-               " blocks of recv's ", recv.size(), " elements", comm_where(c));
+    return str("send is ", shape_str(send), " and recv is ", shape_str(recv),
+               "; expected send to hold size() = ", c.size(), " blocks of recv's ", recv.size(), " elements",
+               comm_where(c));
   });
 }
 
 template <class C>
 void require_rank(const char* op, const char* what, int r, const C& c) {
-  require<ConfigError>(r >= 0 && r < c.size(), op, [&] {
-    return str(what, " is ", r, "; expected a rank in [0, ", c.size(), ")", comm_where(c));
-  });
+  require<ConfigError>(r >= 0 && r < c.size(), op,
+                       [&] { return str(what, " is ", r, "; expected a rank in [0, ", c.size(), ")", comm_where(c)); });
 }
 
 }  // namespace pmt::detail
@@ -167,7 +166,8 @@ void all_reduce_host_values(const Communicator<B>& c, const Exec& exec, const V&
   Kokkos::View<T*, Kokkos::LayoutRight, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> host(values.data(),
                                                                                                          values.size());
   if constexpr (std::is_same_v<B, Nccl>) {
-    auto dev = workspace_view<Kokkos::View<T*, Kokkos::LayoutRight, typename Exec::memory_space>>("pmt::comm::host_values", host.size());
+    auto dev = workspace_view<Kokkos::View<T*, Kokkos::LayoutRight, typename Exec::memory_space>>(
+        "pmt::comm::host_values", host.size());
     Kokkos::deep_copy(exec, dev, host);
     all_reduce(c, exec, dev, op);
     Kokkos::deep_copy(exec, host, dev);
@@ -211,8 +211,8 @@ void all_gather(const Communicator<B>& c, const Exec& exec, const SV& send, cons
   detail::check_comm_view<Exec>(name, "recv", recv);
   detail::require(recv.size() == send.size() * static_cast<std::size_t>(c.size()), name, [&] {
     return detail::str("send is ", shape_str(send), " and recv is ", shape_str(recv),
-                       "; expected recv to hold size() = ", c.size(), " blocks of send's ", send.size(),
-                       " elements", detail::comm_where(c));
+                       "; expected recv to hold size() = ", c.size(), " blocks of send's ", send.size(), " elements",
+                       detail::comm_where(c));
   });
   detail::agree_on_collective(c, name, detail::CollectiveKind::AllGather, data_type_of<T>(), send.size(), 0);
   c.all_gather_raw(exec, send.data(), recv.data(), send.size(), data_type_of<T>());

@@ -53,11 +53,16 @@ enum class CollectiveKind : std::int32_t { AllReduce = 1, ReduceScatter, AllGath
 
 inline const char* to_string(CollectiveKind k) {
   switch (k) {
-    case CollectiveKind::AllReduce: return "all_reduce";
-    case CollectiveKind::ReduceScatter: return "reduce_scatter";
-    case CollectiveKind::AllGather: return "all_gather";
-    case CollectiveKind::Broadcast: return "broadcast";
-    case CollectiveKind::Barrier: return "barrier";
+    case CollectiveKind::AllReduce:
+      return "all_reduce";
+    case CollectiveKind::ReduceScatter:
+      return "reduce_scatter";
+    case CollectiveKind::AllGather:
+      return "all_gather";
+    case CollectiveKind::Broadcast:
+      return "broadcast";
+    case CollectiveKind::Barrier:
+      return "barrier";
   }
   return "?";
 }
@@ -68,8 +73,8 @@ inline std::string describe(const Fingerprint& f) {
   if (kind == CollectiveKind::AllReduce || kind == CollectiveKind::ReduceScatter)
     extra = std::string(", ") + comm::to_string(static_cast<comm::ReduceOp>(f.extra));
   if (kind == CollectiveKind::Broadcast) extra = ", root " + std::to_string(f.extra);
-  return str(to_string(kind), "(count ", f.count, ", ", comm::to_string(static_cast<comm::DataType>(f.dtype)),
-             extra, ") as collective #", f.seq);
+  return str(to_string(kind), "(count ", f.count, ", ", comm::to_string(static_cast<comm::DataType>(f.dtype)), extra,
+             ") as collective #", f.seq);
 }
 
 /// Debug switch and collective counter shared by the copies of one communicator. Debug mode is on
@@ -90,8 +95,8 @@ struct CommDebugState {
 /// An unmanaged byte view over `bytes` bytes at `p` in memory space Mem.
 template <class Mem>
 Kokkos::View<char*, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>> byte_view(const void* p, std::size_t bytes) {
-  return Kokkos::View<char*, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
-      static_cast<char*>(const_cast<void*>(p)), bytes);
+  return Kokkos::View<char*, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(static_cast<char*>(const_cast<void*>(p)),
+                                                                           bytes);
 }
 
 }  // namespace pmt::detail
@@ -121,13 +126,12 @@ class Communicator<Self> {
   std::string name() const { return "pmt::comm::Communicator<Self>"; }
 
   template <class Exec>
-  void all_reduce_raw(const Exec& exec, const void* send, void* recv, std::size_t count, DataType t,
-                      ReduceOp) const {
+  void all_reduce_raw(const Exec& exec, const void* send, void* recv, std::size_t count, DataType t, ReduceOp) const {
     copy(exec, send, recv, count * size_of(t));
   }
   template <class Exec>
-  void reduce_scatter_raw(const Exec& exec, const void* send, void* recv, std::size_t recv_count,
-                          DataType t, ReduceOp) const {
+  void reduce_scatter_raw(const Exec& exec, const void* send, void* recv, std::size_t recv_count, DataType t,
+                          ReduceOp) const {
     copy(exec, send, recv, recv_count * size_of(t));
   }
   template <class Exec>
@@ -153,8 +157,8 @@ class Communicator<Self> {
                                   "follow its send"));
   }
   template <class Exec>
-  Request iall_reduce_raw(const Exec& exec, const void* send, void* recv, std::size_t count, DataType t,
-                          ReduceOp op, std::shared_ptr<void> keep, std::function<void()> on_complete) const {
+  Request iall_reduce_raw(const Exec& exec, const void* send, void* recv, std::size_t count, DataType t, ReduceOp op,
+                          std::shared_ptr<void> keep, std::function<void()> on_complete) const {
     all_reduce_raw(exec, send, recv, count, t, op);
     if (on_complete) on_complete();
     (void)keep;
@@ -178,14 +182,14 @@ class Communicator<Self> {
   Request irecv_raw(const Exec& exec, void* buf, std::size_t count, DataType t, int /*peer*/, int tag,
                     std::shared_ptr<void> keep) const {
     const std::size_t bytes = count * size_of(t);
-    auto self = *this;
+    auto self               = *this;
     return Request(
         [self, exec, buf, bytes, tag](bool block) {
           if (self.try_recv(exec, buf, bytes, tag)) return true;
           if (block)
-            throw CommError("pmt::comm::Communicator<Self>::irecv",
-                            detail::str("waiting for tag ", tag,
-                                        " that no send on this one-rank communicator provides"));
+            throw CommError(
+                "pmt::comm::Communicator<Self>::irecv",
+                detail::str("waiting for tag ", tag, " that no send on this one-rank communicator provides"));
           return false;
         },
         std::move(keep));

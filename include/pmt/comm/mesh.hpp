@@ -41,8 +41,8 @@ class Mesh {
       return detail::str("dp(", shape.dp, ") * tp(", shape.tp, ") * pp(", shape.pp,
                          ") = ", static_cast<long>(shape.dp) * shape.tp * shape.pp, " != world size ", n);
     });
-    const int r = world.rank();
-    m_coord     = {r / shape.tp % shape.dp, r % shape.tp, r / (shape.tp * shape.dp)};  // dp, tp, pp
+    const int r    = world.rank();
+    m_coord        = {r / shape.tp % shape.dp, r % shape.tp, r / (shape.tp * shape.dp)};  // dp, tp, pp
     const int dp_i = m_coord[0], tp_i = m_coord[1], pp_i = m_coord[2];
     // In index order (dp, tp, pp), the same on every rank: each split is collective over the world.
     // The color names the other two coordinates; the key orders the group by this axis.
@@ -56,9 +56,7 @@ class Mesh {
   /// \brief The communicator of this rank's group along `a` (its ranks differ only in `a`).
   const comm::Communicator<Backend>& comm(Axis a) const noexcept { return m_axis_comm[index(a)]; }
   /// \brief The size of axis `a`.
-  int degree(Axis a) const noexcept {
-    return a == Axis::dp ? m_shape.dp : (a == Axis::tp ? m_shape.tp : m_shape.pp);
-  }
+  int degree(Axis a) const noexcept { return a == Axis::dp ? m_shape.dp : (a == Axis::tp ? m_shape.tp : m_shape.pp); }
   /// \brief This rank's index along axis `a`.
   int coord(Axis a) const noexcept { return m_coord[index(a)]; }
   MeshShape shape() const noexcept { return m_shape; }
@@ -67,8 +65,8 @@ class Mesh {
   bool is_root() const noexcept { return m_world.rank() == 0; }
   /// \brief "dp 1/2, tp 0/2, pp 0/1": this rank's place, for messages.
   std::string where() const {
-    return detail::str("dp ", coord(Axis::dp), "/", m_shape.dp, ", tp ", coord(Axis::tp), "/", m_shape.tp,
-                       ", pp ", coord(Axis::pp), "/", m_shape.pp);
+    return detail::str("dp ", coord(Axis::dp), "/", m_shape.dp, ", tp ", coord(Axis::tp), "/", m_shape.tp, ", pp ",
+                       coord(Axis::pp), "/", m_shape.pp);
   }
 
  private:

@@ -40,15 +40,24 @@ constexpr void static_check_mpi_space() {
 
 inline MPI_Datatype mpi_type(comm::DataType t) {
   switch (t) {
-    case comm::DataType::Int8: return MPI_INT8_T;
-    case comm::DataType::UInt8: return MPI_UINT8_T;
-    case comm::DataType::Int32: return MPI_INT32_T;
-    case comm::DataType::UInt32: return MPI_UINT32_T;
-    case comm::DataType::Int64: return MPI_INT64_T;
-    case comm::DataType::UInt64: return MPI_UINT64_T;
-    case comm::DataType::Float32: return MPI_FLOAT;
-    case comm::DataType::Float64: return MPI_DOUBLE;
-    case comm::DataType::BFloat16: return MPI_UINT16_T;  // reduced by the bf16 operations below
+    case comm::DataType::Int8:
+      return MPI_INT8_T;
+    case comm::DataType::UInt8:
+      return MPI_UINT8_T;
+    case comm::DataType::Int32:
+      return MPI_INT32_T;
+    case comm::DataType::UInt32:
+      return MPI_UINT32_T;
+    case comm::DataType::Int64:
+      return MPI_INT64_T;
+    case comm::DataType::UInt64:
+      return MPI_UINT64_T;
+    case comm::DataType::Float32:
+      return MPI_FLOAT;
+    case comm::DataType::Float64:
+      return MPI_DOUBLE;
+    case comm::DataType::BFloat16:
+      return MPI_UINT16_T;  // reduced by the bf16 operations below
   }
   return MPI_DATATYPE_NULL;
 }
@@ -81,9 +90,12 @@ inline MPI_Op mpi_op(comm::ReduceOp op, comm::DataType t) {
   if (t == comm::DataType::BFloat16) return bf16_op(op);
   switch (op) {
     case comm::ReduceOp::Sum:
-    case comm::ReduceOp::Avg: return MPI_SUM;  // Avg divides afterwards
-    case comm::ReduceOp::Max: return MPI_MAX;
-    case comm::ReduceOp::Min: return MPI_MIN;
+    case comm::ReduceOp::Avg:
+      return MPI_SUM;  // Avg divides afterwards
+    case comm::ReduceOp::Max:
+      return MPI_MAX;
+    case comm::ReduceOp::Min:
+      return MPI_MIN;
   }
   return MPI_OP_NULL;
 }
@@ -167,19 +179,22 @@ class Communicator<Mpi> {
   /// and about twice an all-reduce of the same buffer; with 2 ranks, or below 4 MiB, MPI's is as
   /// fast or faster.
   template <class Exec>
-  void reduce_scatter_raw(const Exec& exec, const void* send, void* recv, std::size_t recv_count,
-                          DataType t, ReduceOp op) const {
+  void reduce_scatter_raw(const Exec& exec, const void* send, void* recv, std::size_t recv_count, DataType t,
+                          ReduceOp op) const {
     detail::static_check_mpi_space<Exec>();
     exec.fence();
     const std::size_t bytes = recv_count * size_of(t);
-    if constexpr (Kokkos::SpaceAccessibility<Kokkos::DefaultHostExecutionSpace, typename Exec::memory_space>::accessible)
+    if constexpr (Kokkos::SpaceAccessibility<Kokkos::DefaultHostExecutionSpace,
+                                             typename Exec::memory_space>::accessible)
       if (size() >= 3 && bytes * static_cast<std::size_t>(size()) >= (std::size_t(4) << 20) &&
           (op == ReduceOp::Sum || op == ReduceOp::Avg)) {  // Avg divides afterwards, as with MPI_SUM
-        if (t == DataType::Float32) return ring_sum_scatter(static_cast<const float*>(send), static_cast<float*>(recv), recv_count, MPI_FLOAT);
-        if (t == DataType::Float64) return ring_sum_scatter(static_cast<const double*>(send), static_cast<double*>(recv), recv_count, MPI_DOUBLE);
+        if (t == DataType::Float32)
+          return ring_sum_scatter(static_cast<const float*>(send), static_cast<float*>(recv), recv_count, MPI_FLOAT);
+        if (t == DataType::Float64)
+          return ring_sum_scatter(static_cast<const double*>(send), static_cast<double*>(recv), recv_count, MPI_DOUBLE);
       }
-    const bool in_place     = static_cast<const char*>(send) + static_cast<std::size_t>(rank()) * bytes ==
-                          static_cast<const char*>(recv);
+    const bool in_place =
+        static_cast<const char*>(send) + static_cast<std::size_t>(rank()) * bytes == static_cast<const char*>(recv);
     if (in_place) {
       void* whole = const_cast<void*>(send);
       check(MPI_Reduce_scatter_block(MPI_IN_PLACE, whole, icount(recv_count), detail::mpi_type(t),
@@ -187,8 +202,8 @@ class Communicator<Mpi> {
             "reduce_scatter", "MPI_Reduce_scatter_block");
       if (rank() != 0 && bytes > 0) std::memcpy(recv, whole, bytes);  // host memory (MPI path)
     } else {
-      check(MPI_Reduce_scatter_block(send, recv, icount(recv_count), detail::mpi_type(t),
-                                     detail::mpi_op(op, t), native()),
+      check(MPI_Reduce_scatter_block(send, recv, icount(recv_count), detail::mpi_type(t), detail::mpi_op(op, t),
+                                     native()),
             "reduce_scatter", "MPI_Reduce_scatter_block");
     }
   }
@@ -222,13 +237,13 @@ class Communicator<Mpi> {
   void recv_raw(const Exec& exec, void* buf, std::size_t count, DataType t, int peer, int tag) const {
     detail::static_check_mpi_space<Exec>();
     exec.fence();
-    check(MPI_Recv(buf, icount(count), detail::mpi_type(t), peer, tag, native(), MPI_STATUS_IGNORE),
-          "recv", "MPI_Recv");
+    check(MPI_Recv(buf, icount(count), detail::mpi_type(t), peer, tag, native(), MPI_STATUS_IGNORE), "recv",
+          "MPI_Recv");
   }
 
   template <class Exec>
-  Request iall_reduce_raw(const Exec& exec, const void* send, void* recv, std::size_t count, DataType t,
-                          ReduceOp op, std::shared_ptr<void> keep, std::function<void()> on_complete) const {
+  Request iall_reduce_raw(const Exec& exec, const void* send, void* recv, std::size_t count, DataType t, ReduceOp op,
+                          std::shared_ptr<void> keep, std::function<void()> on_complete) const {
     detail::static_check_mpi_space<Exec>();
     exec.fence();
     auto req = std::make_shared<MPI_Request>(MPI_REQUEST_NULL);
@@ -245,8 +260,8 @@ class Communicator<Mpi> {
     detail::static_check_mpi_space<Exec>();
     exec.fence();
     auto req = std::make_shared<MPI_Request>(MPI_REQUEST_NULL);
-    check(MPI_Ireduce_scatter_block(send, recv, icount(recv_count), detail::mpi_type(t), detail::mpi_op(op, t), native(),
-                                    req.get()),
+    check(MPI_Ireduce_scatter_block(send, recv, icount(recv_count), detail::mpi_type(t), detail::mpi_op(op, t),
+                                    native(), req.get()),
           "ireduce_scatter", "MPI_Ireduce_scatter_block");
     return make_request(req, "ireduce_scatter", std::move(keep), {});
   }
@@ -273,8 +288,8 @@ class Communicator<Mpi> {
 
   std::vector<detail::Fingerprint> gather_fingerprints(const detail::Fingerprint& f) const {
     std::vector<detail::Fingerprint> all(static_cast<std::size_t>(size()));
-    check(MPI_Allgather(&f, sizeof f, MPI_BYTE, all.data(), sizeof f, MPI_BYTE, native()),
-          "debug_fingerprint", "MPI_Allgather");
+    check(MPI_Allgather(&f, sizeof f, MPI_BYTE, all.data(), sizeof f, MPI_BYTE, native()), "debug_fingerprint",
+          "MPI_Allgather");
     return all;
   }
 
@@ -293,8 +308,8 @@ class Communicator<Mpi> {
     const int n = size(), r = rank();
     std::vector<T> cur(send + std::size_t((r + n - 1) % n) * b, send + std::size_t((r + n - 1) % n) * b + b), in(b);
     for (int k = 0; k < n - 1; ++k) {
-      check(MPI_Sendrecv(cur.data(), icount(b), type, (r + 1) % n, ring_tag, in.data(), icount(b), type, (r + n - 1) % n,
-                         ring_tag, native(), MPI_STATUS_IGNORE),
+      check(MPI_Sendrecv(cur.data(), icount(b), type, (r + 1) % n, ring_tag, in.data(), icount(b), type,
+                         (r + n - 1) % n, ring_tag, native(), MPI_STATUS_IGNORE),
             "reduce_scatter", "MPI_Sendrecv");
       const T* own = send + std::size_t(((r - k - 2) % n + n) % n) * b;
       T* out       = k == n - 2 ? recv : cur.data();  // the last sum is this rank's block
@@ -323,16 +338,12 @@ class Communicator<Mpi> {
     MPI_Comm_size(c, &m_state->size);
   }
 
-  void check(int code, const char* op, const char* call) const {
-    detail::check_mpi(code, op, call, rank(), size());
-  }
+  void check(int code, const char* op, const char* call) const { detail::check_mpi(code, op, call, rank(), size()); }
 
   int icount(std::size_t count) const {
-    detail::require<CommError>(count <= static_cast<std::size_t>(std::numeric_limits<int>::max()),
-                               "pmt::comm::Mpi", [&] {
-                                 return detail::str("a message of ", count,
-                                                    " elements exceeds MPI's int count; split it");
-                               });
+    detail::require<CommError>(
+        count <= static_cast<std::size_t>(std::numeric_limits<int>::max()), "pmt::comm::Mpi",
+        [&] { return detail::str("a message of ", count, " elements exceeds MPI's int count; split it"); });
     return static_cast<int>(count);
   }
 

@@ -34,15 +34,24 @@ namespace pmt::detail {
 
 inline ncclDataType_t nccl_type(comm::DataType t) {
   switch (t) {
-    case comm::DataType::Int8: return ncclInt8;
-    case comm::DataType::UInt8: return ncclUint8;
-    case comm::DataType::Int32: return ncclInt32;
-    case comm::DataType::UInt32: return ncclUint32;
-    case comm::DataType::Int64: return ncclInt64;
-    case comm::DataType::UInt64: return ncclUint64;
-    case comm::DataType::Float32: return ncclFloat32;
-    case comm::DataType::Float64: return ncclFloat64;
-    case comm::DataType::BFloat16: return ncclBfloat16;
+    case comm::DataType::Int8:
+      return ncclInt8;
+    case comm::DataType::UInt8:
+      return ncclUint8;
+    case comm::DataType::Int32:
+      return ncclInt32;
+    case comm::DataType::UInt32:
+      return ncclUint32;
+    case comm::DataType::Int64:
+      return ncclInt64;
+    case comm::DataType::UInt64:
+      return ncclUint64;
+    case comm::DataType::Float32:
+      return ncclFloat32;
+    case comm::DataType::Float64:
+      return ncclFloat64;
+    case comm::DataType::BFloat16:
+      return ncclBfloat16;
   }
   return ncclFloat32;
 }
@@ -50,9 +59,12 @@ inline ncclDataType_t nccl_type(comm::DataType t) {
 inline ncclRedOp_t nccl_op(comm::ReduceOp op) {
   switch (op) {
     case comm::ReduceOp::Sum:
-    case comm::ReduceOp::Avg: return ncclSum;  // Avg divides afterwards, as on every backend
-    case comm::ReduceOp::Max: return ncclMax;
-    case comm::ReduceOp::Min: return ncclMin;
+    case comm::ReduceOp::Avg:
+      return ncclSum;  // Avg divides afterwards, as on every backend
+    case comm::ReduceOp::Max:
+      return ncclMax;
+    case comm::ReduceOp::Min:
+      return ncclMin;
   }
   return ncclSum;
 }
@@ -108,8 +120,9 @@ class Communicator<Nccl> {
 
   /// \brief Collective over `bootstrap`'s ranks. `device` >= 0 selects this rank's GPU first;
   /// otherwise the current device (the one Kokkos chose) is used.
-  explicit Communicator(const Communicator<Mpi>& bootstrap, int device = -1) : m_state(std::make_shared<State>(bootstrap)) {
-    int devices = 0;
+  explicit Communicator(const Communicator<Mpi>& bootstrap, int device = -1)
+      : m_state(std::make_shared<State>(bootstrap)) {
+    int devices              = 0;
     const cudaError_t status = cudaGetDeviceCount(&devices);
     if (status != cudaSuccess || devices == 0)
       throw CommError("pmt::comm::Communicator<Nccl>",
@@ -150,7 +163,8 @@ class Communicator<Nccl> {
   }
 
   template <class Exec>
-  void all_reduce_raw(const Exec& exec, const void* send, void* recv, std::size_t count, DataType t, ReduceOp op) const {
+  void all_reduce_raw(const Exec& exec, const void* send, void* recv, std::size_t count, DataType t,
+                      ReduceOp op) const {
     check(ncclAllReduce(send, recv, count, detail::nccl_type(t), detail::nccl_op(op), native(),
                         detail::cuda_stream_of(exec)),
           "all_reduce", "ncclAllReduce");
@@ -174,17 +188,15 @@ class Communicator<Nccl> {
   }
   template <class Exec>
   void send_raw(const Exec& exec, const void* buf, std::size_t count, DataType t, int peer, int /*tag*/) const {
-    check(ncclSend(buf, count, detail::nccl_type(t), peer, native(), detail::cuda_stream_of(exec)), "send",
-          "ncclSend");
+    check(ncclSend(buf, count, detail::nccl_type(t), peer, native(), detail::cuda_stream_of(exec)), "send", "ncclSend");
   }
   template <class Exec>
   void recv_raw(const Exec& exec, void* buf, std::size_t count, DataType t, int peer, int /*tag*/) const {
-    check(ncclRecv(buf, count, detail::nccl_type(t), peer, native(), detail::cuda_stream_of(exec)), "recv",
-          "ncclRecv");
+    check(ncclRecv(buf, count, detail::nccl_type(t), peer, native(), detail::cuda_stream_of(exec)), "recv", "ncclRecv");
   }
   template <class Exec>
-  Request iall_reduce_raw(const Exec& exec, const void* send, void* recv, std::size_t count, DataType t,
-                          ReduceOp op, std::shared_ptr<void> keep, std::function<void()> on_complete) const {
+  Request iall_reduce_raw(const Exec& exec, const void* send, void* recv, std::size_t count, DataType t, ReduceOp op,
+                          std::shared_ptr<void> keep, std::function<void()> on_complete) const {
     all_reduce_raw(exec, send, recv, count, t, op);
     return event_request(detail::cuda_stream_of(exec), "iall_reduce", std::move(keep), std::move(on_complete));
   }
@@ -246,8 +258,10 @@ class Communicator<Nccl> {
         ncclCommAbort(m_state->comm);
         m_state->comm = nullptr;
         throw CommError(detail::str("pmt::comm::Nccl::", op),
-                        detail::str("no progress after ", timeout_s, " s (a rank may have skipped a collective); "
-                                    "the NCCL communicator was aborted (communicator rank ", rank(), " of ", size(), ")"));
+                        detail::str("no progress after ", timeout_s,
+                                    " s (a rank may have skipped a collective); "
+                                    "the NCCL communicator was aborted (communicator rank ",
+                                    rank(), " of ", size(), ")"));
       }
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }

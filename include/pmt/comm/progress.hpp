@@ -18,8 +18,7 @@ using pmt::progress;
 /// \brief Makes progress() call `poll` on this thread for the scope's lifetime (scopes nest).
 class ProgressScope {
  public:
-  explicit ProgressScope(std::function<void()> poll)
-      : m_poll(std::move(poll)), m_previous(pmt::detail::progress_hook) {
+  explicit ProgressScope(std::function<void()> poll) : m_poll(std::move(poll)), m_previous(pmt::detail::progress_hook) {
     pmt::detail::progress_hook = &m_poll;
   }
   ~ProgressScope() { pmt::detail::progress_hook = m_previous; }

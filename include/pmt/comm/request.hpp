@@ -24,8 +24,7 @@ class Request {
   /// `progress(block)` completes the operation when `block`, or polls it once; it returns true
   /// once complete. `on_complete` runs once after completion (e.g. Avg's scaling). `keep` holds
   /// the Views.
-  Request(std::function<bool(bool)> progress, std::shared_ptr<void> keep,
-          std::function<void()> on_complete = {})
+  Request(std::function<bool(bool)> progress, std::shared_ptr<void> keep, std::function<void()> on_complete = {})
       : m_progress(std::move(progress)), m_on_complete(std::move(on_complete)), m_keep(std::move(keep)) {}
 
   /// \brief An already completed request.

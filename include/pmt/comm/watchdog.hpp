@@ -46,10 +46,10 @@ namespace watchdog_detail {
 
 /// One rank's heartbeat as read back.
 struct Beat {
-  bool found = false;
-  double age_s = 0;  ///< since it was written
+  bool found    = false;
+  double age_s  = 0;  ///< since it was written
   long long pid = 0, step = -1;
-  std::string op;    ///< "-" when not in a communication call
+  std::string op;  ///< "-" when not in a communication call
   double waited_s = 0;
 };
 
@@ -60,7 +60,8 @@ inline std::string beat_path(const std::string& dir, int rank) {
 }
 
 inline std::int64_t wall_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
 }
 
 inline Beat read_beat(const std::string& dir, int rank) {
@@ -157,7 +158,7 @@ class Watchdog {
 
   /// What the main thread waits in now and for how long (nullptr when it is not waiting).
   std::pair<const char*, double> waiting() const {
-    const auto& w = wait_state();
+    const auto& w  = wait_state();
     const char* op = w.op.load();
     if (op == nullptr) return {nullptr, 0.0};
     const auto now = std::chrono::steady_clock::now().time_since_epoch().count();
@@ -186,7 +187,8 @@ class Watchdog {
       bool reporter = true;
       for (int q = 0; q < m_o.rank && reporter; ++q) {
         const auto b = watchdog_detail::read_beat(m_o.dir, q);
-        reporter = !(b.found && b.age_s <= 3 * m_o.beat_s + 1 && b.op == op && b.waited_s > m_o.timeout_s - 2 * m_o.beat_s);
+        reporter =
+            !(b.found && b.age_s <= 3 * m_o.beat_s + 1 && b.op == op && b.waited_s > m_o.timeout_s - 2 * m_o.beat_s);
       }
       const std::string text = report(op, waited);
       lock.unlock();

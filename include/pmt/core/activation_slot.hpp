@@ -31,7 +31,9 @@ namespace pmt {
 /// previous one on exit, so scopes nest).
 class ActivationSlot {
  public:
-  explicit ActivationSlot(std::size_t slot) noexcept : m_previous(pmt::detail::active_slot) { pmt::detail::active_slot = slot; }
+  explicit ActivationSlot(std::size_t slot) noexcept : m_previous(pmt::detail::active_slot) {
+    pmt::detail::active_slot = slot;
+  }
   ~ActivationSlot() { pmt::detail::active_slot = m_previous; }
   ActivationSlot(const ActivationSlot&)            = delete;
   ActivationSlot& operator=(const ActivationSlot&) = delete;

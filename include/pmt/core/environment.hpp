@@ -56,8 +56,8 @@ inline std::string blas_core_name() {
 inline bool blas_core_is_generic_on_vector_cpu() {
   const std::string core = blas_core_name();
   if (core.empty()) return false;
-  const bool generic = core == "Prescott" || core == "Core2" || core == "Nehalem" ||
-                       core == "Atom" || core == "Barcelona" || core == "Katmai" || core == "generic";
+  const bool generic = core == "Prescott" || core == "Core2" || core == "Nehalem" || core == "Atom" ||
+                       core == "Barcelona" || core == "Katmai" || core == "generic";
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
   return generic && (__builtin_cpu_supports("avx2") || __builtin_cpu_supports("avx512f"));
 #else
@@ -127,7 +127,8 @@ inline void warn_about_environment(int rank) {
                "so its matmul is several times slower than it could be. pmt's matmul times OpenBLAS "
                "against its own portable kernel per shape class and takes the faster (PMT_MATMUL=auto, "
                "the default). OPENBLAS_CORETYPE naming the CPU's own kernels (SkylakeX on AVX-512, Haswell "
-               "on AVX2 only) gives this OpenBLAS its speed back; OpenBLAS 0.3.29 (scripts/openblas.sh builds it, scripts/build.sh "
+               "on AVX2 only) gives this OpenBLAS its speed back; OpenBLAS 0.3.29 (scripts/openblas.sh builds it, "
+               "scripts/build.sh "
                "links it) takes the kernels of the CPU's vector ISA on a model it does not know.\n",
                blas_core_name().c_str());
 }
@@ -152,7 +153,7 @@ inline constexpr unsigned mxcsr_ftz_daz = 0x8040u;  // FTZ (bit 15) and DAZ (bit
 inline bool flush_denormals(bool on = true) noexcept {
 #if PMT_HAVE_MXCSR
   constexpr unsigned ftz_daz = detail::mxcsr_ftz_daz;
-  const unsigned csr = __builtin_ia32_stmxcsr();
+  const unsigned csr         = __builtin_ia32_stmxcsr();
   __builtin_ia32_ldmxcsr(on ? (csr | ftz_daz) : (csr & ~ftz_daz));
   return true;
 #else
@@ -253,8 +254,7 @@ inline std::string environment_report() {
     out += "  " + key + std::string(key.size() < 16 ? 16 - key.size() : 1, ' ') + value + "\n";
   };
   line("pmt", version());
-  line("Kokkos", std::to_string(KOKKOS_VERSION / 10000) + "." +
-                     std::to_string(KOKKOS_VERSION / 100 % 100) + "." +
+  line("Kokkos", std::to_string(KOKKOS_VERSION / 10000) + "." + std::to_string(KOKKOS_VERSION / 100 % 100) + "." +
                      std::to_string(KOKKOS_VERSION % 100));
   std::string spaces;
 #ifdef KOKKOS_ENABLE_SERIAL
@@ -276,8 +276,7 @@ inline std::string environment_report() {
   MPI_Get_library_version(lib, &len);
   std::string libstr(lib, static_cast<std::size_t>(len));
   libstr = libstr.substr(0, libstr.find_first_of(",\n"));
-  line("MPI", std::to_string(world_size()) + " rank(s), this is rank " +
-                  std::to_string(world_rank()) + "; " + libstr);
+  line("MPI", std::to_string(world_size()) + " rank(s), this is rank " + std::to_string(world_rank()) + "; " + libstr);
 #else
   line("MPI", "not enabled (one process)");
 #endif
@@ -289,7 +288,7 @@ inline std::string environment_report() {
   char mkl_version[198] = {};
   mkl_get_version_string(mkl_version, static_cast<int>(sizeof mkl_version) - 1);
   std::string mkl(mkl_version);
-  mkl = mkl.substr(0, mkl.find_first_of("-(", mkl.find("Version")));  // "... Version 2026.2"
+  mkl  = mkl.substr(0, mkl.find_first_of("-(", mkl.find("Version")));  // "... Version 2026.2"
   blas = mkl + ", " + std::to_string(detail::blas_threads()) + " thread(s) at most";
 #endif
   const std::string core = detail::blas_core_name();
@@ -320,8 +319,7 @@ inline std::string environment_report() {
 #if PMT_ENABLE_NCCL
   int nccl_version = 0;
   ncclGetVersion(&nccl_version);
-  line("NCCL", std::to_string(nccl_version / 10000) + "." +
-                   std::to_string(nccl_version / 100 % 100) + "." +
+  line("NCCL", std::to_string(nccl_version / 10000) + "." + std::to_string(nccl_version / 100 % 100) + "." +
                    std::to_string(nccl_version % 100) + " linked");
 #else
   line("NCCL", "not enabled");

@@ -71,8 +71,7 @@ namespace pmt {
 class Error : public std::runtime_error {
  public:
   Error(std::string_view op, const std::string& message)
-      : std::runtime_error(std::string(op) + ": " + message + detail::context_suffix()),
-        m_op(op) {}
+      : std::runtime_error(std::string(op) + ": " + message + detail::context_suffix()), m_op(op) {}
   const std::string& op() const noexcept { return m_op; }
 
  private:

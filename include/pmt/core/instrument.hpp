@@ -27,10 +27,14 @@ enum class Track : int { Compute = 0, P2P = 1, Collective = 2, Optimizer = 3 };
 /// \brief "compute", "p2p", "collective" or "optimizer".
 inline const char* track_name(Track t) {
   switch (t) {
-    case Track::Compute: return "compute";
-    case Track::P2P: return "p2p";
-    case Track::Collective: return "collectives";
-    case Track::Optimizer: return "optimizer";
+    case Track::Compute:
+      return "compute";
+    case Track::P2P:
+      return "p2p";
+    case Track::Collective:
+      return "collectives";
+    case Track::Optimizer:
+      return "optimizer";
   }
   return "?";
 }
@@ -39,8 +43,8 @@ inline const char* track_name(Track t) {
 /// recv flow_in (the same id on both ranks); -1 when none.
 struct TraceEvent {
   std::string name;
-  Track track      = Track::Compute;
-  double begin     = 0, end = 0;
+  Track track  = Track::Compute;
+  double begin = 0, end = 0;
   std::int64_t flow_out = -1, flow_in = -1;
 };
 
@@ -89,7 +93,8 @@ class Instrument {
   /// \brief A region and, with the recorder on, the event `event` on `track`.
   Instrument(const char* region, Track track, const char* event, std::int64_t flow_out = -1, std::int64_t flow_in = -1)
       : Instrument(region) {
-    if (TraceRecorder::instance().enabled()) start(std::string(event != nullptr ? event : "?"), track, flow_out, flow_in);
+    if (TraceRecorder::instance().enabled())
+      start(std::string(event != nullptr ? event : "?"), track, flow_out, flow_in);
   }
   /// \brief With a computed event name (built only when the recorder is on).
   template <class NameFn, class = decltype(std::string(std::declval<NameFn>()()))>

@@ -42,11 +42,11 @@ struct ChoiceKey {
 /// the ranks that measured it once agreed), the work of the measured call, and the path.
 struct Choice {
   enum class State { Pending, Measured, Agreed, Loaded };
-  int path = 0;                  ///< 0: the op's default path, 1: its alternative
-  double seconds[2] = {0, 0};    ///< per path
-  double flops      = 0;         ///< of the measured call (for GFLOP/s in reports)
+  int path          = 0;       ///< 0: the op's default path, 1: its alternative
+  double seconds[2] = {0, 0};  ///< per path
+  double flops      = 0;       ///< of the measured call (for GFLOP/s in reports)
   State state       = State::Pending;
-  std::string shape;             ///< the measured call's shape, for reports ("1024x768x256 NN")
+  std::string shape;  ///< the measured call's shape, for reports ("1024x768x256 NN")
   bool decided() const noexcept { return state != State::Pending; }
 };
 
@@ -72,10 +72,10 @@ inline ChoiceTable& choice_table() {
 /// five; a key whose first round took over ten budgets gets that round only. Best run per path.
 template <class Run>
 void measure_paths(const ChoiceKey& key, Run&& run, double seconds[2]) {
-  using clock     = std::chrono::steady_clock;
+  using clock         = std::chrono::steady_clock;
   const double budget = choice_table().budget_s;
   seconds[0] = seconds[1] = 1e300;
-  double spent = 0;
+  double spent            = 0;
   for (int round = 0; round < 5; ++round) {
     for (int p = 0; p < 2; ++p) {
       const auto t0 = clock::now();
@@ -83,7 +83,7 @@ void measure_paths(const ChoiceKey& key, Run&& run, double seconds[2]) {
       const double s = std::chrono::duration<double>(clock::now() - t0).count();
       spent += s;
       const double recorded = choice_table().timing_hook ? choice_table().timing_hook(key, p, s) : s;
-      seconds[p] = recorded < seconds[p] ? recorded : seconds[p];
+      seconds[p]            = recorded < seconds[p] ? recorded : seconds[p];
     }
     if (round == 0 && spent > 10 * budget) break;
     if (round >= 2 && spent > budget) break;
@@ -106,8 +106,8 @@ int measured_choice(const ChoiceKey& key, Shape&& shape, double flops, Run&& run
   c.shape = shape();
   c.flops = flops;
   detail::measure_paths(key, run, c.seconds);
-  c.path  = c.seconds[1] < c.seconds[0] ? 1 : 0;
-  c.state = detail::process_context().size <= 1 ? Choice::State::Measured : Choice::State::Pending;
+  c.path         = c.seconds[1] < c.seconds[0] ? 1 : 0;
+  c.state        = detail::process_context().size <= 1 ? Choice::State::Measured : Choice::State::Pending;
   const int path = c.decided() ? c.path : 0;
   t.entries.emplace(key, std::move(c));
   return path;
@@ -165,11 +165,11 @@ inline std::vector<std::pair<ChoiceKey, Choice>> decode_measured_choices(const s
   if (word == "-" || word.empty()) return out;
   std::size_t at = 0;
   while (at <= word.size()) {
-    const std::size_t end = word.find(',', at) == std::string::npos ? word.size() : word.find(',', at);
+    const std::size_t end  = word.find(',', at) == std::string::npos ? word.size() : word.find(',', at);
     const std::string item = word.substr(at, end - at);
-    long long f[4] = {0, 0, 0, 0};
-    int used = 0;
-    const int n = std::sscanf(item.c_str(), "%lld.%lld.%lld.%lld%n", &f[0], &f[1], &f[2], &f[3], &used);
+    long long f[4]         = {0, 0, 0, 0};
+    int used               = 0;
+    const int n            = std::sscanf(item.c_str(), "%lld.%lld.%lld.%lld%n", &f[0], &f[1], &f[2], &f[3], &used);
     if (n != 4 || used != static_cast<int>(item.size()) || (f[3] != 0 && f[3] != 1))
       throw IoError("pmt::decode_measured_choices",
                     detail::str("'", item, "' in '", word, "'; expected op.a.b.path items with path 0 or 1"));
@@ -199,8 +199,8 @@ inline std::string measured_choice_summary(std::int64_t op, const char* path0, c
     const double s = c.seconds[c.path];
     if (s > 0 && peak_gflops > 0) {
       const double share = 100.0 * c.flops / s / 1e9 / peak_gflops;
-      lo[c.path] = share < lo[c.path] ? share : lo[c.path];
-      hi[c.path] = share > hi[c.path] ? share : hi[c.path];
+      lo[c.path]         = share < lo[c.path] ? share : lo[c.path];
+      hi[c.path]         = share > hi[c.path] ? share : hi[c.path];
     }
   }
   auto part = [&](int p, const char* name) {

@@ -6,8 +6,8 @@
 // another stage owns (a tied LM head on the last stage: updated like the original, left out of
 // the global norm), and whether its gradient is a partial sum over tp (a replicated parameter of
 // a sequence-parallel region, whose tp ranks each see their own rows: the norms' weights, a Row
-// layer's bias; parallel::sum_partial_grads completes them). It sits below the layers (nn/), the parallel layer (parallel/), the
-// optimizers and the checkpoints, which all hold pointers to a model's parameters.
+// layer's bias; parallel::sum_partial_grads completes them). It sits below the layers (nn/), the parallel layer
+// (parallel/), the optimizers and the checkpoints, which all hold pointers to a model's parameters.
 
 #include "pmt/core/random.hpp"
 #include "pmt/core/tensor.hpp"
@@ -27,13 +27,13 @@ namespace pmt {
 template <class T, class Exec>
 struct Parameter {
   std::string name;
-  Tensor<T, 1, Exec> value, grad;       // flat views of this rank's shard
+  Tensor<T, 1, Exec> value, grad;        // flat views of this rank's shard
   std::vector<std::size_t> local_shape;  // the shard's shape
-  GlobalSlice slice;                      // global shape and the shard's offsets
-  bool tp_replicated = true;              // the same on every tp rank (e.g. a Row layer's bias)
-  bool pp_copy       = false;             // a copy of a parameter of another pipeline stage
-  bool tp_partial    = false;             // sequence parallelism: a tp-replicated parameter whose grad
-                                          // holds this tp rank's rows' part (parallel::sum_partial_grads)
+  GlobalSlice slice;                     // global shape and the shard's offsets
+  bool tp_replicated = true;             // the same on every tp rank (e.g. a Row layer's bias)
+  bool pp_copy       = false;            // a copy of a parameter of another pipeline stage
+  bool tp_partial    = false;            // sequence parallelism: a tp-replicated parameter whose grad
+                                         // holds this tp rank's rows' part (parallel::sum_partial_grads)
 
   Parameter() = default;
   Parameter(std::string n, std::vector<std::size_t> shape, const GlobalSlice& s, bool replicated)

@@ -42,7 +42,7 @@ class PrecisionScope {
  public:
   explicit PrecisionScope(Precision p) : m_saved(detail::thread_precision()) { detail::thread_precision() = p; }
   ~PrecisionScope() { detail::thread_precision() = m_saved; }
-  PrecisionScope(const PrecisionScope&) = delete;
+  PrecisionScope(const PrecisionScope&)            = delete;
   PrecisionScope& operator=(const PrecisionScope&) = delete;
 
  private:

@@ -6,8 +6,8 @@
 // fills itself with the values the whole tensor would hold at its global indices (GlobalSlice).
 
 #include "pmt/core/error.hpp"
-#include "pmt/detail/kokkos_compat.hpp"
 #include "pmt/core/tensor.hpp"
+#include "pmt/detail/kokkos_compat.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -21,8 +21,7 @@ struct Philox4x32 {
 };
 
 /// Philox-4x32 with 10 rounds on counter (c0..c3) and key (k0, k1).
-KOKKOS_INLINE_FUNCTION Philox4x32 philox4x32_10(std::uint32_t c0, std::uint32_t c1,
-                                                std::uint32_t c2, std::uint32_t c3,
+KOKKOS_INLINE_FUNCTION Philox4x32 philox4x32_10(std::uint32_t c0, std::uint32_t c1, std::uint32_t c2, std::uint32_t c3,
                                                 std::uint32_t k0, std::uint32_t k1) {
   constexpr std::uint64_t m0 = 0xD2511F53u, m1 = 0xCD9E8D57u;
   for (int round = 0; round < 10; ++round) {
@@ -53,27 +52,26 @@ struct RngKey {
 
 /// \brief Four random 32-bit words for element `index` of stream `key`.
 KOKKOS_INLINE_FUNCTION detail::Philox4x32 random_bits(const RngKey& key, std::uint64_t index) {
-  return detail::philox4x32_10(static_cast<std::uint32_t>(index),
-                               static_cast<std::uint32_t>(index >> 32), key.stream, 0x706d74u,
-                               static_cast<std::uint32_t>(key.seed),
+  return detail::philox4x32_10(static_cast<std::uint32_t>(index), static_cast<std::uint32_t>(index >> 32), key.stream,
+                               0x706d74u, static_cast<std::uint32_t>(key.seed),
                                static_cast<std::uint32_t>(key.seed >> 32));
 }
 
 /// \brief Uniform in the open interval (0, 1), 53 random bits, for element `index`.
 KOKKOS_INLINE_FUNCTION double random_uniform(const RngKey& key, std::uint64_t index) {
   const detail::Philox4x32 r = random_bits(key, index);
-  const std::uint64_t bits = (static_cast<std::uint64_t>(r.v[0]) << 21) ^ (r.v[1] >> 11);
+  const std::uint64_t bits   = (static_cast<std::uint64_t>(r.v[0]) << 21) ^ (r.v[1] >> 11);
   return (static_cast<double>(bits & ((std::uint64_t(1) << 53) - 1)) + 0.5) * 0x1.0p-53;
 }
 
 /// \brief Standard normal (Box-Muller on two independent 53-bit uniforms) for element `index`.
 KOKKOS_INLINE_FUNCTION double random_normal(const RngKey& key, std::uint64_t index) {
   const detail::Philox4x32 r = random_bits(key, index);
-  const std::uint64_t b1 = (static_cast<std::uint64_t>(r.v[0]) << 21) ^ (r.v[1] >> 11);
-  const std::uint64_t b2 = (static_cast<std::uint64_t>(r.v[2]) << 21) ^ (r.v[3] >> 11);
-  const std::uint64_t mask = (std::uint64_t(1) << 53) - 1;
-  const double u1 = (static_cast<double>(b1 & mask) + 0.5) * 0x1.0p-53;
-  const double u2 = (static_cast<double>(b2 & mask) + 0.5) * 0x1.0p-53;
+  const std::uint64_t b1     = (static_cast<std::uint64_t>(r.v[0]) << 21) ^ (r.v[1] >> 11);
+  const std::uint64_t b2     = (static_cast<std::uint64_t>(r.v[2]) << 21) ^ (r.v[3] >> 11);
+  const std::uint64_t mask   = (std::uint64_t(1) << 53) - 1;
+  const double u1            = (static_cast<double>(b1 & mask) + 0.5) * 0x1.0p-53;
+  const double u2            = (static_cast<double>(b2 & mask) + 0.5) * 0x1.0p-53;
   return detail::math::sqrt(-2.0 * detail::math::log(u1)) * detail::math::cos(6.283185307179586 * u2);
 }
 
@@ -95,7 +93,9 @@ inline RandomContext random_context() noexcept { return detail::random_context; 
 /// \brief Sets this thread's step (and keeps the row) for the scope's lifetime; restores on exit.
 class RandomStepScope {
  public:
-  explicit RandomStepScope(std::uint64_t step) noexcept : m_previous(detail::random_context) { detail::random_context.step = step; }
+  explicit RandomStepScope(std::uint64_t step) noexcept : m_previous(detail::random_context) {
+    detail::random_context.step = step;
+  }
   ~RandomStepScope() { detail::random_context = m_previous; }
   RandomStepScope(const RandomStepScope&)            = delete;
   RandomStepScope& operator=(const RandomStepScope&) = delete;
@@ -107,7 +107,9 @@ class RandomStepScope {
 /// \brief Sets this thread's first global row (and keeps the step) for the scope's lifetime.
 class RandomRowScope {
  public:
-  explicit RandomRowScope(std::uint64_t row0) noexcept : m_previous(detail::random_context) { detail::random_context.row0 = row0; }
+  explicit RandomRowScope(std::uint64_t row0) noexcept : m_previous(detail::random_context) {
+    detail::random_context.row0 = row0;
+  }
   ~RandomRowScope() { detail::random_context = m_previous; }
   RandomRowScope(const RandomRowScope&)            = delete;
   RandomRowScope& operator=(const RandomRowScope&) = delete;
@@ -119,7 +121,7 @@ class RandomRowScope {
 /// \brief Where a local tensor sits in the global one: global extents and the offset of the
 /// local block along each dim. The default (all zero) means "the local tensor is the whole one".
 struct GlobalSlice {
-  static constexpr int max_rank = 4;
+  static constexpr int max_rank  = 4;
   std::uint64_t extent[max_rank] = {0, 0, 0, 0};
   std::uint64_t offset[max_rank] = {0, 0, 0, 0};
 };
@@ -129,8 +131,8 @@ namespace detail {
 enum class Distribution { Uniform, Normal };
 
 template <class Exec, class View>
-void fill_random(const Exec& exec, const View& v, const RngKey& key, GlobalSlice slice,
-                 Distribution dist, double a, double b, const char* op) {
+void fill_random(const Exec& exec, const View& v, const RngKey& key, GlobalSlice slice, Distribution dist, double a,
+                 double b, const char* op) {
   static_check_view<Exec, View>();
   constexpr int R = static_cast<int>(View::rank);
   static_assert(R >= 1 && R <= GlobalSlice::max_rank, "pmt::fill_*: tensors of rank 1 to 4");
@@ -140,8 +142,8 @@ void fill_random(const Exec& exec, const View& v, const RngKey& key, GlobalSlice
     local[d] = v.extent(static_cast<std::size_t>(d));
     if (slice.extent[d] == 0) slice.extent[d] = local[d];
     require(slice.offset[d] + local[d] <= slice.extent[d], op, [&] {
-      return str("the local tensor ", shape_str(v), " does not fit in the global slice along dim ", d,
-                 ": offset ", slice.offset[d], " + ", local[d], " > ", slice.extent[d]);
+      return str("the local tensor ", shape_str(v), " does not fit in the global slice along dim ", d, ": offset ",
+                 slice.offset[d], " + ", local[d], " > ", slice.extent[d]);
     });
   }
   using T      = typename View::value_type;
@@ -159,7 +161,7 @@ void fill_random(const Exec& exec, const View& v, const RngKey& key, GlobalSlice
         }
         const double x = dist == Distribution::Normal ? a + b * random_normal(key, global)
                                                       : a + (b - a) * random_uniform(key, global);
-        data(l) = static_cast<T>(x);
+        data(l)        = static_cast<T>(x);
       });
 }
 
@@ -170,8 +172,7 @@ void fill_random(const Exec& exec, const View& v, const RngKey& key, GlobalSlice
 template <class Exec, class View>
 void fill_normal(const Exec& exec, const View& v, const RngKey& key, double mean, double stddev,
                  const GlobalSlice& slice = {}) {
-  detail::fill_random(exec, v, key, slice, detail::Distribution::Normal, mean, stddev,
-                      "pmt::fill_normal");
+  detail::fill_random(exec, v, key, slice, detail::Distribution::Normal, mean, stddev, "pmt::fill_normal");
 }
 
 /// \brief Fills `v` with U(lo, hi) values keyed by (key, global index).
@@ -179,8 +180,7 @@ void fill_normal(const Exec& exec, const View& v, const RngKey& key, double mean
 template <class Exec, class View>
 void fill_uniform(const Exec& exec, const View& v, const RngKey& key, double lo, double hi,
                   const GlobalSlice& slice = {}) {
-  detail::fill_random(exec, v, key, slice, detail::Distribution::Uniform, lo, hi,
-                      "pmt::fill_uniform");
+  detail::fill_random(exec, v, key, slice, detail::Distribution::Uniform, lo, hi, "pmt::fill_uniform");
 }
 
 }  // namespace pmt

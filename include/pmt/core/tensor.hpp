@@ -43,13 +43,12 @@ namespace pmt {
 
 /// \brief The tensor type: a rank-N, LayoutRight Kokkos::View of T in Exec's memory space.
 template <class T, int N, class Exec = Kokkos::DefaultExecutionSpace>
-using Tensor = Kokkos::View<typename detail::add_pointers<T, N>::type, Kokkos::LayoutRight,
-                            typename Exec::memory_space>;
+using Tensor =
+    Kokkos::View<typename detail::add_pointers<T, N>::type, Kokkos::LayoutRight, typename Exec::memory_space>;
 
 /// \brief Allocates a zero-filled Tensor<T, sizeof...(dims), Exec> labelled `label`.
 template <class T, class Exec = Kokkos::DefaultExecutionSpace, class... Dims>
-Tensor<T, static_cast<int>(sizeof...(Dims)), Exec> make_tensor(const std::string& label,
-                                                                 Dims... dims) {
+Tensor<T, static_cast<int>(sizeof...(Dims)), Exec> make_tensor(const std::string& label, Dims... dims) {
   return Tensor<T, static_cast<int>(sizeof...(Dims)), Exec>(label, static_cast<std::size_t>(dims)...);
 }
 
@@ -74,30 +73,26 @@ namespace detail {
 template <class View>
 auto flat(const View& v) {
   using T = typename View::value_type;
-  return Kokkos::View<T*, Kokkos::LayoutRight, typename View::memory_space,
-                      Kokkos::MemoryTraits<Kokkos::Unmanaged>>(v.data(), v.size());
+  return Kokkos::View<T*, Kokkos::LayoutRight, typename View::memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
+      v.data(), v.size());
 }
 
 /// Throws ShapeError naming `op` unless `a` and `b` have the same extents.
 template <class A, class B>
-void require_same_shape(std::string_view op, const char* name_a, const A& a, const char* name_b,
-                        const B& b) {
+void require_same_shape(std::string_view op, const char* name_a, const A& a, const char* name_b, const B& b) {
   bool same = static_cast<int>(A::rank) == static_cast<int>(B::rank);
-  for (std::size_t i = 0; same && i < static_cast<std::size_t>(A::rank); ++i)
-    same = a.extent(i) == b.extent(i);
+  for (std::size_t i = 0; same && i < static_cast<std::size_t>(A::rank); ++i) same = a.extent(i) == b.extent(i);
   require(same, op, [&] {
-    return str(name_a, " is ", shape_str(a), " but ", name_b, " is ", shape_str(b),
-               "; expected equal shapes");
+    return str(name_a, " is ", shape_str(a), " but ", name_b, " is ", shape_str(b), "; expected equal shapes");
   });
 }
 
 /// Throws ShapeError unless v.extent(dim) == expected.
 template <class V>
-void require_extent(std::string_view op, const char* name, const V& v, std::size_t dim,
-                    std::size_t expected, const char* rule) {
+void require_extent(std::string_view op, const char* name, const V& v, std::size_t dim, std::size_t expected,
+                    const char* rule) {
   require(v.extent(dim) == expected, op, [&] {
-    return str(name, " is ", shape_str(v), "; expected ", name, ".extent(", dim, ") == ", expected,
-               " (", rule, ")");
+    return str(name, " is ", shape_str(v), "; expected ", name, ".extent(", dim, ") == ", expected, " (", rule, ")");
   });
 }
 

@@ -49,7 +49,8 @@ class Workspace {
   V get(const std::string& label, N... extents) {
     static_assert(sizeof...(N) == V::rank, "pmt::workspace_view: one extent per dimension");
     std::lock_guard<std::mutex> lock(m_mutex);
-    if (m_depth == 0) return V(Kokkos::view_alloc(Kokkos::WithoutInitializing, label), static_cast<std::size_t>(extents)...);
+    if (m_depth == 0)
+      return V(Kokkos::view_alloc(Kokkos::WithoutInitializing, label), static_cast<std::size_t>(extents)...);
     Key key{std::type_index(typeid(V)), {static_cast<std::size_t>(extents)...}};
     auto& list = m_blocks[key];
     for (auto& b : list)
@@ -62,7 +63,8 @@ class Workspace {
       Kokkos::push_finalize_hook([] { Workspace::instance().finalize(); });
       m_hooked = true;
     }
-    auto block  = std::make_unique<Block<V>>(V(Kokkos::view_alloc(Kokkos::WithoutInitializing, label), static_cast<std::size_t>(extents)...));
+    auto block = std::make_unique<Block<V>>(
+        V(Kokkos::view_alloc(Kokkos::WithoutInitializing, label), static_cast<std::size_t>(extents)...));
     block->used = true;
     ++m_misses;
     V v = block->view;
@@ -93,9 +95,9 @@ class Workspace {
     bool operator<(const Key& o) const { return type != o.type ? type < o.type : extents < o.extents; }
   };
   struct BlockBase {
-    virtual ~BlockBase() = default;
+    virtual ~BlockBase()      = default;
     virtual bool free() const = 0;
-    bool used = false;  // handed out since the outermost scope opened
+    bool used                 = false;  // handed out since the outermost scope opened
   };
   template <class V>
   struct Block final : BlockBase {
@@ -103,7 +105,7 @@ class Workspace {
     bool free() const override { return view.use_count() <= 1; }
     V view;
   };
-  Workspace() = default;
+  Workspace()  = default;
   ~Workspace() = default;  // Kokkos::finalize released the blocks (finalize())
 
   /// Kokkos::finalize's hook: every free block goes; the next initialisation starts afresh.

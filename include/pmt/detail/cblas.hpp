@@ -61,20 +61,20 @@ inline bool cblas_sgemm_row_major_ok() {
 struct CblasBf16Gemm {
   using Fn = void (*)(int order, int ta, int tb, int M, int N, int K, float alpha, const std::uint16_t* A, int lda,
                       const std::uint16_t* B, int ldb, float beta, float* C, int ldc);
-  Fn fn            = nullptr;
+  Fn fn    = nullptr;
   const char* name = "none";  ///< the symbol found
   bool failed      = false;   ///< found, but wrong on the check: not used
 };
 
 inline const CblasBf16Gemm& cblas_bf16_gemm() {
   static const CblasBf16Gemm g = [] {
-    const char* symbol = nullptr;
-    void* f            = nullptr;
+    const char* symbol        = nullptr;
+    void* f                   = nullptr;
     const char* const names[] = {"cblas_sbgemm", "cblas_gemm_bf16bf16f32"};
     for (const char* s : names)
       if (f == nullptr && (f = dlsym(RTLD_DEFAULT, s)) != nullptr) symbol = s;
     if (f == nullptr) return CblasBf16Gemm{};
-    const auto fn = reinterpret_cast<CblasBf16Gemm::Fn>(f);
+    const auto fn   = reinterpret_cast<CblasBf16Gemm::Fn>(f);
     constexpr int n = 8;
     float a[n * n], b[n * n], c[n * n];
     std::uint16_t a16[n * n], b16[n * n];

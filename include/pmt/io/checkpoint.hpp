@@ -5,11 +5,11 @@
 // buffers), or the weights only (save_weights / load_weights: no optimizer). ZeroAdamW (ZeRO-1)
 // and Zero2AdamW (ZeRO-2) write and read AdamW's files: their moments are all-gathered over dp for
 // the save, and each rank keeps its part on load, so a checkpoint moves between the three
-// optimizers and between dp degrees. The manifest names the optimizer ("optimizer adamw|sgd|none"); loading into another
-// optimizer is refused, and load_weights takes the parameters of any checkpoint. Named
-// per-parameter states beside the optimizer's (ParameterStates: a Trainer's state(), e.g. DiLoCo's
-// outer anchor and momentum, the residual of compressed gradients) travel as records of their own
-// kind; a checkpoint without them loads them as zeros (or as the parameters, where the state says).
+// optimizers and between dp degrees. The manifest names the optimizer ("optimizer adamw|sgd|none"); loading into
+// another optimizer is refused, and load_weights takes the parameters of any checkpoint. Named per-parameter states
+// beside the optimizer's (ParameterStates: a Trainer's state(), e.g. DiLoCo's outer anchor and momentum, the residual
+// of compressed gradients) travel as records of their own kind; a checkpoint without them loads them as zeros (or as
+// the parameters, where the state says).
 //   DIR/step-00000006/shard-00003.bin   one per world rank: that rank's parameter shards and
 //                                        their Adam moments (pipeline copies such as the tied
 //                                        LM head are not written: the owning stage writes them)
@@ -76,11 +76,11 @@ namespace pmt::io {
 
 /// \brief What a checkpoint records besides the tensors.
 struct CheckpointInfo {
-  std::int64_t step = 0;                      ///< steps completed
-  std::string model;                          ///< the model's shape, e.g. "gpt vocab=256 ..."; must match on load
-  std::map<std::string, std::string> extra;   ///< e.g. seed, data position (one word each)
-  MeshShape layout{};                         ///< filled by load: the layout it was saved with
-  std::string path;                           ///< filled by save and load: the step directory
+  std::int64_t step = 0;                     ///< steps completed
+  std::string model;                         ///< the model's shape, e.g. "gpt vocab=256 ..."; must match on load
+  std::map<std::string, std::string> extra;  ///< e.g. seed, data position (one word each)
+  MeshShape layout{};                        ///< filled by load: the layout it was saved with
+  std::string path;                          ///< filled by save and load: the step directory
 };
 
 namespace checkpoint_detail {
@@ -95,7 +95,7 @@ inline std::uint32_t crc32(const void* data, std::size_t n, std::uint32_t crc = 
     }
     return t;
   }();
-  crc = ~crc;
+  crc           = ~crc;
   const auto* p = static_cast<const unsigned char*>(data);
   for (std::size_t i = 0; i < n; ++i) crc = table[(crc ^ p[i]) & 0xFFu] ^ (crc >> 8);
   return ~crc;
@@ -120,7 +120,7 @@ inline void write_atomically(const std::string& path, const std::string& bytes, 
   errno                 = 0;
   const int fd          = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) io_fail("cannot create " + tmp);
-  std::size_t done = 0;
+  std::size_t done        = 0;
   const std::size_t limit = abort_half ? bytes.size() / 2 : bytes.size();
   while (done < limit) {
     const ssize_t w = ::write(fd, bytes.data() + done, limit - done);
@@ -168,7 +168,7 @@ inline bool mul_ok(std::uint64_t a, std::uint64_t b, std::uint64_t& out) { retur
 /// the bytes left (no arithmetic that can wrap), the element size, each slice inside its global
 /// shape, and the data size against local[0] x local[1] x element without overflow.
 inline std::vector<Record> parse_shard(const std::string& file, const std::string& bytes) {
-  std::size_t at = 0;
+  std::size_t at  = 0;
   const auto need = [&](std::uint64_t n) {
     if (n > bytes.size() - at) throw IoError("pmt::io::checkpoint", file + ": truncated or damaged shard");
   };
@@ -179,7 +179,7 @@ inline std::vector<Record> parse_shard(const std::string& file, const std::strin
   };
   need(8);
   if (bytes.compare(0, 8, "PMTSHRD1") != 0) throw IoError("pmt::io::checkpoint", file + ": not a pmt shard");
-  at = 8;
+  at                  = 8;
   std::uint32_t count = 0;
   get(count);
   std::vector<Record> out;
@@ -195,15 +195,17 @@ inline std::vector<Record> parse_shard(const std::string& file, const std::strin
     std::uint64_t nbytes = 0, elems = 0, want = 0;
     get(nbytes);
     const auto bad = [&](const std::string& why) {
-      return IoError("pmt::io::checkpoint", pmt::detail::str(file, ": record ", k, " (", r.name, ") is damaged: ", why));
+      return IoError("pmt::io::checkpoint",
+                     pmt::detail::str(file, ": record ", k, " (", r.name, ") is damaged: ", why));
     };
     if (r.elem != 2 && r.elem != 4 && r.elem != 8) throw bad(pmt::detail::str("element size ", r.elem));
     for (int d = 0; d < 2; ++d)
       if (r.offset[d] > r.global[d] || r.local[d] > r.global[d] - r.offset[d])
-        throw bad(pmt::detail::str("slice [", r.offset[d], ", +", r.local[d], ") of dimension ", d, " is outside its global extent ",
-                                   r.global[d]));
+        throw bad(pmt::detail::str("slice [", r.offset[d], ", +", r.local[d], ") of dimension ", d,
+                                   " is outside its global extent ", r.global[d]));
     if (!mul_ok(r.local[0], r.local[1], elems) || !mul_ok(elems, r.elem, want) || nbytes != want)
-      throw bad(pmt::detail::str(nbytes, " data bytes for a (", r.local[0], ", ", r.local[1], ") slice of ", r.elem, "-byte values"));
+      throw bad(pmt::detail::str(nbytes, " data bytes for a (", r.local[0], ", ", r.local[1], ") slice of ", r.elem,
+                                 "-byte values"));
     need(nbytes);
     r.data = bytes.data() + at;
     at += nbytes;
@@ -228,7 +230,7 @@ struct Manifest {
   std::int64_t step = 0, adam_steps = 0;
   std::string optimizer = "adamw";  // manifests before the optimizer line held AdamW state
   MeshShape layout{};
-  int world = 0;
+  int world        = 0;
   std::size_t elem = 0;
   std::string model;
   std::map<std::string, std::string> extra;
@@ -248,11 +250,15 @@ inline std::string manifest_checksum_line(const std::string& text) {
 inline Manifest read_manifest(const std::string& step_dir) {
   const std::string path = step_dir + "/MANIFEST";
   const std::string text = read_file(path);
-  const auto damaged = [&](const std::string& why) { return IoError("pmt::io::checkpoint", path + ": damaged manifest (" + why + ")"); };
+  const auto damaged     = [&](const std::string& why) {
+    return IoError("pmt::io::checkpoint", path + ": damaged manifest (" + why + ")");
+  };
   const std::size_t last = text.size() >= 2 ? text.rfind('\n', text.size() - 2) : std::string::npos;
   const std::size_t body = last == std::string::npos ? 0 : last + 1;
-  if (text.compare(body, 9, "checksum ") != 0) throw damaged("no checksum line at its end: truncated, or written by another program");
-  if (text.substr(body) != manifest_checksum_line(text.substr(0, body))) throw damaged("its checksum does not match its text");
+  if (text.compare(body, 9, "checksum ") != 0)
+    throw damaged("no checksum line at its end: truncated, or written by another program");
+  if (text.substr(body) != manifest_checksum_line(text.substr(0, body)))
+    throw damaged("its checksum does not match its text");
   Manifest m;
   std::istringstream in(text.substr(0, body));
   std::string line, key;
@@ -260,14 +266,22 @@ inline Manifest read_manifest(const std::string& step_dir) {
   while (std::getline(in, line)) {
     std::istringstream ls(line);
     ls >> key;
-    if (key == "pmt-checkpoint") header = true;
-    else if (key == "step") ls >> m.step;
-    else if (key == "layout") ls >> m.layout.dp >> m.layout.tp >> m.layout.pp;
-    else if (key == "world") ls >> m.world;
-    else if (key == "element") ls >> m.elem;
-    else if (key == "adam_steps") ls >> m.adam_steps;
-    else if (key == "optimizer") ls >> m.optimizer;
-    else if (key == "model") m.model = line.size() > 6 ? line.substr(6) : "";
+    if (key == "pmt-checkpoint")
+      header = true;
+    else if (key == "step")
+      ls >> m.step;
+    else if (key == "layout")
+      ls >> m.layout.dp >> m.layout.tp >> m.layout.pp;
+    else if (key == "world")
+      ls >> m.world;
+    else if (key == "element")
+      ls >> m.elem;
+    else if (key == "adam_steps")
+      ls >> m.adam_steps;
+    else if (key == "optimizer")
+      ls >> m.optimizer;
+    else if (key == "model")
+      m.model = line.size() > 6 ? line.substr(6) : "";
     else if (key == "extra") {
       std::string k, v;
       ls >> k >> v;
@@ -289,15 +303,17 @@ inline Manifest read_manifest(const std::string& step_dir) {
 /// A shard's bytes, after checking that it is a regular file of the manifest's size (before
 /// reading it) and that its CRC-32 matches.
 inline std::string read_shard_file(const std::string& step_dir, const Manifest& m, int q) {
-  namespace fs = std::filesystem;
+  namespace fs             = std::filesystem;
   const auto& [file, size] = m.shards[static_cast<std::size_t>(q)];
   const std::string path   = step_dir + "/" + file;
   std::error_code ec;
   if (!fs::is_regular_file(path, ec)) throw IoError("pmt::io::checkpoint", path + ": missing (or not a regular file)");
   const auto on_disk = fs::file_size(path, ec);
   if (ec || on_disk != size)
-    throw IoError("pmt::io::checkpoint", pmt::detail::str(path, ": damaged (", ec ? std::string("its size cannot be read") : pmt::detail::str(on_disk, " bytes"),
-                                                           ", the manifest says ", size, ")"));
+    throw IoError("pmt::io::checkpoint",
+                  pmt::detail::str(path, ": damaged (",
+                                   ec ? std::string("its size cannot be read") : pmt::detail::str(on_disk, " bytes"),
+                                   ", the manifest says ", size, ")"));
   const std::string bytes = read_file(path);
   if (bytes.size() != size || crc32(bytes.data(), bytes.size()) != m.crcs[static_cast<std::size_t>(q)])
     throw IoError("pmt::io::checkpoint", path + ": damaged (its size or CRC-32 differs from the manifest's)");
@@ -328,7 +344,8 @@ template <class T, class Exec>
 GlobalShape shape_of(const Parameter<T, Exec>& p) {
   GlobalSlice s  = p.slice;
   const bool two = p.local_shape.size() > 1;
-  return {{s.extent[0], two ? s.extent[1] : 1}, {s.offset[0], two ? s.offset[1] : 0},
+  return {{s.extent[0], two ? s.extent[1] : 1},
+          {s.offset[0], two ? s.offset[1] : 0},
           {p.local_shape[0], two ? p.local_shape[1] : 1}};
 }
 
@@ -365,8 +382,8 @@ inline std::vector<std::string> checkpoint_steps(const std::string& dir) {
   if (!fs::is_directory(dir, ec)) return out;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
-    if (name.size() == 13 && name.rfind("step-", 0) == 0 && name.find_first_not_of("0123456789", 5) == std::string::npos &&
-        fs::exists(e.path() / "MANIFEST", ec))
+    if (name.size() == 13 && name.rfind("step-", 0) == 0 &&
+        name.find_first_not_of("0123456789", 5) == std::string::npos && fs::exists(e.path() / "MANIFEST", ec))
       out.push_back(name);
   }
   std::sort(out.begin(), out.end());  // fixed-width step numbers: name order is step order
@@ -385,8 +402,10 @@ inline std::string resumable_checkpoint(const std::string& dir, std::string* not
   std::error_code ec;
   {
     std::ifstream in(dir + "/LATEST");
-    if (!in) why = "LATEST is missing";
-    else if (!(in >> name)) why = "LATEST is empty";
+    if (!in)
+      why = "LATEST is missing";
+    else if (!(in >> name))
+      why = "LATEST is empty";
   }
   if (!name.empty()) {
     if (name.rfind("step-", 0) != 0 || name.find('/') != std::string::npos)
@@ -428,7 +447,7 @@ inline std::string resumable_checkpoint(const std::string& dir, std::string* not
   }
   if (!steps.empty())
     throw IoError("pmt::io::checkpoint", pmt::detail::str(dir, ": ", why, ", and none of its ", steps.size(),
-                                                         " checkpoints verifies (the newest: ", first_problem, ")"));
+                                                          " checkpoints verifies (the newest: ", first_problem, ")"));
   return {};
 }
 
@@ -443,7 +462,7 @@ inline std::vector<std::string> remove_stale_partials(const std::string& dir) {
   std::vector<fs::path> doomed;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
-    const auto ends = [&](const std::string& tail) {
+    const auto ends        = [&](const std::string& tail) {
       return name.size() > tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
     };
     if (name.rfind("step-", 0) == 0 && (ends(".partial") || ends(".old") || ends(".tmp"))) doomed.push_back(e.path());
@@ -511,8 +530,9 @@ class CheckpointLock {
         continue;
       }
       throw IoError("pmt::io::checkpoint",
-                    pmt::detail::str(dir, " is in use by pid ", pid, " on ", holder.empty() ? std::string("an unknown host") : holder,
-                                     " (", m_path, "); one run writes a checkpoint directory at a time",
+                    pmt::detail::str(dir, " is in use by pid ", pid, " on ",
+                                     holder.empty() ? std::string("an unknown host") : holder, " (", m_path,
+                                     "); one run writes a checkpoint directory at a time",
                                      same_host ? std::string() : ": if that run is gone, remove the lock by hand"));
     }
     checkpoint_detail::io_fail("cannot take " + m_path);
@@ -543,12 +563,14 @@ class AdamWState {
  public:
   using value_type      = T;
   using execution_space = Exec;
-  explicit AdamWState(const optim::AdamW<T, Exec>& opt) : m_opt(&opt) {}        // for saving
+  explicit AdamWState(const optim::AdamW<T, Exec>& opt) : m_opt(&opt) {}            // for saving
   explicit AdamWState(optim::AdamW<T, Exec>& opt) : m_opt(&opt), m_target(&opt) {}  // for loading
   const std::vector<Parameter<T, Exec>*>& parameters() const noexcept { return m_opt->parameters(); }
   static const char* kind() noexcept { return "adamw"; }
   static std::vector<std::string> states() { return {"exp_avg", "exp_avg_sq"}; }
-  Tensor<T, 1, Exec> state(std::size_t i, std::size_t k) const { return k == 0 ? m_opt->exp_avg(i) : m_opt->exp_avg_sq(i); }
+  Tensor<T, 1, Exec> state(std::size_t i, std::size_t k) const {
+    return k == 0 ? m_opt->exp_avg(i) : m_opt->exp_avg_sq(i);
+  }
   std::int64_t steps() const noexcept { return m_opt->steps(); }
   void set_steps(std::int64_t n) noexcept { m_target->set_steps(n); }
 
@@ -602,7 +624,9 @@ class ZeroAsAdamW {
   }
   /// For loading into `opt` (then store()).
   explicit ZeroAsAdamW(Zero& opt)
-      : m_params(opt.parameters()), m_target(&opt), m_m("pmt::io::checkpoint::m", opt.padded_size()),
+      : m_params(opt.parameters()),
+        m_target(&opt),
+        m_m("pmt::io::checkpoint::m", opt.padded_size()),
         m_v("pmt::io::checkpoint::v", opt.padded_size()) {
     index();
   }
@@ -627,7 +651,7 @@ class ZeroAsAdamW {
     return Kokkos::subview(flat, std::make_pair(m_offset.at(i), m_offset[i] + m_params[i]->size()));
   }
   std::vector<Parameter<T, Exec>*> m_params;
-  Zero* m_target = nullptr;
+  Zero* m_target       = nullptr;
   std::int64_t m_steps = 0;
   Tensor<T, 1, Exec> m_m, m_v;
   std::vector<std::size_t> m_offset;
@@ -647,13 +671,15 @@ class WithStates {
     const auto& ps = opt.parameters();
     for (const auto& st : m_extra.states) {
       pmt::detail::require<ConfigError>(st.of.size() == ps.size(), "pmt::io::checkpoint", [&] {
-        return pmt::detail::str("state \"", st.name, "\" has ", st.of.size(), " tensors for ", ps.size(), " parameters");
+        return pmt::detail::str("state \"", st.name, "\" has ", st.of.size(), " tensors for ", ps.size(),
+                                " parameters");
       });
       for (std::size_t i = 0; i < ps.size(); ++i)
-        pmt::detail::require<ConfigError>(st.of[i].size() == 0 || st.of[i].size() == ps[i]->size(), "pmt::io::checkpoint", [&] {
-          return pmt::detail::str("state \"", st.name, "\" of parameter ", ps[i]->name, " has ", st.of[i].size(),
-                                  " values; the parameter has ", ps[i]->size(), " (or none)");
-        });
+        pmt::detail::require<ConfigError>(
+            st.of[i].size() == 0 || st.of[i].size() == ps[i]->size(), "pmt::io::checkpoint", [&] {
+              return pmt::detail::str("state \"", st.name, "\" of parameter ", ps[i]->name, " has ", st.of[i].size(),
+                                      " values; the parameter has ", ps[i]->size(), " (or none)");
+            });
     }
   }
   const std::vector<Parameter<T, Exec>*>& parameters() const noexcept { return m_opt->parameters(); }
@@ -684,15 +710,17 @@ class WithStates {
 template <class Opt, class = void>
 inline constexpr bool has_state_defaults_v = false;
 template <class Opt>
-inline constexpr bool has_state_defaults_v<Opt, std::void_t<decltype(std::declval<const Opt&>().defaults_to_value(std::size_t(0)))>> = true;
+inline constexpr bool
+    has_state_defaults_v<Opt, std::void_t<decltype(std::declval<const Opt&>().defaults_to_value(std::size_t(0)))>> =
+        true;
 
 template <class Opt, class Backend>
 std::string save(const std::string& dir, const Mesh<Backend>& mesh, const Opt& opt, const CheckpointInfo& info) {
-  using T                 = typename Opt::value_type;
-  using Exec              = typename Opt::execution_space;
-  namespace fs            = std::filesystem;
-  const auto& world       = mesh.world();
-  const int r             = world.rank();
+  using T                     = typename Opt::value_type;
+  using Exec                  = typename Opt::execution_space;
+  namespace fs                = std::filesystem;
+  const auto& world           = mesh.world();
+  const int r                 = world.rank();
   const std::string final_dir = dir + "/" + checkpoint_detail::step_name(info.step);
   const std::string partial   = final_dir + ".partial";
   std::exception_ptr err;
@@ -703,7 +731,8 @@ std::string save(const std::string& dir, const Mesh<Backend>& mesh, const Opt& o
       fs::create_directories(dir, ec);
       fs::remove_all(partial, ec);
       errno = 0;
-      if (!fs::create_directories(partial, ec) || ec) checkpoint_detail::io_fail("cannot create " + partial + " (" + ec.message() + ")");
+      if (!fs::create_directories(partial, ec) || ec)
+        checkpoint_detail::io_fail("cannot create " + partial + " (" + ec.message() + ")");
     }
   } catch (...) {  // whatever it is, the other ranks must not wait for this one
     err = std::current_exception();
@@ -712,8 +741,8 @@ std::string save(const std::string& dir, const Mesh<Backend>& mesh, const Opt& o
   // this rank's shard
   std::uint64_t meta[2] = {0, 0};  // bytes, crc
   try {
-    std::string bytes = "PMTSHRD1";
-    const auto& ps = opt.parameters();
+    std::string bytes                    = "PMTSHRD1";
+    const auto& ps                       = opt.parameters();
     const std::vector<std::string> kinds = opt.states();
     std::vector<std::size_t> index;
     for (std::size_t i = 0; i < ps.size(); ++i)
@@ -746,8 +775,9 @@ std::string save(const std::string& dir, const Mesh<Backend>& mesh, const Opt& o
         for (std::size_t e = 0; e < host.size(); ++e)  // a checkpoint never holds nan or inf
           if (!std::isfinite(static_cast<double>(host(e))))
             throw IoError("pmt::io::checkpoint",
-                          pmt::detail::str("refusing to save step ", info.step, ": ", name, " holds ", static_cast<double>(host(e)),
-                                           " at element ", e, " on rank ", r, "; LATEST keeps naming the last good checkpoint"));
+                          pmt::detail::str("refusing to save step ", info.step, ": ", name, " holds ",
+                                           static_cast<double>(host(e)), " at element ", e, " on rank ", r,
+                                           "; LATEST keeps naming the last good checkpoint"));
         bytes.append(reinterpret_cast<const char*>(host.data()), host.size() * sizeof(T));
       }
     }
@@ -778,7 +808,8 @@ std::string save(const std::string& dir, const Mesh<Backend>& mesh, const Opt& o
         m << "shard " << checkpoint_detail::shard_name(q) << " " << all(2 * q) << " " << crc << "\n";
       }
       const std::string text = m.str();
-      checkpoint_detail::write_atomically(partial + "/MANIFEST", text + checkpoint_detail::manifest_checksum_line(text));
+      checkpoint_detail::write_atomically(partial + "/MANIFEST",
+                                          text + checkpoint_detail::manifest_checksum_line(text));
       checkpoint_detail::fsync_path(partial, true);
       std::error_code ec;
       if (fs::exists(final_dir, ec)) {  // the same step saved again: replace it
@@ -786,7 +817,8 @@ std::string save(const std::string& dir, const Mesh<Backend>& mesh, const Opt& o
         fs::rename(final_dir, final_dir + ".old", ec);
       }
       errno = 0;
-      if (std::rename(partial.c_str(), final_dir.c_str()) != 0) checkpoint_detail::io_fail("cannot rename " + partial + " to " + final_dir);
+      if (std::rename(partial.c_str(), final_dir.c_str()) != 0)
+        checkpoint_detail::io_fail("cannot rename " + partial + " to " + final_dir);
       checkpoint_detail::fsync_path(dir, true);
       checkpoint_detail::write_atomically(dir + "/LATEST", checkpoint_detail::step_name(info.step) + "\n");
       checkpoint_detail::fsync_path(dir, true);
@@ -800,7 +832,8 @@ std::string save(const std::string& dir, const Mesh<Backend>& mesh, const Opt& o
 }
 
 template <class Opt, class Backend>
-CheckpointInfo load(const std::string& step_dir, const Mesh<Backend>& mesh, Opt& opt, const std::string& expected_model) {
+CheckpointInfo load(const std::string& step_dir, const Mesh<Backend>& mesh, Opt& opt,
+                    const std::string& expected_model) {
   using T           = typename Opt::value_type;
   const auto& world = mesh.world();
   CheckpointInfo info;
@@ -811,22 +844,23 @@ CheckpointInfo load(const std::string& step_dir, const Mesh<Backend>& mesh, Opt&
     const checkpoint_detail::Manifest man = checkpoint_detail::read_manifest(step_dir);
     info.step = man.step, info.layout = man.layout, info.model = man.model, info.extra = man.extra;
     const std::int64_t adam_steps = man.adam_steps;
-    const int saved_world = man.world;
-    const std::size_t elem = man.elem;
+    const int saved_world         = man.world;
+    const std::size_t elem        = man.elem;
     if (info.model != expected_model)
       throw IoError("pmt::io::checkpoint", pmt::detail::str(step_dir, " holds a different model: \"", info.model,
-                                                             "\"; this run is \"", expected_model, "\""));
+                                                            "\"; this run is \"", expected_model, "\""));
     if (elem != sizeof(T))
       throw IoError("pmt::io::checkpoint", pmt::detail::str(step_dir, " holds ", elem, "-byte values; this run uses ",
-                                                             sizeof(T), "-byte values"));
+                                                            sizeof(T), "-byte values"));
     const std::vector<std::string> kinds = opt.states();
     if (!kinds.empty() && man.optimizer != opt.kind())
-      throw IoError("pmt::io::checkpoint",
-                    man.optimizer == "none"
-                        ? pmt::detail::str(step_dir, " holds weights only, no optimizer state; this run's optimizer \"", opt.kind(),
-                                           "\" needs its state (pmt::io::load_weights loads the weights)")
-                        : pmt::detail::str(step_dir, " holds the state of optimizer \"", man.optimizer, "\"; this run's is \"",
-                                           opt.kind(), "\" (pmt::io::load_weights takes the parameters of any checkpoint)"));
+      throw IoError(
+          "pmt::io::checkpoint",
+          man.optimizer == "none"
+              ? pmt::detail::str(step_dir, " holds weights only, no optimizer state; this run's optimizer \"",
+                                 opt.kind(), "\" needs its state (pmt::io::load_weights loads the weights)")
+              : pmt::detail::str(step_dir, " holds the state of optimizer \"", man.optimizer, "\"; this run's is \"",
+                                 opt.kind(), "\" (pmt::io::load_weights takes the parameters of any checkpoint)"));
     // Which shards to read: our own with the same layout (then the others only for what it does
     // not hold, e.g. the tied LM head's copy, saved by the first stage), all of them otherwise.
     const auto s    = mesh.shape();
@@ -837,7 +871,8 @@ CheckpointInfo load(const std::string& step_dir, const Mesh<Backend>& mesh, Opt&
     std::vector<std::vector<T>> hv(ps.size());
     std::vector<std::vector<std::vector<T>>> hst(kinds.size(), std::vector<std::vector<T>>(ps.size()));
     std::vector<std::vector<char>> got(ps.size());  // which elements some shard provided (dp replicas repeat them)
-    std::vector<std::vector<char>> found(kinds.size(), std::vector<char>(ps.size(), 0));  // a record of state k for parameter i
+    std::vector<std::vector<char>> found(kinds.size(),
+                                         std::vector<char>(ps.size(), 0));  // a record of state k for parameter i
     for (std::size_t i = 0; i < ps.size(); ++i) {
       hv[i].resize(ps[i]->size());
       for (auto& st : hst) st[i].resize(ps[i]->size());
@@ -847,7 +882,7 @@ CheckpointInfo load(const std::string& step_dir, const Mesh<Backend>& mesh, Opt&
       const std::string path  = step_dir + "/" + man.shards[static_cast<std::size_t>(q)].first;
       const std::string bytes = checkpoint_detail::read_shard_file(step_dir, man, q);
       for (const auto& rec : checkpoint_detail::parse_shard(path, bytes)) {
-        const auto slash = rec.name.find('/');
+        const auto slash       = rec.name.find('/');
         const std::string kind = rec.name.substr(0, slash), pname = rec.name.substr(slash + 1);
         std::size_t state_k = kinds.size();  // which state this record is (kinds.size(): none we load)
         for (std::size_t k = 0; k < kinds.size(); ++k)
@@ -857,8 +892,9 @@ CheckpointInfo load(const std::string& step_dir, const Mesh<Backend>& mesh, Opt&
           if (ps[i]->name != pname || !wanted[i]) continue;
           const auto sh = checkpoint_detail::shape_of(*ps[i]);
           if (rec.elem != sizeof(T) || rec.global[0] != sh.g[0] || rec.global[1] != sh.g[1])
-            throw IoError("pmt::io::checkpoint", pmt::detail::str(path, ": ", rec.name, " has global shape (", rec.global[0], ", ",
-                                                                   rec.global[1], "); the model's is (", sh.g[0], ", ", sh.g[1], ")"));
+            throw IoError("pmt::io::checkpoint",
+                          pmt::detail::str(path, ": ", rec.name, " has global shape (", rec.global[0], ", ",
+                                           rec.global[1], "); the model's is (", sh.g[0], ", ", sh.g[1], ")"));
           auto& dst = kind == "param" ? hv[i] : hst[state_k][i];
           if (kind != "param") found[state_k][i] = 1;
           // the overlap of the saved slice [o, o + l) with ours, per dimension
@@ -896,8 +932,9 @@ CheckpointInfo load(const std::string& step_dir, const Mesh<Backend>& mesh, Opt&
         if (!same || q != world.rank()) read_shard(q, wanted);
     for (std::size_t i = 0; i < ps.size(); ++i)
       if (filled[i] != ps[i]->size())
-        throw IoError("pmt::io::checkpoint", pmt::detail::str(step_dir, ": parameter ", ps[i]->name, " is covered by ", filled[i],
-                                                               " of its ", ps[i]->size(), " elements on this rank (a checkpoint of another model?)"));
+        throw IoError("pmt::io::checkpoint",
+                      pmt::detail::str(step_dir, ": parameter ", ps[i]->name, " is covered by ", filled[i], " of its ",
+                                       ps[i]->size(), " elements on this rank (a checkpoint of another model?)"));
     using HostView = Kokkos::View<const T*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
     for (std::size_t i = 0; i < ps.size(); ++i) {
       Kokkos::deep_copy(ps[i]->value, HostView(hv[i].data(), hv[i].size()));
@@ -905,7 +942,8 @@ CheckpointInfo load(const std::string& step_dir, const Mesh<Backend>& mesh, Opt&
         const auto st = opt.state(i, k);
         if (st.size() == 0) continue;  // this parameter has no such state
         bool from_value = false;       // a state the checkpoint lacks: zeros, or the loaded value
-        if constexpr (checkpoint_detail::has_state_defaults_v<Opt>) from_value = !found[k][i] && opt.defaults_to_value(k);
+        if constexpr (checkpoint_detail::has_state_defaults_v<Opt>)
+          from_value = !found[k][i] && opt.defaults_to_value(k);
         const auto& src = from_value ? hv[i] : hst[k][i];
         Kokkos::deep_copy(st, HostView(src.data(), src.size()));
       }
@@ -945,8 +983,8 @@ std::string save_checkpoint(const std::string& dir, const Mesh<Backend>& mesh, c
 /// \brief The weights only, no optimizer state ("optimizer none"): for inference, evaluation or
 /// a fine-tuning run with a fresh optimizer. `params`: a model's parameters() (this stage's).
 template <class T, class Exec, class Backend>
-std::string save_weights(const std::string& dir, const Mesh<Backend>& mesh, const std::vector<Parameter<T, Exec>*>& params,
-                         const CheckpointInfo& info) {
+std::string save_weights(const std::string& dir, const Mesh<Backend>& mesh,
+                         const std::vector<Parameter<T, Exec>*>& params, const CheckpointInfo& info) {
   return checkpoint_detail::save(dir, mesh, checkpoint_detail::WeightsOnly<T, Exec>(params), info);
 }
 
@@ -987,8 +1025,8 @@ CheckpointInfo load_checkpoint(const std::string& step_dir, const Mesh<Backend>&
 /// \brief The parameters of any checkpoint (AdamW's, Sgd's or save_weights'), on any layout;
 /// optimizer state in it is skipped. Collective over the mesh's world.
 template <class T, class Exec, class Backend>
-CheckpointInfo load_weights(const std::string& step_dir, const Mesh<Backend>& mesh, const std::vector<Parameter<T, Exec>*>& params,
-                            const std::string& expected_model) {
+CheckpointInfo load_weights(const std::string& step_dir, const Mesh<Backend>& mesh,
+                            const std::vector<Parameter<T, Exec>*>& params, const std::string& expected_model) {
   checkpoint_detail::WeightsOnly<T, Exec> state(params);
   return checkpoint_detail::load(step_dir, mesh, state, expected_model);
 }

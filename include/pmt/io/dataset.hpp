@@ -39,7 +39,7 @@ class TokenDataset {
   TokenDataset(const std::string& path, std::size_t context, const std::vector<std::string>& extensions = {".md"},
                std::uint64_t max_bytes = default_max_bytes)
       : m_path(path), m_context(context) {
-    namespace fs = std::filesystem;
+    namespace fs   = std::filesystem;
     const char* op = "pmt::io::TokenDataset";
     std::error_code ec;
     std::vector<fs::path> files;
@@ -49,18 +49,21 @@ class TokenDataset {
             std::find(extensions.begin(), extensions.end(), e.path().extension().string()) != extensions.end())
           files.push_back(e.path());
       std::sort(files.begin(), files.end());
-      detail::require<IoError>(!files.empty(), op, [&] { return detail::str(path, ": a directory without data files"); });
+      detail::require<IoError>(!files.empty(), op,
+                               [&] { return detail::str(path, ": a directory without data files"); });
     } else {
       detail::require<IoError>(fs::exists(path, ec), op, [&] { return detail::str(path, ": no such file"); });
       detail::require<IoError>(fs::is_regular_file(path, ec), op, [&] {
-        return detail::str(path, ": not a regular file (a device, pipe or socket has no size to bound a read; pass a file)");
+        return detail::str(path,
+                           ": not a regular file (a device, pipe or socket has no size to bound a read; pass a file)");
       });
       files.push_back(path);
     }
     std::uint64_t total = 0;
     for (const auto& f : files) total += fs::file_size(f, ec);
     detail::require<IoError>(total <= max_bytes, op, [&] {
-      return detail::str(path, " holds ", total, " bytes, more than the limit of ", max_bytes, " bytes a dataset reads into memory");
+      return detail::str(path, " holds ", total, " bytes, more than the limit of ", max_bytes,
+                         " bytes a dataset reads into memory");
     });
     for (const auto& f : files) {
       std::ifstream in(f, std::ios::binary);
@@ -77,12 +80,12 @@ class TokenDataset {
     }
     for (const unsigned char c : m_bytes) m_fingerprint = (m_fingerprint ^ c) * 1099511628211ull;  // FNV-1a
     detail::require<IoError>(m_bytes.size() >= context + 1, op, [&] {
-      return detail::str(path, " holds ", m_bytes.size(), " bytes, shorter than one context (context + 1 = ", context + 1,
-                         " bytes)");
+      return detail::str(path, " holds ", m_bytes.size(),
+                         " bytes, shorter than one context (context + 1 = ", context + 1, " bytes)");
     });
     detail::require<IoError>(m_bytes.size() >= 2 * (context + 1), op, [&] {
-      return detail::str(path, " holds ", m_bytes.size(), " bytes; a training and a validation split need 2 (context + 1) = ",
-                         2 * (context + 1));
+      return detail::str(path, " holds ", m_bytes.size(),
+                         " bytes; a training and a validation split need 2 (context + 1) = ", 2 * (context + 1));
     });
     m_val_begin = std::min(m_bytes.size() - (context + 1), m_bytes.size() * 9 / 10);
   }
@@ -101,7 +104,8 @@ class TokenDataset {
                    const Ids& targets) const {
     const std::size_t T = m_context, span = m_val_begin >= T + 1 ? m_val_begin - T - 1 : 0;
     for (std::size_t b = 0; b < B; ++b) {
-      const double u = random_uniform(RngKey{seed, 1000}, static_cast<std::uint64_t>(step) * (std::uint64_t(1) << 20) + first + b);
+      const double u =
+          random_uniform(RngKey{seed, 1000}, static_cast<std::uint64_t>(step) * (std::uint64_t(1) << 20) + first + b);
       fill(static_cast<std::size_t>(u * static_cast<double>(span + 1)) % (span + 1), b, ids, targets);
     }
   }
@@ -127,7 +131,7 @@ class TokenDataset {
   std::string m_path;
   std::size_t m_context;
   std::string m_bytes;
-  std::size_t m_val_begin = 0;
+  std::size_t m_val_begin     = 0;
   std::uint64_t m_fingerprint = 14695981039346656037ull;
 };
 

@@ -9,10 +9,10 @@
 #include "pmt/core/activation_slot.hpp"
 #include "pmt/core/instrument.hpp"
 #include "pmt/core/tensor.hpp"
+#include "pmt/core/workspace.hpp"
 #include "pmt/nn/module.hpp"
 #include "pmt/ops/elementwise.hpp"
 #include "pmt/policy/placement.hpp"
-#include "pmt/core/workspace.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -29,19 +29,23 @@ enum class PointwiseKind { Gelu, Relu, Silu, Tanh };
 template <class T, class Exec, PointwiseKind Kind>
 class Pointwise {
  public:
-  using value_type       = T;
-  using execution_space  = Exec;
-  using input_placement  = AnyPlacement;
-  using output_placement = AnyPlacement;  // = its input's
+  using value_type                = T;
+  using execution_space           = Exec;
+  using input_placement           = AnyPlacement;
+  using output_placement          = AnyPlacement;  // = its input's
   static constexpr bool nonlinear = true;
 
   Tensor<T, 2, Exec> forward(const Exec& exec, const Tensor<T, 2, Exec>& x) {
     const Instrument instrument(region(true));
     auto y = workspace_view<Tensor<T, 2, Exec>>("pmt::nn::Pointwise::y", x.extent(0), x.extent(1));
-    if constexpr (Kind == PointwiseKind::Gelu) ops::gelu(exec, x, y);
-    else if constexpr (Kind == PointwiseKind::Relu) ops::relu(exec, x, y);
-    else if constexpr (Kind == PointwiseKind::Silu) ops::silu(exec, x, y);
-    else ops::tanh(exec, x, y);
+    if constexpr (Kind == PointwiseKind::Gelu)
+      ops::gelu(exec, x, y);
+    else if constexpr (Kind == PointwiseKind::Relu)
+      ops::relu(exec, x, y);
+    else if constexpr (Kind == PointwiseKind::Silu)
+      ops::silu(exec, x, y);
+    else
+      ops::tanh(exec, x, y);
     if (grad_enabled()) *m_saved = Kind == PointwiseKind::Tanh ? y : x;
     return y;
   }
@@ -53,26 +57,38 @@ class Pointwise {
                          "; call forward first, with gradients on (not under pmt::NoGrad)");
     });
     auto dx = workspace_view<Tensor<T, 2, Exec>>("pmt::nn::Pointwise::dx", dy.extent(0), dy.extent(1));
-    if constexpr (Kind == PointwiseKind::Gelu) ops::gelu_backward(exec, s, dy, dx);
-    else if constexpr (Kind == PointwiseKind::Relu) ops::relu_backward(exec, s, dy, dx);
-    else if constexpr (Kind == PointwiseKind::Silu) ops::silu_backward(exec, s, dy, dx);
-    else ops::tanh_backward(exec, s, dy, dx);
+    if constexpr (Kind == PointwiseKind::Gelu)
+      ops::gelu_backward(exec, s, dy, dx);
+    else if constexpr (Kind == PointwiseKind::Relu)
+      ops::relu_backward(exec, s, dy, dx);
+    else if constexpr (Kind == PointwiseKind::Silu)
+      ops::silu_backward(exec, s, dy, dx);
+    else
+      ops::tanh_backward(exec, s, dy, dx);
     return dx;
   }
   std::vector<Parameter<T, Exec>*> parameters() { return {}; }
   /// \brief Elementwise: the output is as wide as the input.
   std::size_t output_width(std::size_t in) const noexcept { return in; }
   static const char* region(bool forward) noexcept {
-    if constexpr (Kind == PointwiseKind::Gelu) return forward ? "pmt::nn::Gelu::forward" : "pmt::nn::Gelu::backward";
-    else if constexpr (Kind == PointwiseKind::Relu) return forward ? "pmt::nn::Relu::forward" : "pmt::nn::Relu::backward";
-    else if constexpr (Kind == PointwiseKind::Silu) return forward ? "pmt::nn::Silu::forward" : "pmt::nn::Silu::backward";
-    else return forward ? "pmt::nn::Tanh::forward" : "pmt::nn::Tanh::backward";
+    if constexpr (Kind == PointwiseKind::Gelu)
+      return forward ? "pmt::nn::Gelu::forward" : "pmt::nn::Gelu::backward";
+    else if constexpr (Kind == PointwiseKind::Relu)
+      return forward ? "pmt::nn::Relu::forward" : "pmt::nn::Relu::backward";
+    else if constexpr (Kind == PointwiseKind::Silu)
+      return forward ? "pmt::nn::Silu::forward" : "pmt::nn::Silu::backward";
+    else
+      return forward ? "pmt::nn::Tanh::forward" : "pmt::nn::Tanh::backward";
   }
   static const char* name() noexcept {
-    if constexpr (Kind == PointwiseKind::Gelu) return "pmt::nn::Gelu";
-    else if constexpr (Kind == PointwiseKind::Relu) return "pmt::nn::Relu";
-    else if constexpr (Kind == PointwiseKind::Silu) return "pmt::nn::Silu";
-    else return "pmt::nn::Tanh";
+    if constexpr (Kind == PointwiseKind::Gelu)
+      return "pmt::nn::Gelu";
+    else if constexpr (Kind == PointwiseKind::Relu)
+      return "pmt::nn::Relu";
+    else if constexpr (Kind == PointwiseKind::Silu)
+      return "pmt::nn::Silu";
+    else
+      return "pmt::nn::Tanh";
   }
 
  private:

@@ -23,19 +23,19 @@
 // like Adam would only turn rounding noise into parameter noise (which also breaks the
 // bitwise-reproducible comparison of layouts).
 
-#include "pmt/core/instrument.hpp"
 #include "pmt/comm/backend.hpp"
 #include "pmt/comm/mesh.hpp"
+#include "pmt/core/activation_slot.hpp"
 #include "pmt/core/error.hpp"
+#include "pmt/core/instrument.hpp"
 #include "pmt/core/random.hpp"
 #include "pmt/core/tensor.hpp"
+#include "pmt/core/workspace.hpp"
 #include "pmt/nn/linear.hpp"
 #include "pmt/nn/module.hpp"
-#include "pmt/core/activation_slot.hpp"
 #include "pmt/ops/attention.hpp"
 #include "pmt/ops/elementwise.hpp"
 #include "pmt/parallel/regions.hpp"
-#include "pmt/core/workspace.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -49,21 +49,23 @@ namespace pmt::detail {
 template <class Exec, class YV, class BV>
 void fill_qkv_bias(const Exec& exec, const YV& y, const BV& bq, const BV& bv) {
   const auto Cl = static_cast<std::int64_t>(bq.extent(0));
-  Kokkos::parallel_for("pmt::nn::QkvProjection::fill_bias",
-                       Kokkos::RangePolicy<Exec>(exec, 0, static_cast<std::int64_t>(y.extent(0))), KOKKOS_LAMBDA(std::int64_t n) {
-                         for (std::int64_t j = 0; j < Cl; ++j) y(n, j) = bq(j);
-                         for (std::int64_t j = 0; j < Cl; ++j) y(n, Cl + j) = 0;
-                         for (std::int64_t j = 0; j < Cl; ++j) y(n, 2 * Cl + j) = bv(j);
-                       });
+  Kokkos::parallel_for(
+      "pmt::nn::QkvProjection::fill_bias", Kokkos::RangePolicy<Exec>(exec, 0, static_cast<std::int64_t>(y.extent(0))),
+      KOKKOS_LAMBDA(std::int64_t n) {
+        for (std::int64_t j = 0; j < Cl; ++j) y(n, j) = bq(j);
+        for (std::int64_t j = 0; j < Cl; ++j) y(n, Cl + j) = 0;
+        for (std::int64_t j = 0; j < Cl; ++j) y(n, 2 * Cl + j) = bv(j);
+      });
 }
 /// gq += s[0, Cl), gv += s[2 Cl, 3 Cl): the column sums of dy into the q and v biases' gradients.
 template <class Exec, class SV, class GV>
 void add_qkv_bias_grads(const Exec& exec, const SV& s, const GV& gq, const GV& gv) {
   const auto Cl = static_cast<std::int64_t>(gq.extent(0));
-  Kokkos::parallel_for("pmt::nn::QkvProjection::bias_grads", Kokkos::RangePolicy<Exec>(exec, 0, Cl), KOKKOS_LAMBDA(std::int64_t j) {
-    gq(j) += s(j);
-    gv(j) += s(2 * Cl + j);
-  });
+  Kokkos::parallel_for(
+      "pmt::nn::QkvProjection::bias_grads", Kokkos::RangePolicy<Exec>(exec, 0, Cl), KOKKOS_LAMBDA(std::int64_t j) {
+        gq(j) += s(j);
+        gv(j) += s(2 * Cl + j);
+      });
 }
 }  // namespace pmt::detail
 
@@ -82,9 +84,8 @@ class QkvProjection {
                 bool sequence_parallel = false)
       : m_tp(mesh.comm(Axis::tp)), m_C(C), m_seq(sequence_parallel && m_tp.size() > 1) {
     const auto tp = static_cast<std::size_t>(m_tp.size()), r = static_cast<std::size_t>(m_tp.rank());
-    detail::require(C % tp == 0, "pmt::nn::QkvProjection", [&] {
-      return detail::str("width ", C, " is not divisible by tp = ", tp);
-    });
+    detail::require(C % tp == 0, "pmt::nn::QkvProjection",
+                    [&] { return detail::str("width ", C, " is not divisible by tp = ", tp); });
     const std::size_t Cl = C / tp;
     GlobalSlice ws;
     ws.extent[0] = 3 * C, ws.extent[1] = C, ws.offset[1] = r * Cl;
@@ -93,16 +94,17 @@ class QkvProjection {
     Tensor<T, 2, Exec> part("pmt::nn::QkvProjection::init", C, Cl);
     GlobalSlice ps;
     ps.extent[0] = C, ps.extent[1] = C, ps.offset[1] = r * Cl;
-    const auto w3 = Kokkos::View<T***, Kokkos::LayoutRight, typename Exec::memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
-        m_w.value.data(), C, 3, Cl);
+    const auto w3 =
+        Kokkos::View<T***, Kokkos::LayoutRight, typename Exec::memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
+            m_w.value.data(), C, 3, Cl);
     for (std::uint32_t g = 0; g < 3; ++g) {
       fill_normal(Exec(), part, RngKey{first.seed, first.stream + g}, 0.0, init_std, ps);
       Kokkos::deep_copy(Exec(), Kokkos::subview(w3, Kokkos::ALL, g, Kokkos::ALL), part);
     }
     GlobalSlice bs;
     bs.extent[0] = C, bs.offset[0] = r * Cl;
-    m_bq = Parameter<T, Exec>("pmt::nn::QkvProjection::bias_q", {Cl}, bs, false);
-    m_bv = Parameter<T, Exec>("pmt::nn::QkvProjection::bias_v", {Cl}, bs, false);
+    m_bq   = Parameter<T, Exec>("pmt::nn::QkvProjection::bias_q", {Cl}, bs, false);
+    m_bv   = Parameter<T, Exec>("pmt::nn::QkvProjection::bias_v", {Cl}, bs, false);
     m_sums = Tensor<T, 1, Exec>("pmt::nn::QkvProjection::column_sums", 3 * Cl);
     Exec().fence();
   }
@@ -110,9 +112,8 @@ class QkvProjection {
   /// \brief qkv (N, 3 Cl) = x W + [bq | 0 | bv]; keeps x for backward. With sequence
   /// parallelism x is (N/tp, C).
   Tensor<T, 2, Exec> forward(const Exec& exec, const Tensor<T, 2, Exec>& x_in) {
-    detail::require(x_in.extent(1) == m_C, "pmt::nn::QkvProjection::forward", [&] {
-      return detail::str("x is ", shape_str(x_in), "; expected (N, ", m_C, ")");
-    });
+    detail::require(x_in.extent(1) == m_C, "pmt::nn::QkvProjection::forward",
+                    [&] { return detail::str("x is ", shape_str(x_in), "; expected (N, ", m_C, ")"); });
     const Instrument instrument("pmt::nn::QkvProjection::forward");
     if (grad_enabled()) *m_x = x_in;
     const Tensor<T, 2, Exec> x = m_seq ? parallel::gather_rows(m_tp, exec, x_in) : x_in;
@@ -126,11 +127,12 @@ class QkvProjection {
   Tensor<T, 2, Exec> backward(const Exec& exec, const Tensor<T, 2, Exec>& dy) {
     const Instrument instrument("pmt::nn::QkvProjection::backward");
     const Tensor<T, 2, Exec> saved = m_x.take();
-    const std::size_t rows = saved.extent(0) * (m_seq ? static_cast<std::size_t>(m_tp.size()) : 1);
+    const std::size_t rows         = saved.extent(0) * (m_seq ? static_cast<std::size_t>(m_tp.size()) : 1);
     detail::require(saved.data() != nullptr && dy.extent(0) == rows && dy.extent(1) == 3 * local(),
                     "pmt::nn::QkvProjection::backward", [&] {
-                      return detail::str("dqkv is ", shape_str(dy), " but forward saw x ", shape_str(saved), " and produced (",
-                                         rows, ", ", 3 * local(), "); call forward first (each backward consumes its "
+                      return detail::str("dqkv is ", shape_str(dy), " but forward saw x ", shape_str(saved),
+                                         " and produced (", rows, ", ", 3 * local(),
+                                         "); call forward first (each backward consumes its "
                                          "forward's saved input)");
                     });
     const Tensor<T, 2, Exec> x = m_seq ? parallel::gather_rows(m_tp, exec, saved) : saved;
@@ -139,7 +141,7 @@ class QkvProjection {
     detail::add_qkv_bias_grads(exec, m_sums, m_bq.grad, m_bv.grad);
     auto dx = workspace_view<Tensor<T, 2, Exec>>("pmt::nn::QkvProjection::dx", dy.extent(0), m_C);
     ops::matmul(exec, ops::Trans::N, ops::Trans::T, T(1), dy, weight(m_w.value), T(0), dx);  // (N, C)
-    if (m_seq) return parallel::reduce_scatter_rows(m_tp, exec, dx);  // conjugate of gather_rows
+    if (m_seq) return parallel::reduce_scatter_rows(m_tp, exec, dx);                         // conjugate of gather_rows
     parallel::copy_to_backward(m_tp, exec, dx);  // x entered the column-split region whole
     return dx;
   }
@@ -160,8 +162,8 @@ class QkvProjection {
   std::size_t m_C;
   bool m_seq;
   Parameter<T, Exec> m_w, m_bq, m_bv;
-  Tensor<T, 1, Exec> m_sums;       // column sums of dqkv (3 Cl)
-  Saved<Tensor<T, 2, Exec>> m_x;   // the input, per activation slot
+  Tensor<T, 1, Exec> m_sums;      // column sums of dqkv (3 Cl)
+  Saved<Tensor<T, 2, Exec>> m_x;  // the input, per activation slot
 };
 
 /// \brief Multi-head causal self-attention with the heads split over tp (see the file comment):
@@ -172,26 +174,31 @@ class QkvProjection {
 template <class T, class Exec = Kokkos::DefaultExecutionSpace, class Backend = comm::default_backend_t<Exec>>
 class CausalSelfAttention {
  public:
-  using value_type       = T;
-  using execution_space  = Exec;
-  using input_placement  = Replicated;
-  using output_placement = Replicated;
+  using value_type                = T;
+  using execution_space           = Exec;
+  using input_placement           = Replicated;
+  using output_placement          = Replicated;
   static constexpr bool nonlinear = true;
 
   /// Weights use RNG streams first_stream .. first_stream + 3 (q, k, v, proj).
   /// \throws pmt::ShapeError when C is not divisible by H or H by tp.
   CausalSelfAttention(const Mesh<Backend>& mesh, std::size_t C, std::size_t H, std::uint64_t seed,
                       std::uint32_t first_stream, bool sequence_parallel = false)
-      : m_tp(mesh.comm(Axis::tp)), m_C(C), m_H(H), m_seq(sequence_parallel && m_tp.size() > 1),
+      : m_tp(mesh.comm(Axis::tp)),
+        m_C(C),
+        m_H(H),
+        m_seq(sequence_parallel && m_tp.size() > 1),
         m_qkv(checked(mesh, C, H), C, RngKey{seed, first_stream}, 0.02, sequence_parallel),
         m_proj(mesh, C, C, RngKey{seed, first_stream + 3}, seq_options(sequence_parallel)) {}
 
   /// \brief y (N, C) from x (N, C) holding B sequences of T tokens (N/tp rows of each with
   /// sequence parallelism).
   Tensor<T, 2, Exec> forward(const Exec& exec, const Tensor<T, 2, Exec>& x, std::size_t B, std::size_t Tn) {
-    const std::size_t rows = m_seq ? parallel::local_rows(m_tp, B * Tn, "pmt::nn::CausalSelfAttention::forward") : B * Tn;
+    const std::size_t rows =
+        m_seq ? parallel::local_rows(m_tp, B * Tn, "pmt::nn::CausalSelfAttention::forward") : B * Tn;
     detail::require(x.extent(0) == rows && x.extent(1) == m_C, "pmt::nn::CausalSelfAttention::forward", [&] {
-      return detail::str("x is ", shape_str(x), "; expected (B T", m_seq ? " / tp" : "", ", C) = (", rows, ", ", m_C, ")");
+      return detail::str("x is ", shape_str(x), "; expected (B T", m_seq ? " / tp" : "", ", C) = (", rows, ", ", m_C,
+                         ")");
     });
     const Instrument instrument("pmt::nn::CausalSelfAttention::forward");
     const std::size_t Cl = m_C / static_cast<std::size_t>(m_tp.size());
@@ -207,7 +214,8 @@ class CausalSelfAttention {
     auto qkv = m_qkv.forward(exec, x);  // (N, 3 C/tp) = [q | k | v]
     auto att = workspace_view<Tensor<T, 2, Exec>>("pmt::nn::attention::out", B * Tn, Cl);
     ops::attention_forward(exec, as3(qkv, B, Tn), as3(att, B, Tn), saved.cache);
-    if (grad_enabled() && m_recompute) m_saved->qkv = qkv, m_saved->cache.B = saved.cache.B, m_saved->cache.T_ = saved.cache.T_;
+    if (grad_enabled() && m_recompute)
+      m_saved->qkv = qkv, m_saved->cache.B = saved.cache.B, m_saved->cache.T_ = saved.cache.T_;
     return m_proj.forward(exec, att);  // (N, C), all-reduced over tp (N/tp rows, reduce-scattered)
   }
 
@@ -218,18 +226,18 @@ class CausalSelfAttention {
     const auto B = static_cast<std::size_t>(saved.cache.B), Tn = static_cast<std::size_t>(saved.cache.T_);
     const std::size_t rows = m_seq ? B * Tn / static_cast<std::size_t>(m_tp.size()) : B * Tn;
     detail::require((saved.cache.q.data() != nullptr || saved.qkv.data() != nullptr) && dy.extent(0) == rows,
-                    "pmt::nn::CausalSelfAttention::backward",
-                    [&] {
-                      return detail::str("dy is ", shape_str(dy), " but the saved forward is (B T", m_seq ? " / tp" : "",
-                                         ", C) = (", rows, ", ", m_C, "); call forward first (each backward consumes its "
+                    "pmt::nn::CausalSelfAttention::backward", [&] {
+                      return detail::str("dy is ", shape_str(dy), " but the saved forward is (B T",
+                                         m_seq ? " / tp" : "", ", C) = (", rows, ", ", m_C,
+                                         "); call forward first (each backward consumes its "
                                          "forward's activations)");
                     });
     const std::size_t Cl = m_C / static_cast<std::size_t>(m_tp.size());
-    auto datt = m_proj.backward(exec, dy);  // (N, C/tp)
-    if (saved.qkv.data() != nullptr) {  // selective recomputation: the attention's forward again
+    auto datt            = m_proj.backward(exec, dy);  // (N, C/tp)
+    if (saved.qkv.data() != nullptr) {                 // selective recomputation: the attention's forward again
       const Instrument again("pmt::nn::CausalSelfAttention::recompute");
       saved.cache = make_cache(B, Tn);
-      auto att = workspace_view<Tensor<T, 2, Exec>>("pmt::nn::attention::out", B * Tn, Cl);
+      auto att    = workspace_view<Tensor<T, 2, Exec>>("pmt::nn::attention::out", B * Tn, Cl);
       ops::attention_forward(exec, as3(saved.qkv, B, Tn), as3(att, B, Tn), saved.cache);
     }
     // every element written by attention_backward
@@ -256,9 +264,8 @@ class CausalSelfAttention {
  private:
   static const Mesh<Backend>& checked(const Mesh<Backend>& mesh, std::size_t C, std::size_t H) {
     const auto tp = static_cast<std::size_t>(mesh.degree(Axis::tp));
-    detail::require(H > 0 && C % H == 0, "pmt::nn::CausalSelfAttention", [&] {
-      return detail::str("width ", C, " is not divisible by heads ", H);
-    });
+    detail::require(H > 0 && C % H == 0, "pmt::nn::CausalSelfAttention",
+                    [&] { return detail::str("width ", C, " is not divisible by heads ", H); });
     detail::require(H % tp == 0, "pmt::nn::CausalSelfAttention", [&] {
       return detail::str("heads ", H, " are not divisible by tp = ", tp, " (heads are split over tp)");
     });
@@ -275,8 +282,8 @@ class CausalSelfAttention {
     return o;
   }
   static auto as3(const Tensor<T, 2, Exec>& v, std::size_t B, std::size_t Tn) {
-    return Kokkos::View<T***, Kokkos::LayoutRight, typename Exec::memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
-        v.data(), B, Tn, v.extent(1));
+    return Kokkos::View<T***, Kokkos::LayoutRight, typename Exec::memory_space,
+                        Kokkos::MemoryTraits<Kokkos::Unmanaged>>(v.data(), B, Tn, v.extent(1));
   }
 
   comm::Communicator<Backend> m_tp;

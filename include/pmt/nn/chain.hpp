@@ -30,15 +30,17 @@ struct has_output_width<L, std::void_t<decltype(std::size_t(std::declval<const L
 template <class L, class = void>
 struct has_input_width : std::false_type {};
 template <class L>
-struct has_input_width<L, std::void_t<decltype(std::size_t(std::declval<const L&>().input_width()))>> : std::true_type {};
+struct has_input_width<L, std::void_t<decltype(std::size_t(std::declval<const L&>().input_width()))>> : std::true_type {
+};
 
 /// Fails to compile when layer L cannot say its output width; the instantiation names L.
 template <class L>
 constexpr bool check_output_width() {
-  static_assert(has_output_width<L>::value,
-                "pmt::nn::Chain: this layer (pmt::detail::check_output_width<L>) lacks std::size_t output_width(std::size_t "
-                "input_width) const, the local width of its output for an input of that width; a pipeline stage "
-                "needs it to size what it receives");
+  static_assert(
+      has_output_width<L>::value,
+      "pmt::nn::Chain: this layer (pmt::detail::check_output_width<L>) lacks std::size_t output_width(std::size_t "
+      "input_width) const, the local width of its output for an input of that width; a pipeline stage "
+      "needs it to size what it receives");
   return true;
 }
 
@@ -71,14 +73,14 @@ struct link_walk {
 };
 template <class Previous, class Current, class L, class... Layers>
 struct link_walk<Previous, Current, L, Layers...> {
-  using in                           = typename L::input_placement;
-  static constexpr bool placement_ok = std::is_same_v<in, AnyPlacement> || std::is_same_v<Current, AnyPlacement> ||
-                                       std::is_same_v<in, Current>;
-  static constexpr bool partial_ok   = !(L::nonlinear && std::is_same_v<Current, Partial>);
+  using in = typename L::input_placement;
+  static constexpr bool placement_ok =
+      std::is_same_v<in, AnyPlacement> || std::is_same_v<Current, AnyPlacement> || std::is_same_v<in, Current>;
+  static constexpr bool partial_ok = !(L::nonlinear && std::is_same_v<Current, Partial>);
   using next = std::conditional_t<std::is_same_v<typename L::output_placement, AnyPlacement>, Current,
                                   typename L::output_placement>;
-  static constexpr bool ok = check_link<Previous, L, Current, placement_ok, partial_ok>::value &&
-                             link_walk<L, next, Layers...>::ok;
+  static constexpr bool ok =
+      check_link<Previous, L, Current, placement_ok, partial_ok>::value && link_walk<L, next, Layers...>::ok;
   using output = typename link_walk<L, next, Layers...>::output;
 };
 
@@ -97,19 +99,17 @@ class Chain {
   using First = std::tuple_element_t<0, std::tuple<Layers...>>;
 
  public:
-  using value_type       = typename First::value_type;
-  using execution_space  = typename First::execution_space;
-  using input_placement  = typename First::input_placement;
-  using output_placement = typename detail::link_walk<void, AnyPlacement, Layers...>::output;
+  using value_type                = typename First::value_type;
+  using execution_space           = typename First::execution_space;
+  using input_placement           = typename First::input_placement;
+  using output_placement          = typename detail::link_walk<void, AnyPlacement, Layers...>::output;
   static constexpr bool nonlinear = (Layers::nonlinear || ...);
   using T                         = value_type;
   using Exec                      = execution_space;
 
   explicit Chain(Layers... layers) : m_layers(std::move(layers)...) {}
 
-  Tensor<T, 2, Exec> forward(const Exec& exec, const Tensor<T, 2, Exec>& x) {
-    return forward_from<0>(exec, x);
-  }
+  Tensor<T, 2, Exec> forward(const Exec& exec, const Tensor<T, 2, Exec>& x) { return forward_from<0>(exec, x); }
   Tensor<T, 2, Exec> backward(const Exec& exec, const Tensor<T, 2, Exec>& dy) {
     return backward_from<sizeof...(Layers)>(exec, dy);
   }
@@ -149,7 +149,7 @@ class Chain {
           const auto ps = layer.parameters();
           if (!ps.empty()) grads_needed(ps);
         }
-        dy          = layer.backward(exec, dy);
+        dy = layer.backward(exec, dy);
         pmt::progress();
         if (grads_ready) {
           const auto ps = layer.parameters();
@@ -226,13 +226,17 @@ class Chain {
 
   template <std::size_t I>
   Tensor<T, 2, Exec> forward_from(const Exec& exec, const Tensor<T, 2, Exec>& x) {
-    if constexpr (I == sizeof...(Layers)) return x;
-    else return forward_from<I + 1>(exec, std::get<I>(m_layers).forward(exec, x));
+    if constexpr (I == sizeof...(Layers))
+      return x;
+    else
+      return forward_from<I + 1>(exec, std::get<I>(m_layers).forward(exec, x));
   }
   template <std::size_t I>
   Tensor<T, 2, Exec> backward_from(const Exec& exec, const Tensor<T, 2, Exec>& dy) {
-    if constexpr (I == 0) return dy;
-    else return backward_from<I - 1>(exec, std::get<I - 1>(m_layers).backward(exec, dy));
+    if constexpr (I == 0)
+      return dy;
+    else
+      return backward_from<I - 1>(exec, std::get<I - 1>(m_layers).backward(exec, dy));
   }
   static void append(std::vector<Parameter<T, Exec>*>& all, const std::vector<Parameter<T, Exec>*>& more) {
     all.insert(all.end(), more.begin(), more.end());

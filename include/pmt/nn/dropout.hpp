@@ -19,9 +19,9 @@
 #include "pmt/core/instrument.hpp"
 #include "pmt/core/random.hpp"
 #include "pmt/core/tensor.hpp"
+#include "pmt/core/workspace.hpp"
 #include "pmt/nn/module.hpp"
 #include "pmt/policy/placement.hpp"
-#include "pmt/core/workspace.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -38,15 +38,15 @@ namespace dropout_detail {
 template <class Exec, class XV, class YV>
 void apply(const Exec& exec, const XV& x, const YV& y, RngKey key, double p, std::uint64_t row0, std::uint64_t col0,
            std::uint64_t cols_global, const char* label) {
-  using T           = typename YV::non_const_value_type;
-  const auto cols   = static_cast<std::int64_t>(x.extent(1));
-  const T scale     = static_cast<T>(1.0 / (1.0 - p));
-  Kokkos::parallel_for(label, Kokkos::RangePolicy<Exec>(exec, 0, static_cast<std::int64_t>(x.extent(0))),
-                       KOKKOS_LAMBDA(std::int64_t n) {
-                         const std::uint64_t base = (row0 + static_cast<std::uint64_t>(n)) * cols_global + col0;
-                         for (std::int64_t j = 0; j < cols; ++j)
-                           y(n, j) = random_uniform(key, base + static_cast<std::uint64_t>(j)) >= p ? x(n, j) * scale : T(0);
-                       });
+  using T         = typename YV::non_const_value_type;
+  const auto cols = static_cast<std::int64_t>(x.extent(1));
+  const T scale   = static_cast<T>(1.0 / (1.0 - p));
+  Kokkos::parallel_for(
+      label, Kokkos::RangePolicy<Exec>(exec, 0, static_cast<std::int64_t>(x.extent(0))), KOKKOS_LAMBDA(std::int64_t n) {
+        const std::uint64_t base = (row0 + static_cast<std::uint64_t>(n)) * cols_global + col0;
+        for (std::int64_t j = 0; j < cols; ++j)
+          y(n, j) = random_uniform(key, base + static_cast<std::uint64_t>(j)) >= p ? x(n, j) * scale : T(0);
+      });
 }
 }  // namespace dropout_detail
 
@@ -58,17 +58,16 @@ class Dropout {
   static_assert(is_placement_v<Placement>, "pmt::nn::Dropout: Placement must be Replicated, Sharded or Partial");
 
  public:
-  using value_type       = T;
-  using execution_space  = Exec;
-  using input_placement  = Placement;
-  using output_placement = Placement;
+  using value_type                = T;
+  using execution_space           = Exec;
+  using input_placement           = Placement;
+  using output_placement          = Placement;
   static constexpr bool nonlinear = false;  // a fixed mask: partial sums stay partial sums
 
   Dropout(const Mesh<Backend>& mesh, double p, RngKey key)
       : m_p(p), m_key(key), m_tp_rank(mesh.coord(Axis::tp)), m_tp(mesh.degree(Axis::tp)) {
-    detail::require<ConfigError>(p >= 0 && p < 1, "pmt::nn::Dropout", [&] {
-      return detail::str("p = ", p, "; expected a drop probability in [0, 1)");
-    });
+    detail::require<ConfigError>(p >= 0 && p < 1, "pmt::nn::Dropout",
+                                 [&] { return detail::str("p = ", p, "; expected a drop probability in [0, 1)"); });
   }
 
   Tensor<T, 2, Exec> forward(const Exec& exec, const Tensor<T, 2, Exec>& x) {

@@ -8,18 +8,18 @@
 // Ids are checked against [0, V) (one fence). V not divisible by tp raises (pad the vocabulary
 // yourself: pmt never pads silently). Gradients accumulate into the table's grad.
 
-#include "pmt/core/instrument.hpp"
 #include "pmt/comm/backend.hpp"
 #include "pmt/comm/mesh.hpp"
+#include "pmt/core/activation_slot.hpp"
 #include "pmt/core/error.hpp"
+#include "pmt/core/instrument.hpp"
 #include "pmt/core/random.hpp"
 #include "pmt/core/tensor.hpp"
+#include "pmt/core/workspace.hpp"
 #include "pmt/nn/module.hpp"
-#include "pmt/core/activation_slot.hpp"
 #include "pmt/ops/elementwise.hpp"
 #include "pmt/ops/embedding.hpp"
 #include "pmt/parallel/regions.hpp"
-#include "pmt/core/workspace.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -63,15 +63,15 @@ class Embedding {
   /// \throws pmt::ShapeError when an id lies outside [0, V).
   void forward(const Exec& exec, const Ids& ids, const Tensor<T, 2, Exec>& out, bool accumulate = false) {
     const Instrument instrument("pmt::nn::Embedding::forward");
-    const auto V = static_cast<std::int64_t>(m_V);
+    const auto V          = static_cast<std::int64_t>(m_V);
     const std::int64_t v0 = m_v0, vl = static_cast<std::int64_t>(m_table.local_shape[0]);
     auto& saved = *m_local;
     if (saved.extent(0) != ids.extent(0)) saved = workspace_view<Ids>("pmt::nn::Embedding::local_ids", ids.extent(0));
-    auto local = saved;
+    auto local       = saved;
     std::int64_t bad = 0;
     Kokkos::parallel_reduce(
         "pmt::nn::Embedding::local_ids", Kokkos::RangePolicy<Exec>(exec, 0, ids.extent(0)),
-        KOKKOS_LAMBDA(std::int64_t n, std::int64_t& acc) {
+        KOKKOS_LAMBDA(std::int64_t n, std::int64_t & acc) {
           const std::int64_t id = ids(n);
           if (id < 0 || id >= V) ++acc;
           local(n) = (id >= v0 && id < v0 + vl) ? static_cast<std::int32_t>(id - v0) : -1;

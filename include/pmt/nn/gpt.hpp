@@ -30,13 +30,15 @@
 // (Parameter::tp_partial); parallel::sum_partial_grads sums them over tp (the Trainer does, after
 // the data-parallel sync). B T must divide by tp.
 
-#include "pmt/core/instrument.hpp"
 #include "pmt/comm/backend.hpp"
 #include "pmt/comm/mesh.hpp"
+#include "pmt/core/activation_slot.hpp"
 #include "pmt/core/error.hpp"
+#include "pmt/core/instrument.hpp"
 #include "pmt/core/progress.hpp"
 #include "pmt/core/random.hpp"
 #include "pmt/core/tensor.hpp"
+#include "pmt/core/workspace.hpp"
 #include "pmt/nn/attention.hpp"
 #include "pmt/nn/embedding.hpp"
 #include "pmt/nn/gpt_config.hpp"
@@ -44,14 +46,12 @@
 #include "pmt/nn/loss.hpp"
 #include "pmt/nn/mlp.hpp"
 #include "pmt/nn/module.hpp"
-#include "pmt/core/activation_slot.hpp"
 #include "pmt/ops/elementwise.hpp"
 #include "pmt/ops/matmul.hpp"
+#include "pmt/parallel/regions.hpp"
 #include "pmt/parallel/stage_module.hpp"
 #include "pmt/parallel/stages.hpp"
-#include "pmt/parallel/regions.hpp"
 #include "pmt/policy/hybrid.hpp"
-#include "pmt/core/workspace.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -102,7 +102,7 @@ class GptBlock {
       compute(exec, r.x, r.B, r.Tn);
     }
     auto dh = m_ln2.backward(exec, m_mlp.backward(exec, dy));
-    ops::add(exec, dh, dy, dh);                                  // residual
+    ops::add(exec, dh, dy, dh);  // residual
     pmt::progress();
     auto dx = m_ln1.backward(exec, m_attn.backward(exec, dh));
     ops::add(exec, dx, dh, dx);
@@ -133,13 +133,15 @@ class GptBlock {
  private:
   Tensor<T, 2, Exec> compute(const Exec& exec, const Tensor<T, 2, Exec>& x, std::size_t B, std::size_t Tn) {
     auto h = m_attn.forward(exec, m_ln1.forward(exec, x), B, Tn);
-    ops::add(exec, x, h, h);                                     // h = x + attn(ln1(x))
-    pmt::progress();                                             // pending pipeline messages move
+    ops::add(exec, x, h, h);  // h = x + attn(ln1(x))
+    pmt::progress();          // pending pipeline messages move
     auto y = m_mlp.forward(exec, m_ln2.forward(exec, h));
-    ops::add(exec, h, y, y);                                     // y = h + mlp(ln2(h))
+    ops::add(exec, h, y, y);  // y = h + mlp(ln2(h))
     return y;
   }
-  static std::uint32_t stream(std::size_t index, std::uint32_t k) { return static_cast<std::uint32_t>(100 + 10 * index) + k; }
+  static std::uint32_t stream(std::size_t index, std::uint32_t k) {
+    return static_cast<std::uint32_t>(100 + 10 * index) + k;
+  }
   LayerNorm<T, Exec> m_ln1;
   CausalSelfAttention<T, Exec, Backend> m_attn;
   LayerNorm<T, Exec> m_ln2;
@@ -181,9 +183,9 @@ struct GptOptions {
 /// this rank's pipeline stage recomputes, and off elsewhere. What the policy leaves open stays as
 /// `base` has it. Build the model with it and the Trainer of the same policy finds them agreeing.
 /// \code
-/// using Par = pmt::Hybrid<pmt::DataParallel<>, pmt::TensorSplit<pmt::Sequence>, pmt::Pipeline<>, pmt::Recompute<pmt::Selective>>;
-/// pmt::nn::Gpt<float, Kokkos::OpenMP> model(mesh, config, pmt::nn::gpt_options<Par>(mesh));
-/// \endcode
+/// using Par = pmt::Hybrid<pmt::DataParallel<>, pmt::TensorSplit<pmt::Sequence>, pmt::Pipeline<>,
+/// pmt::Recompute<pmt::Selective>>; pmt::nn::Gpt<float, Kokkos::OpenMP> model(mesh, config,
+/// pmt::nn::gpt_options<Par>(mesh)); \endcode
 template <class Policy, class Backend>
 GptOptions gpt_options(const Mesh<Backend>& mesh, GptOptions base = {}) {
   using A = activation_policy<Policy>;
@@ -201,18 +203,18 @@ namespace gpt_detail {
 /// lambdas may not sit in a class's private member functions.
 template <class Exec, class Ids>
 void fill_positions(const Exec& exec, const Ids& pos, std::size_t Tn) {
-  Kokkos::parallel_for("pmt::nn::Gpt::positions", Kokkos::RangePolicy<Exec>(exec, 0, pos.extent(0)),
-                       KOKKOS_LAMBDA(std::size_t n) { pos(n) = static_cast<typename Ids::value_type>(n % Tn); });
+  Kokkos::parallel_for(
+      "pmt::nn::Gpt::positions", Kokkos::RangePolicy<Exec>(exec, 0, pos.extent(0)),
+      KOKKOS_LAMBDA(std::size_t n) { pos(n) = static_cast<typename Ids::value_type>(n % Tn); });
 }
 }  // namespace gpt_detail
 
 /// \brief GPT language model spread over the tp and pp axes of a Mesh (see the file comment).
 /// \code
-/// pmt::nn::Gpt<float, Kokkos::OpenMP> model(mesh, {/*vocab=*/256, /*context=*/128, /*layers=*/4, /*width=*/256, /*heads=*/4});
-/// double loss = model.forward_backward(exec, ids, targets, B, T, /*normaliser=*/global_tokens);  // pp = 1
-/// \endcode
-/// \throws pmt::ShapeError for non-positive sizes, heads, width or vocab that do not divide by tp,
-/// or inputs that do not fit; pmt::ConfigError for fewer layers than stages or a plan for another pp.
+/// pmt::nn::Gpt<float, Kokkos::OpenMP> model(mesh, {/*vocab=*/256, /*context=*/128, /*layers=*/4, /*width=*/256,
+/// /*heads=*/4}); double loss = model.forward_backward(exec, ids, targets, B, T, /*normaliser=*/global_tokens);  // pp
+/// = 1 \endcode \throws pmt::ShapeError for non-positive sizes, heads, width or vocab that do not divide by tp, or
+/// inputs that do not fit; pmt::ConfigError for fewer layers than stages or a plan for another pp.
 template <class T, class Exec = Kokkos::DefaultExecutionSpace, class Backend = comm::default_backend_t<Exec>>
 class Gpt {
  public:
@@ -227,30 +229,38 @@ class Gpt {
       : Gpt(mesh, c, GptOptions{std::move(plan), chunks, false}) {}
   /// \brief The same with every option (GptOptions: the stage plan, chunks, recomputation).
   Gpt(const Mesh<Backend>& mesh, const GptConfig& c, GptOptions options)
-      : m_cfg(checked(c)), m_tp(mesh.comm(Axis::tp)), m_stage(mesh.coord(Axis::pp)),
-        m_stages(mesh.degree(Axis::pp)), m_chunks(checked_chunks(c, m_stages, options.chunks)),
+      : m_cfg(checked(c)),
+        m_tp(mesh.comm(Axis::tp)),
+        m_stage(mesh.coord(Axis::pp)),
+        m_stages(mesh.degree(Axis::pp)),
+        m_chunks(checked_chunks(c, m_stages, options.chunks)),
         m_plan(options.plan.empty() ? balanced_plan(c, m_stages * options.chunks) : std::move(options.plan)),
-        m_recompute(options.recompute), m_recompute_attention(options.recompute_attention && !options.recompute),
+        m_recompute(options.recompute),
+        m_recompute_attention(options.recompute_attention && !options.recompute),
         m_seq(options.sequence_parallel && m_tp.size() > 1) {
     const int chunks = options.chunks;
-    detail::require<ConfigError>(m_plan.stages() == m_stages * chunks && m_plan.layers() == c.layers,
-                                 "pmt::nn::Gpt", [&] {
-      return detail::str("the stage plan (", m_plan.describe(), ") is for ", m_plan.stages(), " stages and ",
-                         m_plan.layers(), " layers; the mesh has pp = ", m_stages, " with ", chunks,
-                         " chunks per stage (", m_stages * chunks, " virtual stages) and the model ", c.layers, " layers");
-    });
+    detail::require<ConfigError>(
+        m_plan.stages() == m_stages * chunks && m_plan.layers() == c.layers, "pmt::nn::Gpt", [&] {
+          return detail::str("the stage plan (", m_plan.describe(), ") is for ", m_plan.stages(), " stages and ",
+                             m_plan.layers(), " layers; the mesh has pp = ", m_stages, " with ", chunks,
+                             " chunks per stage (", m_stages * chunks, " virtual stages) and the model ", c.layers,
+                             " layers");
+        });
     if (first_stage()) {
-      m_wte = std::make_unique<Embedding<T, Exec, Backend>>(mesh, "wte", c.vocab, c.width, RngKey{c.seed, 0}, VocabSplit::Yes);
-      m_wpe = std::make_unique<Embedding<T, Exec, Backend>>(mesh, "wpe", c.context, c.width, RngKey{c.seed, 1}, VocabSplit::No, 0.01);
+      m_wte = std::make_unique<Embedding<T, Exec, Backend>>(mesh, "wte", c.vocab, c.width, RngKey{c.seed, 0},
+                                                            VocabSplit::Yes);
+      m_wpe = std::make_unique<Embedding<T, Exec, Backend>>(mesh, "wpe", c.context, c.width, RngKey{c.seed, 1},
+                                                            VocabSplit::No, 0.01);
       m_wte->table().name = "wte", m_wpe->table().name = "wpe";
     }
     if (last_stage()) {
       if (!first_stage()) {  // the tied LM head's own copy of wte: same RNG stream, same values
-        m_head = std::make_unique<Embedding<T, Exec, Backend>>(mesh, "wte", c.vocab, c.width, RngKey{c.seed, 0}, VocabSplit::Yes);
+        m_head = std::make_unique<Embedding<T, Exec, Backend>>(mesh, "wte", c.vocab, c.width, RngKey{c.seed, 0},
+                                                               VocabSplit::Yes);
         m_head->table().name    = "wte";
         m_head->table().pp_copy = true;
       }
-      m_lnf = std::make_unique<LayerNorm<T, Exec>>("lnf", c.width);
+      m_lnf                        = std::make_unique<LayerNorm<T, Exec>>("lnf", c.width);
       m_lnf->parameters()[0]->name = "lnf.weight", m_lnf->parameters()[1]->name = "lnf.bias";
       for (auto* p : m_lnf->parameters()) p->tp_partial = m_seq;
     }
@@ -286,7 +296,8 @@ class Gpt {
     });
     double loss = 0;
     Activation x;
-    for (int k = 0; k < m_chunks; ++k) x = forward_chunk(exec, k, ids, targets, x, B, Tn, normaliser, &loss, ignore_index);
+    for (int k = 0; k < m_chunks; ++k)
+      x = forward_chunk(exec, k, ids, targets, x, B, Tn, normaliser, &loss, ignore_index);
     for (int k = m_chunks - 1; k >= 0; --k) x = backward_chunk(exec, k, x);
     return loss;
   }
@@ -305,17 +316,18 @@ class Gpt {
   /// \brief forward_stage of chunk k (virtual stage k pp + stage()): the first virtual stage
   /// reads `ids`, the last computes the loss.
   Activation forward_chunk(const Exec& exec, int k, const Ids& ids, const Ids& targets, const Activation& x_in,
-                           std::size_t B, std::size_t Tn, double normaliser, double* loss, std::int64_t ignore_index = -100) {
+                           std::size_t B, std::size_t Tn, double normaliser, double* loss,
+                           std::int64_t ignore_index = -100) {
     const std::size_t N = B * Tn, C = m_cfg.width, Nl = local_rows(N);
     const bool first = first_chunk(k), last = last_chunk(k);
     detail::require(k >= 0 && k < m_chunks && Tn <= m_cfg.context && (!first || ids.extent(0) == N) &&
                         (!last || targets.extent(0) == N) && (first || (x_in.extent(0) == Nl && x_in.extent(1) == C)),
                     "pmt::nn::Gpt", [&] {
-                      return detail::str("stage ", m_stage, "/", m_stages, ", chunk ", k, "/", m_chunks, ": ids is ",
-                                         shape_str(ids), ", targets ", shape_str(targets), " and x ", shape_str(x_in),
-                                         " for B = ", B, ", T = ", Tn,
-                                         "; expected ids (B T) on the first stage, targets (B T) on the last, x (B T",
-                                         m_seq ? " / tp, " : ", ", C, ") on the others, and T <= context ", m_cfg.context);
+                      return detail::str(
+                          "stage ", m_stage, "/", m_stages, ", chunk ", k, "/", m_chunks, ": ids is ", shape_str(ids),
+                          ", targets ", shape_str(targets), " and x ", shape_str(x_in), " for B = ", B, ", T = ", Tn,
+                          "; expected ids (B T) on the first stage, targets (B T) on the last, x (B T",
+                          m_seq ? " / tp, " : ", ", C, ") on the others, and T <= context ", m_cfg.context);
                     });
     Activation x = first ? embed(exec, ids, N, Tn) : x_in;
     for (auto& b : m_blocks[std::size_t(k)]) {
@@ -326,14 +338,15 @@ class Gpt {
     const Instrument head_region("pmt::nn::Gpt::head_and_loss");
     // Tied LM head: logits (N, V/tp) = h wte_shard^T (the rows of every tp rank, with sequence
     // parallelism gathered).
-    auto h = gathered(exec, m_lnf->forward(exec, x));
-    auto& head = head_table();
-    auto table = head.table().value2d();
+    auto h      = gathered(exec, m_lnf->forward(exec, x));
+    auto& head  = head_table();
+    auto table  = head.table().value2d();
     auto logits = workspace_view<Activation>("pmt::nn::Gpt::logits", N, table.extent(0));
     ops::matmul(exec, ops::Trans::N, ops::Trans::T, T(1), h, table, T(0), logits);
     auto dlogits = workspace_view<Activation>("pmt::nn::Gpt::dlogits", N, table.extent(0));
-    const double l = vocab_parallel_cross_entropy(m_tp, exec, logits, targets, head.vocab_offset(),
-                                                  static_cast<std::int64_t>(m_cfg.vocab), normaliser, dlogits, ignore_index);
+    const double l =
+        vocab_parallel_cross_entropy(m_tp, exec, logits, targets, head.vocab_offset(),
+                                     static_cast<std::int64_t>(m_cfg.vocab), normaliser, dlogits, ignore_index);
     if (loss != nullptr) *loss += l;
     // Backward of the head: dh = dlogits wte_shard (partial over the vocabulary: all-reduce, or
     // reduce-scatter to this rank's rows), d wte_shard += dlogits^T h.
@@ -351,7 +364,8 @@ class Gpt {
   }
 
   /// \brief forward_chunk of the stage-module contract: the microbatch's ids, targets, B and T.
-  Activation forward_chunk(const Exec& exec, int k, const Batch& mb, const Activation& x_in, double normaliser, double* loss) {
+  Activation forward_chunk(const Exec& exec, int k, const Batch& mb, const Activation& x_in, double normaliser,
+                           double* loss) {
     return forward_chunk(exec, k, mb.ids, mb.targets, x_in, mb.B, mb.T, normaliser, loss);
   }
   /// \brief The local shape of chunk k's input and output activations: (B T, width) both
@@ -374,13 +388,14 @@ class Gpt {
     return infer_chunk(exec, m_chunks - 1, ids, x, B, Tn);
   }
   /// \brief infer_stage of chunk k.
-  Activation infer_chunk(const Exec& exec, int k, const Ids& ids, const Activation& x_in, std::size_t B, std::size_t Tn) {
+  Activation infer_chunk(const Exec& exec, int k, const Ids& ids, const Activation& x_in, std::size_t B,
+                         std::size_t Tn) {
     const WholeRows whole(*this);  // inference: every rank all the rows
     if (!last_chunk(k)) return forward_chunk(exec, k, ids, Ids(), x_in, B, Tn, 1.0, nullptr);
     Activation x = first_chunk(k) ? embed(exec, ids, B * Tn, Tn) : x_in;  // pp = 1: the whole model
     for (auto& b : m_blocks[std::size_t(k)]) x = b->forward(exec, x, B, Tn);
-    auto h     = gathered(exec, m_lnf->forward(exec, x));
-    auto table = head_table().table().value2d();
+    auto h      = gathered(exec, m_lnf->forward(exec, x));
+    auto table  = head_table().table().value2d();
     auto logits = workspace_view<Activation>("pmt::nn::Gpt::logits", h.extent(0), table.extent(0));
     ops::matmul(exec, ops::Trans::N, ops::Trans::T, T(1), h, table, T(0), logits);
     return logits;
@@ -445,7 +460,9 @@ class Gpt {
   /// \brief Called with parameters whose gradients are written next: each block's, the final
   /// norm's and the embeddings' before their backward, the LM head's before its backward inside
   /// forward_chunk (optim::Zero2AdamW gives them storage there).
-  void on_grads_needed(std::function<void(const std::vector<Parameter<T, Exec>*>&)> hook) { m_on_needed = std::move(hook); }
+  void on_grads_needed(std::function<void(const std::vector<Parameter<T, Exec>*>&)> hook) {
+    m_on_needed = std::move(hook);
+  }
 
   /// \brief This stage's parameters, in a fixed order (embeddings, blocks, final norm, then the
   /// LM head's copy of wte on a last stage that is not the first).
@@ -490,18 +507,20 @@ class Gpt {
     return c;
   }
   static int checked_chunks(const GptConfig& c, int stages, int chunks) {
-    detail::require<ConfigError>(chunks >= 1 && (chunks == 1 || c.layers >= static_cast<std::size_t>(stages) * std::size_t(chunks)),
-                                 "pmt::nn::Gpt", [&] {
-                                   return detail::str(c.layers, " layers cannot fill pp ", stages, " x ", chunks,
-                                                      " chunks: every chunk needs a layer (chunks must be >= 1 and at most ",
-                                                      c.layers / std::size_t(std::max(stages, 1)), " here)");
-                                 });
+    detail::require<ConfigError>(
+        chunks >= 1 && (chunks == 1 || c.layers >= static_cast<std::size_t>(stages) * std::size_t(chunks)),
+        "pmt::nn::Gpt", [&] {
+          return detail::str(c.layers, " layers cannot fill pp ", stages, " x ", chunks,
+                             " chunks: every chunk needs a layer (chunks must be >= 1 and at most ",
+                             c.layers / std::size_t(std::max(stages, 1)), " here)");
+        });
     return chunks;
   }
   Embedding<T, Exec, Backend>& head_table() { return m_head ? *m_head : *m_wte; }
   void single_chunk(const char* op) const {
     detail::require<ConfigError>(m_chunks == 1, op, [&] {
-      return detail::str("this stage holds ", m_chunks, " model chunks; run one with the *_chunk function of its index");
+      return detail::str("this stage holds ", m_chunks,
+                         " model chunks; run one with the *_chunk function of its index");
     });
   }
   /// Token + position embeddings of ids (N = B T) on the first stage.
@@ -534,11 +553,11 @@ class Gpt {
       for (auto& b : chunk) b->sequence_parallel(on);
   }
   /// The rows this rank's activations hold: N, or N / tp with sequence parallelism.
-  std::size_t local_rows(std::size_t N) const {
-    return m_seq ? parallel::local_rows(m_tp, N, "pmt::nn::Gpt") : N;
-  }
+  std::size_t local_rows(std::size_t N) const { return m_seq ? parallel::local_rows(m_tp, N, "pmt::nn::Gpt") : N; }
   /// h itself, or every tp rank's rows of it gathered (sequence parallelism).
-  Activation gathered(const Exec& exec, const Activation& h) { return m_seq ? parallel::gather_rows(m_tp, exec, h) : h; }
+  Activation gathered(const Exec& exec, const Activation& h) {
+    return m_seq ? parallel::gather_rows(m_tp, exec, h) : h;
+  }
   void positions(const Exec& exec, std::size_t N, std::size_t Tn) {
     if (m_pos.extent(0) == N && m_pos_T == Tn) return;
     m_pos   = Ids("pmt::nn::Gpt::positions", N);
@@ -551,7 +570,7 @@ class Gpt {
   int m_stage, m_stages, m_chunks;
   parallel::StagePlan m_plan;
   bool m_recompute = false, m_recompute_attention = false;
-  bool m_seq       = false;  // sequence parallelism (tp > 1)
+  bool m_seq = false;  // sequence parallelism (tp > 1)
   std::unique_ptr<Embedding<T, Exec, Backend>> m_wte, m_wpe, m_head;
   std::vector<std::vector<std::unique_ptr<GptBlock<T, Exec, Backend>>>> m_blocks;  // per chunk
   std::unique_ptr<LayerNorm<T, Exec>> m_lnf;

@@ -4,14 +4,14 @@
 // replicated tensor (every tp rank computes the same). weight starts at 1, bias at 0; both are
 // replicated over tp. Shapes: x, y (N, C); weight, bias (C). Communication: none.
 
-#include "pmt/core/instrument.hpp"
-#include "pmt/core/error.hpp"
-#include "pmt/core/tensor.hpp"
-#include "pmt/nn/module.hpp"
 #include "pmt/core/activation_slot.hpp"
+#include "pmt/core/error.hpp"
+#include "pmt/core/instrument.hpp"
+#include "pmt/core/tensor.hpp"
+#include "pmt/core/workspace.hpp"
+#include "pmt/nn/module.hpp"
 #include "pmt/ops/layernorm.hpp"
 #include "pmt/policy/placement.hpp"
-#include "pmt/core/workspace.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -26,17 +26,17 @@ namespace pmt::nn {
 template <class T, class Exec = Kokkos::DefaultExecutionSpace>
 class LayerNorm {
  public:
-  using value_type       = T;
-  using execution_space  = Exec;
-  using input_placement  = Replicated;
-  using output_placement = Replicated;
+  using value_type                = T;
+  using execution_space           = Exec;
+  using input_placement           = Replicated;
+  using output_placement          = Replicated;
   static constexpr bool nonlinear = true;
 
   LayerNorm(const std::string& name, std::size_t C, double eps = 1e-5) : m_eps(eps) {
     GlobalSlice s;
     s.extent[0] = C;
-    m_w = Parameter<T, Exec>(name + "::weight", {C}, s, true);
-    m_b = Parameter<T, Exec>(name + "::bias", {C}, s, true);
+    m_w         = Parameter<T, Exec>(name + "::weight", {C}, s, true);
+    m_b         = Parameter<T, Exec>(name + "::bias", {C}, s, true);
     Kokkos::deep_copy(m_w.value, T(1));
   }
 

@@ -18,21 +18,21 @@
 //                                                     + b; backward: gather_rows of dy. b's grad
 //                                                     is this rank's rows' part (Parameter::tp_partial)
 
-#include "pmt/core/instrument.hpp"
 #include "pmt/comm/backend.hpp"
 #include "pmt/comm/mesh.hpp"
+#include "pmt/core/activation_slot.hpp"
 #include "pmt/core/error.hpp"
+#include "pmt/core/instrument.hpp"
 #include "pmt/core/random.hpp"
 #include "pmt/core/tensor.hpp"
+#include "pmt/core/workspace.hpp"
 #include "pmt/nn/module.hpp"
-#include "pmt/core/activation_slot.hpp"
 #include "pmt/ops/elementwise.hpp"
 #include "pmt/ops/matmul.hpp"
 #include "pmt/ops/reduction.hpp"
+#include "pmt/parallel/regions.hpp"
 #include "pmt/policy/placement.hpp"
 #include "pmt/policy/policy_traits.hpp"
-#include "pmt/parallel/regions.hpp"
-#include "pmt/core/workspace.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -48,18 +48,23 @@ namespace pmt::detail {
 template <class Exec, class YV, class BV>
 void fill_rows(const Exec& exec, const YV& y, const BV& b) {
   const std::int64_t cols = static_cast<std::int64_t>(y.extent(1));
-  Kokkos::parallel_for("pmt::nn::Linear::fill_bias", Kokkos::RangePolicy<Exec>(exec, 0, static_cast<std::int64_t>(y.extent(0))),
-                       KOKKOS_LAMBDA(std::int64_t n) {
-                         for (std::int64_t j = 0; j < cols; ++j) y(n, j) = b(j);
-                       });
+  Kokkos::parallel_for(
+      "pmt::nn::Linear::fill_bias", Kokkos::RangePolicy<Exec>(exec, 0, static_cast<std::int64_t>(y.extent(0))),
+      KOKKOS_LAMBDA(std::int64_t n) {
+        for (std::int64_t j = 0; j < cols; ++j) y(n, j) = b(j);
+      });
 }
 
 template <class P>
 std::string policy_name() {
-  if constexpr (std::is_same_v<P, Replicate>) return "Replicate";
-  else if constexpr (std::is_same_v<P, TensorSplit<Col>>) return "TensorSplit<Col>";
-  else if constexpr (std::is_same_v<P, TensorSplit<Row>>) return "TensorSplit<Row>";
-  else return "user policy";
+  if constexpr (std::is_same_v<P, Replicate>)
+    return "Replicate";
+  else if constexpr (std::is_same_v<P, TensorSplit<Col>>)
+    return "TensorSplit<Col>";
+  else if constexpr (std::is_same_v<P, TensorSplit<Row>>)
+    return "TensorSplit<Row>";
+  else
+    return "user policy";
 }
 
 }  // namespace pmt::detail
@@ -89,46 +94,48 @@ class Linear {
   static_assert(std::is_floating_point_v<T>, "pmt::nn::Linear: T must be float or double");
 
  public:
-  using value_type       = T;
-  using execution_space  = Exec;
-  using traits           = policy_traits<Policy>;
-  using split            = typename traits::split;
-  using input_placement  = typename traits::input_placement;
-  using output_placement = typename traits::output_placement;
+  using value_type                = T;
+  using execution_space           = Exec;
+  using traits                    = policy_traits<Policy>;
+  using split                     = typename traits::split;
+  using input_placement           = typename traits::input_placement;
+  using output_placement          = typename traits::output_placement;
   static constexpr bool nonlinear = false;
 
   /// \param key RNG seed and stream (the parameter id) of W.
   Linear(const Mesh<Backend>& mesh, std::size_t in_features, std::size_t out_features, RngKey key,
          LinearOptions options = {})
-      : m_tp(mesh.comm(Axis::tp)), m_in(in_features), m_out(out_features), m_bias(options.bias),
+      : m_tp(mesh.comm(Axis::tp)),
+        m_in(in_features),
+        m_out(out_features),
+        m_bias(options.bias),
         m_seq(options.sequence_parallel) {
     const double init_std = options.init_std;
     const auto tp = static_cast<std::size_t>(m_tp.size()), tp_i = static_cast<std::size_t>(m_tp.rank());
     const std::string op = name();
     detail::require<ConfigError>(!m_seq || !std::is_void_v<split>, op, [] {
-      return std::string("sequence parallelism splits the rows around a Col -> Row region; a replicated layer has none");
+      return std::string(
+          "sequence parallelism splits the rows around a Col -> Row region; a replicated layer has none");
     });
     if constexpr (std::is_same_v<split, Col>)
-      detail::require(m_out % tp == 0, op, [&] {
-        return detail::str("out_features ", m_out, " is not divisible by tp = ", tp);
-      });
+      detail::require(m_out % tp == 0, op,
+                      [&] { return detail::str("out_features ", m_out, " is not divisible by tp = ", tp); });
     if constexpr (std::is_same_v<split, Row>)
-      detail::require(m_in % tp == 0, op, [&] {
-        return detail::str("in_features ", m_in, " is not divisible by tp = ", tp);
-      });
+      detail::require(m_in % tp == 0, op,
+                      [&] { return detail::str("in_features ", m_in, " is not divisible by tp = ", tp); });
     const std::size_t in_l  = std::is_same_v<split, Row> ? m_in / tp : m_in;
     const std::size_t out_l = std::is_same_v<split, Col> ? m_out / tp : m_out;
     GlobalSlice ws;
     ws.extent[0] = m_in, ws.extent[1] = m_out;
     ws.offset[0] = std::is_same_v<split, Row> ? tp_i * in_l : 0;
     ws.offset[1] = std::is_same_v<split, Col> ? tp_i * out_l : 0;
-    m_w = Parameter<T, Exec>(op + "::weight", {in_l, out_l}, ws, std::is_void_v<split>);
+    m_w          = Parameter<T, Exec>(op + "::weight", {in_l, out_l}, ws, std::is_void_v<split>);
     fill_normal(Exec(), m_w.value2d(), key, 0.0, init_std, ws);
     if (m_bias) {
       GlobalSlice bs;
-      bs.extent[0] = m_out;
-      bs.offset[0] = std::is_same_v<split, Col> ? tp_i * out_l : 0;
-      m_b = Parameter<T, Exec>(op + "::bias", {out_l}, bs, !std::is_same_v<split, Col>);
+      bs.extent[0]   = m_out;
+      bs.offset[0]   = std::is_same_v<split, Col> ? tp_i * out_l : 0;
+      m_b            = Parameter<T, Exec>(op + "::bias", {out_l}, bs, !std::is_same_v<split, Col>);
       m_b.tp_partial = m_seq && std::is_same_v<split, Row>;  // each rank adds only its rows' dy
     }
     Exec().fence();  // initialised for any instance, like a freshly allocated View
@@ -143,19 +150,19 @@ class Linear {
     });
     const Instrument instrument("pmt::nn::Linear::forward");
     if (grad_enabled()) *m_x = x_in;  // pmt::NoGrad: nothing kept; sequence-parallel Col: N/tp rows
-    const bool seq = m_seq && m_tp.size() > 1;
+    const bool seq             = m_seq && m_tp.size() > 1;
     const Tensor<T, 2, Exec> x = seq && std::is_same_v<split, Col> ? parallel::gather_rows(m_tp, exec, x_in) : x_in;
-    auto y = workspace_view<Tensor<T, 2, Exec>>("pmt::nn::Linear::y", x.extent(0), out_local());
+    auto y                     = workspace_view<Tensor<T, 2, Exec>>("pmt::nn::Linear::y", x.extent(0), out_local());
     if (std::is_same_v<split, Row> && seq) {
       ops::matmul(exec, ops::Trans::N, ops::Trans::N, T(1), x, m_w.value2d(), T(0), y);  // (N, out) partial
-      auto mine = parallel::reduce_scatter_rows(m_tp, exec, y);                         // (N/tp, out) whole
+      auto mine = parallel::reduce_scatter_rows(m_tp, exec, y);                          // (N/tp, out) whole
       if (m_bias) ops::bias_add(exec, mine, m_b.value);
       return mine;
     }
     if (std::is_same_v<split, Row> && m_tp.size() > 1) {
       ops::matmul(exec, ops::Trans::N, ops::Trans::N, T(1), x, m_w.value2d(), T(0), y);  // (N, out_l)
       parallel::reduce_from(m_tp, exec, y);                                              // partial sums -> whole
-      if (m_bias) ops::bias_add(exec, y, m_b.value);  // once, after the sum
+      if (m_bias) ops::bias_add(exec, y, m_b.value);                                     // once, after the sum
     } else if (m_bias) {
       // y = b broadcast, then y += x W: the product adds onto the bias (beta 1), one pass over y
       // fewer than a product into zeros (BLAS clears C for beta 0) followed by a bias pass.
@@ -171,17 +178,19 @@ class Linear {
   /// reduce-scattered to this rank's rows with sequence parallelism).
   Tensor<T, 2, Exec> backward(const Exec& exec, const Tensor<T, 2, Exec>& dy_in) {
     const Instrument instrument("pmt::nn::Linear::backward");
-    const bool seq = m_seq && m_tp.size() > 1;
+    const bool seq                 = m_seq && m_tp.size() > 1;
     const Tensor<T, 2, Exec> saved = m_x.take();
-    const std::size_t p = seq ? static_cast<std::size_t>(m_tp.size()) : 1;
-    const std::size_t rows = std::is_same_v<split, Col> ? saved.extent(0) * p : saved.extent(0);  // N
-    const std::size_t dy_rows = std::is_same_v<split, Row> ? rows / p : rows;
-    detail::require(saved.data() != nullptr && dy_in.extent(0) == dy_rows && dy_in.extent(1) == out_local(),
-                    name() + "::backward", [&] {
-                      return detail::str("dy is ", shape_str(dy_in), " but forward saw x ", shape_str(saved),
-                                         " and produced (", dy_rows, ", ", out_local(),
-                                         "); call forward first, with the same batch (each backward consumes its forward's saved input)");
-                    });
+    const std::size_t p            = seq ? static_cast<std::size_t>(m_tp.size()) : 1;
+    const std::size_t rows         = std::is_same_v<split, Col> ? saved.extent(0) * p : saved.extent(0);  // N
+    const std::size_t dy_rows      = std::is_same_v<split, Row> ? rows / p : rows;
+    detail::require(
+        saved.data() != nullptr && dy_in.extent(0) == dy_rows && dy_in.extent(1) == out_local(), name() + "::backward",
+        [&] {
+          return detail::str(
+              "dy is ", shape_str(dy_in), " but forward saw x ", shape_str(saved), " and produced (", dy_rows, ", ",
+              out_local(),
+              "); call forward first, with the same batch (each backward consumes its forward's saved input)");
+        });
     const Tensor<T, 2, Exec> x  = seq && std::is_same_v<split, Col> ? parallel::gather_rows(m_tp, exec, saved) : saved;
     const Tensor<T, 2, Exec> dy = seq && std::is_same_v<split, Row> ? parallel::gather_rows(m_tp, exec, dy_in) : dy_in;
     ops::matmul(exec, ops::Trans::T, ops::Trans::N, T(1), x, dy, T(1), m_w.grad2d());  // (in_l, out_l)
@@ -190,7 +199,7 @@ class Linear {
     ops::matmul(exec, ops::Trans::N, ops::Trans::T, T(1), dy, m_w.value2d(), T(0), dx);  // (N, in_l)
     if constexpr (std::is_same_v<split, Col>) {
       if (seq) return parallel::reduce_scatter_rows(m_tp, exec, dx);  // conjugate of gather_rows
-      parallel::copy_to_backward(m_tp, exec, dx);  // conjugate of the identity forward
+      parallel::copy_to_backward(m_tp, exec, dx);                     // conjugate of the identity forward
     }
     return dx;
   }
@@ -216,7 +225,8 @@ class Linear {
   /// backward. \throws pmt::ConfigError for Replicate.
   void sequence_parallel(bool on) {
     detail::require<ConfigError>(!on || !std::is_void_v<split>, name(), [] {
-      return std::string("sequence parallelism splits the rows around a Col -> Row region; a replicated layer has none");
+      return std::string(
+          "sequence parallelism splits the rows around a Col -> Row region; a replicated layer has none");
     });
     m_seq = on;
   }

@@ -14,11 +14,11 @@
 #include "pmt/comm/backend.hpp"
 #include "pmt/core/error.hpp"
 #include "pmt/core/tensor.hpp"
+#include "pmt/core/workspace.hpp"
 #include "pmt/ops/cross_entropy.hpp"
 #include "pmt/ops/detail/rowwise.hpp"
 #include "pmt/ops/reduction.hpp"
 #include "pmt/parallel/regions.hpp"
-#include "pmt/core/workspace.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -38,45 +38,48 @@ double vocab_parallel_cross_entropy(const comm::Communicator<Backend>& tp, const
   static_check_view<Exec, TV>();
   static_check_view<Exec, DV>();
   constexpr const char* op = "pmt::nn::vocab_parallel_cross_entropy";
-  const auto N  = static_cast<std::int64_t>(logits.extent(0));
-  const auto Vl = static_cast<std::int64_t>(logits.extent(1));
+  const auto N             = static_cast<std::int64_t>(logits.extent(0));
+  const auto Vl            = static_cast<std::int64_t>(logits.extent(1));
   detail::require(targets.extent(0) == logits.extent(0) && dlogits.extent(0) == logits.extent(0) &&
                       dlogits.extent(1) == logits.extent(1),
                   op, [&] {
-                    return detail::str("logits is ", shape_str(logits), ", targets ", shape_str(targets),
-                                       ", dlogits ", shape_str(dlogits), "; expected (N, V/tp), (N), (N, V/tp)");
+                    return detail::str("logits is ", shape_str(logits), ", targets ", shape_str(targets), ", dlogits ",
+                                       shape_str(dlogits), "; expected (N, V/tp), (N), (N, V/tp)");
                   });
   detail::require<ConfigError>(normaliser > 0, op, [&] {
     return detail::str("normaliser is ", normaliser, "; expected a positive token count");
   });
   detail::check_targets(exec, op, targets, V, ignore_index, logits);
-  using Mem = typename Exec::memory_space;
+  using Mem    = typename Exec::memory_space;
   auto row_max = workspace_view<Kokkos::View<T*, Kokkos::LayoutRight, Mem>>("pmt::nn::ce::max", N);
-  auto stats   = workspace_view<Kokkos::View<T**, Kokkos::LayoutRight, Mem>>("pmt::nn::ce::stats", N, 2);  // sum exp, target logit
-  Kokkos::parallel_for(op, Kokkos::RangePolicy<Exec>(exec, 0, N), KOKKOS_LAMBDA(std::int64_t n) {
-    row_max(n) = detail::lane_max(&logits(n, 0), Vl);
-  });
+  auto stats =
+      workspace_view<Kokkos::View<T**, Kokkos::LayoutRight, Mem>>("pmt::nn::ce::stats", N, 2);  // sum exp, target logit
+  Kokkos::parallel_for(
+      op, Kokkos::RangePolicy<Exec>(exec, 0, N),
+      KOKKOS_LAMBDA(std::int64_t n) { row_max(n) = detail::lane_max(&logits(n, 0), Vl); });
   parallel::reduce_from(tp, exec, row_max, parallel::ReduceOp::Max);
-  Kokkos::parallel_for(op, Kokkos::RangePolicy<Exec>(exec, 0, N), KOKKOS_LAMBDA(std::int64_t n) {
-    const T mx = row_max(n);
-    stats(n, 0) = detail::row_exp_sum(&logits(n, 0), Vl, mx);
-    const auto t = static_cast<std::int64_t>(targets(n));
-    stats(n, 1) = (t >= v0 && t < v0 + Vl) ? logits(n, t - v0) : T(0);
-  });
+  Kokkos::parallel_for(
+      op, Kokkos::RangePolicy<Exec>(exec, 0, N), KOKKOS_LAMBDA(std::int64_t n) {
+        const T mx   = row_max(n);
+        stats(n, 0)  = detail::row_exp_sum(&logits(n, 0), Vl, mx);
+        const auto t = static_cast<std::int64_t>(targets(n));
+        stats(n, 1)  = (t >= v0 && t < v0 + Vl) ? logits(n, t - v0) : T(0);
+      });
   parallel::reduce_from(tp, exec, stats);
   auto row_loss = workspace_view<Kokkos::View<double*, Kokkos::LayoutRight, Mem>>("pmt::nn::ce::row_loss", N);
   const T scale = static_cast<T>(1.0 / normaliser);
-  Kokkos::parallel_for(op, Kokkos::RangePolicy<Exec>(exec, 0, N), KOKKOS_LAMBDA(std::int64_t n) {
-    const auto t   = static_cast<std::int64_t>(targets(n));
-    const bool use = t != ignore_index;
-    const T mx = row_max(n), s = stats(n, 0);
-    row_loss(n)    = use ? static_cast<double>(detail::math::log(s) + mx - stats(n, 1)) : 0.0;
-    const T inv    = T(1) / s;
-    for (std::int64_t j = 0; j < Vl; ++j) {
-      const T p      = detail::exp_nonpositive(logits(n, j) - mx) * inv;
-      dlogits(n, j) = use ? (p - (j + v0 == t ? T(1) : T(0))) * scale : T(0);
-    }
-  });
+  Kokkos::parallel_for(
+      op, Kokkos::RangePolicy<Exec>(exec, 0, N), KOKKOS_LAMBDA(std::int64_t n) {
+        const auto t   = static_cast<std::int64_t>(targets(n));
+        const bool use = t != ignore_index;
+        const T mx = row_max(n), s = stats(n, 0);
+        row_loss(n) = use ? static_cast<double>(detail::math::log(s) + mx - stats(n, 1)) : 0.0;
+        const T inv = T(1) / s;
+        for (std::int64_t j = 0; j < Vl; ++j) {
+          const T p     = detail::exp_nonpositive(logits(n, j) - mx) * inv;
+          dlogits(n, j) = use ? (p - (j + v0 == t ? T(1) : T(0))) * scale : T(0);
+        }
+      });
   auto loss = workspace_view<Kokkos::View<double, Kokkos::LayoutRight, Mem>>("pmt::nn::ce::loss");
   detail::chunked_reduce<detail::ReduceKind::Sum>(exec, row_loss, loss, 1.0 / normaliser, op);
   return detail::read_scalar(loss);

@@ -17,7 +17,8 @@ namespace pmt::nn {
 /// \brief The transformer MLP: Linear<Col> (d -> hidden) -> Gelu -> Linear<Row> (hidden -> d);
 /// one all-reduce forward (Row), one backward (Col).
 template <class T, class Exec = Kokkos::DefaultExecutionSpace, class Backend = comm::default_backend_t<Exec>>
-using Mlp = Chain<Linear<T, TensorSplit<Col>, Exec, Backend>, Gelu<T, Exec>, Linear<T, TensorSplit<Row>, Exec, Backend>>;
+using Mlp =
+    Chain<Linear<T, TensorSplit<Col>, Exec, Backend>, Gelu<T, Exec>, Linear<T, TensorSplit<Row>, Exec, Backend>>;
 
 /// \brief An Mlp of width d and hidden width `hidden`; its weights use RNG streams `first_stream`
 /// and `first_stream + 1`. With `sequence_parallel` it takes and gives this rank's N/tp rows
@@ -27,9 +28,9 @@ Mlp<T, Exec, Backend> make_mlp(const Mesh<Backend>& mesh, std::size_t d, std::si
                                std::uint32_t first_stream, bool sequence_parallel = false) {
   LinearOptions o;
   o.sequence_parallel = sequence_parallel;
-  return Mlp<T, Exec, Backend>(Linear<T, TensorSplit<Col>, Exec, Backend>(mesh, d, hidden, RngKey{seed, first_stream}, o),
-                               Gelu<T, Exec>(),
-                               Linear<T, TensorSplit<Row>, Exec, Backend>(mesh, hidden, d, RngKey{seed, first_stream + 1}, o));
+  return Mlp<T, Exec, Backend>(
+      Linear<T, TensorSplit<Col>, Exec, Backend>(mesh, d, hidden, RngKey{seed, first_stream}, o), Gelu<T, Exec>(),
+      Linear<T, TensorSplit<Row>, Exec, Backend>(mesh, hidden, d, RngKey{seed, first_stream + 1}, o));
 }
 
 }  // namespace pmt::nn

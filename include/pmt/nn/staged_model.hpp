@@ -34,12 +34,12 @@
 #include "pmt/core/parameter.hpp"
 #include "pmt/core/random.hpp"
 #include "pmt/core/tensor.hpp"
+#include "pmt/core/workspace.hpp"
 #include "pmt/nn/chain.hpp"
 #include "pmt/nn/module.hpp"
 #include "pmt/parallel/stage_module.hpp"
 #include "pmt/parallel/stages.hpp"
 #include "pmt/policy/hybrid.hpp"
-#include "pmt/core/workspace.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -110,8 +110,12 @@ class StagedModel {
   using Hook       = std::function<void(const std::vector<Parameter<T, Exec>*>&)>;
 
   StagedModel(const Mesh<Backend>& mesh, Net net, Loss loss = Loss(), StagedOptions options = {})
-      : m_net(std::move(net)), m_loss(std::move(loss)), m_stage(mesh.coord(Axis::pp)), m_stages(mesh.degree(Axis::pp)),
-        m_chunks(options.chunks), m_recompute(options.recompute) {
+      : m_net(std::move(net)),
+        m_loss(std::move(loss)),
+        m_stage(mesh.coord(Axis::pp)),
+        m_stages(mesh.degree(Axis::pp)),
+        m_chunks(options.chunks),
+        m_recompute(options.recompute) {
     constexpr const char* op = "pmt::nn::StagedModel";
     const std::size_t L      = Net::size();
     const int virtual_stages = m_stages * m_chunks;
@@ -154,16 +158,19 @@ class StagedModel {
   StagedModel& operator=(const StagedModel&) = delete;
 
   /// \brief Chunk k's forward of one microbatch (the stage-module contract).
-  Activation forward_chunk(const Exec& exec, int k, const Batch& mb, const Activation& x_in, double normaliser, double* loss) {
+  Activation forward_chunk(const Exec& exec, int k, const Batch& mb, const Activation& x_in, double normaliser,
+                           double* loss) {
     const Instrument instrument("pmt::nn::StagedModel::forward");
     const bool first = first_chunk(k), last = last_chunk(k);
     const Activation& x = first ? mb.input : x_in;
     const auto want     = input_extent(k, mb);
-    detail::require(k >= 0 && k < m_chunks && x.extent(0) == want[0] && x.extent(1) == want[1], "pmt::nn::StagedModel::forward_chunk", [&] {
-      return detail::str("stage ", m_stage, "/", m_stages, ", chunk ", k, "/", m_chunks, " (layers [", begin(k), ", ", end(k),
-                         ")): ", first ? "the batch's input" : "x_in", " is ", shape_str(x), " for ", mb.rows,
-                         " rows; expected (", want[0], ", ", want[1], ")");
-    });
+    detail::require(k >= 0 && k < m_chunks && x.extent(0) == want[0] && x.extent(1) == want[1],
+                    "pmt::nn::StagedModel::forward_chunk", [&] {
+                      return detail::str("stage ", m_stage, "/", m_stages, ", chunk ", k, "/", m_chunks, " (layers [",
+                                         begin(k), ", ", end(k), ")): ", first ? "the batch's input" : "x_in", " is ",
+                                         shape_str(x), " for ", mb.rows, " rows; expected (", want[0], ", ", want[1],
+                                         ")");
+                    });
     const RandomRowScope rows(mb.row0);  // Dropout's mask follows the global rows
     const bool recompute = m_recompute && grad_enabled();
     Activation y;
@@ -175,7 +182,7 @@ class StagedModel {
       y = m_net.forward(exec, x, begin(k), end(k));
     }
     if (!last) return y;
-    auto dy = workspace_view<Activation>("pmt::nn::StagedModel::dy", y.extent(0), y.extent(1));
+    auto dy        = workspace_view<Activation>("pmt::nn::StagedModel::dy", y.extent(0), y.extent(1));
     const double l = m_loss(exec, y, mb.target, normaliser, dy);
     if (loss != nullptr) *loss += l;
     if (grad_enabled()) *m_dy = dy;
@@ -195,10 +202,12 @@ class StagedModel {
       m_net.forward(exec, r.x, begin(k), end(k));
     }
     const std::size_t width = m_widths.at(end(k));  // of the chunk's output
-    detail::require(k >= 0 && k < m_chunks && d.data() != nullptr && d.extent(1) == width, "pmt::nn::StagedModel::backward_chunk", [&] {
-      return detail::str("stage ", m_stage, ", chunk ", k, "/", m_chunks, ": dy is ", shape_str(d), "; expected (N, ", width,
-                         ")", last_chunk(k) ? " (no forward_chunk ran in this activation slot)" : "");
-    });
+    detail::require(k >= 0 && k < m_chunks && d.data() != nullptr && d.extent(1) == width,
+                    "pmt::nn::StagedModel::backward_chunk", [&] {
+                      return detail::str("stage ", m_stage, ", chunk ", k, "/", m_chunks, ": dy is ", shape_str(d),
+                                         "; expected (N, ", width, ")",
+                                         last_chunk(k) ? " (no forward_chunk ran in this activation slot)" : "");
+                    });
     Activation dx = m_net.backward(exec, d, begin(k), end(k), m_hook, m_needed);
     return first_chunk(k) ? Activation() : dx;
   }
@@ -207,7 +216,8 @@ class StagedModel {
   /// \throws pmt::ConfigError with pp > 1.
   Activation predict(const Exec& exec, const Activation& x) {
     detail::require<ConfigError>(m_stages == 1, "pmt::nn::StagedModel::predict", [&] {
-      return detail::str("this rank holds pipeline stage ", m_stage, " of ", m_stages, "; predict runs the whole chain on pp = 1");
+      return detail::str("this rank holds pipeline stage ", m_stage, " of ", m_stages,
+                         "; predict runs the whole chain on pp = 1");
     });
     const NoGrad eval;
     return m_net.forward(exec, x, 0, Net::size());

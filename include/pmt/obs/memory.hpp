@@ -55,13 +55,9 @@ class MemoryTracker {
   bool enabled() const noexcept { return m_on; }
 
   /// \brief Bytes held now in memory space `space` ("Host", "Cuda", ...; empty: all spaces).
-  std::uint64_t current_bytes(const std::string& space = "") const {
-    return sum(space, &Counter::current);
-  }
+  std::uint64_t current_bytes(const std::string& space = "") const { return sum(space, &Counter::current); }
   /// \brief The most bytes held at once since enable() or reset_peak().
-  std::uint64_t peak_bytes(const std::string& space = "") const {
-    return sum(space, &Counter::peak);
-  }
+  std::uint64_t peak_bytes(const std::string& space = "") const { return sum(space, &Counter::peak); }
   /// \brief Kokkos allocations since enable() or reset_allocations(), and the labels of the
   /// first 64 of them (a training step after the first makes none: core/workspace.hpp).
   std::uint64_t allocations() const {
@@ -107,7 +103,7 @@ class MemoryTracker {
  private:
   struct Counter {
     std::uint64_t current = 0, peak = 0;
-    bool peak_pending = false;                       ///< the peak rose and has not been left yet
+    bool peak_pending = false;                     ///< the peak rose and has not been left yet
     std::map<std::string, std::uint64_t> at_peak;  ///< by label, when the peak was last left
   };
   struct Live {
@@ -130,8 +126,7 @@ class MemoryTracker {
       if (space.empty() || name == space) total += c.*field;
     return total;
   }
-  static void on_allocate(Kokkos::Tools::SpaceHandle handle, const char* label, const void* ptr,
-                          std::uint64_t size) {
+  static void on_allocate(Kokkos::Tools::SpaceHandle handle, const char* label, const void* ptr, std::uint64_t size) {
     auto& t = instance();
     {
       std::lock_guard<std::mutex> lock(t.m_mutex);
@@ -144,8 +139,7 @@ class MemoryTracker {
     }
     if (t.m_prev_alloc) t.m_prev_alloc(handle, label, ptr, size);
   }
-  static void on_deallocate(Kokkos::Tools::SpaceHandle handle, const char* label, const void* ptr,
-                            std::uint64_t size) {
+  static void on_deallocate(Kokkos::Tools::SpaceHandle handle, const char* label, const void* ptr, std::uint64_t size) {
     auto& t = instance();
     {
       std::lock_guard<std::mutex> lock(t.m_mutex);
@@ -164,7 +158,7 @@ class MemoryTracker {
   bool m_on = false;
   std::map<std::string, Counter> m_spaces;
   std::unordered_map<const void*, Live> m_live;
-  bool m_breakdown = false;
+  bool m_breakdown            = false;
   std::uint64_t m_allocations = 0;
   std::vector<std::string> m_labels;
   // the callback types, spelled the same way in Kokkos 3.4 and 4.x

@@ -27,27 +27,27 @@ namespace peak_detail {
 constexpr int chains = 12;  // written out in PMT_PEAK_KERNEL's loop
 
 // One thread's chains: fp32 vectors of `Bytes` bytes; returns a sum so nothing is optimised away.
-#define PMT_PEAK_KERNEL(NAME, BYTES, TARGET)                                   \
-  TARGET inline float NAME(long iters) {                                       \
-    typedef float vec __attribute__((vector_size(BYTES)));                     \
-    vec acc[chains];                                                           \
-    for (int c = 0; c < chains; ++c) {                                         \
-      acc[c] = vec{};                                                          \
-      acc[c] += float(c) * 1e-9f;                                              \
-    }                                                                          \
-    vec a = vec{}, b = vec{};                                                  \
-    a += 0.999999f;                                                            \
-    b += 1e-7f;                                                                \
+#define PMT_PEAK_KERNEL(NAME, BYTES, TARGET)                                           \
+  TARGET inline float NAME(long iters) {                                               \
+    typedef float vec __attribute__((vector_size(BYTES)));                             \
+    vec acc[chains];                                                                   \
+    for (int c = 0; c < chains; ++c) {                                                 \
+      acc[c] = vec{};                                                                  \
+      acc[c] += float(c) * 1e-9f;                                                      \
+    }                                                                                  \
+    vec a = vec{}, b = vec{};                                                          \
+    a += 0.999999f;                                                                    \
+    b += 1e-7f;                                                                        \
     for (long i = 0; i < iters; ++i) { /* unrolled by hand: in registers at -O2 too */ \
-      acc[0] = acc[0] * a + b, acc[1] = acc[1] * a + b, acc[2] = acc[2] * a + b;          \
-      acc[3] = acc[3] * a + b, acc[4] = acc[4] * a + b, acc[5] = acc[5] * a + b;          \
-      acc[6] = acc[6] * a + b, acc[7] = acc[7] * a + b, acc[8] = acc[8] * a + b;          \
-      acc[9] = acc[9] * a + b, acc[10] = acc[10] * a + b, acc[11] = acc[11] * a + b;      \
-    }                                                                          \
-    float r = 0;                                                               \
-    for (int c = 0; c < chains; ++c)                                           \
-      for (int l = 0; l < (BYTES) / 4; ++l) r += acc[c][l];                    \
-    return r;                                                                  \
+      acc[0] = acc[0] * a + b, acc[1] = acc[1] * a + b, acc[2] = acc[2] * a + b;       \
+      acc[3] = acc[3] * a + b, acc[4] = acc[4] * a + b, acc[5] = acc[5] * a + b;       \
+      acc[6] = acc[6] * a + b, acc[7] = acc[7] * a + b, acc[8] = acc[8] * a + b;       \
+      acc[9] = acc[9] * a + b, acc[10] = acc[10] * a + b, acc[11] = acc[11] * a + b;   \
+    }                                                                                  \
+    float r = 0;                                                                       \
+    for (int c = 0; c < chains; ++c)                                                   \
+      for (int l = 0; l < (BYTES) / 4; ++l) r += acc[c][l];                            \
+    return r;                                                                          \
   }
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -72,12 +72,16 @@ inline int isa_index() {
 /// \brief The ISA measured_fp32_peak_gflops uses on this CPU.
 inline PeakIsa peak_isa() {
   switch (peak_detail::isa_index()) {
-    case 0: return {"AVX-512F", 16};
+    case 0:
+      return {"AVX-512F", 16};
 #if defined(__x86_64__)
-    case 1: return {"AVX2+FMA", 8};
-    default: return {"SSE2", 4};
+    case 1:
+      return {"AVX2+FMA", 8};
+    default:
+      return {"SSE2", 4};
 #else
-    default: return {"128-bit", 4};
+    default:
+      return {"128-bit", 4};
 #endif
   }
 }

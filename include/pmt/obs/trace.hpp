@@ -118,8 +118,8 @@ double clock_offset_to_root(const Comm& world, int rounds = 8) {
 /// Collective over the mesh's world.
 template <class Backend>
 std::vector<RankTrace> gather_trace(const Mesh<Backend>& mesh) {
-  const auto& world = mesh.world();
-  const auto host   = Kokkos::DefaultHostExecutionSpace();
+  const auto& world   = mesh.world();
+  const auto host     = Kokkos::DefaultHostExecutionSpace();
   const double offset = trace_detail::clock_offset_to_root(world);
   std::string bytes;
   for (const auto& e : TraceRecorder::instance().events()) {
@@ -160,7 +160,7 @@ inline std::string trace_json(const std::vector<RankTrace>& all) {
   std::ostringstream o;
   o.precision(15);
   o << "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
-  bool first = true;
+  bool first     = true;
   const auto sep = [&] {
     if (!first) o << ",\n";
     first = false;
@@ -176,7 +176,7 @@ inline std::string trace_json(const std::vector<RankTrace>& all) {
     }
     for (const auto& e : r.events) {
       const double ts = (e.begin - origin) * 1e6, dur = (e.end - e.begin) * 1e6;
-      const int tid   = static_cast<int>(e.track);
+      const int tid = static_cast<int>(e.track);
       sep();
       o << "{\"name\":\"" << trace_detail::escape(e.name) << "\",\"cat\":\"" << track_name(e.track)
         << "\",\"ph\":\"X\",\"pid\":" << r.rank << ",\"tid\":" << tid << ",\"ts\":" << ts << ",\"dur\":" << dur << "}";
@@ -187,8 +187,8 @@ inline std::string trace_json(const std::vector<RankTrace>& all) {
       }
       if (e.flow_in >= 0) {
         sep();
-        o << "{\"name\":\"p2p\",\"cat\":\"flow\",\"ph\":\"f\",\"bp\":\"e\",\"id\":" << e.flow_in << ",\"pid\":" << r.rank
-          << ",\"tid\":" << tid << ",\"ts\":" << ts + dur << "}";
+        o << "{\"name\":\"p2p\",\"cat\":\"flow\",\"ph\":\"f\",\"bp\":\"e\",\"id\":" << e.flow_in
+          << ",\"pid\":" << r.rank << ",\"tid\":" << tid << ",\"ts\":" << ts + dur << "}";
       }
     }
   }
@@ -204,7 +204,8 @@ void write_trace(const Mesh<Backend>& mesh, const std::string& path) {
   if (mesh.world().rank() != 0) return;
   std::ofstream out(path);
   out << trace_json(all);
-  detail::require<IoError>(static_cast<bool>(out), "pmt::obs::write_trace", [&] { return path + ": cannot be written"; });
+  detail::require<IoError>(static_cast<bool>(out), "pmt::obs::write_trace",
+                           [&] { return path + ": cannot be written"; });
 }
 
 }  // namespace pmt::obs

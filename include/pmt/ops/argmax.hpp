@@ -30,15 +30,16 @@ void argmax_rows(const Exec& exec, const XV& x, const IV& ids) {
   });
   using I         = typename IV::non_const_value_type;
   const auto cols = static_cast<std::int64_t>(x.extent(1));
-  Kokkos::parallel_for("pmt::ops::argmax_rows", Kokkos::RangePolicy<Exec>(exec, 0, static_cast<std::int64_t>(x.extent(0))),
-                       KOKKOS_LAMBDA(std::int64_t n) {
-                         std::int64_t best = 0;
-                         for (std::int64_t j = 1; j < cols; ++j) {
-                           const auto v = x(n, j), b = x(n, best);
-                           if (v > b || (v != v && b == b)) best = j;  // a nan wins
-                         }
-                         ids(n) = static_cast<I>(best);
-                       });
+  Kokkos::parallel_for(
+      "pmt::ops::argmax_rows", Kokkos::RangePolicy<Exec>(exec, 0, static_cast<std::int64_t>(x.extent(0))),
+      KOKKOS_LAMBDA(std::int64_t n) {
+        std::int64_t best = 0;
+        for (std::int64_t j = 1; j < cols; ++j) {
+          const auto v = x(n, j), b = x(n, best);
+          if (v > b || (v != v && b == b)) best = j;  // a nan wins
+        }
+        ids(n) = static_cast<I>(best);
+      });
 }
 
 /// \brief {correct, counted}: rows whose argmax equals their target, and rows whose target is
@@ -49,18 +50,21 @@ std::pair<std::int64_t, std::int64_t> accuracy(const Exec& exec, const XV& logit
   static_check_view<Exec, XV>();
   static_check_view<Exec, TV>();
   detail::require(targets.extent(0) == logits.extent(0) && logits.extent(1) > 0, "pmt::ops::accuracy", [&] {
-    return detail::str("logits is ", shape_str(logits), " and targets ", shape_str(targets), "; expected (N, C > 0) and (N)");
+    return detail::str("logits is ", shape_str(logits), " and targets ", shape_str(targets),
+                       "; expected (N, C > 0) and (N)");
   });
-  auto ids = workspace_view<Kokkos::View<std::int64_t*, Kokkos::LayoutRight, typename Exec::memory_space>>("pmt::ops::accuracy::ids", logits.extent(0));
+  auto ids = workspace_view<Kokkos::View<std::int64_t*, Kokkos::LayoutRight, typename Exec::memory_space>>(
+      "pmt::ops::accuracy::ids", logits.extent(0));
   argmax_rows(exec, logits, ids);
   std::int64_t correct = 0, counted = 0;
   const auto N = static_cast<std::int64_t>(logits.extent(0));
   Kokkos::parallel_reduce(
       "pmt::ops::accuracy::counted", Kokkos::RangePolicy<Exec>(exec, 0, N),
-      KOKKOS_LAMBDA(std::int64_t n, std::int64_t& k) { k += static_cast<std::int64_t>(targets(n)) != ignore_index; }, counted);
+      KOKKOS_LAMBDA(std::int64_t n, std::int64_t & k) { k += static_cast<std::int64_t>(targets(n)) != ignore_index; },
+      counted);
   Kokkos::parallel_reduce(
       "pmt::ops::accuracy::correct", Kokkos::RangePolicy<Exec>(exec, 0, N),
-      KOKKOS_LAMBDA(std::int64_t n, std::int64_t& c) {
+      KOKKOS_LAMBDA(std::int64_t n, std::int64_t & c) {
         const auto t = static_cast<std::int64_t>(targets(n));
         c += t != ignore_index && ids(n) == t;
       },

@@ -24,9 +24,9 @@
 
 #include "pmt/core/error.hpp"
 #include "pmt/core/tensor.hpp"
+#include "pmt/core/workspace.hpp"
 #include "pmt/ops/matmul.hpp"
 #include "pmt/ops/softmax.hpp"
-#include "pmt/core/workspace.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -66,11 +66,9 @@ struct AttentionCache {
 /// \brief Allocates an AttentionCache for (B, T, C) inputs with H heads.
 /// \throws pmt::ShapeError when C is not a positive multiple of H.
 template <class T, class Exec>
-AttentionCache<T, Exec> make_attention_cache(std::int64_t B, std::int64_t T_, std::int64_t C,
-                                             std::int64_t H) {
-  detail::require(H > 0 && C % H == 0, "pmt::ops::make_attention_cache", [&] {
-    return detail::str("width C = ", C, " is not divisible by heads H = ", H);
-  });
+AttentionCache<T, Exec> make_attention_cache(std::int64_t B, std::int64_t T_, std::int64_t C, std::int64_t H) {
+  detail::require(H > 0 && C % H == 0, "pmt::ops::make_attention_cache",
+                  [&] { return detail::str("width C = ", C, " is not divisible by heads H = ", H); });
   detail::require(C > 0 && B >= 0 && T_ >= 0, "pmt::ops::make_attention_cache", [&] {
     return detail::str("(B, T, C) = (", B, ", ", T_, ", ", C, "); expected C > 0 (a head of at least one feature)");
   });
@@ -93,24 +91,23 @@ namespace pmt::detail {
 template <class V>
 auto as_batched(const V& v) {
   using T = typename V::value_type;
-  return Kokkos::View<T***, Kokkos::LayoutRight, typename V::memory_space,
-                      Kokkos::MemoryTraits<Kokkos::Unmanaged>>(v.data(), v.extent(0) * v.extent(1),
-                                                               v.extent(2), v.extent(3));
+  return Kokkos::View<T***, Kokkos::LayoutRight, typename V::memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
+      v.data(), v.extent(0) * v.extent(1), v.extent(2), v.extent(3));
 }
 
 /// Throws unless qkv-like is (B, T, 3C) and out-like is (B, T, C) for the cache's B, T, C; the
 /// names say which tensors they are ("qkv"/"out" forward, "dqkv"/"dout" backward).
 template <class T, class Exec, class QV, class OV>
-void check_attention(const char* op, const char* qkv_name, const QV& qkv, const char* out_name,
-                     const OV& out, const ops::AttentionCache<T, Exec>& c) {
+void check_attention(const char* op, const char* qkv_name, const QV& qkv, const char* out_name, const OV& out,
+                     const ops::AttentionCache<T, Exec>& c) {
   const auto e = [](const auto& v, int d) { return static_cast<std::int64_t>(v.extent(d)); };
-  require(e(qkv, 0) == c.B && e(qkv, 1) == c.T_ && e(qkv, 2) == 3 * c.C && e(out, 0) == c.B &&
-              e(out, 1) == c.T_ && e(out, 2) == c.C,
+  require(e(qkv, 0) == c.B && e(qkv, 1) == c.T_ && e(qkv, 2) == 3 * c.C && e(out, 0) == c.B && e(out, 1) == c.T_ &&
+              e(out, 2) == c.C,
           op, [&] {
             return str(qkv_name, " is ", shape_str(qkv), " and ", out_name, " is ", shape_str(out),
-                       " but the cache was made for B = ", c.B, ", T = ", c.T_, ", C = ", c.C,
-                       ", H = ", c.H, "; expected ", qkv_name, " (", c.B, ", ", c.T_, ", ", 3 * c.C,
-                       ") and ", out_name, " (", c.B, ", ", c.T_, ", ", c.C, ")");
+                       " but the cache was made for B = ", c.B, ", T = ", c.T_, ", C = ", c.C, ", H = ", c.H,
+                       "; expected ", qkv_name, " (", c.B, ", ", c.T_, ", ", 3 * c.C, ") and ", out_name, " (", c.B,
+                       ", ", c.T_, ", ", c.C, ")");
           });
 }
 
@@ -135,16 +132,17 @@ void attention_split_heads(const Exec& exec, const ops::AttentionCache<T, Exec>&
                            const S* vp, std::int64_t ld) {
   const std::int64_t Tn = c.T_, H = c.H, hs = c.C / c.H;
   auto q = c.q, k = c.k, v = c.v;
-  Kokkos::parallel_for("pmt::ops::attention_forward::split_heads",
-                       Kokkos::RangePolicy<Exec>(exec, 0, c.B * H * Tn), KOKKOS_LAMBDA(std::int64_t i) {
-                         const std::int64_t t = i % Tn, h = i / Tn % H, b = i / (Tn * H);
-                         const std::int64_t at = (b * Tn + t) * ld + h * hs;
-                         for (std::int64_t d = 0; d < hs; ++d) {
-                           q(b, h, t, d) = qp[at + d];
-                           k(b, h, t, d) = kp[at + d];
-                           v(b, h, t, d) = vp[at + d];
-                         }
-                       });
+  Kokkos::parallel_for(
+      "pmt::ops::attention_forward::split_heads", Kokkos::RangePolicy<Exec>(exec, 0, c.B * H * Tn),
+      KOKKOS_LAMBDA(std::int64_t i) {
+        const std::int64_t t = i % Tn, h = i / Tn % H, b = i / (Tn * H);
+        const std::int64_t at = (b * Tn + t) * ld + h * hs;
+        for (std::int64_t d = 0; d < hs; ++d) {
+          q(b, h, t, d) = qp[at + d];
+          k(b, h, t, d) = kp[at + d];
+          v(b, h, t, d) = vp[at + d];
+        }
+      });
 }
 
 /// att = softmax_causal(q k^T / sqrt(hs)), y = att v, out (B, T, C) = y with the heads merged.
@@ -153,33 +151,35 @@ void attention_forward_core(const Exec& exec, const OV& out, ops::AttentionCache
   using ops::Trans;
   const std::int64_t Tn = c.T_, H = c.H, hs = c.C / c.H;
   const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(hs)));
-  auto att = as_batched(c.att);
+  auto att      = as_batched(c.att);
   ops::matmul_batched(exec, Trans::N, Trans::T, scale, as_batched(c.q), as_batched(c.k), T(0), att);
   ops::softmax(exec, att, att, ops::Mask::Causal);  // (BH, T, T)
   ops::matmul_batched(exec, Trans::N, Trans::N, T(1), att, as_batched(c.v), T(0), as_batched(c.y));
   auto y = c.y;
-  Kokkos::parallel_for("pmt::ops::attention_forward::merge_heads",
-                       Kokkos::RangePolicy<Exec>(exec, 0, c.B * H * Tn), KOKKOS_LAMBDA(std::int64_t i) {
-                         const std::int64_t t = i % Tn, h = i / Tn % H, b = i / (Tn * H);
-                         auto* dst = &out(b, t, h * hs);
-                         for (std::int64_t d = 0; d < hs; ++d) dst[d] = y(b, h, t, d);
-                       });
+  Kokkos::parallel_for(
+      "pmt::ops::attention_forward::merge_heads", Kokkos::RangePolicy<Exec>(exec, 0, c.B * H * Tn),
+      KOKKOS_LAMBDA(std::int64_t i) {
+        const std::int64_t t = i % Tn, h = i / Tn % H, b = i / (Tn * H);
+        auto* dst = &out(b, t, h * hs);
+        for (std::int64_t d = 0; d < hs; ++d) dst[d] = y(b, h, t, d);
+      });
 }
 
 /// From dout (B, T, C) and the cache: dq, dk, dv rows written at dst + (b T + t) ld (+ h hs),
 /// every element of them overwritten.
 template <class Exec, class DOV, class T>
-void attention_backward_core(const Exec& exec, const DOV& dout, ops::AttentionCache<T, Exec>& c, T* dqp, T* dkp,
-                             T* dvp, std::int64_t ld) {
+void attention_backward_core(const Exec& exec, const DOV& dout, ops::AttentionCache<T, Exec>& c, T* dqp, T* dkp, T* dvp,
+                             std::int64_t ld) {
   using ops::Trans;
   const std::int64_t B = c.B, Tn = c.T_, H = c.H, hs = c.C / c.H;
   auto dy = c.y;  // reuse: the head-split gradient of y, (B, H, T, hs)
-  Kokkos::parallel_for("pmt::ops::attention_backward::split_heads",
-                       Kokkos::RangePolicy<Exec>(exec, 0, B * H * Tn), KOKKOS_LAMBDA(std::int64_t i) {
-                         const std::int64_t t = i % Tn, h = i / Tn % H, b = i / (Tn * H);
-                         const auto* src = &dout(b, t, h * hs);
-                         for (std::int64_t d = 0; d < hs; ++d) dy(b, h, t, d) = src[d];
-                       });
+  Kokkos::parallel_for(
+      "pmt::ops::attention_backward::split_heads", Kokkos::RangePolicy<Exec>(exec, 0, B * H * Tn),
+      KOKKOS_LAMBDA(std::int64_t i) {
+        const std::int64_t t = i % Tn, h = i / Tn % H, b = i / (Tn * H);
+        const auto* src = &dout(b, t, h * hs);
+        for (std::int64_t d = 0; d < hs; ++d) dy(b, h, t, d) = src[d];
+      });
   // backward's work buffers, freed on return
   auto dq    = attention_buffer<T, Exec>("pmt::ops::attention::dq", B, H, Tn, hs);
   auto dk    = attention_buffer<T, Exec>("pmt::ops::attention::dk", B, H, Tn, hs);
@@ -192,16 +192,17 @@ void attention_backward_core(const Exec& exec, const DOV& dout, ops::AttentionCa
   const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(hs)));
   ops::matmul_batched(exec, Trans::N, Trans::N, scale, datt, as_batched(c.k), T(0), as_batched(dq));
   ops::matmul_batched(exec, Trans::T, Trans::N, scale, datt, as_batched(c.q), T(0), as_batched(dk));
-  Kokkos::parallel_for("pmt::ops::attention_backward::merge_heads",
-                       Kokkos::RangePolicy<Exec>(exec, 0, B * H * Tn), KOKKOS_LAMBDA(std::int64_t i) {
-                         const std::int64_t t = i % Tn, h = i / Tn % H, b = i / (Tn * H);
-                         const std::int64_t at = (b * Tn + t) * ld + h * hs;
-                         for (std::int64_t d = 0; d < hs; ++d) {
-                           dqp[at + d] = dq(b, h, t, d);
-                           dkp[at + d] = dk(b, h, t, d);
-                           dvp[at + d] = dv(b, h, t, d);
-                         }
-                       });
+  Kokkos::parallel_for(
+      "pmt::ops::attention_backward::merge_heads", Kokkos::RangePolicy<Exec>(exec, 0, B * H * Tn),
+      KOKKOS_LAMBDA(std::int64_t i) {
+        const std::int64_t t = i % Tn, h = i / Tn % H, b = i / (Tn * H);
+        const std::int64_t at = (b * Tn + t) * ld + h * hs;
+        for (std::int64_t d = 0; d < hs; ++d) {
+          dqp[at + d] = dq(b, h, t, d);
+          dkp[at + d] = dk(b, h, t, d);
+          dvp[at + d] = dv(b, h, t, d);
+        }
+      });
 }
 
 /// Rows per panel of the fused host attention's causal products.
@@ -209,7 +210,7 @@ inline constexpr std::int64_t attention_panel = 32;
 
 /// Whether attention on Exec in T can take the fused host path (CBLAS on host memory).
 template <class Exec, class T>
-inline constexpr bool attention_fused_v = ops::has_vendor_matmul_v<Exec, T> && is_host_space_v<Exec>;
+inline constexpr bool attention_fused_v = ops::has_vendor_matmul_v<Exec, T>&& is_host_space_v<Exec>;
 
 #if PMT_ENABLE_CBLAS
 /// The fused host forward: per head (b, h), q, k, v rows (b, t) at src + (b T + t) ld + h hs
@@ -217,45 +218,44 @@ inline constexpr bool attention_fused_v = ops::has_vendor_matmul_v<Exec, T> && i
 /// causal softmax of each row (zeros past the diagonal, to the end of the row), and
 /// out[b, r0..r1, h hs..] = att[r0, r1)[0, r1) v[0, r1), written in place.
 template <class Exec, class OV, class T, class S>
-void attention_forward_fused(const Exec& exec, const OV& out, ops::AttentionCache<T, Exec>& c, const S* qp,
-                             const S* kp, const S* vp, std::int64_t ld) {
+void attention_forward_fused(const Exec& exec, const OV& out, ops::AttentionCache<T, Exec>& c, const S* qp, const S* kp,
+                             const S* vp, std::int64_t ld) {
   const std::int64_t Tn = c.T_, H = c.H, hs = c.C / c.H, P = attention_panel;
   const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(hs)));
   auto q = c.q, k = c.k, v = c.v, att = c.att;
-  T* const op = out.data();
+  T* const op            = out.data();
   const std::int64_t sbo = static_cast<std::int64_t>(out.stride(0)), ldo = static_cast<std::int64_t>(out.stride(1));
-  Kokkos::parallel_for("pmt::ops::attention_forward", Kokkos::RangePolicy<Exec>(exec, 0, c.B * H),
-                       [=](std::int64_t bh) {
-                         const std::int64_t b = bh / H, h = bh % H;
-                         T* const Q = &q(b, h, 0, 0);
-                         T* const K = &k(b, h, 0, 0);
-                         T* const V = &v(b, h, 0, 0);
-                         T* const A = &att(b, h, 0, 0);
-                         for (std::int64_t t = 0; t < Tn; ++t) {
-                           const std::int64_t at = (b * Tn + t) * ld + h * hs;
-                           if constexpr (std::is_same_v<std::remove_const_t<S>, T>) {  // vectorised row copies
-                             std::memcpy(Q + t * hs, qp + at, static_cast<std::size_t>(hs) * sizeof(T));
-                             std::memcpy(K + t * hs, kp + at, static_cast<std::size_t>(hs) * sizeof(T));
-                             std::memcpy(V + t * hs, vp + at, static_cast<std::size_t>(hs) * sizeof(T));
-                           } else {
-                             for (std::int64_t d = 0; d < hs; ++d) {
-                               Q[t * hs + d] = static_cast<T>(qp[at + d]);
-                               K[t * hs + d] = static_cast<T>(kp[at + d]);
-                               V[t * hs + d] = static_cast<T>(vp[at + d]);
-                             }
-                           }
-                         }
-                         for (std::int64_t r0 = 0; r0 < Tn; r0 += P) {
-                           const std::int64_t r1 = r0 + P < Tn ? r0 + P : Tn;
-                           matmul_cblas<T>(1, false, true, r1 - r0, r1, hs, scale, Q + r0 * hs, hs, 0, K, hs, 0,
-                                           T(0), A + r0 * Tn, Tn, 0);
-                           for (std::int64_t t = r0; t < r1; ++t)
-                             softmax_row(A + t * Tn, A + t * Tn, t + 1, Tn, static_cast<const T*>(nullptr),
-                                         static_cast<T*>(nullptr));
-                           matmul_cblas<T>(1, false, false, r1 - r0, hs, r1, T(1), A + r0 * Tn, Tn, 0, V, hs, 0,
-                                           T(0), op + b * sbo + r0 * ldo + h * hs, ldo, 0);
-                         }
-                       });
+  Kokkos::parallel_for(
+      "pmt::ops::attention_forward", Kokkos::RangePolicy<Exec>(exec, 0, c.B * H), [=](std::int64_t bh) {
+        const std::int64_t b = bh / H, h = bh % H;
+        T* const Q = &q(b, h, 0, 0);
+        T* const K = &k(b, h, 0, 0);
+        T* const V = &v(b, h, 0, 0);
+        T* const A = &att(b, h, 0, 0);
+        for (std::int64_t t = 0; t < Tn; ++t) {
+          const std::int64_t at = (b * Tn + t) * ld + h * hs;
+          if constexpr (std::is_same_v<std::remove_const_t<S>, T>) {  // vectorised row copies
+            std::memcpy(Q + t * hs, qp + at, static_cast<std::size_t>(hs) * sizeof(T));
+            std::memcpy(K + t * hs, kp + at, static_cast<std::size_t>(hs) * sizeof(T));
+            std::memcpy(V + t * hs, vp + at, static_cast<std::size_t>(hs) * sizeof(T));
+          } else {
+            for (std::int64_t d = 0; d < hs; ++d) {
+              Q[t * hs + d] = static_cast<T>(qp[at + d]);
+              K[t * hs + d] = static_cast<T>(kp[at + d]);
+              V[t * hs + d] = static_cast<T>(vp[at + d]);
+            }
+          }
+        }
+        for (std::int64_t r0 = 0; r0 < Tn; r0 += P) {
+          const std::int64_t r1 = r0 + P < Tn ? r0 + P : Tn;
+          matmul_cblas<T>(1, false, true, r1 - r0, r1, hs, scale, Q + r0 * hs, hs, 0, K, hs, 0, T(0), A + r0 * Tn, Tn,
+                          0);
+          for (std::int64_t t = r0; t < r1; ++t)
+            softmax_row(A + t * Tn, A + t * Tn, t + 1, Tn, static_cast<const T*>(nullptr), static_cast<T*>(nullptr));
+          matmul_cblas<T>(1, false, false, r1 - r0, hs, r1, T(1), A + r0 * Tn, Tn, 0, V, hs, 0, T(0),
+                          op + b * sbo + r0 * ldo + h * hs, ldo, 0);
+        }
+      });
 }
 
 /// The fused host backward, per head: row panels give d(att) = dy v^T, the softmax backward
@@ -269,36 +269,33 @@ void attention_backward_fused(const Exec& exec, const DOV& dout, ops::AttentionC
   const std::int64_t B = c.B, Tn = c.T_, H = c.H, hs = c.C / c.H, P = attention_panel;
   const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(hs)));
   auto q = c.q, k = c.k, v = c.v, att = c.att;
-  auto datt = attention_buffer<T, Exec>("pmt::ops::attention::datt", B, H, Tn, Tn);  // freed on return
-  const T* const dop = dout.data();
+  auto datt              = attention_buffer<T, Exec>("pmt::ops::attention::datt", B, H, Tn, Tn);  // freed on return
+  const T* const dop     = dout.data();
   const std::int64_t sbo = static_cast<std::int64_t>(dout.stride(0)), ldo = static_cast<std::int64_t>(dout.stride(1));
-  Kokkos::parallel_for("pmt::ops::attention_backward", Kokkos::RangePolicy<Exec>(exec, 0, B * H),
-                       [=](std::int64_t bh) {
-                         const std::int64_t b = bh / H, h = bh % H;
-                         const T* const Q  = &q(b, h, 0, 0);
-                         const T* const K  = &k(b, h, 0, 0);
-                         const T* const V  = &v(b, h, 0, 0);
-                         const T* const A  = &att(b, h, 0, 0);
-                         T* const D        = &datt(b, h, 0, 0);
-                         const T* const dY = dop + b * sbo + h * hs;
-                         const std::int64_t at = b * Tn * ld + h * hs;
-                         for (std::int64_t r0 = 0; r0 < Tn; r0 += P) {
-                           const std::int64_t r1 = r0 + P < Tn ? r0 + P : Tn;
-                           matmul_cblas<T>(1, false, true, r1 - r0, r1, hs, T(1), dY + r0 * ldo, ldo, 0, V, hs, 0,
-                                           T(0), D + r0 * Tn, Tn, 0);
-                           for (std::int64_t t = r0; t < r1; ++t)
-                             softmax_backward_row(A + t * Tn, D + t * Tn, D + t * Tn, t + 1, r1);
-                           matmul_cblas<T>(1, false, false, r1 - r0, hs, r1, scale, D + r0 * Tn, Tn, 0, K, hs, 0,
-                                           T(0), dqp + at + r0 * ld, ld, 0);
-                         }
-                         for (std::int64_t c0 = 0; c0 < Tn; c0 += P) {
-                           const std::int64_t c1 = c0 + P < Tn ? c0 + P : Tn;
-                           matmul_cblas<T>(1, true, false, c1 - c0, hs, Tn - c0, T(1), A + c0 * Tn + c0, Tn, 0,
-                                           dY + c0 * ldo, ldo, 0, T(0), dvp + at + c0 * ld, ld, 0);
-                           matmul_cblas<T>(1, true, false, c1 - c0, hs, Tn - c0, scale, D + c0 * Tn + c0, Tn, 0,
-                                           Q + c0 * hs, hs, 0, T(0), dkp + at + c0 * ld, ld, 0);
-                         }
-                       });
+  Kokkos::parallel_for("pmt::ops::attention_backward", Kokkos::RangePolicy<Exec>(exec, 0, B * H), [=](std::int64_t bh) {
+    const std::int64_t b = bh / H, h = bh % H;
+    const T* const Q      = &q(b, h, 0, 0);
+    const T* const K      = &k(b, h, 0, 0);
+    const T* const V      = &v(b, h, 0, 0);
+    const T* const A      = &att(b, h, 0, 0);
+    T* const D            = &datt(b, h, 0, 0);
+    const T* const dY     = dop + b * sbo + h * hs;
+    const std::int64_t at = b * Tn * ld + h * hs;
+    for (std::int64_t r0 = 0; r0 < Tn; r0 += P) {
+      const std::int64_t r1 = r0 + P < Tn ? r0 + P : Tn;
+      matmul_cblas<T>(1, false, true, r1 - r0, r1, hs, T(1), dY + r0 * ldo, ldo, 0, V, hs, 0, T(0), D + r0 * Tn, Tn, 0);
+      for (std::int64_t t = r0; t < r1; ++t) softmax_backward_row(A + t * Tn, D + t * Tn, D + t * Tn, t + 1, r1);
+      matmul_cblas<T>(1, false, false, r1 - r0, hs, r1, scale, D + r0 * Tn, Tn, 0, K, hs, 0, T(0), dqp + at + r0 * ld,
+                      ld, 0);
+    }
+    for (std::int64_t c0 = 0; c0 < Tn; c0 += P) {
+      const std::int64_t c1 = c0 + P < Tn ? c0 + P : Tn;
+      matmul_cblas<T>(1, true, false, c1 - c0, hs, Tn - c0, T(1), A + c0 * Tn + c0, Tn, 0, dY + c0 * ldo, ldo, 0, T(0),
+                      dvp + at + c0 * ld, ld, 0);
+      matmul_cblas<T>(1, true, false, c1 - c0, hs, Tn - c0, scale, D + c0 * Tn + c0, Tn, 0, Q + c0 * hs, hs, 0, T(0),
+                      dkp + at + c0 * ld, ld, 0);
+    }
+  });
 }
 #endif  // PMT_ENABLE_CBLAS
 
@@ -341,15 +338,13 @@ bool attention_fused_chosen(std::int64_t BH, std::int64_t Tn, std::int64_t hs, M
   const ops::MatmulPath pin = ops::matmul_path();
   if (pin != ops::MatmulPath::Auto) return pin == ops::MatmulPath::Vendor;
   const ChoiceKey key = attention_choice_key<T>(BH, Tn, hs);
-  const int now = current_choice(key);
+  const int now       = current_choice(key);
   if (now >= 0) return now == 0;
   if constexpr (std::is_same_v<Measure, std::nullptr_t>) {
     return true;  // a backward without a measured forward: the default path
   } else {
     measure(1);  // once, outside the timing: the batched path's products measure their own classes
-    const auto shape = [&] {
-      return str(BH, " heads x T ", Tn, " x hs ", hs, sizeof(T) == 4 ? " fp32" : " fp64");
-    };
+    const auto shape   = [&] { return str(BH, " heads x T ", Tn, " x hs ", hs, sizeof(T) == 4 ? " fp32" : " fp64"); };
     const double flops = 2.0 * double(BH) * double(Tn) * double(Tn) * double(hs);  // the causal halves
     return measured_choice(key, shape, flops, measure) == 0;
   }
@@ -357,16 +352,16 @@ bool attention_fused_chosen(std::int64_t BH, std::int64_t Tn, std::int64_t hs, M
 
 /// Forward from q, k, v rows at src + (b T + t) ld (+ h hs): fused or generic.
 template <class Exec, class OV, class T, class S>
-void attention_forward_any(const Exec& exec, const OV& out, ops::AttentionCache<T, Exec>& c, const S* qp,
-                           const S* kp, const S* vp, std::int64_t ld, bool generic) {
+void attention_forward_any(const Exec& exec, const OV& out, ops::AttentionCache<T, Exec>& c, const S* qp, const S* kp,
+                           const S* vp, std::int64_t ld, bool generic) {
 #if PMT_ENABLE_CBLAS
   if constexpr (attention_fused_v<Exec, T>) {
     if (attention_can_fuse(exec, c, generic)) {
       Kokkos::View<T***, Kokkos::LayoutRight, typename Exec::memory_space> scratch;  // measurement only
       const auto measure = [&](int path) {  // one forward into scratch; the cache gets the same values
         if (scratch.data() == nullptr)
-          scratch = decltype(scratch)("pmt::ops::attention::measure", std::size_t(c.B), std::size_t(c.T_),
-                                      std::size_t(c.C));
+          scratch =
+              decltype(scratch)("pmt::ops::attention::measure", std::size_t(c.B), std::size_t(c.T_), std::size_t(c.C));
         exec.fence();
         if (path == 0) {
           attention_forward_fused(exec, scratch, c, qp, kp, vp, ld);
@@ -390,8 +385,8 @@ void attention_forward_any(const Exec& exec, const OV& out, ops::AttentionCache<
 
 /// Backward into dq, dk, dv rows at dst + (b T + t) ld (+ h hs): fused or generic.
 template <class Exec, class DOV, class T>
-void attention_backward_any(const Exec& exec, const DOV& dout, ops::AttentionCache<T, Exec>& c, T* dqp, T* dkp,
-                            T* dvp, std::int64_t ld, bool generic) {
+void attention_backward_any(const Exec& exec, const DOV& dout, ops::AttentionCache<T, Exec>& c, T* dqp, T* dkp, T* dvp,
+                            std::int64_t ld, bool generic) {
 #if PMT_ENABLE_CBLAS
   if constexpr (attention_fused_v<Exec, T>) {
     if (attention_can_fuse(exec, c, generic) && attention_fused_chosen<T>(c.B * c.H, c.T_, c.C / c.H, nullptr)) {
@@ -460,7 +455,8 @@ void attention_backward(const Exec& exec, const DOV& dout, const DQV& dq, const 
   static_check_view<Exec, DKV>();
   static_check_view<Exec, DVV>();
   detail::check_attention_split("pmt::ops::attention_backward", "d", dq, dk, dv, "dout", dout, c);
-  detail::attention_backward_any(exec, dout, c, dq.data(), dk.data(), dv.data(), c.C, detail::attention_force_generic());
+  detail::attention_backward_any(exec, dout, c, dq.data(), dk.data(), dv.data(), c.C,
+                                 detail::attention_force_generic());
 }
 
 }  // namespace pmt::ops

@@ -5,8 +5,8 @@
 // Each element is computed independently: results are bitwise independent of the thread count.
 
 #include "pmt/core/error.hpp"
-#include "pmt/detail/kokkos_compat.hpp"
 #include "pmt/core/tensor.hpp"
+#include "pmt/detail/kokkos_compat.hpp"
 #include "pmt/ops/detail/host_backend.hpp"
 #include "pmt/ops/detail/rowwise.hpp"
 
@@ -28,8 +28,9 @@ void add(const Exec& exec, const AV& a, const BV& b, const OV& out) {
   detail::require_same_shape("pmt::ops::add", "a", a, "b", b);
   detail::require_same_shape("pmt::ops::add", "out", out, "a", a);
   auto fa = detail::flat(a), fb = detail::flat(b), fo = detail::flat(out);
-  Kokkos::parallel_for("pmt::ops::add", Kokkos::RangePolicy<Exec>(exec, 0, fo.extent(0)),
-                       KOKKOS_LAMBDA(std::size_t i) { fo(i) = fa(i) + fb(i); });
+  Kokkos::parallel_for(
+      "pmt::ops::add", Kokkos::RangePolicy<Exec>(exec, 0, fo.extent(0)),
+      KOKKOS_LAMBDA(std::size_t i) { fo(i) = fa(i) + fb(i); });
 }
 
 /// \brief x *= s, in place (gradient scaling for clipping by global norm uses this).
@@ -37,8 +38,9 @@ template <class Exec, class XV>
 void scale(const Exec& exec, const XV& x, typename XV::non_const_value_type s) {
   static_check_view<Exec, XV>();
   auto fx = detail::flat(x);
-  Kokkos::parallel_for("pmt::ops::scale", Kokkos::RangePolicy<Exec>(exec, 0, fx.extent(0)),
-                       KOKKOS_LAMBDA(std::size_t i) { fx(i) *= s; });
+  Kokkos::parallel_for(
+      "pmt::ops::scale", Kokkos::RangePolicy<Exec>(exec, 0, fx.extent(0)),
+      KOKKOS_LAMBDA(std::size_t i) { fx(i) *= s; });
 }
 
 /// \brief y += alpha x (same shapes).
@@ -49,8 +51,9 @@ void axpy(const Exec& exec, typename YV::non_const_value_type alpha, const XV& x
   static_check_view<Exec, YV>();
   detail::require_same_shape("pmt::ops::axpy", "x", x, "y", y);
   auto fx = detail::flat(x), fy = detail::flat(y);
-  Kokkos::parallel_for("pmt::ops::axpy", Kokkos::RangePolicy<Exec>(exec, 0, fy.extent(0)),
-                       KOKKOS_LAMBDA(std::size_t i) { fy(i) += alpha * fx(i); });
+  Kokkos::parallel_for(
+      "pmt::ops::axpy", Kokkos::RangePolicy<Exec>(exec, 0, fy.extent(0)),
+      KOKKOS_LAMBDA(std::size_t i) { fy(i) += alpha * fx(i); });
 }
 
 /// \brief y(..., c) += bias(c) for every leading index, in place.  y: (..., C), bias: (C).
@@ -62,15 +65,15 @@ void bias_add(const Exec& exec, const YV& y, const BV& bias) {
   static_assert(BV::rank == 1, "pmt::ops::bias_add: bias must be a rank-1 View");
   const std::size_t C = y.extent(static_cast<std::size_t>(YV::rank) - 1);
   detail::require(bias.extent(0) == C, "pmt::ops::bias_add", [&] {
-    return detail::str("y is ", shape_str(y), " but bias is ", shape_str(bias),
-                       "; bias must have y's last extent ", C);
+    return detail::str("y is ", shape_str(y), " but bias is ", shape_str(bias), "; bias must have y's last extent ", C);
   });
-  auto fy = detail::flat(y);
+  auto fy                = detail::flat(y);
   const std::size_t rows = C > 0 ? fy.extent(0) / C : 0;
   // One row per iteration: a contiguous loop over the bias (no i % C per element).
-  Kokkos::parallel_for("pmt::ops::bias_add", Kokkos::RangePolicy<Exec>(exec, 0, rows), KOKKOS_LAMBDA(std::size_t r) {
-    for (std::size_t c = 0; c < C; ++c) fy(r * C + c) += bias(c);
-  });
+  Kokkos::parallel_for(
+      "pmt::ops::bias_add", Kokkos::RangePolicy<Exec>(exec, 0, rows), KOKKOS_LAMBDA(std::size_t r) {
+        for (std::size_t c = 0; c < C; ++c) fy(r * C + c) += bias(c);
+      });
 }
 
 }  // namespace pmt::ops
@@ -86,8 +89,10 @@ inline constexpr double gelu_a = 0.044715;
 template <class T>
 KOKKOS_INLINE_FUNCTION T gelu_exp_minus_2u(T x) {
   const T z = T(-2 * gelu_k) * (x + T(gelu_a) * x * x * x);
-  if constexpr (std::is_same_v<T, float>) return exp_fast(z);  // clamps to [-87, 88]
-  else return math::exp(z);
+  if constexpr (std::is_same_v<T, float>)
+    return exp_fast(z);  // clamps to [-87, 88]
+  else
+    return math::exp(z);
 }
 template <class T>
 KOKKOS_INLINE_FUNCTION T gelu_tanh(T x) {
@@ -144,8 +149,9 @@ void gelu(const Exec& exec, const XV& x, const YV& y) {
         [=](std::size_t i) { yp[i] = detail::gelu_tanh(xp[i]); });
     return;
   }
-  Kokkos::parallel_for("pmt::ops::gelu", Kokkos::RangePolicy<Exec>(exec, 0, fy.extent(0)),
-                       KOKKOS_LAMBDA(std::size_t i) { fy(i) = detail::gelu_tanh(fx(i)); });
+  Kokkos::parallel_for(
+      "pmt::ops::gelu", Kokkos::RangePolicy<Exec>(exec, 0, fy.extent(0)),
+      KOKKOS_LAMBDA(std::size_t i) { fy(i) = detail::gelu_tanh(fx(i)); });
 }
 
 /// \brief dx = dy * GELU'(x) (dx overwritten; dx may alias dy).
@@ -171,8 +177,9 @@ void gelu_backward(const Exec& exec, const XV& x, const DYV& dy, const DXV& dx) 
         [=](std::size_t i) { dxp[i] = dyp[i] * detail::gelu_tanh_grad(xp[i]); });
     return;
   }
-  Kokkos::parallel_for("pmt::ops::gelu_backward", Kokkos::RangePolicy<Exec>(exec, 0, fx.extent(0)),
-                       KOKKOS_LAMBDA(std::size_t i) { fdx(i) = fdy(i) * detail::gelu_tanh_grad(fx(i)); });
+  Kokkos::parallel_for(
+      "pmt::ops::gelu_backward", Kokkos::RangePolicy<Exec>(exec, 0, fx.extent(0)),
+      KOKKOS_LAMBDA(std::size_t i) { fdx(i) = fdy(i) * detail::gelu_tanh_grad(fx(i)); });
 }
 
 /// \brief y = max(x, 0). y may alias x. \throws pmt::ShapeError when the shapes differ.
@@ -183,8 +190,9 @@ void relu(const Exec& exec, const XV& x, const YV& y) {
   detail::require_same_shape("pmt::ops::relu", "x", x, "y", y);
   using T = typename YV::non_const_value_type;
   auto fx = detail::flat(x), fy = detail::flat(y);
-  Kokkos::parallel_for("pmt::ops::relu", Kokkos::RangePolicy<Exec>(exec, 0, fy.extent(0)),
-                       KOKKOS_LAMBDA(std::size_t i) { fy(i) = fx(i) > T(0) ? fx(i) : T(0); });
+  Kokkos::parallel_for(
+      "pmt::ops::relu", Kokkos::RangePolicy<Exec>(exec, 0, fy.extent(0)),
+      KOKKOS_LAMBDA(std::size_t i) { fy(i) = fx(i) > T(0) ? fx(i) : T(0); });
 }
 
 /// \brief dx = dy where x > 0, else 0 (dx overwritten).
@@ -198,8 +206,9 @@ void relu_backward(const Exec& exec, const XV& x, const DYV& dy, const DXV& dx) 
   detail::require_same_shape("pmt::ops::relu_backward", "dx", dx, "x", x);
   using T = typename DXV::non_const_value_type;
   auto fx = detail::flat(x), fdy = detail::flat(dy), fdx = detail::flat(dx);
-  Kokkos::parallel_for("pmt::ops::relu_backward", Kokkos::RangePolicy<Exec>(exec, 0, fx.extent(0)),
-                       KOKKOS_LAMBDA(std::size_t i) { fdx(i) = fx(i) > T(0) ? fdy(i) : T(0); });
+  Kokkos::parallel_for(
+      "pmt::ops::relu_backward", Kokkos::RangePolicy<Exec>(exec, 0, fx.extent(0)),
+      KOKKOS_LAMBDA(std::size_t i) { fdx(i) = fx(i) > T(0) ? fdy(i) : T(0); });
 }
 
 /// \brief y = SiLU(x) = x / (1 + exp(-x)) (x sigmoid(x)). y may alias x.
@@ -211,8 +220,9 @@ void silu(const Exec& exec, const XV& x, const YV& y) {
   detail::require_same_shape("pmt::ops::silu", "x", x, "y", y);
   using T = typename YV::non_const_value_type;
   auto fx = detail::flat(x), fy = detail::flat(y);
-  Kokkos::parallel_for("pmt::ops::silu", Kokkos::RangePolicy<Exec>(exec, 0, fy.extent(0)),
-                       KOKKOS_LAMBDA(std::size_t i) { fy(i) = fx(i) / (T(1) + detail::math::exp(-fx(i))); });
+  Kokkos::parallel_for(
+      "pmt::ops::silu", Kokkos::RangePolicy<Exec>(exec, 0, fy.extent(0)),
+      KOKKOS_LAMBDA(std::size_t i) { fy(i) = fx(i) / (T(1) + detail::math::exp(-fx(i))); });
 }
 
 /// \brief dx = dy (s + x s (1 - s)) with s = sigmoid(x) (dx overwritten).
@@ -226,10 +236,11 @@ void silu_backward(const Exec& exec, const XV& x, const DYV& dy, const DXV& dx) 
   detail::require_same_shape("pmt::ops::silu_backward", "dx", dx, "x", x);
   using T = typename DXV::non_const_value_type;
   auto fx = detail::flat(x), fdy = detail::flat(dy), fdx = detail::flat(dx);
-  Kokkos::parallel_for("pmt::ops::silu_backward", Kokkos::RangePolicy<Exec>(exec, 0, fx.extent(0)), KOKKOS_LAMBDA(std::size_t i) {
-    const T s = T(1) / (T(1) + detail::math::exp(-fx(i)));
-    fdx(i)    = fdy(i) * (s + fx(i) * s * (T(1) - s));
-  });
+  Kokkos::parallel_for(
+      "pmt::ops::silu_backward", Kokkos::RangePolicy<Exec>(exec, 0, fx.extent(0)), KOKKOS_LAMBDA(std::size_t i) {
+        const T s = T(1) / (T(1) + detail::math::exp(-fx(i)));
+        fdx(i)    = fdy(i) * (s + fx(i) * s * (T(1) - s));
+      });
 }
 
 /// \brief y = tanh(x). y may alias x. \throws pmt::ShapeError when the shapes differ.
@@ -239,8 +250,9 @@ void tanh(const Exec& exec, const XV& x, const YV& y) {
   static_check_view<Exec, YV>();
   detail::require_same_shape("pmt::ops::tanh", "x", x, "y", y);
   auto fx = detail::flat(x), fy = detail::flat(y);
-  Kokkos::parallel_for("pmt::ops::tanh", Kokkos::RangePolicy<Exec>(exec, 0, fy.extent(0)),
-                       KOKKOS_LAMBDA(std::size_t i) { fy(i) = detail::math::tanh(fx(i)); });
+  Kokkos::parallel_for(
+      "pmt::ops::tanh", Kokkos::RangePolicy<Exec>(exec, 0, fy.extent(0)),
+      KOKKOS_LAMBDA(std::size_t i) { fy(i) = detail::math::tanh(fx(i)); });
 }
 
 /// \brief dx = dy (1 - y^2), from the forward's OUTPUT y = tanh(x) (dx overwritten).
@@ -254,8 +266,9 @@ void tanh_backward(const Exec& exec, const YV& y, const DYV& dy, const DXV& dx) 
   detail::require_same_shape("pmt::ops::tanh_backward", "dx", dx, "y", y);
   using T = typename DXV::non_const_value_type;
   auto fy = detail::flat(y), fdy = detail::flat(dy), fdx = detail::flat(dx);
-  Kokkos::parallel_for("pmt::ops::tanh_backward", Kokkos::RangePolicy<Exec>(exec, 0, fy.extent(0)),
-                       KOKKOS_LAMBDA(std::size_t i) { fdx(i) = fdy(i) * (T(1) - fy(i) * fy(i)); });
+  Kokkos::parallel_for(
+      "pmt::ops::tanh_backward", Kokkos::RangePolicy<Exec>(exec, 0, fy.extent(0)),
+      KOKKOS_LAMBDA(std::size_t i) { fdx(i) = fdy(i) * (T(1) - fy(i) * fy(i)); });
 }
 
 }  // namespace pmt::ops

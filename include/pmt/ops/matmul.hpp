@@ -66,13 +66,12 @@ struct MatmulPortable {};
 
 /// \brief True when a vendor BLAS serves matmul of T on Exec in this build.
 template <class Exec, class T>
-inline constexpr bool has_vendor_matmul_v =
-    (std::is_same_v<T, float> || std::is_same_v<T, double>) &&
-    ((PMT_ENABLE_CBLAS && is_host_space_v<Exec>)
+inline constexpr bool has_vendor_matmul_v = (std::is_same_v<T, float> ||
+                                             std::is_same_v<T, double>)&&((PMT_ENABLE_CBLAS && is_host_space_v<Exec>)
 #if PMT_ENABLE_CUDA && defined(KOKKOS_ENABLE_CUDA)
-     || std::is_same_v<Exec, Kokkos::Cuda>
+                                                                          || std::is_same_v<Exec, Kokkos::Cuda>
 #endif
-    );
+);
 
 /// \brief What MatmulAuto does for the whole process: measure (Auto) or take one path.
 enum class MatmulPath { Auto, Vendor, Portable };
@@ -94,7 +93,7 @@ inline MatmulPath parse_matmul_path(const std::string& v, const char* what = "PM
 namespace detail_matmul {
 struct PathSetting {
   std::mutex mu;
-  bool read = false;
+  bool read       = false;
   MatmulPath path = MatmulPath::Auto;
 };
 inline PathSetting& path_setting() {
@@ -110,8 +109,8 @@ inline MatmulPath matmul_path() {
   std::lock_guard<std::mutex> lock(s.mu);
   if (!s.read) {
     const char* env = std::getenv("PMT_MATMUL");
-    s.path = env && *env ? parse_matmul_path(env) : MatmulPath::Auto;
-    s.read = true;
+    s.path          = env && *env ? parse_matmul_path(env) : MatmulPath::Auto;
+    s.read          = true;
   }
   return s.path;
 }
@@ -151,7 +150,8 @@ inline std::string matmul_path_summary(double peak_gflops = 0) {
     attention = attention || entry.first.op == attention_choice_op;
     bf16      = bf16 || entry.first.op == bf16_vendor_choice_op;
   }
-  if (attention) line += "; attention: " + measured_choice_summary(attention_choice_op, "fused", "batched", peak_gflops);
+  if (attention)
+    line += "; attention: " + measured_choice_summary(attention_choice_op, "fused", "batched", peak_gflops);
   if (bf16) line += "; bf16: " + measured_choice_summary(bf16_vendor_choice_op, "pmt", "vendor", peak_gflops);
   return line;
 }
@@ -186,7 +186,7 @@ inline const char* bf16_kernel_name(Bf16Kernel k) {
 namespace detail_matmul {
 struct Bf16Setting {
   std::mutex mu;
-  bool read = false;
+  bool read         = false;
   Bf16Kernel kernel = Bf16Kernel::automatic;
 };
 inline Bf16Setting& bf16_setting() {
@@ -211,17 +211,18 @@ inline Bf16Kernel bf16_kernel_setting() {
   auto& s = detail_matmul::bf16_setting();
   std::lock_guard<std::mutex> lock(s.mu);
   if (!s.read) {
-    const char* env = std::getenv("PMT_BF16_MATMUL");
+    const char* env     = std::getenv("PMT_BF16_MATMUL");
     const std::string v = env ? env : "auto";
-    s.kernel = v == "amx"                    ? Bf16Kernel::amx
-               : v == "avx512bf16"           ? Bf16Kernel::avx512bf16
-               : v == "rounded"              ? Bf16Kernel::rounded
-               : v == "vendor"               ? Bf16Kernel::vendor
-               : v == "auto" || v.empty()    ? Bf16Kernel::automatic
-                                             : throw ConfigError("pmt::ops::matmul_bf16",
-                                                                 detail::str("PMT_BF16_MATMUL is '", v,
-                                                                             "'; expected auto, amx, avx512bf16, rounded or vendor"));
-    s.read = true;
+    s.kernel            = v == "amx"          ? Bf16Kernel::amx
+                          : v == "avx512bf16" ? Bf16Kernel::avx512bf16
+                          : v == "rounded"    ? Bf16Kernel::rounded
+                          : v == "vendor"     ? Bf16Kernel::vendor
+                          : v == "auto" || v.empty()
+                              ? Bf16Kernel::automatic
+                              : throw ConfigError("pmt::ops::matmul_bf16",
+                                                  detail::str("PMT_BF16_MATMUL is '", v,
+                                                              "'; expected auto, amx, avx512bf16, rounded or vendor"));
+    s.read              = true;
   }
   return s.kernel;
 }
@@ -314,15 +315,14 @@ struct MatmulDims {
 /// Checks the shapes of C = op(A) op(B) for rank-2 Views or rank-3 (batch, rows, cols) Views and
 /// returns the sizes; throws ShapeError naming every shape.
 template <class AV, class BV, class CV>
-MatmulDims matmul_dims(const char* op, ops::Trans ta, ops::Trans tb, const AV& A, const BV& B,
-                       const CV& C) {
-  constexpr std::size_t o = CV::rank == 3 ? 1 : 0;  // first matrix dim
-  const auto ext = [](const auto& v, std::size_t d) { return static_cast<std::int64_t>(v.extent(d)); };
+MatmulDims matmul_dims(const char* op, ops::Trans ta, ops::Trans tb, const AV& A, const BV& B, const CV& C) {
+  constexpr std::size_t o  = CV::rank == 3 ? 1 : 0;  // first matrix dim
+  const auto ext           = [](const auto& v, std::size_t d) { return static_cast<std::int64_t>(v.extent(d)); };
   const std::int64_t batch = o == 1 ? ext(C, 0) : 1;
-  const std::int64_t M  = ta == ops::Trans::N ? ext(A, o) : ext(A, o + 1);
-  const std::int64_t K  = ta == ops::Trans::N ? ext(A, o + 1) : ext(A, o);
-  const std::int64_t Kb = tb == ops::Trans::N ? ext(B, o) : ext(B, o + 1);
-  const std::int64_t N  = tb == ops::Trans::N ? ext(B, o + 1) : ext(B, o);
+  const std::int64_t M     = ta == ops::Trans::N ? ext(A, o) : ext(A, o + 1);
+  const std::int64_t K     = ta == ops::Trans::N ? ext(A, o + 1) : ext(A, o);
+  const std::int64_t Kb    = tb == ops::Trans::N ? ext(B, o) : ext(B, o + 1);
+  const std::int64_t N     = tb == ops::Trans::N ? ext(B, o + 1) : ext(B, o);
   const std::string a = op_name("A", ta), b = op_name("B", tb);
   if constexpr (o == 1) {
     require(ext(A, 0) == batch && ext(B, 0) == batch, op, [&] {
@@ -331,22 +331,20 @@ MatmulDims matmul_dims(const char* op, ops::Trans ta, ops::Trans tb, const AV& A
     });
   }
   require(K == Kb, op, [&] {
-    return str("A is ", shape_str(A), " but B is ", shape_str(B), "; ", a, ".cols must equal ", b,
-               ".rows");
+    return str("A is ", shape_str(A), " but B is ", shape_str(B), "; ", a, ".cols must equal ", b, ".rows");
   });
   require(ext(C, o) == M && ext(C, o + 1) == N, op, [&] {
-    return str("C is ", shape_str(C), " but A is ", shape_str(A), " and B is ", shape_str(B),
-               "; C must be (", o == 1 ? "batch, " : "", a, ".rows, ", b, ".cols) = (",
+    return str("C is ", shape_str(C), " but A is ", shape_str(A), " and B is ", shape_str(B), "; C must be (",
+               o == 1 ? "batch, " : "", a, ".rows, ", b, ".cols) = (",
                o == 1 ? std::to_string(batch) + ", " : std::string(), M, ", ", N, ")");
   });
   return MatmulDims{batch, M, N, K};
 }
 
 template <class Backend, class Exec, class T>
-void matmul_dispatch(const Exec& exec, std::int64_t batch, ops::Trans ta, ops::Trans tb,
-                     std::int64_t M, std::int64_t N, std::int64_t K, T alpha, const T* A,
-                     std::int64_t lda, std::int64_t sa, const T* B, std::int64_t ldb,
-                     std::int64_t sb, T beta, T* C, std::int64_t sc, const char* label) {
+void matmul_dispatch(const Exec& exec, std::int64_t batch, ops::Trans ta, ops::Trans tb, std::int64_t M, std::int64_t N,
+                     std::int64_t K, T alpha, const T* A, std::int64_t lda, std::int64_t sa, const T* B,
+                     std::int64_t ldb, std::int64_t sb, T beta, T* C, std::int64_t sc, const char* label) {
   constexpr bool vendor_ok = ops::has_vendor_matmul_v<Exec, T>;
   static_assert(!std::is_same_v<Backend, ops::MatmulVendor> || vendor_ok,
                 "pmt::ops::matmul: MatmulVendor requested but no vendor BLAS serves this scalar "
@@ -354,15 +352,15 @@ void matmul_dispatch(const Exec& exec, std::int64_t batch, ops::Trans ta, ops::T
   const bool at = ta == ops::Trans::T, bt = tb == ops::Trans::T;
   if constexpr (std::is_same_v<Backend, ops::MatmulAuto> && vendor_ok) {
     const ops::MatmulPath pin = ops::matmul_path();
-    bool portable = pin == ops::MatmulPath::Portable;
+    bool portable             = pin == ops::MatmulPath::Portable;
     // one product into `out` on the vendor path or the portable one
     const auto product = [&](bool portable_path, T* out) {
       if (portable_path)
-        matmul_dispatch<ops::MatmulPortable>(exec, batch, ta, tb, M, N, K, alpha, A, lda, sa, B, ldb, sb, beta, out,
-                                             sc, label);
+        matmul_dispatch<ops::MatmulPortable>(exec, batch, ta, tb, M, N, K, alpha, A, lda, sa, B, ldb, sb, beta, out, sc,
+                                             label);
       else
-        matmul_dispatch<ops::MatmulVendor>(exec, batch, ta, tb, M, N, K, alpha, A, lda, sa, B, ldb, sb, beta, out,
-                                           sc, label);
+        matmul_dispatch<ops::MatmulVendor>(exec, batch, ta, tb, M, N, K, alpha, A, lda, sa, B, ldb, sb, beta, out, sc,
+                                           label);
     };
     if (pin == ops::MatmulPath::Auto) {
       const auto shape = [&] {  // built only when the class is measured
@@ -390,8 +388,7 @@ void matmul_dispatch(const Exec& exec, std::int64_t batch, ops::Trans ta, ops::T
         // products spread over the space's threads (OpenMP OpenBLAS runs one thread when called
         // inside a parallel region), instead of B·H small calls each split over all threads.
         Kokkos::parallel_for(label, Kokkos::RangePolicy<Exec>(exec, 0, batch), [=](std::int64_t b) {
-          matmul_cblas<T>(1, at, bt, M, N, K, alpha, A + b * sa, lda, sa, B + b * sb, ldb, sb, beta,
-                          C + b * sc, N, sc);
+          matmul_cblas<T>(1, at, bt, M, N, K, alpha, A + b * sa, lda, sa, B + b * sb, ldb, sb, beta, C + b * sc, N, sc);
         });
         return;
       }
@@ -402,8 +399,7 @@ void matmul_dispatch(const Exec& exec, std::int64_t batch, ops::Trans ta, ops::T
     } else {
 #if PMT_ENABLE_CUDA && defined(KOKKOS_ENABLE_CUDA)
       (void)label;
-      matmul_cublas<T>(exec.cuda_stream(), batch, at, bt, M, N, K, alpha, A, lda, sa, B, ldb, sb,
-                       beta, C, N, sc);
+      matmul_cublas<T>(exec.cuda_stream(), batch, at, bt, M, N, K, alpha, A, lda, sa, B, ldb, sb, beta, C, N, sc);
       return;
 #endif
     }
@@ -418,13 +414,13 @@ void matmul_dispatch(const Exec& exec, std::int64_t batch, ops::Trans ta, ops::T
 /// (AVX512-BF16) on a host space (ops/detail/host_bf16.hpp).
 template <class Exec>
 void matmul_bf16_host(const Exec& exec, bool amx, bool at, bool bt, std::int64_t M, std::int64_t N, std::int64_t K,
-                      float alpha, const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C,
-                      std::int64_t ldc) {
+                      float alpha, const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta,
+                      float* C, std::int64_t ldc) {
   namespace hb = hostbf16;
   const hb::Packing p(M, N, K);
   std::uint16_t* Ap = hb::buffer(0, p.a_elems());
   std::uint16_t* Bp = hb::buffer(1, p.b_elems());
-  using Policy = Kokkos::RangePolicy<Exec>;
+  using Policy      = Kokkos::RangePolicy<Exec>;
   Kokkos::parallel_for("pmt::ops::matmul_bf16::pack_b", Policy(exec, 0, p.nb),
                        [=](std::int64_t c) { hb::pack_b(p, c, B, ldb, bt, Bp); });
   Kokkos::parallel_for("pmt::ops::matmul_bf16::pack_a", Policy(exec, 0, p.mb),
@@ -433,20 +429,22 @@ void matmul_bf16_host(const Exec& exec, bool amx, bool at, bool bt, std::int64_t
   // per thread: a thread keeps its rows' packed A (up to 1 MiB a group) in its L2 while it sweeps
   // the columns. Each C block is one item: its sums do not depend on the thread count.
   const std::int64_t block_bytes = p.kb * 32 * 32 * 2;  // one packed 32-row block of A
-  std::int64_t group = (std::int64_t(1) << 20) / (block_bytes > 0 ? block_bytes : 1);
-  group = group < 1 ? 1 : (group > 8 ? 8 : group);
+  std::int64_t group             = (std::int64_t(1) << 20) / (block_bytes > 0 ? block_bytes : 1);
+  group                          = group < 1 ? 1 : (group > 8 ? 8 : group);
   const std::int64_t groups = (p.mb + group - 1) / group, pairs = p.nb / 2, items = groups * pairs;
   const std::int64_t threads = exec.concurrency() < items ? exec.concurrency() : items;
-  Kokkos::parallel_for(amx ? "pmt::ops::matmul_bf16::amx" : "pmt::ops::matmul_bf16::avx512bf16", Policy(exec, 0, threads),
-                       [=](std::int64_t t) {
+  Kokkos::parallel_for(amx ? "pmt::ops::matmul_bf16::amx" : "pmt::ops::matmul_bf16::avx512bf16",
+                       Policy(exec, 0, threads), [=](std::int64_t t) {
                          const std::int64_t i0 = items * t / threads, i1 = items * (t + 1) / threads;
                          if (amx) hb::configure();
                          for (std::int64_t i = i0; i < i1; ++i) {
                            const std::int64_t g = i / pairs, c = i % pairs;
                            const std::int64_t r1 = (g + 1) * group < p.mb ? (g + 1) * group : p.mb;
                            for (std::int64_t r = g * group; r < r1; ++r) {
-                             if (amx) hb::amx_block(p, r, c, Ap, Bp, alpha, beta, C, ldc);
-                             else hb::avx512_block(p, r, c, Ap, Bp, alpha, beta, C, ldc);
+                             if (amx)
+                               hb::amx_block(p, r, c, Ap, Bp, alpha, beta, C, ldc);
+                             else
+                               hb::avx512_block(p, r, c, Ap, Bp, alpha, beta, C, ldc);
                            }
                          }
                          if (amx) hb::release();
@@ -459,12 +457,13 @@ void matmul_bf16_host(const Exec& exec, bool amx, bool at, bool bt, std::int64_t
 /// float (the rounded path's operand copies) or bf16 (cuBLAS's bf16 operands).
 template <class Exec, class SV, class DV>
 void round_to_bf16(const Exec& exec, const SV& src, const DV& dst) {
-  using D = typename DV::non_const_value_type;
+  using D                 = typename DV::non_const_value_type;
   const std::int64_t cols = static_cast<std::int64_t>(src.extent(1));
-  Kokkos::parallel_for("pmt::ops::matmul_bf16::round", Kokkos::RangePolicy<Exec>(exec, 0, std::int64_t(src.extent(0))),
-                       KOKKOS_LAMBDA(std::int64_t i) {
-                         for (std::int64_t j = 0; j < cols; ++j) dst(i, j) = static_cast<D>(bf16(float(src(i, j))));
-                       });
+  Kokkos::parallel_for(
+      "pmt::ops::matmul_bf16::round", Kokkos::RangePolicy<Exec>(exec, 0, std::int64_t(src.extent(0))),
+      KOKKOS_LAMBDA(std::int64_t i) {
+        for (std::int64_t j = 0; j < cols; ++j) dst(i, j) = static_cast<D>(bf16(float(src(i, j))));
+      });
 }
 
 /// The bf16 product of float rank-2 Views whose shapes matmul_dims has checked (see the file
@@ -475,13 +474,13 @@ void matmul_bf16_views(const Exec& exec, ops::Trans ta, ops::Trans tb, const Mat
   const auto ld = [](const auto& v) { return static_cast<std::int64_t>(v.extent(1)); };
   // the rounded path into `out` (C's shape, contiguous rows)
   const auto rounded = [&](float* out) {
-    using V2 = Kokkos::View<float**, Kokkos::LayoutRight, typename CV::memory_space>;
+    using V2     = Kokkos::View<float**, Kokkos::LayoutRight, typename CV::memory_space>;
     const auto a = workspace_view<V2>("pmt::ops::matmul_bf16::a", A.extent(0), A.extent(1));
     const auto b = workspace_view<V2>("pmt::ops::matmul_bf16::b", B.extent(0), B.extent(1));
     round_to_bf16(exec, A, a);
     round_to_bf16(exec, B, b);
-    matmul_dispatch<Backend>(exec, 1, ta, tb, d.M, d.N, d.K, alpha, a.data(), ld(a), 0, b.data(), ld(b), 0, beta, out, 0,
-                             "pmt::ops::matmul_bf16");
+    matmul_dispatch<Backend>(exec, 1, ta, tb, d.M, d.N, d.K, alpha, a.data(), ld(a), 0, b.data(), ld(b), 0, beta, out,
+                             0, "pmt::ops::matmul_bf16");
   };
   if constexpr (std::is_same_v<Backend, ops::MatmulAuto> && is_host_space_v<Exec>) {
     [[maybe_unused]] const ops::Bf16Kernel k = ops::bf16_kernel<Exec>();
@@ -490,8 +489,8 @@ void matmul_bf16_views(const Exec& exec, ops::Trans ta, ops::Trans tb, const Mat
     // true where path 1 is taken
     Kokkos::View<float*, typename CV::memory_space> scratch;  // zeros: beta C is read, and stays finite
     [[maybe_unused]] const auto measure = [&](std::int64_t op, const char* what, auto&& path_into) {
-      ChoiceKey key = ops::matmul_choice_key<Exec, float>(1, ta, tb, d.M, d.N, d.K);
-      key.op = op;
+      ChoiceKey key    = ops::matmul_choice_key<Exec, float>(1, ta, tb, d.M, d.N, d.K);
+      key.op           = op;
       const auto shape = [&] {
         return str(d.M, "x", d.N, "x", d.K, " ", ta == ops::Trans::T ? "T" : "N", tb == ops::Trans::T ? "T" : "N", " ",
                    what);
@@ -512,11 +511,11 @@ void matmul_bf16_views(const Exec& exec, ops::Trans ta, ops::Trans tb, const Mat
       matmul_bf16_host(exec, k == ops::Bf16Kernel::amx, ta == ops::Trans::T, tb == ops::Trans::T, d.M, d.N, d.K, alpha,
                        A.data(), ld(A), B.data(), ld(B), beta, out, ld(C));
     };
-    const bool own_kernel = k == ops::Bf16Kernel::amx ||
-                 (k == ops::Bf16Kernel::avx512bf16 &&
-                  (pinned || measure(ops::bf16_choice_op, "bf16", [&](int path, float* out) {
-                     path == 1 ? kernel(out) : rounded(out);
-                   })));
+    const bool own_kernel =
+        k == ops::Bf16Kernel::amx ||
+        (k == ops::Bf16Kernel::avx512bf16 && (pinned || measure(ops::bf16_choice_op, "bf16", [&](int path, float* out) {
+                                                path == 1 ? kernel(out) : rounded(out);
+                                              })));
 #endif
     const auto own = [&](float* out) {
 #if PMT_HOST_AMX
@@ -529,7 +528,7 @@ void matmul_bf16_views(const Exec& exec, ops::Trans ta, ops::Trans tb, const Mat
     // (unless a matmul path is pinned); its copies live in the workspace only once it is taken
     if (detail::cblas_bf16_gemm().fn != nullptr && d.M > 0 && d.N > 0 && d.K > 0) {
       const auto vendor = [&](float* out, bool kept) {
-        using H       = Kokkos::View<bf16**, Kokkos::LayoutRight, typename CV::memory_space>;
+        using H      = Kokkos::View<bf16**, Kokkos::LayoutRight, typename CV::memory_space>;
         const auto a = kept ? workspace_view<H>("pmt::ops::matmul_bf16::a16", A.extent(0), A.extent(1))
                             : H("pmt::ops::matmul_bf16::measure_a16", A.extent(0), A.extent(1));
         const auto b = kept ? workspace_view<H>("pmt::ops::matmul_bf16::b16", B.extent(0), B.extent(1))
@@ -542,9 +541,8 @@ void matmul_bf16_views(const Exec& exec, ops::Trans ta, ops::Trans tb, const Mat
       };
       const bool use = k == ops::Bf16Kernel::vendor ||
                        (!pinned && ops::matmul_path() == ops::MatmulPath::Auto &&
-                        measure(ops::bf16_vendor_choice_op, "bf16 vendor", [&](int path, float* out) {
-                          path == 1 ? vendor(out, false) : own(out);
-                        }));
+                        measure(ops::bf16_vendor_choice_op, "bf16 vendor",
+                                [&](int path, float* out) { path == 1 ? vendor(out, false) : own(out); }));
       if (use) return vendor(C.data(), true);
     }
 #endif
@@ -554,7 +552,7 @@ void matmul_bf16_views(const Exec& exec, ops::Trans ta, ops::Trans tb, const Mat
   if constexpr (std::is_same_v<Backend, ops::MatmulAuto> && std::is_same_v<Exec, Kokkos::Cuda>) {
     if (ops::bf16_kernel<Exec>() == ops::Bf16Kernel::cublas) {
       // bf16 copies of the operands, then cuBLAS's bf16 GEMM with fp32 sums into C
-      using H = Kokkos::View<bf16**, Kokkos::LayoutRight, typename CV::memory_space>;
+      using H      = Kokkos::View<bf16**, Kokkos::LayoutRight, typename CV::memory_space>;
       const auto a = workspace_view<H>("pmt::ops::matmul_bf16::a16", A.extent(0), A.extent(1));
       const auto b = workspace_view<H>("pmt::ops::matmul_bf16::b16", B.extent(0), B.extent(1));
       round_to_bf16(exec, A, a);
@@ -586,23 +584,23 @@ namespace pmt::ops {
 /// pmt::ops::matmul(exec, Trans::N, Trans::T, 1.0f, x, w, 0.0f, y);   // y = x w^T
 /// \endcode
 template <class Backend = MatmulAuto, class Exec, class AV, class BV, class CV>
-void matmul(const Exec& exec, Trans ta, Trans tb, typename CV::non_const_value_type alpha,
-            const AV& A, const BV& B, typename CV::non_const_value_type beta, const CV& C,
-            Backend = {}) {
+void matmul(const Exec& exec, Trans ta, Trans tb, typename CV::non_const_value_type alpha, const AV& A, const BV& B,
+            typename CV::non_const_value_type beta, const CV& C, Backend = {}) {
   using T = typename CV::non_const_value_type;
   static_check_view<Exec, AV>();
   static_check_view<Exec, BV>();
   static_check_view<Exec, CV>();
   static_assert(AV::rank == 2 && BV::rank == 2 && CV::rank == 2,
                 "pmt::ops::matmul: A, B and C must be rank-2 Views (use matmul_batched for rank 3)");
-  static_assert(std::is_same_v<typename AV::non_const_value_type, T> &&
-                    std::is_same_v<typename BV::non_const_value_type, T>,
-                "pmt::ops::matmul: A, B and C must have the same scalar type");
-  constexpr const char* op = "pmt::ops::matmul";
+  static_assert(
+      std::is_same_v<typename AV::non_const_value_type, T> && std::is_same_v<typename BV::non_const_value_type, T>,
+      "pmt::ops::matmul: A, B and C must have the same scalar type");
+  constexpr const char* op   = "pmt::ops::matmul";
   const detail::MatmulDims d = detail::matmul_dims(op, ta, tb, A, B, C);
   if (d.M == 0 || d.N == 0) return;
   if constexpr (std::is_same_v<T, float>)
-    if (compute_precision() == Precision::bf16) return detail::matmul_bf16_views<Backend>(exec, ta, tb, d, alpha, A, B, beta, C);
+    if (compute_precision() == Precision::bf16)
+      return detail::matmul_bf16_views<Backend>(exec, ta, tb, d, alpha, A, B, beta, C);
   detail::matmul_dispatch<Backend>(exec, 1, ta, tb, d.M, d.N, d.K, alpha, A.data(),
                                    static_cast<std::int64_t>(A.extent(1)), 0, B.data(),
                                    static_cast<std::int64_t>(B.extent(1)), 0, beta, C.data(), 0, op);
@@ -612,22 +610,20 @@ void matmul(const Exec& exec, Trans ta, Trans tb, typename CV::non_const_value_t
 /// with the same batch extent (strided batched gemm, as attention uses).
 /// \throws pmt::ShapeError naming every shape when they do not fit.
 template <class Backend = MatmulAuto, class Exec, class AV, class BV, class CV>
-void matmul_batched(const Exec& exec, Trans ta, Trans tb, typename CV::non_const_value_type alpha,
-                    const AV& A, const BV& B, typename CV::non_const_value_type beta, const CV& C,
-                    Backend = {}) {
+void matmul_batched(const Exec& exec, Trans ta, Trans tb, typename CV::non_const_value_type alpha, const AV& A,
+                    const BV& B, typename CV::non_const_value_type beta, const CV& C, Backend = {}) {
   static_check_view<Exec, AV>();
   static_check_view<Exec, BV>();
   static_check_view<Exec, CV>();
   static_assert(AV::rank == 3 && BV::rank == 3 && CV::rank == 3,
                 "pmt::ops::matmul_batched: A, B and C must be rank-3 Views (batch, rows, cols)");
-  constexpr const char* op = "pmt::ops::matmul_batched";
+  constexpr const char* op   = "pmt::ops::matmul_batched";
   const detail::MatmulDims d = detail::matmul_dims(op, ta, tb, A, B, C);
   if (d.M == 0 || d.N == 0 || d.batch == 0) return;
   detail::matmul_dispatch<Backend>(
       exec, d.batch, ta, tb, d.M, d.N, d.K, alpha, A.data(), static_cast<std::int64_t>(A.extent(2)),
-      static_cast<std::int64_t>(A.extent(1) * A.extent(2)), B.data(),
-      static_cast<std::int64_t>(B.extent(2)), static_cast<std::int64_t>(B.extent(1) * B.extent(2)),
-      beta, C.data(), d.M * d.N, op);
+      static_cast<std::int64_t>(A.extent(1) * A.extent(2)), B.data(), static_cast<std::int64_t>(B.extent(2)),
+      static_cast<std::int64_t>(B.extent(1) * B.extent(2)), beta, C.data(), d.M * d.N, op);
 }
 
 }  // namespace pmt::ops
@@ -647,7 +643,8 @@ void matmul_bf16(const Exec& exec, Trans ta, Trans tb, float alpha, const AV& A,
   static_check_view<Exec, AV>();
   static_check_view<Exec, BV>();
   static_check_view<Exec, CV>();
-  static_assert(AV::rank == 2 && BV::rank == 2 && CV::rank == 2, "pmt::ops::matmul_bf16: A, B and C must be rank-2 Views");
+  static_assert(AV::rank == 2 && BV::rank == 2 && CV::rank == 2,
+                "pmt::ops::matmul_bf16: A, B and C must be rank-2 Views");
   static_assert(std::is_same_v<typename AV::non_const_value_type, float> &&
                     std::is_same_v<typename BV::non_const_value_type, float> &&
                     std::is_same_v<typename CV::non_const_value_type, float>,

@@ -20,10 +20,10 @@
 
 #include "pmt/core/error.hpp"
 #include "pmt/core/tensor.hpp"
+#include "pmt/core/workspace.hpp"
 #include "pmt/ops/elementwise.hpp"
 #include "pmt/ops/optimizer.hpp"
 #include "pmt/ops/reduction.hpp"
-#include "pmt/core/workspace.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -48,7 +48,8 @@ struct TensorChunk {
 inline std::vector<TensorChunk> tensor_chunks(const std::vector<std::int64_t>& sizes, std::int64_t chunk) {
   std::vector<TensorChunk> out;
   for (std::size_t t = 0; t < sizes.size(); ++t)
-    for (std::int64_t lo = 0; lo < sizes[t]; lo += chunk) out.push_back({t, lo, lo + chunk < sizes[t] ? lo + chunk : sizes[t]});
+    for (std::int64_t lo = 0; lo < sizes[t]; lo += chunk)
+      out.push_back({t, lo, lo + chunk < sizes[t] ? lo + chunk : sizes[t]});
   return out;
 }
 
@@ -78,7 +79,8 @@ inline bool& multi_tensor_force_table() {
 /// `ptrs` as a View of Exec's memory space (copied there; the copy is done when this returns).
 template <class Exec, class T>
 Kokkos::View<TensorPtr<T>*, typename Exec::memory_space> pointer_table(const std::vector<T*>& ptrs) {
-  auto d = workspace_view<Kokkos::View<TensorPtr<T>*, typename Exec::memory_space>>("pmt::ops::multi_tensor::pointers", ptrs.size());
+  auto d = workspace_view<Kokkos::View<TensorPtr<T>*, typename Exec::memory_space>>("pmt::ops::multi_tensor::pointers",
+                                                                                    ptrs.size());
   auto h = Kokkos::create_mirror_view(d);
   for (std::size_t i = 0; i < ptrs.size(); ++i) h(i) = TensorPtr<T>{ptrs[i]};
   Kokkos::deep_copy(d, h);
@@ -90,18 +92,18 @@ Kokkos::View<TensorPtr<T>*, typename Exec::memory_space> pointer_table(const std
 template <class Exec, class F>
 void for_each_chunk_table(const Exec& exec, const char* label, const std::vector<TensorChunk>& chunks, const F& f) {
   if (chunks.empty()) return;
-  auto table = workspace_view<Kokkos::View<TensorChunk*, typename Exec::memory_space>>("pmt::ops::multi_tensor::chunks", chunks.size());
-  auto h = Kokkos::create_mirror_view(table);
+  auto table = workspace_view<Kokkos::View<TensorChunk*, typename Exec::memory_space>>("pmt::ops::multi_tensor::chunks",
+                                                                                       chunks.size());
+  auto h     = Kokkos::create_mirror_view(table);
   for (std::size_t i = 0; i < chunks.size(); ++i) h(i) = chunks[i];
   Kokkos::deep_copy(table, h);
-  using Policy = Kokkos::TeamPolicy<Exec>;
+  using Policy   = Kokkos::TeamPolicy<Exec>;
   const int team = is_host_space_v<Exec> ? 1 : 256;
-  Kokkos::parallel_for(label, Policy(exec, static_cast<int>(chunks.size()), team),
-                       KOKKOS_LAMBDA(const typename Policy::member_type& m) {
-                         const TensorChunk c = table(m.league_rank());
-                         Kokkos::parallel_for(Kokkos::TeamThreadRange(m, c.lo, c.hi),
-                                              [&](std::int64_t i) { f(c.tensor, i); });
-                       });
+  Kokkos::parallel_for(
+      label, Policy(exec, static_cast<int>(chunks.size()), team), KOKKOS_LAMBDA(const typename Policy::member_type& m) {
+        const TensorChunk c = table(m.league_rank());
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, c.lo, c.hi), [&](std::int64_t i) { f(c.tensor, i); });
+      });
 }
 
 /// Whether the multi-tensor ops on Exec take the one-launch chunk-table form (device spaces).
@@ -135,9 +137,8 @@ std::vector<typename V::pointer_type> tensor_data(const std::vector<V>& xs) {
 /// Checks that list `name` has as many tensors as `ref` and tensor i as many elements as ref's.
 template <class V, class R>
 void require_same_sizes(const char* op, const char* name, const std::vector<V>& xs, const std::vector<R>& ref) {
-  require(xs.size() == ref.size(), op, [&] {
-    return str(name, " holds ", xs.size(), " tensors but the parameters ", ref.size());
-  });
+  require(xs.size() == ref.size(), op,
+          [&] { return str(name, " holds ", xs.size(), " tensors but the parameters ", ref.size()); });
   for (std::size_t i = 0; i < xs.size(); ++i)
     require(xs[i].extent(0) == ref[i].extent(0), op, [&] {
       return str(name, "[", i, "] is ", shape_str(xs[i]), " but parameter ", i, " is ", shape_str(ref[i]));
@@ -151,18 +152,19 @@ namespace pmt::ops {
 /// \brief Sets every element of every tensor of `xs` to zero (no fence on device spaces).
 template <class Exec, class V>
 void zero_all(const Exec& exec, const std::vector<V>& xs) {
-  using T = typename V::non_const_value_type;
+  using T                 = typename V::non_const_value_type;
   const std::vector<T*> p = detail::tensor_data<Exec>(xs);
   if (detail::multi_tensor_table<Exec>()) {
     const auto P = detail::pointer_table<Exec>(p);
-    detail::for_each_chunk_table(exec, "pmt::ops::zero_all",
-                                 detail::tensor_chunks(detail::tensor_sizes(xs), detail::multi_tensor_chunk),
-                                 KOKKOS_LAMBDA(std::size_t t, std::int64_t i) { P(t).p[i] = T(0); });
+    detail::for_each_chunk_table(
+        exec, "pmt::ops::zero_all", detail::tensor_chunks(detail::tensor_sizes(xs), detail::multi_tensor_chunk),
+        KOKKOS_LAMBDA(std::size_t t, std::int64_t i) { P(t).p[i] = T(0); });
     return;
   }
   if constexpr (is_host_space_v<Exec>) {
-    T* const* pp            = p.data();
-    detail::for_each_chunk(exec, "pmt::ops::zero_all", detail::tensor_chunks(detail::tensor_sizes(xs), detail::multi_tensor_chunk),
+    T* const* pp = p.data();
+    detail::for_each_chunk(exec, "pmt::ops::zero_all",
+                           detail::tensor_chunks(detail::tensor_sizes(xs), detail::multi_tensor_chunk),
                            [=](const detail::TensorChunk& c) {
                              T* x = pp[c.tensor];
                              for (std::int64_t i = c.lo; i < c.hi; ++i) x[i] = T(0);
@@ -173,18 +175,19 @@ void zero_all(const Exec& exec, const std::vector<V>& xs) {
 /// \brief x *= s for every tensor x of `xs` (ops::scale on each).
 template <class Exec, class V>
 void scale_all(const Exec& exec, const std::vector<V>& xs, typename V::non_const_value_type s) {
-  using T = typename V::non_const_value_type;
+  using T                 = typename V::non_const_value_type;
   const std::vector<T*> p = detail::tensor_data<Exec>(xs);
   if (detail::multi_tensor_table<Exec>()) {
     const auto P = detail::pointer_table<Exec>(p);
-    detail::for_each_chunk_table(exec, "pmt::ops::scale_all",
-                                 detail::tensor_chunks(detail::tensor_sizes(xs), detail::multi_tensor_chunk),
-                                 KOKKOS_LAMBDA(std::size_t t, std::int64_t i) { P(t).p[i] *= s; });
+    detail::for_each_chunk_table(
+        exec, "pmt::ops::scale_all", detail::tensor_chunks(detail::tensor_sizes(xs), detail::multi_tensor_chunk),
+        KOKKOS_LAMBDA(std::size_t t, std::int64_t i) { P(t).p[i] *= s; });
     return;
   }
   if constexpr (is_host_space_v<Exec>) {
-    T* const* pp            = p.data();
-    detail::for_each_chunk(exec, "pmt::ops::scale_all", detail::tensor_chunks(detail::tensor_sizes(xs), detail::multi_tensor_chunk),
+    T* const* pp = p.data();
+    detail::for_each_chunk(exec, "pmt::ops::scale_all",
+                           detail::tensor_chunks(detail::tensor_sizes(xs), detail::multi_tensor_chunk),
                            [=](const detail::TensorChunk& c) {
                              T* x = pp[c.tensor];
                              for (std::int64_t i = c.lo; i < c.hi; ++i) x[i] *= s;
@@ -196,15 +199,16 @@ void scale_all(const Exec& exec, const std::vector<V>& xs, typename V::non_const
 /// bitwise equal to ops::squared_norm_value of that tensor.
 template <class Exec, class V>
 std::vector<double> squared_norms(const Exec& exec, const std::vector<V>& xs) {
-  using P = typename V::pointer_type;
+  using P                = typename V::pointer_type;
   const std::vector<P> p = detail::tensor_data<Exec>(xs);
   std::vector<double> out(xs.size(), 0.0);
   if constexpr (is_host_space_v<Exec>) {
     // squared_norm's chunks (reduce_chunk elements), so that the partials and their order match
-    const std::vector<detail::TensorChunk> chunks = detail::tensor_chunks(detail::tensor_sizes(xs), detail::reduce_chunk);
+    const std::vector<detail::TensorChunk> chunks =
+        detail::tensor_chunks(detail::tensor_sizes(xs), detail::reduce_chunk);
     std::vector<double> partial(chunks.size());
-    const P* pp             = p.data();
-    double* part            = partial.data();
+    const P* pp                      = p.data();
+    double* part                     = partial.data();
     const detail::TensorChunk* first = chunks.data();
     detail::for_each_chunk(exec, "pmt::ops::squared_norms", chunks, [=](const detail::TensorChunk& c) {
       part[&c - first] = detail::reduce_span<detail::ReduceKind::SumSquares>(pp[c.tensor], c.lo, c.hi);
@@ -234,10 +238,11 @@ void adamw_update_all(const Exec& exec, const std::vector<PV>& values, const std
     const auto G = detail::pointer_table<Exec>(detail::tensor_data<Exec>(grads));
     const auto M = detail::pointer_table<Exec>(detail::tensor_data<Exec>(m));
     const auto V = detail::pointer_table<Exec>(detail::tensor_data<Exec>(v));
-    detail::for_each_chunk_table(exec, op, detail::tensor_chunks(detail::tensor_sizes(values), detail::multi_tensor_chunk),
-                                 KOKKOS_LAMBDA(std::size_t t, std::int64_t i) {
-                                   detail::adamw_element(st, P(t).p[i], G(t).p[i], M(t).p[i], V(t).p[i]);
-                                 });
+    detail::for_each_chunk_table(
+        exec, op, detail::tensor_chunks(detail::tensor_sizes(values), detail::multi_tensor_chunk),
+        KOKKOS_LAMBDA(std::size_t t, std::int64_t i) {
+          detail::adamw_element(st, P(t).p[i], G(t).p[i], M(t).p[i], V(t).p[i]);
+        });
     return;
   }
   if constexpr (is_host_space_v<Exec>) {
@@ -250,11 +255,12 @@ void adamw_update_all(const Exec& exec, const std::vector<PV>& values, const std
     const auto* V = vv.data();
     detail::for_each_chunk(exec, op, detail::tensor_chunks(detail::tensor_sizes(values), detail::multi_tensor_chunk),
                            [=](const detail::TensorChunk& c) {
-                             auto* p = P[c.tensor];
+                             auto* p       = P[c.tensor];
                              const auto* g = G[c.tensor];
-                             S* mm = M[c.tensor];
-                             S* vv2 = V[c.tensor];
-                             for (std::int64_t i = c.lo; i < c.hi; ++i) detail::adamw_element(st, p[i], g[i], mm[i], vv2[i]);
+                             S* mm         = M[c.tensor];
+                             S* vv2        = V[c.tensor];
+                             for (std::int64_t i = c.lo; i < c.hi; ++i)
+                               detail::adamw_element(st, p[i], g[i], mm[i], vv2[i]);
                            });
   }
 }
@@ -273,8 +279,9 @@ void sgd_update_all(const Exec& exec, const std::vector<PV>& values, const std::
     const auto P = detail::pointer_table<Exec>(detail::tensor_data<Exec>(values));
     const auto G = detail::pointer_table<Exec>(detail::tensor_data<Exec>(grads));
     const auto V = detail::pointer_table<Exec>(detail::tensor_data<Exec>(velocity));
-    detail::for_each_chunk_table(exec, op, detail::tensor_chunks(detail::tensor_sizes(values), detail::multi_tensor_chunk),
-                                 KOKKOS_LAMBDA(std::size_t t, std::int64_t i) { detail::sgd_element(st, P(t).p[i], G(t).p[i], V(t).p[i]); });
+    detail::for_each_chunk_table(
+        exec, op, detail::tensor_chunks(detail::tensor_sizes(values), detail::multi_tensor_chunk),
+        KOKKOS_LAMBDA(std::size_t t, std::int64_t i) { detail::sgd_element(st, P(t).p[i], G(t).p[i], V(t).p[i]); });
     return;
   }
   if constexpr (is_host_space_v<Exec>) {
@@ -286,9 +293,9 @@ void sgd_update_all(const Exec& exec, const std::vector<PV>& values, const std::
     const auto* V = vv.data();
     detail::for_each_chunk(exec, op, detail::tensor_chunks(detail::tensor_sizes(values), detail::multi_tensor_chunk),
                            [=](const detail::TensorChunk& c) {
-                             auto* p = P[c.tensor];
+                             auto* p       = P[c.tensor];
                              const auto* g = G[c.tensor];
-                             auto* vel = V[c.tensor];
+                             auto* vel     = V[c.tensor];
                              for (std::int64_t i = c.lo; i < c.hi; ++i) detail::sgd_element(st, p[i], g[i], vel[i]);
                            });
   }

@@ -8,8 +8,8 @@
 // both forms compute each element with the same function (detail::sgd_element, adamw_element).
 
 #include "pmt/core/error.hpp"
-#include "pmt/detail/kokkos_compat.hpp"
 #include "pmt/core/tensor.hpp"
+#include "pmt/detail/kokkos_compat.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -66,8 +66,12 @@ AdamWStep<S> adamw_step(const char* op, const ops::AdamWParams& h) {
   const double c1 = 1.0 - std::pow(h.beta1, static_cast<double>(h.step));
   const double c2 = 1.0 - std::pow(h.beta2, static_cast<double>(h.step));
   const S lr = static_cast<S>(h.lr), wd = static_cast<S>(h.weight_decay);
-  return {static_cast<S>(h.beta1), static_cast<S>(h.beta2),     static_cast<S>(h.eps),
-          static_cast<S>(h.lr / c1), static_cast<S>(1.0 / std::sqrt(c2)), lr * wd};
+  return {static_cast<S>(h.beta1),
+          static_cast<S>(h.beta2),
+          static_cast<S>(h.eps),
+          static_cast<S>(h.lr / c1),
+          static_cast<S>(1.0 / std::sqrt(c2)),
+          lr * wd};
 }
 /// One element of AdamW: parameter p (type T), gradient g, moments m and v (type S).
 template <class S, class T, class G>
@@ -75,10 +79,10 @@ KOKKOS_INLINE_FUNCTION void adamw_element(const AdamWStep<S>& st, T& p, const G&
   const S gi = static_cast<S>(g);
   const S mi = st.b1 * m + (S(1) - st.b1) * gi;
   const S vi = st.b2 * v + (S(1) - st.b2) * gi * gi;
-  m = mi;
-  v = vi;
+  m          = mi;
+  v          = vi;
   const S pi = static_cast<S>(p);
-  p = static_cast<T>(pi - st.step_size * mi / (math::sqrt(vi) * st.inv_sqrt_c2 + st.eps) - st.decay * pi);
+  p          = static_cast<T>(pi - st.step_size * mi / (math::sqrt(vi) * st.inv_sqrt_c2 + st.eps) - st.decay * pi);
 }
 
 }  // namespace pmt::detail
@@ -97,16 +101,16 @@ void sgd_update(const Exec& exec, const PV& param, const GV& grad, const SV& vel
   using T = typename PV::non_const_value_type;
   auto p = detail::flat(param), g = detail::flat(grad), v = detail::flat(velocity);
   const detail::SgdStep<T> st = detail::sgd_step<T>(h);
-  Kokkos::parallel_for("pmt::ops::sgd_update", Kokkos::RangePolicy<Exec>(exec, 0, p.extent(0)),
-                       KOKKOS_LAMBDA(std::size_t i) { detail::sgd_element(st, p(i), g(i), v(i)); });
+  Kokkos::parallel_for(
+      "pmt::ops::sgd_update", Kokkos::RangePolicy<Exec>(exec, 0, p.extent(0)),
+      KOKKOS_LAMBDA(std::size_t i) { detail::sgd_element(st, p(i), g(i), v(i)); });
 }
 
 /// \brief m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; param -= lr (m^/(sqrt(v^) + eps) + wd param)
 /// with m^ = m / (1 - b1^step), v^ = v / (1 - b2^step).
 /// \throws pmt::ShapeError when param, grad, m and v differ in shape; pmt::ConfigError for step < 1.
 template <class Exec, class PV, class GV, class SV>
-void adamw_update(const Exec& exec, const PV& param, const GV& grad, const SV& m, const SV& v,
-                  const AdamWParams& h) {
+void adamw_update(const Exec& exec, const PV& param, const GV& grad, const SV& m, const SV& v, const AdamWParams& h) {
   static_check_view<Exec, PV>();
   static_check_view<Exec, GV>();
   static_check_view<Exec, SV>();
@@ -117,8 +121,9 @@ void adamw_update(const Exec& exec, const PV& param, const GV& grad, const SV& m
   using S = typename SV::non_const_value_type;
   auto p = detail::flat(param), g = detail::flat(grad), fm = detail::flat(m), fv = detail::flat(v);
   const detail::AdamWStep<S> st = detail::adamw_step<S>(op, h);
-  Kokkos::parallel_for(op, Kokkos::RangePolicy<Exec>(exec, 0, p.extent(0)),
-                       KOKKOS_LAMBDA(std::size_t i) { detail::adamw_element(st, p(i), g(i), fm(i), fv(i)); });
+  Kokkos::parallel_for(
+      op, Kokkos::RangePolicy<Exec>(exec, 0, p.extent(0)),
+      KOKKOS_LAMBDA(std::size_t i) { detail::adamw_element(st, p(i), g(i), fm(i), fv(i)); });
 }
 
 }  // namespace pmt::ops

@@ -50,14 +50,14 @@ KOKKOS_INLINE_FUNCTION double reduce_span(const X& x, std::int64_t lo, std::int6
     if (kind == ReduceKind::Max) acc[l] = v > acc[l] ? v : acc[l];
   }
   for (int w = reduce_lanes / 2; w > 0; w /= 2)
-    for (int l = 0; l < w; ++l) acc[l] = kind == ReduceKind::Max ? (acc[l + w] > acc[l] ? acc[l + w] : acc[l]) : acc[l] + acc[l + w];
+    for (int l = 0; l < w; ++l)
+      acc[l] = kind == ReduceKind::Max ? (acc[l + w] > acc[l] ? acc[l + w] : acc[l]) : acc[l] + acc[l + w];
   return acc[0];
 }
 
 /// out() = reduction of the flat tensor x, computed in fixed chunks (see file comment).
 template <ReduceKind kind, class Exec, class XV, class OV>
-void chunked_reduce(const Exec& exec, const XV& x, const OV& out, double post_scale,
-                    const char* label) {
+void chunked_reduce(const Exec& exec, const XV& x, const OV& out, double post_scale, const char* label) {
   static_check_view<Exec, XV>();
   static_check_view<Exec, OV>();
   static_assert(OV::rank == 0, "pmt::ops: reduction results are rank-0 Views");
@@ -65,19 +65,24 @@ void chunked_reduce(const Exec& exec, const XV& x, const OV& out, double post_sc
   auto fx          = flat(x);
   const auto n     = static_cast<std::int64_t>(fx.extent(0));
   const auto parts = (n + reduce_chunk - 1) / reduce_chunk;
-  auto partial = workspace_view<Kokkos::View<double*, Kokkos::LayoutRight, typename Exec::memory_space>>("pmt::ops::reduce::partial", static_cast<std::size_t>(parts));
-  Kokkos::parallel_for(label, Kokkos::RangePolicy<Exec>(exec, 0, parts), KOKKOS_LAMBDA(std::int64_t c) {
-    const std::int64_t lo = c * reduce_chunk, hi = lo + reduce_chunk < n ? lo + reduce_chunk : n;
-    partial(c) = reduce_span<kind>(fx, lo, hi);
-  });
-  Kokkos::parallel_for(label, Kokkos::RangePolicy<Exec>(exec, 0, 1), KOKKOS_LAMBDA(int) {
-    double acc = kind == ReduceKind::Max ? (parts > 0 ? partial(0) : -infinity<double>()) : 0.0;
-    for (std::int64_t c = 0; c < parts; ++c) {
-      if (kind == ReduceKind::Max) acc = partial(c) > acc ? partial(c) : acc;
-      else acc += partial(c);
-    }
-    out() = static_cast<R>(acc * post_scale);
-  });
+  auto partial     = workspace_view<Kokkos::View<double*, Kokkos::LayoutRight, typename Exec::memory_space>>(
+      "pmt::ops::reduce::partial", static_cast<std::size_t>(parts));
+  Kokkos::parallel_for(
+      label, Kokkos::RangePolicy<Exec>(exec, 0, parts), KOKKOS_LAMBDA(std::int64_t c) {
+        const std::int64_t lo = c * reduce_chunk, hi = lo + reduce_chunk < n ? lo + reduce_chunk : n;
+        partial(c) = reduce_span<kind>(fx, lo, hi);
+      });
+  Kokkos::parallel_for(
+      label, Kokkos::RangePolicy<Exec>(exec, 0, 1), KOKKOS_LAMBDA(int) {
+        double acc = kind == ReduceKind::Max ? (parts > 0 ? partial(0) : -infinity<double>()) : 0.0;
+        for (std::int64_t c = 0; c < parts; ++c) {
+          if (kind == ReduceKind::Max)
+            acc = partial(c) > acc ? partial(c) : acc;
+          else
+            acc += partial(c);
+        }
+        out() = static_cast<R>(acc * post_scale);
+      });
 }
 
 template <class OV>
@@ -100,19 +105,16 @@ void sum(const Exec& exec, const XV& x, const OV& out) {
 /// \brief out() = mean of all elements of x. \throws pmt::ShapeError when x is empty.
 template <class Exec, class XV, class OV>
 void mean(const Exec& exec, const XV& x, const OV& out) {
-  detail::require(x.size() > 0, "pmt::ops::mean", [&] {
-    return "x is " + shape_str(x) + "; expected at least one element";
-  });
-  detail::chunked_reduce<detail::ReduceKind::Sum>(exec, x, out, 1.0 / static_cast<double>(x.size()),
-                                                  "pmt::ops::mean");
+  detail::require(x.size() > 0, "pmt::ops::mean",
+                  [&] { return "x is " + shape_str(x) + "; expected at least one element"; });
+  detail::chunked_reduce<detail::ReduceKind::Sum>(exec, x, out, 1.0 / static_cast<double>(x.size()), "pmt::ops::mean");
 }
 
 /// \brief out() = largest element of x. \throws pmt::ShapeError when x is empty.
 template <class Exec, class XV, class OV>
 void max(const Exec& exec, const XV& x, const OV& out) {
-  detail::require(x.size() > 0, "pmt::ops::max", [&] {
-    return "x is " + shape_str(x) + "; expected at least one element";
-  });
+  detail::require(x.size() > 0, "pmt::ops::max",
+                  [&] { return "x is " + shape_str(x) + "; expected at least one element"; });
   detail::chunked_reduce<detail::ReduceKind::Max>(exec, x, out, 1.0, "pmt::ops::max");
 }
 
@@ -125,13 +127,15 @@ void squared_norm(const Exec& exec, const XV& x, const OV& out) {
 /// \brief Host-value forms: run the reduction, fence, return the number.
 template <class Exec, class XV>
 double sum_value(const Exec& exec, const XV& x) {
-  auto out = workspace_view<Kokkos::View<double, Kokkos::LayoutRight, typename Exec::memory_space>>("pmt::ops::sum::out");
+  auto out =
+      workspace_view<Kokkos::View<double, Kokkos::LayoutRight, typename Exec::memory_space>>("pmt::ops::sum::out");
   sum(exec, x, out);
   return detail::read_scalar(out);
 }
 template <class Exec, class XV>
 double squared_norm_value(const Exec& exec, const XV& x) {
-  auto out = workspace_view<Kokkos::View<double, Kokkos::LayoutRight, typename Exec::memory_space>>("pmt::ops::squared_norm::out");
+  auto out = workspace_view<Kokkos::View<double, Kokkos::LayoutRight, typename Exec::memory_space>>(
+      "pmt::ops::squared_norm::out");
   squared_norm(exec, x, out);
   return detail::read_scalar(out);
 }
@@ -145,32 +149,32 @@ void column_sum(const Exec& exec, const XV& x, const OV& out, typename OV::non_c
   static_check_view<Exec, OV>();
   static_assert(XV::rank == 2 && OV::rank == 1, "pmt::ops::column_sum: x is (R, C), out is (C)");
   detail::require(out.extent(0) == x.extent(1), "pmt::ops::column_sum", [&] {
-    return detail::str("x is ", shape_str(x), " but out is ", shape_str(out), "; out must be (",
-                       x.extent(1), ")");
+    return detail::str("x is ", shape_str(x), " but out is ", shape_str(out), "; out must be (", x.extent(1), ")");
   });
-  using T            = typename OV::non_const_value_type;
-  const auto R       = static_cast<std::int64_t>(x.extent(0));
-  const auto C       = static_cast<std::int64_t>(x.extent(1));
+  using T      = typename OV::non_const_value_type;
+  const auto R = static_cast<std::int64_t>(x.extent(0));
+  const auto C = static_cast<std::int64_t>(x.extent(1));
   if (C == 0) return;
-  const auto parts   = (R + detail::row_chunk - 1) / detail::row_chunk;
-  auto partial = workspace_view<Kokkos::View<T**, Kokkos::LayoutRight, typename Exec::memory_space>>("pmt::ops::column_sum::partial", static_cast<std::size_t>(parts), static_cast<std::size_t>(C));
-  Kokkos::parallel_for("pmt::ops::column_sum", Kokkos::RangePolicy<Exec>(exec, 0, parts),
-                       KOKKOS_LAMBDA(std::int64_t p) {
-                         const std::int64_t lo = p * detail::row_chunk;
-                         const std::int64_t hi = lo + detail::row_chunk < R ? lo + detail::row_chunk : R;
-                         T* acc = &partial(p, 0);
-                         for (std::int64_t c = 0; c < C; ++c) acc[c] = T(0);
-                         for (std::int64_t r = lo; r < hi; ++r) {
-                           const T* row = &x(r, 0);
-                           for (std::int64_t c = 0; c < C; ++c) acc[c] += row[c];
-                         }
-                       });
-  Kokkos::parallel_for("pmt::ops::column_sum", Kokkos::RangePolicy<Exec>(exec, 0, C),
-                       KOKKOS_LAMBDA(std::int64_t c) {
-                         T acc = T(0);
-                         for (std::int64_t p = 0; p < parts; ++p) acc += partial(p, c);
-                         out(c) = (beta == T(0) ? T(0) : beta * out(c)) + acc;
-                       });
+  const auto parts = (R + detail::row_chunk - 1) / detail::row_chunk;
+  auto partial     = workspace_view<Kokkos::View<T**, Kokkos::LayoutRight, typename Exec::memory_space>>(
+      "pmt::ops::column_sum::partial", static_cast<std::size_t>(parts), static_cast<std::size_t>(C));
+  Kokkos::parallel_for(
+      "pmt::ops::column_sum", Kokkos::RangePolicy<Exec>(exec, 0, parts), KOKKOS_LAMBDA(std::int64_t p) {
+        const std::int64_t lo = p * detail::row_chunk;
+        const std::int64_t hi = lo + detail::row_chunk < R ? lo + detail::row_chunk : R;
+        T* acc                = &partial(p, 0);
+        for (std::int64_t c = 0; c < C; ++c) acc[c] = T(0);
+        for (std::int64_t r = lo; r < hi; ++r) {
+          const T* row = &x(r, 0);
+          for (std::int64_t c = 0; c < C; ++c) acc[c] += row[c];
+        }
+      });
+  Kokkos::parallel_for(
+      "pmt::ops::column_sum", Kokkos::RangePolicy<Exec>(exec, 0, C), KOKKOS_LAMBDA(std::int64_t c) {
+        T acc = T(0);
+        for (std::int64_t p = 0; p < parts; ++p) acc += partial(p, c);
+        out(c) = (beta == T(0) ? T(0) : beta * out(c)) + acc;
+      });
 }
 
 }  // namespace pmt::ops

@@ -8,8 +8,8 @@
 // count. Device spaces: a row over a team thread's vector lanes (rowwise.hpp, "device-shaped rows").
 
 #include "pmt/core/error.hpp"
-#include "pmt/detail/kokkos_compat.hpp"
 #include "pmt/core/tensor.hpp"
+#include "pmt/detail/kokkos_compat.hpp"
 #include "pmt/ops/detail/rowwise.hpp"
 
 #include <Kokkos_Core.hpp>
@@ -40,12 +40,11 @@ struct RowGeometry {
 template <class V>
 RowGeometry row_geometry(const V& v, const char* name, ops::Mask mask, const char* op) {
   static_assert(V::rank == 2 || V::rank == 3, "pmt::ops: softmax takes (rows, cols) or (batch, rows, cols)");
-  const std::int64_t cols = static_cast<std::int64_t>(v.extent(V::rank - 1));
-  const std::int64_t rows = static_cast<std::int64_t>(v.extent(V::rank - 2));
+  const std::int64_t cols  = static_cast<std::int64_t>(v.extent(V::rank - 1));
+  const std::int64_t rows  = static_cast<std::int64_t>(v.extent(V::rank - 2));
   const std::int64_t nrows = static_cast<std::int64_t>(v.size()) / (cols > 0 ? cols : 1);
-  require(mask == ops::Mask::None || rows <= cols, op, [&] {
-    return str(name, " is ", shape_str(v), "; a causal mask needs rows <= cols");
-  });
+  require(mask == ops::Mask::None || rows <= cols, op,
+          [&] { return str(name, " is ", shape_str(v), "; a causal mask needs rows <= cols"); });
   return RowGeometry{cols > 0 ? nrows : 0, rows, cols, mask == ops::Mask::Causal};
 }
 
@@ -81,49 +80,51 @@ void softmax_impl(const Exec& exec, const XV& x, const YV& y, ops::Mask mask, co
   static_check_view<Exec, XV>();
   static_check_view<Exec, YV>();
   require_same_shape(op, "x", x, "y", y);
-  using T        = typename YV::non_const_value_type;
-  const auto g   = row_geometry(x, "x", mask, op);
-  const T* xp    = x.data();
-  T* yp          = y.data();
+  using T      = typename YV::non_const_value_type;
+  const auto g = row_geometry(x, "x", mask, op);
+  const T* xp  = x.data();
+  T* yp        = y.data();
   if (rowwise_use_teams<Exec>()) {  // devices: a row over a team thread's vector lanes
-    for_each_row_team(exec, op, g.nrows, KOKKOS_LAMBDA(const typename Kokkos::TeamPolicy<Exec>::member_type& m, std::int64_t r) {
-      const T* xr = xp + r * g.cols;
-      T* yr = yp + r * g.cols;
-      const std::int64_t n = g.visible(r), cols = g.cols;
-      const T mx = vector_max(m, xr, n);
-      const T s  = vector_sum<T>(m, n, [&](std::int64_t j) { return exp_nonpositive(xr[j] - mx); });
-      const T lse = math::log(s), inv = T(1) / s;
-      Kokkos::parallel_for(Kokkos::ThreadVectorRange(m, cols), [&](std::int64_t j) {
-        if (log_form)
-          yr[j] = j < n ? (xr[j] - mx) - lse : -infinity<T>();
-        else
-          yr[j] = j < n ? exp_nonpositive(xr[j] - mx) * inv : T(0);
-      });
-    });
+    for_each_row_team(
+        exec, op, g.nrows, KOKKOS_LAMBDA(const typename Kokkos::TeamPolicy<Exec>::member_type& m, std::int64_t r) {
+          const T* xr          = xp + r * g.cols;
+          T* yr                = yp + r * g.cols;
+          const std::int64_t n = g.visible(r), cols = g.cols;
+          const T mx  = vector_max(m, xr, n);
+          const T s   = vector_sum<T>(m, n, [&](std::int64_t j) { return exp_nonpositive(xr[j] - mx); });
+          const T lse = math::log(s), inv = T(1) / s;
+          Kokkos::parallel_for(Kokkos::ThreadVectorRange(m, cols), [&](std::int64_t j) {
+            if (log_form)
+              yr[j] = j < n ? (xr[j] - mx) - lse : -infinity<T>();
+            else
+              yr[j] = j < n ? exp_nonpositive(xr[j] - mx) * inv : T(0);
+          });
+        });
     return;
   }
-  Kokkos::parallel_for(op, Kokkos::RangePolicy<Exec>(exec, 0, g.nrows), KOKKOS_LAMBDA(std::int64_t r) {
-    const T* xr = xp + r * g.cols;
-    T* yr = yp + r * g.cols;
-    const std::int64_t n = g.visible(r);
-    // Simple loops over the row (it stays in L1): each vectorizes; exp is computed once.
-    if (log_form) {
-      const T mx = lane_max(xr, n);
-      const bool more = r + 1 < g.nrows;
-      const T lse = math::log(exp_sum_row(xr, n, mx, static_cast<T*>(nullptr), more ? xr + g.cols : nullptr,
-                                          more ? yr + g.cols : nullptr));
-      for (std::int64_t j = 0; j < n; ++j) yr[j] = (xr[j] - mx) - lse;
-      for (std::int64_t j = n; j < g.cols; ++j) yr[j] = -infinity<T>();
-    } else {
-      const bool more = r + 1 < g.nrows;
-      softmax_row(xr, yr, n, g.cols, more ? xr + g.cols : nullptr, more ? yr + g.cols : nullptr);
-    }
-  });
+  Kokkos::parallel_for(
+      op, Kokkos::RangePolicy<Exec>(exec, 0, g.nrows), KOKKOS_LAMBDA(std::int64_t r) {
+        const T* xr          = xp + r * g.cols;
+        T* yr                = yp + r * g.cols;
+        const std::int64_t n = g.visible(r);
+        // Simple loops over the row (it stays in L1): each vectorizes; exp is computed once.
+        if (log_form) {
+          const T mx      = lane_max(xr, n);
+          const bool more = r + 1 < g.nrows;
+          const T lse     = math::log(exp_sum_row(xr, n, mx, static_cast<T*>(nullptr), more ? xr + g.cols : nullptr,
+                                              more ? yr + g.cols : nullptr));
+          for (std::int64_t j = 0; j < n; ++j) yr[j] = (xr[j] - mx) - lse;
+          for (std::int64_t j = n; j < g.cols; ++j) yr[j] = -infinity<T>();
+        } else {
+          const bool more = r + 1 < g.nrows;
+          softmax_row(xr, yr, n, g.cols, more ? xr + g.cols : nullptr, more ? yr + g.cols : nullptr);
+        }
+      });
 }
 
 template <bool log_form, class Exec, class YV, class DYV, class DXV>
-void softmax_backward_impl(const Exec& exec, const YV& y, const DYV& dy, const DXV& dx,
-                           ops::Mask mask, const char* op) {
+void softmax_backward_impl(const Exec& exec, const YV& y, const DYV& dy, const DXV& dx, ops::Mask mask,
+                           const char* op) {
   static_check_view<Exec, YV>();
   static_check_view<Exec, DYV>();
   static_check_view<Exec, DXV>();
@@ -135,37 +136,39 @@ void softmax_backward_impl(const Exec& exec, const YV& y, const DYV& dy, const D
   const T* dyp = dy.data();
   T* dxp       = dx.data();
   if (rowwise_use_teams<Exec>()) {  // devices: a row over a team thread's vector lanes
-    for_each_row_team(exec, op, g.nrows, KOKKOS_LAMBDA(const typename Kokkos::TeamPolicy<Exec>::member_type& m, std::int64_t r) {
-      const T* yr = yp + r * g.cols;
-      const T* dyr = dyp + r * g.cols;
-      T* dxr = dxp + r * g.cols;
-      const std::int64_t n = g.visible(r), cols = g.cols;
-      const T s = log_form ? vector_sum<T>(m, n, [&](std::int64_t j) { return dyr[j]; })
-                           : vector_sum<T>(m, n, [&](std::int64_t j) { return dyr[j] * yr[j]; });
-      Kokkos::parallel_for(Kokkos::ThreadVectorRange(m, cols), [&](std::int64_t j) {
-        if (j >= n)
-          dxr[j] = T(0);
-        else if (log_form)
-          dxr[j] = dyr[j] - exp_nonpositive(yr[j]) * s;
-        else
-          dxr[j] = yr[j] * (dyr[j] - s);
-      });
-    });
+    for_each_row_team(
+        exec, op, g.nrows, KOKKOS_LAMBDA(const typename Kokkos::TeamPolicy<Exec>::member_type& m, std::int64_t r) {
+          const T* yr          = yp + r * g.cols;
+          const T* dyr         = dyp + r * g.cols;
+          T* dxr               = dxp + r * g.cols;
+          const std::int64_t n = g.visible(r), cols = g.cols;
+          const T s = log_form ? vector_sum<T>(m, n, [&](std::int64_t j) { return dyr[j]; })
+                               : vector_sum<T>(m, n, [&](std::int64_t j) { return dyr[j] * yr[j]; });
+          Kokkos::parallel_for(Kokkos::ThreadVectorRange(m, cols), [&](std::int64_t j) {
+            if (j >= n)
+              dxr[j] = T(0);
+            else if (log_form)
+              dxr[j] = dyr[j] - exp_nonpositive(yr[j]) * s;
+            else
+              dxr[j] = yr[j] * (dyr[j] - s);
+          });
+        });
     return;
   }
-  Kokkos::parallel_for(op, Kokkos::RangePolicy<Exec>(exec, 0, g.nrows), KOKKOS_LAMBDA(std::int64_t r) {
-    const T* yr = yp + r * g.cols;
-    const T* dyr = dyp + r * g.cols;
-    T* dxr = dxp + r * g.cols;
-    const std::int64_t n = g.visible(r);
-    if (log_form) {  // dx = dy - softmax * sum(dy)
-      const T s = lane_sum<T>(dyr, n, [](T v) { return v; });
-      for (std::int64_t j = 0; j < n; ++j) dxr[j] = dyr[j] - exp_nonpositive(yr[j]) * s;
-      for (std::int64_t j = n; j < g.cols; ++j) dxr[j] = T(0);
-    } else {  // dx = y * (dy - sum(dy * y))
-      softmax_backward_row(yr, dyr, dxr, n, g.cols);
-    }
-  });
+  Kokkos::parallel_for(
+      op, Kokkos::RangePolicy<Exec>(exec, 0, g.nrows), KOKKOS_LAMBDA(std::int64_t r) {
+        const T* yr          = yp + r * g.cols;
+        const T* dyr         = dyp + r * g.cols;
+        T* dxr               = dxp + r * g.cols;
+        const std::int64_t n = g.visible(r);
+        if (log_form) {  // dx = dy - softmax * sum(dy)
+          const T s = lane_sum<T>(dyr, n, [](T v) { return v; });
+          for (std::int64_t j = 0; j < n; ++j) dxr[j] = dyr[j] - exp_nonpositive(yr[j]) * s;
+          for (std::int64_t j = n; j < g.cols; ++j) dxr[j] = T(0);
+        } else {  // dx = y * (dy - sum(dy * y))
+          softmax_backward_row(yr, dyr, dxr, n, g.cols);
+        }
+      });
 }
 
 }  // namespace pmt::detail
@@ -183,8 +186,7 @@ void softmax(const Exec& exec, const XV& x, const YV& y, Mask mask = Mask::None)
 
 /// \brief dx = y (dy - sum(dy y)) row-wise, from the softmax output y; dx overwritten.
 template <class Exec, class YV, class DYV, class DXV>
-void softmax_backward(const Exec& exec, const YV& y, const DYV& dy, const DXV& dx,
-                      Mask mask = Mask::None) {
+void softmax_backward(const Exec& exec, const YV& y, const DYV& dy, const DXV& dx, Mask mask = Mask::None) {
   detail::softmax_backward_impl<false>(exec, y, dy, dx, mask, "pmt::ops::softmax_backward");
 }
 
@@ -196,8 +198,7 @@ void log_softmax(const Exec& exec, const XV& x, const YV& y, Mask mask = Mask::N
 
 /// \brief dx = dy - exp(y) sum(dy) row-wise, from the log-softmax output y; dx overwritten.
 template <class Exec, class YV, class DYV, class DXV>
-void log_softmax_backward(const Exec& exec, const YV& y, const DYV& dy, const DXV& dx,
-                          Mask mask = Mask::None) {
+void log_softmax_backward(const Exec& exec, const YV& y, const DYV& dy, const DXV& dx, Mask mask = Mask::None) {
   detail::softmax_backward_impl<true>(exec, y, dy, dx, mask, "pmt::ops::log_softmax_backward");
 }
 

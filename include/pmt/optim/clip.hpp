@@ -7,13 +7,13 @@
 // data-parallel sync every dp replica holds the same gradients, so dp adds nothing.
 // Deterministic: per-parameter squared norms in a fixed order.
 
-#include "pmt/core/instrument.hpp"
 #include "pmt/comm/collectives.hpp"
 #include "pmt/comm/communicator.hpp"
+#include "pmt/core/instrument.hpp"
 #include "pmt/core/parameter.hpp"
+#include "pmt/core/workspace.hpp"
 #include "pmt/ops/multi_tensor.hpp"
 #include "pmt/optim/optimizers.hpp"
-#include "pmt/core/workspace.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -29,7 +29,8 @@ namespace pmt::optim {
 template <class T, class Exec, class Backend>
 double global_grad_norm(const Exec& exec, const std::vector<Parameter<T, Exec>*>& params,
                         const comm::Communicator<Backend>& tp, const comm::Communicator<Backend>* pp = nullptr) {
-  auto sums = workspace_view<Kokkos::View<double*, Kokkos::HostSpace>>("pmt::optim::grad_norm::sums", 2);  // sharded, replicated
+  auto sums = workspace_view<Kokkos::View<double*, Kokkos::HostSpace>>("pmt::optim::grad_norm::sums",
+                                                                       2);  // sharded, replicated
   sums(0) = sums(1) = 0;
   std::vector<Parameter<T, Exec>*> counted;  // without pp copies (counted on their own stage)
   for (auto* p : params)

@@ -7,8 +7,8 @@
 // so that a schedule can drive it.
 
 #include "pmt/core/instrument.hpp"
-#include "pmt/core/tensor.hpp"
 #include "pmt/core/parameter.hpp"
+#include "pmt/core/tensor.hpp"
 #include "pmt/ops/multi_tensor.hpp"
 #include "pmt/ops/optimizer.hpp"
 
@@ -32,7 +32,6 @@ struct SgdOptions {
   double momentum = 0.9, weight_decay = 0.0;
   ops::SgdParams at(double lr) const { return {lr, momentum, weight_decay}; }
 };
-
 
 /// \brief The gradients (or values) of `params`, in order: the lists of the multi-tensor ops.
 template <class T, class Exec>

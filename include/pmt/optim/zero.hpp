@@ -13,24 +13,24 @@
 // for the norm (and all_reduce(pp) of 1 with pipeline stages), all_gather(dp) of P. The Trainer
 // leaves the gradient reduction to this optimizer.
 
-#include "pmt/core/instrument.hpp"
 #include "pmt/comm/collectives.hpp"
 #include "pmt/comm/communicator.hpp"
 #include "pmt/core/error.hpp"
-#include "pmt/core/tensor.hpp"
+#include "pmt/core/instrument.hpp"
 #include "pmt/core/parameter.hpp"
+#include "pmt/core/tensor.hpp"
+#include "pmt/core/workspace.hpp"
 #include "pmt/ops/elementwise.hpp"
 #include "pmt/ops/optimizer.hpp"
 #include "pmt/ops/reduction.hpp"
 #include "pmt/optim/optimizers.hpp"
-#include "pmt/core/workspace.hpp"
 
 #include <Kokkos_Core.hpp>
 
 #include <cmath>
 #include <cstdint>
-#include <utility>
 #include <optional>
+#include <utility>
 #include <vector>
 
 namespace pmt::detail {
@@ -43,12 +43,14 @@ namespace pmt::detail {
 template <class Exec, class Backend, class G, class K>
 double sharded_grad_norm(const Exec& exec, const G& g, const K& kind, const comm::Communicator<Backend>& dp,
                          const comm::Communicator<Backend>& tp, const std::optional<comm::Communicator<Backend>>& pp) {
-  auto sums = workspace_view<Kokkos::View<double*, Kokkos::HostSpace>>("pmt::optim::sharded_grad_norm", 2);
+  auto sums   = workspace_view<Kokkos::View<double*, Kokkos::HostSpace>>("pmt::optim::sharded_grad_norm", 2);
   double s_sh = 0, s_rep = 0;
-  Kokkos::parallel_reduce("pmt::optim::sharded_grad_norm", Kokkos::RangePolicy<Exec>(exec, 0, g.size()),
-                          KOKKOS_LAMBDA(std::size_t i, double& a) { a += kind(i) == 0 ? double(g(i)) * double(g(i)) : 0.0; }, s_sh);
-  Kokkos::parallel_reduce("pmt::optim::sharded_grad_norm", Kokkos::RangePolicy<Exec>(exec, 0, g.size()),
-                          KOKKOS_LAMBDA(std::size_t i, double& a) { a += kind(i) == 1 ? double(g(i)) * double(g(i)) : 0.0; }, s_rep);
+  Kokkos::parallel_reduce(
+      "pmt::optim::sharded_grad_norm", Kokkos::RangePolicy<Exec>(exec, 0, g.size()),
+      KOKKOS_LAMBDA(std::size_t i, double& a) { a += kind(i) == 0 ? double(g(i)) * double(g(i)) : 0.0; }, s_sh);
+  Kokkos::parallel_reduce(
+      "pmt::optim::sharded_grad_norm", Kokkos::RangePolicy<Exec>(exec, 0, g.size()),
+      KOKKOS_LAMBDA(std::size_t i, double& a) { a += kind(i) == 1 ? double(g(i)) * double(g(i)) : 0.0; }, s_rep);
   sums(0) = s_sh, sums(1) = s_rep;
   comm::all_reduce_host_values(dp, exec, sums);
   Kokkos::View<double*, Kokkos::HostSpace> sharded(sums.data(), 1);
@@ -87,10 +89,11 @@ class ZeroAdamW {
     m_v          = Tensor<T, 1, Exec>("pmt::optim::ZeroAdamW::v", m_shard);
     // Per element of my shard: 0 tp-sharded, 1 tp-replicated (counted once in the norm), 2 a
     // pipeline copy (not counted).
-    m_replicated = Kokkos::View<std::uint8_t*, Kokkos::LayoutRight, typename Exec::memory_space>("pmt::optim::ZeroAdamW::replicated", m_shard);
-    auto host    = Kokkos::create_mirror_view(m_replicated);
+    m_replicated = Kokkos::View<std::uint8_t*, Kokkos::LayoutRight, typename Exec::memory_space>(
+        "pmt::optim::ZeroAdamW::replicated", m_shard);
+    auto host            = Kokkos::create_mirror_view(m_replicated);
     const std::size_t lo = m_shard * static_cast<std::size_t>(m_dp.rank());
-    std::size_t offset = 0;
+    std::size_t offset   = 0;
     for (auto* p : m_params) {
       for (std::size_t i = std::max(offset, lo); i < std::min(offset + p->size(), lo + m_shard); ++i)
         host(i - lo) = p->pp_copy ? 2 : (p->tp_replicated ? 1 : 0);
@@ -139,7 +142,8 @@ class ZeroAdamW {
   /// parameters() order (padded_size() long): all-gathered over dp, so collective over the dp
   /// axis. Checkpoints write them per parameter, as they write plain AdamW's.
   std::pair<Tensor<T, 1, Exec>, Tensor<T, 1, Exec>> gathered_moments(const Exec& exec) const {
-    Tensor<T, 1, Exec> m("pmt::optim::ZeroAdamW::gathered_m", padded_size()), v("pmt::optim::ZeroAdamW::gathered_v", padded_size());
+    Tensor<T, 1, Exec> m("pmt::optim::ZeroAdamW::gathered_m", padded_size()),
+        v("pmt::optim::ZeroAdamW::gathered_v", padded_size());
     comm::all_gather(m_dp, exec, m_m, m);
     comm::all_gather(m_dp, exec, m_v, v);
     return {m, v};
@@ -148,7 +152,8 @@ class ZeroAdamW {
   /// \throws pmt::ShapeError when `m` or `v` is not padded_size() long.
   void set_moments(const Exec& exec, const Tensor<T, 1, Exec>& m, const Tensor<T, 1, Exec>& v) {
     detail::require(m.size() == padded_size() && v.size() == padded_size(), "pmt::optim::ZeroAdamW::set_moments", [&] {
-      return detail::str("m has ", m.size(), " and v ", v.size(), " elements; expected padded_size() = ", padded_size());
+      return detail::str("m has ", m.size(), " and v ", v.size(),
+                         " elements; expected padded_size() = ", padded_size());
     });
     const std::size_t lo = m_shard * static_cast<std::size_t>(m_dp.rank());
     Kokkos::deep_copy(exec, m_m, Kokkos::subview(m, std::make_pair(lo, lo + m_shard)));

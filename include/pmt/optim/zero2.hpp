@@ -72,8 +72,8 @@ inline constexpr bool shards_grads_v = shards_grads<O>::value;
 template <class T, class Exec, class Backend>
 class Zero2AdamW {
  public:
-  static constexpr bool shards_over_dp = true;
-  static constexpr bool shards_grads   = true;
+  static constexpr bool shards_over_dp              = true;
+  static constexpr bool shards_grads                = true;
   static constexpr std::size_t default_bucket_bytes = std::size_t(25) << 20;
   /// Reduce-scatters left in flight while backward goes on; an older one is completed first.
   static constexpr std::size_t max_in_flight = 2;
@@ -90,8 +90,9 @@ class Zero2AdamW {
     for (const auto& t : m_tied) {
       const bool known = std::find(m_params.begin(), m_params.end(), t.param) != m_params.end();
       detail::require<ConfigError>(known && m_pp && t.peer >= 0 && t.peer < m_pp->size(), op, [&] {
-        return detail::str("a tied parameter (peer stage ", t.peer, ") is ",
-                           known ? "given without a pp communicator of that many stages" : "not among the optimizer's parameters");
+        return detail::str(
+            "a tied parameter (peer stage ", t.peer, ") is ",
+            known ? "given without a pp communicator of that many stages" : "not among the optimizer's parameters");
       });
       peer_of[t.param] = t.peer;
     }
@@ -186,7 +187,7 @@ class Zero2AdamW {
   double step(const Exec& exec, double lr, double max_norm, bool skip_nonfinite = false, bool skip = false) {
     const Instrument instrument("pmt::optim::Zero2AdamW::step", Track::Optimizer, "zero2-adamw");
     finish_grads(exec);
-    m_finished = false;
+    m_finished        = false;
     const double norm = detail::sharded_grad_norm(exec, m_g, m_kind, m_dp, m_tp, m_pp);
     if (skip || (skip_nonfinite && !std::isfinite(norm))) return norm;
     ++m_step;
@@ -227,7 +228,8 @@ class Zero2AdamW {
   /// \brief Adam's moments of all this rank's parameters, flat in parameters() order (collective
   /// over dp: each bucket's parts are all-gathered).
   std::pair<Tensor<T, 1, Exec>, Tensor<T, 1, Exec>> gathered_moments(const Exec& exec) const {
-    Tensor<T, 1, Exec> m("pmt::optim::Zero2AdamW::gathered_m", m_total), v("pmt::optim::Zero2AdamW::gathered_v", m_total);
+    Tensor<T, 1, Exec> m("pmt::optim::Zero2AdamW::gathered_m", m_total),
+        v("pmt::optim::Zero2AdamW::gathered_v", m_total);
     for (const auto& b : m_buckets) {
       Tensor<T, 1, Exec> whole("pmt::optim::Zero2AdamW::gathered_bucket", b.padded);
       for (auto [shard, flat] : {std::pair{m_m, m}, std::pair{m_v, v}}) {
@@ -262,7 +264,7 @@ class Zero2AdamW {
     std::vector<std::size_t> offset;          // of each parameter in the bucket
     std::size_t padded = 0, shard = 0;        // the bucket's length (a multiple of dp), its part per rank
     std::size_t shard_at = 0;                 // where this rank's part sits in the shard
-    int peer = -1;                            // a tied parameter's bucket: the peer stage
+    int peer             = -1;                // a tied parameter's bucket: the peer stage
     Tensor<T, 1, Exec> buffer;                // the gradients while held
     std::vector<char> ready;                  // per parameter: final since the bucket was taken
     std::size_t readied = 0;
@@ -282,7 +284,7 @@ class Zero2AdamW {
     const auto dp = static_cast<std::size_t>(m_dp.size()), me = static_cast<std::size_t>(m_dp.rank());
     Bucket current;
     std::size_t bytes = 0;
-    const auto close = [&] {
+    const auto close  = [&] {
       if (!current.params.empty()) m_buckets.push_back(std::move(current));
       current = Bucket(), bytes = 0;
     };
@@ -301,10 +303,10 @@ class Zero2AdamW {
     close();
     std::size_t at = 0;
     for (auto* p : m_params) m_offset[p] = at, at += p->size();
-    m_total = at;
+    m_total              = at;
     std::size_t shard_at = 0;
     for (std::size_t bi = 0; bi < m_buckets.size(); ++bi) {
-      Bucket& b = m_buckets[bi];
+      Bucket& b     = m_buckets[bi];
       std::size_t n = 0;
       for (std::size_t i = 0; i < b.params.size(); ++i) {
         b.offset.push_back(n);
@@ -326,7 +328,8 @@ class Zero2AdamW {
     m_v = Tensor<T, 1, Exec>("pmt::optim::Zero2AdamW::v", shard_at);
     // per element of the shard: 0 tp-sharded, 1 tp-replicated (or a tp partial, summed before the
     // norm), 2 a pipeline copy (left out of the norm); padding is 0 and holds zeros
-    m_kind = Kokkos::View<std::uint8_t*, Kokkos::LayoutRight, typename Exec::memory_space>("pmt::optim::Zero2AdamW::kind", shard_at);
+    m_kind = Kokkos::View<std::uint8_t*, Kokkos::LayoutRight, typename Exec::memory_space>(
+        "pmt::optim::Zero2AdamW::kind", shard_at);
     auto host = Kokkos::create_mirror_view(m_kind);
     Kokkos::deep_copy(host, std::uint8_t(0));
     for (const auto& pc : m_pieces) {
@@ -342,7 +345,7 @@ class Zero2AdamW {
   /// share blocks (the Workspace keys blocks by their length: one block per distinct length
   /// would hold all P gradients again).
   std::size_t block_of(std::size_t padded) const noexcept {
-    const auto dp = static_cast<std::size_t>(m_dp.size());
+    const auto dp      = static_cast<std::size_t>(m_dp.size());
     std::size_t octave = 1;
     while (octave * 2 <= padded / dp) octave *= 2;
     const std::size_t step = dp * std::max<std::size_t>(1, octave / 8);
@@ -355,7 +358,7 @@ class Zero2AdamW {
   /// parts they receive (their Workspace blocks).
   std::size_t held_bytes() const {
     std::size_t bytes = 0;
-    const auto dp = static_cast<std::size_t>(m_dp.size());
+    const auto dp     = static_cast<std::size_t>(m_dp.size());
     for (const auto& b : m_buckets)
       if (b.buffer.data() != nullptr) bytes += block_of(b.padded) * sizeof(T);
     for (const auto& f : m_flights) bytes += block_of(m_buckets[f.bucket].padded) * (1 + 1 / double(dp)) * sizeof(T);
@@ -383,7 +386,8 @@ class Zero2AdamW {
   void flush(const Exec& exec, Bucket& b) {
     const std::size_t index = static_cast<std::size_t>(&b - m_buckets.data());
     if (m_collect) {
-      auto part = block_view("pmt::optim::Zero2AdamW::grad_part", block_of(b.padded) / static_cast<std::size_t>(m_dp.size()), b.shard);
+      auto part = block_view("pmt::optim::Zero2AdamW::grad_part",
+                             block_of(b.padded) / static_cast<std::size_t>(m_dp.size()), b.shard);
       m_flights.push_back({index, b.buffer, part, comm::ireduce_scatter(m_dp, exec, b.buffer, part), true});
       m_bytes += b.padded * sizeof(T);
       m_peak_bytes = std::max(m_peak_bytes, held_bytes());
@@ -403,7 +407,7 @@ class Zero2AdamW {
       f.request.wait();
       if (keep && f.keep) {
         const Bucket& b = m_buckets[f.bucket];
-        auto g = Kokkos::subview(m_g, std::make_pair(b.shard_at, b.shard_at + b.shard));
+        auto g          = Kokkos::subview(m_g, std::make_pair(b.shard_at, b.shard_at + b.shard));
         ops::add(exec, g, f.part, g);
       }
       m_flights.pop_front();
@@ -414,8 +418,10 @@ class Zero2AdamW {
     for (const auto& pc : m_partial) {
       auto slot = Kokkos::subview(packed, std::make_pair(at, at + pc.len));
       auto mine = Kokkos::subview(m_g, std::make_pair(pc.shard_pos, pc.shard_pos + pc.len));
-      if (to_packed) Kokkos::deep_copy(exec, slot, mine);
-      else Kokkos::deep_copy(exec, mine, slot);
+      if (to_packed)
+        Kokkos::deep_copy(exec, slot, mine);
+      else
+        Kokkos::deep_copy(exec, mine, slot);
       at += pc.len;
     }
   }
@@ -435,7 +441,7 @@ class Zero2AdamW {
   std::deque<Flight> m_flights;
   std::size_t m_held = 0, m_peak_held = 0, m_peak_bytes = 0;
   std::uint64_t m_bytes = 0;
-  std::int64_t m_step = 0;
+  std::int64_t m_step   = 0;
   bool m_announced = false, m_collect = true, m_finished = false;
 };
 

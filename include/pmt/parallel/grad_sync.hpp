@@ -21,14 +21,14 @@
 // checkpoints). The sum is taken in bf16 (each hop of MPI's reduction rounds once) and the
 // gradients are read back from it. bytes_sent() counts the payload of every all-reduce.
 
-#include "pmt/core/bf16.hpp"
-#include "pmt/core/instrument.hpp"
 #include "pmt/comm/collectives.hpp"
 #include "pmt/comm/communicator.hpp"
 #include "pmt/comm/request.hpp"
+#include "pmt/core/bf16.hpp"
 #include "pmt/core/error.hpp"
-#include "pmt/core/tensor.hpp"
+#include "pmt/core/instrument.hpp"
 #include "pmt/core/parameter.hpp"
+#include "pmt/core/tensor.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -44,21 +44,22 @@ namespace pmt::detail {
 template <class Exec, class G, class R, class W>
 void compress_bf16(const Exec& exec, const G& g, const R& r, const W& w) {
   using T = typename G::non_const_value_type;
-  Kokkos::parallel_for("pmt::parallel::GradSync::compress", Kokkos::RangePolicy<Exec>(exec, 0, g.size()),
-                       KOKKOS_LAMBDA(std::size_t i) {
-                         const T v    = g(i) + r(i);
-                         const bf16 c = bf16(static_cast<float>(v));
-                         w(i)         = c;
-                         r(i)         = v - static_cast<T>(static_cast<float>(c));
-                       });
+  Kokkos::parallel_for(
+      "pmt::parallel::GradSync::compress", Kokkos::RangePolicy<Exec>(exec, 0, g.size()), KOKKOS_LAMBDA(std::size_t i) {
+        const T v    = g(i) + r(i);
+        const bf16 c = bf16(static_cast<float>(v));
+        w(i)         = c;
+        r(i)         = v - static_cast<T>(static_cast<float>(c));
+      });
 }
 
 /// g = w (bf16 to T).
 template <class Exec, class W, class G>
 void decompress_bf16(const Exec& exec, const W& w, const G& g) {
   using T = typename G::non_const_value_type;
-  Kokkos::parallel_for("pmt::parallel::GradSync::decompress", Kokkos::RangePolicy<Exec>(exec, 0, g.size()),
-                       KOKKOS_LAMBDA(std::size_t i) { g(i) = static_cast<T>(static_cast<float>(w(i))); });
+  Kokkos::parallel_for(
+      "pmt::parallel::GradSync::decompress", Kokkos::RangePolicy<Exec>(exec, 0, g.size()),
+      KOKKOS_LAMBDA(std::size_t i) { g(i) = static_cast<T>(static_cast<float>(w(i))); });
 }
 
 }  // namespace pmt::detail
@@ -79,8 +80,9 @@ inline constexpr std::size_t default_bucket_bytes = std::size_t(25) << 20;
 struct GradSyncOptions {
   std::size_t bucket_bytes    = default_bucket_bytes;  ///< parameters per bucket
   GradCompression compression = GradCompression::none;
-  GradSyncOptions() = default;
-  GradSyncOptions(std::size_t bucket, GradCompression c = GradCompression::none) : bucket_bytes(bucket), compression(c) {}
+  GradSyncOptions()           = default;
+  GradSyncOptions(std::size_t bucket, GradCompression c = GradCompression::none)
+      : bucket_bytes(bucket), compression(c) {}
 };
 
 /// \brief Data-parallel gradient sync (see the file comment): parameters in buckets of about
@@ -166,11 +168,13 @@ class GradSync {
   /// called since the last finish() and there is something to synchronise: the gradients would
   /// silently stay unsummed.
   void finish(const Exec& exec) {
-    detail::require<ConfigError>(m_arm_called || m_dp.size() == 1 || m_buckets.empty(), "pmt::parallel::GradSync::finish", [&] {
-      return detail::str("arm() was not called since the last finish(), so nothing was summed over the ", m_dp.size(),
-                         " dp ranks; call arm(true) before the backward whose gradients to synchronise (arm(false) "
-                         "before the microbatches before it)");
-    });
+    detail::require<ConfigError>(
+        m_arm_called || m_dp.size() == 1 || m_buckets.empty(), "pmt::parallel::GradSync::finish", [&] {
+          return detail::str("arm() was not called since the last finish(), so nothing was summed over the ",
+                             m_dp.size(),
+                             " dp ranks; call arm(true) before the backward whose gradients to synchronise (arm(false) "
+                             "before the microbatches before it)");
+        });
     m_arm_called = false;
     if (!m_armed) return;
     for (std::size_t i = 0; i + 1 < m_buckets.size(); ++i)
@@ -179,8 +183,10 @@ class GradSync {
       if (!b.launched) {  // the last bucket: nothing left to overlap, a blocking all-reduce
         pack(exec, b);
         const Instrument instrument("pmt::parallel::GradSync::wait", Track::Collective, "dp gradient bucket");
-        if (compressed()) comm::all_reduce(m_dp, exec, b.wire, comm::ReduceOp::Sum);
-        else comm::all_reduce(m_dp, exec, b.buffer, comm::ReduceOp::Sum);
+        if (compressed())
+          comm::all_reduce(m_dp, exec, b.wire, comm::ReduceOp::Sum);
+        else
+          comm::all_reduce(m_dp, exec, b.buffer, comm::ReduceOp::Sum);
         m_bytes += payload(b);
       } else {
         const Instrument instrument("pmt::parallel::GradSync::wait", Track::Collective, "dp gradient bucket");
@@ -205,7 +211,7 @@ class GradSync {
   Tensor<T, 1, Exec> residual(const Parameter<T, Exec>* p) const {
     const auto it = m_bucket_of.find(p);
     if (it == m_bucket_of.end() || !compressed() || m_dp.size() <= 1) return {};
-    const Bucket& b = m_buckets[it->second];
+    const Bucket& b    = m_buckets[it->second];
     std::size_t offset = 0;
     for (auto* q : b.params) {
       if (q == p) return Kokkos::subview(b.residual, std::make_pair(offset, offset + q->size()));
@@ -257,8 +263,10 @@ class GradSync {
   }
   void launch(const Exec& exec, Bucket& b) {
     pack(exec, b);
-    if (compressed()) b.request = comm::iall_reduce(m_dp, exec, b.wire, comm::ReduceOp::Sum);
-    else b.request = comm::iall_reduce(m_dp, exec, b.buffer, comm::ReduceOp::Sum);
+    if (compressed())
+      b.request = comm::iall_reduce(m_dp, exec, b.wire, comm::ReduceOp::Sum);
+    else
+      b.request = comm::iall_reduce(m_dp, exec, b.buffer, comm::ReduceOp::Sum);
     m_bytes += payload(b);
     b.launched = true;
   }

@@ -18,8 +18,8 @@
 // which check() proved consistent and free of deadlock for every stage together before the
 // first run. Each live (chunk, microbatch) has its own activation slot.
 // The model is a stage module (parallel/stage_module.hpp): forward_chunk / backward_chunk run
-// one chunk of one microbatch, input_extent / output_extent size the receive buffers. Stats: wall time, compute time (forward + backward,
-// fenced), time waiting in receives, the peak of live (chunk, microbatch) pairs (forward done,
+// one chunk of one microbatch, input_extent / output_extent size the receive buffers. Stats: wall time, compute time
+// (forward + backward, fenced), time waiting in receives, the peak of live (chunk, microbatch) pairs (forward done,
 // backward not) and each action's timing.
 
 #include "pmt/comm/collectives.hpp"
@@ -27,12 +27,12 @@
 #include "pmt/comm/mesh.hpp"
 #include "pmt/comm/progress.hpp"
 #include "pmt/comm/request.hpp"
+#include "pmt/core/activation_slot.hpp"
 #include "pmt/core/error.hpp"
 #include "pmt/core/instrument.hpp"
-#include "pmt/core/activation_slot.hpp"
+#include "pmt/core/workspace.hpp"
 #include "pmt/parallel/schedule.hpp"
 #include "pmt/parallel/stage_module.hpp"
-#include "pmt/core/workspace.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -81,12 +81,18 @@ class PipelineRunner {
   using BackwardHook = std::function<void(int mb, bool last)>;
 
   PipelineRunner(const Mesh<Backend>& mesh, Model& model)
-      : m_pp(mesh.comm(Axis::pp)), m_model(model), m_root(mesh.is_root()), m_world(mesh.world().size()),
-        m_me(mesh.world().rank()), m_stride(mesh.degree(Axis::dp) * mesh.degree(Axis::tp)), m_chunks(model.chunks()) {
-    detail::require<ConfigError>(model.stages() == m_pp.size() && model.stage() == m_pp.rank(), "pmt::parallel::PipelineRunner", [&] {
-      return detail::str("the model is stage ", model.stage(), " of ", model.stages(), " but this rank is pp ",
-                         m_pp.rank(), " of ", m_pp.size());
-    });
+      : m_pp(mesh.comm(Axis::pp)),
+        m_model(model),
+        m_root(mesh.is_root()),
+        m_world(mesh.world().size()),
+        m_me(mesh.world().rank()),
+        m_stride(mesh.degree(Axis::dp) * mesh.degree(Axis::tp)),
+        m_chunks(model.chunks()) {
+    detail::require<ConfigError>(model.stages() == m_pp.size() && model.stage() == m_pp.rank(),
+                                 "pmt::parallel::PipelineRunner", [&] {
+                                   return detail::str("the model is stage ", model.stage(), " of ", model.stages(),
+                                                      " but this rank is pp ", m_pp.rank(), " of ", m_pp.size());
+                                 });
   }
 
   /// \brief The table of `kind` for m microbatches on this model's stages and chunks, checked by
@@ -98,7 +104,7 @@ class PipelineRunner {
     const auto key = std::make_pair(static_cast<int>(kind), m);
     auto it        = m_tables.find(key);
     if (it == m_tables.end()) {
-      Schedule sc = make_schedule(kind, m_model.stages(), m, m_chunks);
+      Schedule sc    = make_schedule(kind, m_model.stages(), m, m_chunks);
       m_reports[key] = check(sc);
       if (kind == ScheduleKind::OneFOneB && m < m_model.stages() && m_root)
         std::fprintf(stderr,
@@ -110,7 +116,9 @@ class PipelineRunner {
     return it->second;
   }
   /// \brief The checker's report for a schedule built by schedule().
-  const ScheduleReport& report(ScheduleKind kind, int m) { return (schedule(kind, m), m_reports.at({static_cast<int>(kind), m})); }
+  const ScheduleReport& report(ScheduleKind kind, int m) {
+    return (schedule(kind, m), m_reports.at({static_cast<int>(kind), m}));
+  }
 
   /// \brief Runs this stage's part of one step over the microbatches (every stage gets the same
   /// list: the first reads the input, the last the targets). Returns the sum of this
@@ -118,24 +126,28 @@ class PipelineRunner {
   double run(const Exec& exec, ScheduleKind kind, const std::vector<Batch>& mbs, double normaliser,
              const BackwardHook& before_backward = {}) {
     const int m = static_cast<int>(mbs.size());
-    detail::require<ConfigError>(m >= 1, "pmt::parallel::PipelineRunner::run", [&] { return std::string("no microbatch"); });
+    detail::require<ConfigError>(m >= 1, "pmt::parallel::PipelineRunner::run",
+                                 [&] { return std::string("no microbatch"); });
     // every microbatch's activation shapes on every stage before any message: a model that cannot
     // take one raises here on all ranks alike, not on one stage while the others wait for it
     for (const auto& mb : mbs)
       for (int k = 0; k < m_chunks; ++k) (void)m_model.input_extent(k, mb), (void)m_model.output_extent(k, mb);
     const auto& actions = schedule(kind, m).per_stage[static_cast<std::size_t>(m_model.stage())];
     const auto M        = static_cast<std::size_t>(m);
-    const int s         = m_model.stage(), p = m_model.stages();
+    const int s = m_model.stage(), p = m_model.stages();
     const int prev = (s + p - 1) % p, next = (s + 1) % p;  // the ring of stages (chunks wrap round)
     // buffers and slots per (chunk, microbatch): index chunk * M + mb
-    const auto at = [M](const Action& a_) { return static_cast<std::size_t>(a_.chunk) * M + static_cast<std::size_t>(a_.mb); };
+    const auto at = [M](const Action& a_) {
+      return static_cast<std::size_t>(a_.chunk) * M + static_cast<std::size_t>(a_.mb);
+    };
     const std::size_t n = M * static_cast<std::size_t>(m_chunks);
     std::vector<Activation> in_act(n), out(n), in_grad(n);
     std::vector<double> losses(n, 0.0);
     std::vector<std::size_t> slot_of(n, 0), free_slots;
     std::size_t slots = 0;
-    int live = 0;
-    std::vector<std::size_t> last_backward(static_cast<std::size_t>(m_chunks), 0);  // per chunk: its last backward's index
+    int live          = 0;
+    std::vector<std::size_t> last_backward(static_cast<std::size_t>(m_chunks),
+                                           0);  // per chunk: its last backward's index
     for (std::size_t k = 0; k < actions.size(); ++k)
       if (actions[k].kind == Action::Backward) last_backward[static_cast<std::size_t>(actions[k].chunk)] = k;
     struct Pending {
@@ -148,11 +160,12 @@ class PipelineRunner {
         if (actions[k].kind == kind_) {
           const auto& mb_ = mbs[static_cast<std::size_t>(actions[k].mb)];
           auto& buf       = kind_ == Action::RecvAct ? in_act[at(actions[k])] : in_grad[at(actions[k])];
-          const auto e   = kind_ == Action::RecvAct ? m_model.input_extent(actions[k].chunk, mb_)
-                                                        : m_model.output_extent(actions[k].chunk, mb_);
-          buf = workspace_view<Activation>("pmt::parallel::pipeline::recv", e[0], e[1]);
-          p.rq = kind_ == Action::RecvAct ? comm::irecv(m_pp, exec, buf, prev, tag_act) : comm::irecv(m_pp, exec, buf, next, tag_grad);
-          p.at = k;
+          const auto e    = kind_ == Action::RecvAct ? m_model.input_extent(actions[k].chunk, mb_)
+                                                     : m_model.output_extent(actions[k].chunk, mb_);
+          buf             = workspace_view<Activation>("pmt::parallel::pipeline::recv", e[0], e[1]);
+          p.rq            = kind_ == Action::RecvAct ? comm::irecv(m_pp, exec, buf, prev, tag_act)
+                                                     : comm::irecv(m_pp, exec, buf, next, tag_grad);
+          p.at            = k;
           return;
         }
     };
@@ -174,15 +187,16 @@ class PipelineRunner {
       return ((m_runs * 2 + (act ? 0 : 1)) * m_world + sender) * 1000003 + chunk * m + mb_;
     };
     const auto world_rank = [&](int stage) { return m_me + (stage - s) * m_stride; };  // mesh: pp varies slowest
-    const auto label = [&](const Action& a_) {
+    const auto label      = [&](const Action& a_) {
       return [a_, v = m_chunks] {
-        return std::string(kind_name(a_.kind)) + " " + std::to_string(a_.mb) + (v > 1 ? " chunk " + std::to_string(a_.chunk) : "");
+        return std::string(kind_name(a_.kind)) + " " + std::to_string(a_.mb) +
+               (v > 1 ? " chunk " + std::to_string(a_.chunk) : "");
       };
     };
     for (std::size_t k = 0; k < actions.size(); ++k) {
-      const Action a = actions[k];
-      const auto i   = at(a);
-      const auto& mb = mbs[static_cast<std::size_t>(a.mb)];
+      const Action a     = actions[k];
+      const auto i       = at(a);
+      const auto& mb     = mbs[static_cast<std::size_t>(a.mb)];
       const double start = now();
       switch (a.kind) {
         case Action::RecvAct:
@@ -237,8 +251,8 @@ class PipelineRunner {
           SendBuffer& sb = send_buffer(out[i]);
           Kokkos::deep_copy(exec, sb.buf, out[i]);
           exec.fence();
-          sb.rq = a.kind == Action::SendAct ? comm::isend(m_pp, exec, sb.buf, next, tag_act)
-                                            : comm::isend(m_pp, exec, sb.buf, prev, tag_grad);
+          sb.rq   = a.kind == Action::SendAct ? comm::isend(m_pp, exec, sb.buf, next, tag_act)
+                                              : comm::isend(m_pp, exec, sb.buf, prev, tag_grad);
           sb.busy = true;
           out[i]  = Activation();
           break;
@@ -252,7 +266,7 @@ class PipelineRunner {
     for (auto& b : m_send_buffers)
       if (b.busy) b.rq.wait(), b.busy = false;
     m_stats.wall = now();
-    double loss = 0;
+    double loss  = 0;
     for (double l : losses) loss += l;
     return loss;
   }
@@ -261,9 +275,9 @@ class PipelineRunner {
   const PipelineStats& stats() const noexcept { return m_stats; }
 
  private:
-  using clock                      = std::chrono::steady_clock;
-  static constexpr int tag_act     = 11;
-  static constexpr int tag_grad    = 12;
+  using clock                   = std::chrono::steady_clock;
+  static constexpr int tag_act  = 11;
+  static constexpr int tag_grad = 12;
   comm::Communicator<Backend> m_pp;
   Model& m_model;
   bool m_root;
@@ -285,9 +299,10 @@ class PipelineRunner {
   SendBuffer& send_buffer(const Activation& x) {
     for (auto& b : m_send_buffers)
       if (!b.busy && b.buf.extent(0) == x.extent(0) && b.buf.extent(1) == x.extent(1)) return b;
-    m_send_buffers.push_back({Activation(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("pmt::parallel::pipeline::send")),
-                                         x.extent(0), x.extent(1)),
-                              comm::Request(), false});
+    m_send_buffers.push_back(
+        {Activation(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("pmt::parallel::pipeline::send")),
+                    x.extent(0), x.extent(1)),
+         comm::Request(), false});
     return m_send_buffers.back();
   }
   std::deque<SendBuffer> m_send_buffers;  // a deque: references stay valid as it grows

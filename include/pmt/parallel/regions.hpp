@@ -24,9 +24,9 @@
 //                        backward: gather_rows
 // A sequence-parallel Col layer's input is a gather_rows (in place of copy_to), a Row layer's
 // output a reduce_scatter_rows (in place of reduce_from): the same bytes on the wire as the
-// all-reduce they replace, and the layers between them (norms, residuals) hold N/p rows. Layers include this header and the Mesh, never <mpi.h> or <nccl.h> nor the collectives.
-// A communicator of one rank communicates nothing: every region is then the identity (scatter_to
-// and gather_from return x itself).
+// all-reduce they replace, and the layers between them (norms, residuals) hold N/p rows. Layers include this header and
+// the Mesh, never <mpi.h> or <nccl.h> nor the collectives. A communicator of one rank communicates nothing: every
+// region is then the identity (scatter_to and gather_from return x itself).
 
 #include "pmt/comm/backend.hpp"
 #include "pmt/comm/collectives.hpp"
@@ -76,7 +76,8 @@ V reduce_from_backward(const comm::Communicator<B>&, const Exec&, const V& dy) {
 /// \brief This rank's block of columns of x (N, C): columns [r C/p, (r + 1) C/p).
 /// \throws pmt::ShapeError when p does not divide C.
 template <class B, class Exec, class V>
-Tensor<typename V::non_const_value_type, 2, Exec> scatter_to(const comm::Communicator<B>& axis, const Exec& exec, const V& x) {
+Tensor<typename V::non_const_value_type, 2, Exec> scatter_to(const comm::Communicator<B>& axis, const Exec& exec,
+                                                             const V& x) {
   using T = typename V::non_const_value_type;
   static_assert(V::rank == 2, "pmt::parallel::scatter_to: x must be (N, C)");
   const auto p = static_cast<std::size_t>(axis.size());
@@ -91,36 +92,39 @@ Tensor<typename V::non_const_value_type, 2, Exec> scatter_to(const comm::Communi
 }
 /// \brief Every rank's x (N, c) side by side: (N, c p), rank r's block at columns [r c, (r+1) c).
 template <class B, class Exec, class V>
-Tensor<typename V::non_const_value_type, 2, Exec> gather_from(const comm::Communicator<B>& axis, const Exec& exec, const V& x) {
+Tensor<typename V::non_const_value_type, 2, Exec> gather_from(const comm::Communicator<B>& axis, const Exec& exec,
+                                                              const V& x) {
   using T = typename V::non_const_value_type;
   static_assert(V::rank == 2, "pmt::parallel::gather_from: x must be (N, c)");
   const auto p = static_cast<std::size_t>(axis.size());
   if (p == 1) return x;
   const std::size_t N = x.extent(0), c = x.extent(1);
   auto blocks = workspace_view<Tensor<T, 1, Exec>>("pmt::parallel::gather_from::blocks", p * N * c);
-  const Kokkos::View<const T*, Kokkos::LayoutRight, typename Exec::memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>> mine(
-      x.data(), N * c);
+  const Kokkos::View<const T*, Kokkos::LayoutRight, typename Exec::memory_space,
+                     Kokkos::MemoryTraits<Kokkos::Unmanaged>>
+      mine(x.data(), N * c);
   comm::all_gather(axis, exec, mine, blocks);
   auto out = workspace_view<Tensor<T, 2, Exec>>("pmt::parallel::gather_from", N, c * p);
-  Kokkos::parallel_for("pmt::parallel::gather_from", Kokkos::RangePolicy<Exec>(exec, 0, static_cast<std::int64_t>(N)),
-                       KOKKOS_LAMBDA(std::int64_t n) {
-                         for (std::size_t r = 0; r < p; ++r)
-                           for (std::size_t j = 0; j < c; ++j)
-                             out(n, r * c + j) = blocks((r * N + static_cast<std::size_t>(n)) * c + j);
-                       });
+  Kokkos::parallel_for(
+      "pmt::parallel::gather_from", Kokkos::RangePolicy<Exec>(exec, 0, static_cast<std::int64_t>(N)),
+      KOKKOS_LAMBDA(std::int64_t n) {
+        for (std::size_t r = 0; r < p; ++r)
+          for (std::size_t j = 0; j < c; ++j) out(n, r * c + j) = blocks((r * N + static_cast<std::size_t>(n)) * c + j);
+      });
   return out;
 }
 /// \brief Backward of scatter_to: gather_from of the column gradients.
 template <class B, class Exec, class V>
-Tensor<typename V::non_const_value_type, 2, Exec> scatter_to_backward(const comm::Communicator<B>& axis, const Exec& exec, const V& dy) {
+Tensor<typename V::non_const_value_type, 2, Exec> scatter_to_backward(const comm::Communicator<B>& axis,
+                                                                      const Exec& exec, const V& dy) {
   return gather_from(axis, exec, dy);
 }
 /// \brief Backward of gather_from: this rank's block of the gradient's columns.
 template <class B, class Exec, class V>
-Tensor<typename V::non_const_value_type, 2, Exec> gather_from_backward(const comm::Communicator<B>& axis, const Exec& exec, const V& dy) {
+Tensor<typename V::non_const_value_type, 2, Exec> gather_from_backward(const comm::Communicator<B>& axis,
+                                                                       const Exec& exec, const V& dy) {
   return scatter_to(axis, exec, dy);
 }
-
 
 /// \brief The rows (tokens) this rank holds when N rows are split over the axis: N / p.
 /// \throws pmt::ShapeError when p does not divide N (naming `op`).
@@ -137,7 +141,8 @@ std::size_t local_rows(const comm::Communicator<B>& axis, std::size_t N, const c
 /// \brief Forward of sequence parallelism's gather: every rank's rows x (n, C) stacked in rank
 /// order, (n p, C). Backward: reduce_scatter_rows.
 template <class B, class Exec, class V>
-Tensor<typename V::non_const_value_type, 2, Exec> gather_rows(const comm::Communicator<B>& axis, const Exec& exec, const V& x) {
+Tensor<typename V::non_const_value_type, 2, Exec> gather_rows(const comm::Communicator<B>& axis, const Exec& exec,
+                                                              const V& x) {
   using T = typename V::non_const_value_type;
   static_assert(V::rank == 2, "pmt::parallel::gather_rows: x must be (n, C)");
   const auto p = static_cast<std::size_t>(axis.size());
@@ -150,24 +155,27 @@ Tensor<typename V::non_const_value_type, 2, Exec> gather_rows(const comm::Commun
 /// rank keeping its rows, (N/p, C). Backward: gather_rows.
 /// \throws pmt::ShapeError when p does not divide N.
 template <class B, class Exec, class V>
-Tensor<typename V::non_const_value_type, 2, Exec> reduce_scatter_rows(const comm::Communicator<B>& axis, const Exec& exec, const V& x) {
+Tensor<typename V::non_const_value_type, 2, Exec> reduce_scatter_rows(const comm::Communicator<B>& axis,
+                                                                      const Exec& exec, const V& x) {
   using T = typename V::non_const_value_type;
   static_assert(V::rank == 2, "pmt::parallel::reduce_scatter_rows: x must be (N, C)");
   if (axis.size() == 1) return x;
   const std::size_t n = local_rows(axis, x.extent(0), "pmt::parallel::reduce_scatter_rows");
-  auto out = workspace_view<Tensor<T, 2, Exec>>("pmt::parallel::reduce_scatter_rows", n, x.extent(1));
+  auto out            = workspace_view<Tensor<T, 2, Exec>>("pmt::parallel::reduce_scatter_rows", n, x.extent(1));
   comm::reduce_scatter(axis, exec, x, out, ReduceOp::Sum);
   return out;
 }
 /// \brief Forward of sequence parallelism's split: this rank's rows of x (N, C), (N/p, C), a copy.
 /// Backward: gather_rows. \throws pmt::ShapeError when p does not divide N.
 template <class B, class Exec, class V>
-Tensor<typename V::non_const_value_type, 2, Exec> split_rows(const comm::Communicator<B>& axis, const Exec& exec, const V& x) {
+Tensor<typename V::non_const_value_type, 2, Exec> split_rows(const comm::Communicator<B>& axis, const Exec& exec,
+                                                             const V& x) {
   using T = typename V::non_const_value_type;
   static_assert(V::rank == 2, "pmt::parallel::split_rows: x must be (N, C)");
   if (axis.size() == 1) return x;
-  const std::size_t n = local_rows(axis, x.extent(0), "pmt::parallel::split_rows"), r0 = n * static_cast<std::size_t>(axis.rank());
-  auto out = workspace_view<Tensor<T, 2, Exec>>("pmt::parallel::split_rows", n, x.extent(1));
+  const std::size_t n  = local_rows(axis, x.extent(0), "pmt::parallel::split_rows"),
+                    r0 = n * static_cast<std::size_t>(axis.rank());
+  auto out             = workspace_view<Tensor<T, 2, Exec>>("pmt::parallel::split_rows", n, x.extent(1));
   Kokkos::deep_copy(exec, out, Kokkos::subview(x, std::make_pair(r0, r0 + n), Kokkos::ALL));
   return out;
 }

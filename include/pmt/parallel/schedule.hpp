@@ -45,18 +45,26 @@ struct Action {
   Kind kind;
   int mb;
   int chunk = 0;  ///< the model chunk (virtual stage chunk * stages + rank); 0 without interleaving
-  friend bool operator==(const Action& a, const Action& b) { return a.kind == b.kind && a.mb == b.mb && a.chunk == b.chunk; }
+  friend bool operator==(const Action& a, const Action& b) {
+    return a.kind == b.kind && a.mb == b.mb && a.chunk == b.chunk;
+  }
 };
 
 /// \brief "F", "B", "SendAct" ...: an action's name in tables and traces.
 inline const char* kind_name(Action::Kind k) {
   switch (k) {
-    case Action::Forward: return "forward";
-    case Action::Backward: return "backward";
-    case Action::SendAct: return "send-activation";
-    case Action::RecvAct: return "recv-activation";
-    case Action::SendGrad: return "send-gradient";
-    case Action::RecvGrad: return "recv-gradient";
+    case Action::Forward:
+      return "forward";
+    case Action::Backward:
+      return "backward";
+    case Action::SendAct:
+      return "send-activation";
+    case Action::RecvAct:
+      return "recv-activation";
+    case Action::SendGrad:
+      return "send-gradient";
+    case Action::RecvGrad:
+      return "recv-gradient";
   }
   return "?";
 }
@@ -78,10 +86,11 @@ struct Schedule {
 namespace schedule_detail {
 
 inline void check_sizes(const char* op, int stages, int microbatches, int chunks = 1) {
-  pmt::detail::require<ConfigError>(stages >= 1 && microbatches >= 1 && chunks >= 1 && (chunks == 1 || stages >= 2), op, [&] {
-    return pmt::detail::str("stages ", stages, ", microbatches ", microbatches, " and chunks ", chunks,
-                            ": each must be >= 1, and more than one chunk per stage needs at least 2 stages");
-  });
+  pmt::detail::require<ConfigError>(
+      stages >= 1 && microbatches >= 1 && chunks >= 1 && (chunks == 1 || stages >= 2), op, [&] {
+        return pmt::detail::str("stages ", stages, ", microbatches ", microbatches, " and chunks ", chunks,
+                                ": each must be >= 1, and more than one chunk per stage needs at least 2 stages");
+      });
 }
 
 // Rank s's forward / backward of microbatch i in chunk c (virtual stage c p + s of p v) with
@@ -141,14 +150,18 @@ inline Schedule interleaved_one_f_one_b(int stages, int microbatches, int chunks
   });
   Schedule sc{pmt::detail::str("1f1b-interleaved-", chunks, "chunks"), stages, microbatches,
               std::vector<std::vector<Action>>(static_cast<std::size_t>(stages)), chunks};
-  const auto fwd = schedule_detail::chunk_order(stages, microbatches, chunks, false);
-  const auto bwd = schedule_detail::chunk_order(stages, microbatches, chunks, true);
+  const auto fwd  = schedule_detail::chunk_order(stages, microbatches, chunks, false);
+  const auto bwd  = schedule_detail::chunk_order(stages, microbatches, chunks, true);
   const int total = microbatches * chunks;
   for (int s = 0; s < stages; ++s) {
     auto& a          = sc.per_stage[static_cast<std::size_t>(s)];
     const int warmup = std::min(2 * (stages - s - 1) + (chunks - 1) * stages, total);
-    const auto F = [&](int k) { schedule_detail::push_forward(a, s, stages, fwd[std::size_t(k)].second, fwd[std::size_t(k)].first, chunks); };
-    const auto B = [&](int k) { schedule_detail::push_backward(a, s, stages, bwd[std::size_t(k)].second, bwd[std::size_t(k)].first, chunks); };
+    const auto F     = [&](int k) {
+      schedule_detail::push_forward(a, s, stages, fwd[std::size_t(k)].second, fwd[std::size_t(k)].first, chunks);
+    };
+    const auto B = [&](int k) {
+      schedule_detail::push_backward(a, s, stages, bwd[std::size_t(k)].second, bwd[std::size_t(k)].first, chunks);
+    };
     int f = 0, b = 0;
     for (; f < warmup; ++f) F(f);
     for (; f < total; ++f, ++b) F(f), B(b);
@@ -166,10 +179,10 @@ inline Schedule one_f_one_b(int stages, int microbatches, int chunks = 1) {
   schedule_detail::check_sizes("pmt::parallel::one_f_one_b", stages, microbatches);
   Schedule sc{"1f1b", stages, microbatches, std::vector<std::vector<Action>>(static_cast<std::size_t>(stages))};
   for (int s = 0; s < stages; ++s) {
-    auto& a            = sc.per_stage[static_cast<std::size_t>(s)];
-    const int warmup   = std::min(stages - s - 1, microbatches);
-    int next_forward   = 0;
-    int next_backward  = 0;
+    auto& a           = sc.per_stage[static_cast<std::size_t>(s)];
+    const int warmup  = std::min(stages - s - 1, microbatches);
+    int next_forward  = 0;
+    int next_backward = 0;
     for (; next_forward < warmup; ++next_forward) schedule_detail::push_forward(a, s, stages, next_forward);
     for (; next_forward < microbatches; ++next_forward, ++next_backward) {
       schedule_detail::push_forward(a, s, stages, next_forward);
@@ -187,10 +200,10 @@ inline Schedule make_schedule(ScheduleKind kind, int stages, int microbatches, i
 
 /// \brief What check() proved and measured.
 struct ScheduleReport {
-  double makespan = 0;            ///< time until the last stage finishes
-  double bubble   = 0;            ///< 1 - sum(busy) / (stages * makespan)
-  std::vector<double> busy;       ///< per stage
-  std::vector<int> peak_live;     ///< per stage: most microbatches between forward and backward
+  double makespan = 0;         ///< time until the last stage finishes
+  double bubble   = 0;         ///< 1 - sum(busy) / (stages * makespan)
+  std::vector<double> busy;    ///< per stage
+  std::vector<int> peak_live;  ///< per stage: most microbatches between forward and backward
   /// \brief The theoretical bubble of GPipe and 1F1B, (p - 1) / (m + p - 1); of interleaved
   /// 1F1B with v chunks, (p - 1) / (v m + p - 1).
   static double theory(int stages, int microbatches, int chunks = 1) {
@@ -204,19 +217,18 @@ struct ScheduleReport {
 /// a microbatch without its forward and backward.
 /// Per-stage times: stage s's forward costs t_forward[s] and its backward t_backward[s] (for
 /// the bubble expected from measured, unequal stages); with v chunks each chunk's action 1/v.
-inline ScheduleReport check(const Schedule& sc, const std::vector<double>& t_forward, const std::vector<double>& t_backward) {
+inline ScheduleReport check(const Schedule& sc, const std::vector<double>& t_forward,
+                            const std::vector<double>& t_backward) {
   const char* op = "pmt::parallel::check(schedule)";
   const int p = sc.stages, m = sc.microbatches, v = sc.chunks;
-  pmt::detail::require<ConfigError>(p >= 1 && m >= 1 && v >= 1 && (v == 1 || p >= 2) &&
-                                        sc.per_stage.size() == static_cast<std::size_t>(p) &&
-                                        t_forward.size() == static_cast<std::size_t>(p) &&
-                                        t_backward.size() == static_cast<std::size_t>(p),
-                                    op, [&] {
-                                      return pmt::detail::str(sc.name, ": ", sc.per_stage.size(), " action lists and ",
-                                                              t_forward.size(), "/", t_backward.size(),
-                                                              " stage times for ", p, " stages, ", m,
-                                                              " microbatches and ", v, " chunks");
-                                    });
+  pmt::detail::require<ConfigError>(
+      p >= 1 && m >= 1 && v >= 1 && (v == 1 || p >= 2) && sc.per_stage.size() == static_cast<std::size_t>(p) &&
+          t_forward.size() == static_cast<std::size_t>(p) && t_backward.size() == static_cast<std::size_t>(p),
+      op, [&] {
+        return pmt::detail::str(sc.name, ": ", sc.per_stage.size(), " action lists and ", t_forward.size(), "/",
+                                t_backward.size(), " stage times for ", p, " stages, ", m, " microbatches and ", v,
+                                " chunks");
+      });
   const auto P = static_cast<std::size_t>(p), M = static_cast<std::size_t>(m), V = static_cast<std::size_t>(v);
   struct Message {
     int mb, chunk;  // the sender's chunk
@@ -235,16 +247,19 @@ inline ScheduleReport check(const Schedule& sc, const std::vector<double>& t_for
   r.busy.assign(P, 0.0);
   r.peak_live.assign(P, 0);
   const auto fail = [&](std::size_t s, const Action& a, const std::string& why) {
-    throw ConfigError(op, pmt::detail::str(sc.name, " (", p, " stages, ", m, " microbatches", v > 1 ? pmt::detail::str(", ", v, " chunks") : std::string(),
-                                           "): stage ", s, ", action ", pc[s], " (", kind_name(a.kind), " of microbatch ", a.mb,
-                                           v > 1 ? pmt::detail::str(" in chunk ", a.chunk) : std::string(), "): ", why));
+    throw ConfigError(
+        op, pmt::detail::str(sc.name, " (", p, " stages, ", m, " microbatches",
+                             v > 1 ? pmt::detail::str(", ", v, " chunks") : std::string(), "): stage ", s, ", action ",
+                             pc[s], " (", kind_name(a.kind), " of microbatch ", a.mb,
+                             v > 1 ? pmt::detail::str(" in chunk ", a.chunk) : std::string(), "): ", why));
   };
-  const auto expect_front = [&](std::size_t s, const Action& a, const std::deque<Message>& q, int chunk, std::size_t from,
-                                const char* what) {
+  const auto expect_front = [&](std::size_t s, const Action& a, const std::deque<Message>& q, int chunk,
+                                std::size_t from, const char* what) {
     if (q.front().mb != a.mb || q.front().chunk != chunk)
-      fail(s, a, pmt::detail::str("the next ", what, " from stage ", from, " is microbatch ", q.front().mb,
-                                  v > 1 ? pmt::detail::str(" of its chunk ", q.front().chunk) : std::string(),
-                                  " (sends and receives cross)"));
+      fail(s, a,
+           pmt::detail::str("the next ", what, " from stage ", from, " is microbatch ", q.front().mb,
+                            v > 1 ? pmt::detail::str(" of its chunk ", q.front().chunk) : std::string(),
+                            " (sends and receives cross)"));
   };
   bool progress = true;
   while (progress) {
@@ -266,7 +281,10 @@ inline ScheduleReport check(const Schedule& sc, const std::vector<double>& t_for
             if (first) fail(s, a, "the first stage has no previous stage to receive from");
             if (st != 0) fail(s, a, "received twice");
             auto& q = acts[prev];
-            if (q.empty()) { blocked = true; break; }
+            if (q.empty()) {
+              blocked = true;
+              break;
+            }
             expect_front(s, a, q, s == 0 ? a.chunk - 1 : a.chunk, prev, "activation");
             clock[s] = std::max(clock[s], q.front().time);
             q.pop_front();
@@ -274,10 +292,11 @@ inline ScheduleReport check(const Schedule& sc, const std::vector<double>& t_for
             break;
           }
           case Action::Forward:
-            if (st != (first ? 0 : 1)) fail(s, a, first ? "forward done twice" : "its activation was not received first");
+            if (st != (first ? 0 : 1))
+              fail(s, a, first ? "forward done twice" : "its activation was not received first");
             clock[s] += t_forward[s] / v;
             r.busy[s] += t_forward[s] / v;
-            st = 2;
+            st             = 2;
             r.peak_live[s] = std::max(r.peak_live[s], ++live[s]);
             break;
           case Action::SendAct:
@@ -291,7 +310,10 @@ inline ScheduleReport check(const Schedule& sc, const std::vector<double>& t_for
             if (st != 2) fail(s, a, "received before its forward, or twice");
             if (!sent[s][i]) fail(s, a, "its activation was never sent");
             auto& q = grads[s];
-            if (q.empty()) { blocked = true; break; }
+            if (q.empty()) {
+              blocked = true;
+              break;
+            }
             expect_front(s, a, q, next == 0 ? a.chunk + 1 : a.chunk, next, "gradient");
             clock[s] = std::max(clock[s], q.front().time);
             q.pop_front();
@@ -299,7 +321,8 @@ inline ScheduleReport check(const Schedule& sc, const std::vector<double>& t_for
             break;
           }
           case Action::Backward:
-            if (st != (last ? 2 : 3)) fail(s, a, last ? "backward before its forward, or twice" : "its gradient was not received first");
+            if (st != (last ? 2 : 3))
+              fail(s, a, last ? "backward before its forward, or twice" : "its gradient was not received first");
             clock[s] += t_backward[s] / v;
             r.busy[s] += t_backward[s] / v;
             st = 4;
@@ -311,7 +334,8 @@ inline ScheduleReport check(const Schedule& sc, const std::vector<double>& t_for
             grads[prev].push_back({a.mb, a.chunk, clock[s]});
             st = 5;
             break;
-          default: fail(s, a, "unknown action");
+          default:
+            fail(s, a, "unknown action");
         }
         if (blocked) break;
         ++pc[s];
@@ -325,8 +349,9 @@ inline ScheduleReport check(const Schedule& sc, const std::vector<double>& t_for
       for (std::size_t t = 0; t < P; ++t)
         if (pc[t] < sc.per_stage[t].size()) {
           const Action& w = sc.per_stage[t][pc[t]];
-          waits += pmt::detail::str(waits.empty() ? "" : "; ", "stage ", t, " waits at ", kind_name(w.kind), " of microbatch ",
-                                    w.mb, v > 1 ? pmt::detail::str(" in chunk ", w.chunk) : std::string());
+          waits += pmt::detail::str(waits.empty() ? "" : "; ", "stage ", t, " waits at ", kind_name(w.kind),
+                                    " of microbatch ", w.mb,
+                                    v > 1 ? pmt::detail::str(" in chunk ", w.chunk) : std::string());
         }
       fail(s, sc.per_stage[s][pc[s]], "deadlock: " + waits);
     }
@@ -334,9 +359,10 @@ inline ScheduleReport check(const Schedule& sc, const std::vector<double>& t_for
     for (std::size_t i = 0; i < M * V; ++i) {
       const int done = (s == 0 && i < M) ? 4 : 5;  // the first virtual stage sends no gradient
       if (state[s][i] != done)
-        throw ConfigError(op, pmt::detail::str(sc.name, ": stage ", s, " leaves microbatch ", i % M,
-                                               v > 1 ? pmt::detail::str(" of chunk ", i / M) : std::string(),
-                                               " unfinished (every stage must run each microbatch's forward and backward)"));
+        throw ConfigError(
+            op, pmt::detail::str(sc.name, ": stage ", s, " leaves microbatch ", i % M,
+                                 v > 1 ? pmt::detail::str(" of chunk ", i / M) : std::string(),
+                                 " unfinished (every stage must run each microbatch's forward and backward)"));
     }
     if (!acts[s].empty() || !grads[s].empty())
       throw ConfigError(op, pmt::detail::str(sc.name, ": a message from or to stage ", s, " is never received"));

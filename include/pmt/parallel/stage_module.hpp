@@ -60,8 +60,8 @@
 #include "pmt/core/error.hpp"
 #include "pmt/core/parameter.hpp"
 #include "pmt/core/tensor.hpp"
-#include "pmt/ops/elementwise.hpp"
 #include "pmt/core/workspace.hpp"
+#include "pmt/ops/elementwise.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -111,20 +111,22 @@ struct has_types<M, void_t<typename M::value_type, typename M::Batch, typename M
 template <class M, class = void>
 struct has_topology : std::false_type {};
 template <class M>
-struct has_topology<M, void_t<decltype(int(std::declval<const M&>().stage())), decltype(int(std::declval<const M&>().stages())),
-                              decltype(int(std::declval<const M&>().chunks()))>> : std::true_type {};
+struct has_topology<
+    M, void_t<decltype(int(std::declval<const M&>().stage())), decltype(int(std::declval<const M&>().stages())),
+              decltype(int(std::declval<const M&>().chunks()))>> : std::true_type {};
 template <class M, class Exec, class = void>
 struct has_parameters : std::false_type {};
 template <class M, class Exec>
 struct has_parameters<M, Exec, void_t<decltype(std::declval<M&>().parameters())>>
-    : std::is_convertible<decltype(std::declval<M&>().parameters()), std::vector<Parameter<typename M::value_type, Exec>*>> {};
+    : std::is_convertible<decltype(std::declval<M&>().parameters()),
+                          std::vector<Parameter<typename M::value_type, Exec>*>> {};
 template <class M, class Exec, class = void>
 struct has_forward : std::false_type {};
 template <class M, class Exec>
 struct has_forward<M, Exec,
-                   void_t<decltype(std::declval<M&>().forward_chunk(std::declval<const Exec&>(), 0, std::declval<const typename M::Batch&>(),
-                                                                    std::declval<const typename M::Activation&>(), 1.0,
-                                                                    static_cast<double*>(nullptr)))>>
+                   void_t<decltype(std::declval<M&>().forward_chunk(
+                       std::declval<const Exec&>(), 0, std::declval<const typename M::Batch&>(),
+                       std::declval<const typename M::Activation&>(), 1.0, static_cast<double*>(nullptr)))>>
     : std::true_type {};
 template <class M, class Exec, class = void>
 struct has_backward : std::false_type {};
@@ -138,9 +140,8 @@ struct has_extents : std::false_type {};
 template <class M>
 struct has_extents<M, void_t<decltype(std::array<std::size_t, 2>(
                                  std::declval<const M&>().input_extent(0, std::declval<const typename M::Batch&>()))),
-                             decltype(std::array<std::size_t, 2>(
-                                 std::declval<const M&>().output_extent(0, std::declval<const typename M::Batch&>())))>>
-    : std::true_type {};
+                             decltype(std::array<std::size_t, 2>(std::declval<const M&>().output_extent(
+                                 0, std::declval<const typename M::Batch&>())))>> : std::true_type {};
 template <class M, class = void>
 struct has_tied : std::false_type {};
 template <class M>
@@ -176,11 +177,13 @@ inline constexpr bool has_tied_parameters_v = stage_detail::has_tied<M>::value;
 template <class M, class Exec>
 constexpr bool check_stage_module() {
   constexpr bool types = stage_detail::has_types<M>::value;
-  static_assert(types, "pmt stage module: the model lacks the member types value_type, Batch (one microbatch) and "
-                       "Activation (Tensor<T, 2, Exec>) (see pmt/parallel/stage_module.hpp)");
+  static_assert(types,
+                "pmt stage module: the model lacks the member types value_type, Batch (one microbatch) and "
+                "Activation (Tensor<T, 2, Exec>) (see pmt/parallel/stage_module.hpp)");
   if constexpr (types) {
-    static_assert(std::is_same_v<typename M::Activation, Tensor<typename M::value_type, 2, Exec>>,
-                  "pmt stage module: M::Activation must be Tensor<M::value_type, 2, Exec> of the Trainer's execution space");
+    static_assert(
+        std::is_same_v<typename M::Activation, Tensor<typename M::value_type, 2, Exec>>,
+        "pmt stage module: M::Activation must be Tensor<M::value_type, 2, Exec> of the Trainer's execution space");
     static_assert(stage_detail::has_topology<M>::value,
                   "pmt stage module: the model lacks int stage() const, int stages() const or int chunks() const");
     static_assert(stage_detail::has_parameters<M, Exec>::value,
@@ -188,11 +191,13 @@ constexpr bool check_stage_module() {
     static_assert(stage_detail::has_forward<M, Exec>::value,
                   "pmt stage module: the model lacks Activation forward_chunk(const Exec&, int chunk, const Batch&, "
                   "const Activation& x_in, double normaliser, double* loss)");
-    static_assert(stage_detail::has_backward<M, Exec>::value,
-                  "pmt stage module: the model lacks Activation backward_chunk(const Exec&, int chunk, const Activation& dy)");
-    static_assert(stage_detail::has_extents<M>::value,
-                  "pmt stage module: the model lacks std::array<std::size_t, 2> input_extent(int chunk, const Batch&) const "
-                  "or output_extent(int chunk, const Batch&) const");
+    static_assert(
+        stage_detail::has_backward<M, Exec>::value,
+        "pmt stage module: the model lacks Activation backward_chunk(const Exec&, int chunk, const Activation& dy)");
+    static_assert(
+        stage_detail::has_extents<M>::value,
+        "pmt stage module: the model lacks std::array<std::size_t, 2> input_extent(int chunk, const Batch&) const "
+        "or output_extent(int chunk, const Batch&) const");
   }
   return true;
 }
@@ -208,15 +213,16 @@ void finalize_grads(const Exec& exec, const comm::Communicator<Backend>& pp, Mod
     if (pp.size() == 1) return;
     using T = typename Model::value_type;
     for (const auto& tied : model.tied_parameters()) {
-      detail::require<ConfigError>(tied.param != nullptr && tied.peer >= 0 && tied.peer < pp.size() && tied.peer != pp.rank(),
-                                   "pmt::parallel::finalize_grads", [&] {
-                                     return detail::str("a tied parameter names peer stage ", tied.peer, " on stage ", pp.rank(),
-                                                        " of ", pp.size(), "; expected another stage of the pipeline");
-                                   });
+      detail::require<ConfigError>(
+          tied.param != nullptr && tied.peer >= 0 && tied.peer < pp.size() && tied.peer != pp.rank(),
+          "pmt::parallel::finalize_grads", [&] {
+            return detail::str("a tied parameter names peer stage ", tied.peer, " on stage ", pp.rank(), " of ",
+                               pp.size(), "; expected another stage of the pipeline");
+          });
       auto& mine = tied.param->grad;
       auto other = workspace_view<Tensor<T, 1, Exec>>("pmt::parallel::finalize_grads::peer", mine.size());
-      auto rq = comm::irecv(pp, exec, other, tied.peer, /*tag=*/7);
-      auto sq = comm::isend(pp, exec, mine, tied.peer, 7);
+      auto rq    = comm::irecv(pp, exec, other, tied.peer, /*tag=*/7);
+      auto sq    = comm::isend(pp, exec, mine, tied.peer, 7);
       rq.wait();
       sq.wait();
       ops::add(exec, mine, other, mine);
@@ -232,13 +238,14 @@ void finalize_grads(const Exec& exec, const comm::Communicator<Backend>& pp, Mod
 /// Call once after the backward of every microbatch, before clipping and the optimizer (the
 /// order with the data-parallel sum does not matter: both are sums).
 template <class Exec, class Backend, class T>
-void sum_partial_grads(const Exec& exec, const comm::Communicator<Backend>& tp, const std::vector<Parameter<T, Exec>*>& params) {
+void sum_partial_grads(const Exec& exec, const comm::Communicator<Backend>& tp,
+                       const std::vector<Parameter<T, Exec>*>& params) {
   if (tp.size() == 1) return;
   std::size_t total = 0;
   for (const auto* p : params)
     if (p->tp_partial) total += p->size();
   if (total == 0) return;
-  auto packed = workspace_view<Tensor<T, 1, Exec>>("pmt::parallel::sum_partial_grads", total);
+  auto packed     = workspace_view<Tensor<T, 1, Exec>>("pmt::parallel::sum_partial_grads", total);
   const auto each = [&](auto&& move) {
     std::size_t at = 0;
     for (const auto* p : params)

@@ -33,7 +33,8 @@ class StagePlan {
   /// \throws pmt::ConfigError unless the stages cover every layer exactly once, each non-empty.
   StagePlan(std::vector<std::size_t> bounds, std::size_t layers) : m_bounds(std::move(bounds)) {
     const char* op = "pmt::parallel::StagePlan";
-    detail::require<ConfigError>(m_bounds.size() >= 2, op, [&] { return std::string("a plan needs at least one stage"); });
+    detail::require<ConfigError>(m_bounds.size() >= 2, op,
+                                 [&] { return std::string("a plan needs at least one stage"); });
     detail::require<ConfigError>(m_bounds.front() == 0 && m_bounds.back() == layers, op, [&] {
       return detail::str("the stages cover layers [", m_bounds.front(), ", ", m_bounds.back(), ") but the model has ",
                          layers, "; every layer must belong to exactly one stage");
@@ -108,10 +109,11 @@ inline StagePlan explicit_stages(std::size_t layers, const std::vector<std::size
 inline StagePlan balanced_stages(const std::vector<LayerCost>& costs, int stages, const LayerCost& head = {},
                                  const LayerCost& tail = {}) {
   const std::size_t L = costs.size();
-  detail::require<ConfigError>(stages >= 1 && L >= static_cast<std::size_t>(stages), "pmt::parallel::balanced_stages", [&] {
-    return detail::str(L, " layers on ", stages, " pipeline stages: every stage needs at least one layer (use pp <= ", L,
-                       ")");
-  });
+  detail::require<ConfigError>(
+      stages >= 1 && L >= static_cast<std::size_t>(stages), "pmt::parallel::balanced_stages", [&] {
+        return detail::str(L, " layers on ", stages,
+                           " pipeline stages: every stage needs at least one layer (use pp <= ", L, ")");
+      });
   const auto P = static_cast<std::size_t>(stages);
   std::vector<double> prefix(L + 1, 0.0);
   for (std::size_t l = 0; l < L; ++l) prefix[l + 1] = prefix[l] + costs[l].flops;

@@ -109,7 +109,8 @@ class StaleSync {
     std::vector<typename ParameterStates<T, Exec>::State> out;
     for (int k = 0; k < m_bound; ++k) {
       typename ParameterStates<T, Exec>::State st{"stale_grad_" + std::to_string(k), {}, false};
-      for (std::size_t i = 0; i < m_params.size(); ++i) st.of.push_back(part(m_state_slot[static_cast<std::size_t>(k)], i));
+      for (std::size_t i = 0; i < m_params.size(); ++i)
+        st.of.push_back(part(m_state_slot[static_cast<std::size_t>(k)], i));
       out.push_back(std::move(st));
     }
     return out;
@@ -141,7 +142,8 @@ class StaleSync {
   }
   /// Parameter i's part of a slot.
   Tensor<T, 1, Exec> part(int slot, std::size_t i) const {
-    return Kokkos::subview(m_slots[static_cast<std::size_t>(slot)], std::make_pair(m_offset[i], m_offset[i] + m_params[i]->size()));
+    return Kokkos::subview(m_slots[static_cast<std::size_t>(slot)],
+                           std::make_pair(m_offset[i], m_offset[i] + m_params[i]->size()));
   }
   void pack(const Exec& exec, int slot) {
     for (std::size_t i = 0; i < m_params.size(); ++i) Kokkos::deep_copy(exec, part(slot, i), m_params[i]->grad);

@@ -51,8 +51,8 @@
 #include "pmt/core/workspace.hpp"
 #include "pmt/nn/gpt.hpp"
 #include "pmt/nn/layernorm.hpp"
-#include "pmt/ops/elementwise.hpp"
 #include "pmt/ops/detail/matmul_kokkos.hpp"
+#include "pmt/ops/elementwise.hpp"
 #include "pmt/ops/matmul.hpp"
 #include "pmt/ops/optimizer.hpp"
 #include "pmt/ops/reduction.hpp"
@@ -123,7 +123,8 @@ int spanned_nodes(const comm::Communicator<Backend>& world, std::string& why) {
   const auto node = world.split(world.rank() / hi, world.rank());
   const double id = host_id();
   if (max_over(world, double(max_over(node, id) != max_over(node, id, comm::ReduceOp::Min))) > 0) {
-    why = detail::str("the ranks span nodes of ", hi, " but not in blocks of consecutive ranks: one link model for all");
+    why =
+        detail::str("the ranks span nodes of ", hi, " but not in blocks of consecutive ranks: one link model for all");
     return 0;
   }
   return hi;
@@ -134,8 +135,7 @@ int spanned_nodes(const comm::Communicator<Backend>& world, std::string& why) {
 /// each part. Alone, the numbers are stable; calibrate() scales them by the ranks' share of the
 /// cores when they compute at once.
 template <class Backend, class Piece>
-std::vector<double> timed_alone(const comm::Communicator<Backend>& world, double window,
-                                Piece&& piece) {
+std::vector<double> timed_alone(const comm::Communicator<Backend>& world, double window, Piece&& piece) {
   std::vector<double> result;
   std::size_t parts = 0;
   if (world.rank() == 0) {
@@ -168,7 +168,8 @@ double timed_together(const comm::Communicator<Backend>& world, double window, P
   piece();  // first touch, allocator
   world.barrier();
   const double first = piece();
-  const int reps = static_cast<int>(max_over(world, world.rank() == 0 ? std::clamp(window / std::max(first, 1e-6), 3.0, 1000.0) : 0.0));
+  const int reps     = static_cast<int>(
+      max_over(world, world.rank() == 0 ? std::clamp(window / std::max(first, 1e-6), 3.0, 1000.0) : 0.0));
   std::vector<double> t;
   for (int r = 0; r < reps; ++r) {
     world.barrier();
@@ -192,7 +193,7 @@ inline bool unbound(int threads_per_rank) {
 template <class Backend>
 double compute_share(const comm::Communicator<Backend>& world, int threads_per_rank) {
   constexpr int max_cpus = 1024;
-  const auto node = world.split(static_cast<int>(static_cast<std::uint32_t>(host_id()) >> 1), world.rank());
+  const auto node        = world.split(static_cast<int>(static_cast<std::uint32_t>(host_id()) >> 1), world.rank());
   Kokkos::View<std::uint8_t*, Kokkos::HostSpace> mask("pmt::plan::calibrate::cpus", max_cpus);
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof set, &set) == 0)
@@ -213,8 +214,8 @@ double compute_share(const comm::Communicator<Backend>& world, int threads_per_r
 /// time slices when ranks share cores), sequence-parallel or not. Returns the slowest rank's mean
 /// forward and backward per block, tp communication and the ranks' contention included.
 template <class Backend, class Exec>
-std::vector<double> block_on_mesh(const comm::Communicator<Backend>& world, const Exec& exec,
-                                  const nn::GptConfig& c, std::size_t b, int tp, bool seq, double window) {
+std::vector<double> block_on_mesh(const comm::Communicator<Backend>& world, const Exec& exec, const nn::GptConfig& c,
+                                  std::size_t b, int tp, bool seq, double window) {
   using T = float;
   const Mesh<Backend> mesh(world, MeshShape{world.size() / tp, tp, 1});
   std::vector<std::unique_ptr<nn::GptBlock<T, Exec, Backend>>> stack;
@@ -238,8 +239,7 @@ std::vector<double> block_on_mesh(const comm::Communicator<Backend>& world, cons
   };
   run();  // warm-up; it also sizes the run (the same count on every rank: tp groups stay in step)
   comm::agree_choices(world, exec);  // the matmul paths measured in the warm-up, as training takes them
-  const int reps = static_cast<int>(
-      std::clamp(window / std::max(1e-6, max_over(world, t_f + t_b)), 2.0, 1000.0));
+  const int reps = static_cast<int>(std::clamp(window / std::max(1e-6, max_over(world, t_f + t_b)), 2.0, 1000.0));
   t_f = t_b = 0;
   comm::barrier(world);
   for (int r = 0; r < reps; ++r) run();
@@ -252,8 +252,8 @@ std::vector<double> block_on_mesh(const comm::Communicator<Backend>& world, cons
 /// microbatch of b sequences with every rank at once (sequence-parallel or not), back to back for
 /// about `window` seconds. Returns the slowest rank's mean seconds.
 template <class Backend, class Exec>
-double model_on_mesh(const comm::Communicator<Backend>& world, const Exec& exec, nn::GptConfig c,
-                     std::size_t b, int tp, bool seq, double window) {
+double model_on_mesh(const comm::Communicator<Backend>& world, const Exec& exec, nn::GptConfig c, std::size_t b, int tp,
+                     bool seq, double window) {
   c.layers = std::min<std::size_t>(c.layers, 4);
   const Mesh<Backend> mesh(world, MeshShape{world.size() / tp, tp, 1});
   nn::Gpt<float, Exec, Backend> model(mesh, c, nn::GptOptions{{}, 1, false, seq});
@@ -278,9 +278,8 @@ double model_on_mesh(const comm::Communicator<Backend>& world, const Exec& exec,
   };
   run();
   comm::agree_choices(world, exec);  // the matmul paths measured in the warm-up, as training takes them
-  const int reps =
-      static_cast<int>(std::clamp(window / std::max(1e-6, max_over(world, t)), 2.0, 1000.0));
-  t = 0;
+  const int reps = static_cast<int>(std::clamp(window / std::max(1e-6, max_over(world, t)), 2.0, 1000.0));
+  t              = 0;
   comm::barrier(world);
   for (int r = 0; r < reps; ++r) run();
   Workspace::instance().release();
@@ -311,8 +310,8 @@ double portable_matmul_scratch_bytes(const Exec& exec = Exec()) {
 
 /// \brief The Machine measured on `world` for `problem` (see the file comment). Collective.
 template <class Backend, class Exec = Kokkos::DefaultHostExecutionSpace>
-Machine calibrate(const comm::Communicator<Backend>& world, const Problem& problem,
-                  const CalibrateOptions& o = {}, const Exec& exec = Exec()) {
+Machine calibrate(const comm::Communicator<Backend>& world, const Problem& problem, const CalibrateOptions& o = {},
+                  const Exec& exec = Exec()) {
   using namespace calibrate_detail;
   const PrecisionScope products(problem.precision);  // blocks, model and GEMM timed in the planned precision
   Machine mc;
@@ -321,9 +320,9 @@ Machine calibrate(const comm::Communicator<Backend>& world, const Problem& probl
   if (problem.precision == Precision::bf16) {  // what the bf16 products copy
     const ops::Bf16Kernel k = ops::bf16_kernel<Exec>();
     const bool pinned       = ops::bf16_kernel_setting() != ops::Bf16Kernel::automatic;
-    mc.bf16_copy_bytes = k == ops::Bf16Kernel::amx || (k == ops::Bf16Kernel::avx512bf16 && pinned) ? 0.0
-                         : k == ops::Bf16Kernel::cublas || k == ops::Bf16Kernel::vendor            ? 2.0
-                                                                                                   : 4.0;
+    mc.bf16_copy_bytes      = k == ops::Bf16Kernel::amx || (k == ops::Bf16Kernel::avx512bf16 && pinned) ? 0.0
+                              : k == ops::Bf16Kernel::cublas || k == ops::Bf16Kernel::vendor            ? 2.0
+                                                                                                        : 4.0;
   }
   // 1. what the search will ask for (blocks and heads per microbatch size and tp): run it once
   //    with a recording machine, then measure exactly those
@@ -355,7 +354,7 @@ Machine calibrate(const comm::Communicator<Backend>& world, const Problem& probl
     for (int round = 0; round < o.block_rounds; ++round)
       for (const auto& key : blocks) {
         const auto [b, tp, seq] = key;
-        const auto t = block_on_mesh(world, exec, c, b, tp, seq, o.block_window_seconds);
+        const auto t            = block_on_mesh(world, exec, c, b, tp, seq, o.block_window_seconds);
         fs[key].push_back(t[0]), bs[key].push_back(t[1]);
         ms[key].push_back(model_on_mesh(world, exec, c, b, tp, seq, o.block_window_seconds));
       }
@@ -371,10 +370,9 @@ Machine calibrate(const comm::Communicator<Backend>& world, const Problem& probl
       head_table[key]    = std::max(0.05 * whole, rest);
       mc.details +=
           detail::str("b ", std::get<0>(key), " tp ", std::get<1>(key), std::get<2>(key) ? " sequence-parallel" : "",
-                      " (all ranks at once, median of ",
-                      fs[key].size(), "): block forward ", 1e3 * block_table[key].first,
-                      " ms, backward ", 1e3 * block_table[key].second, " ms; a ", L, "-layer Gpt ",
-                      1e3 * whole, " ms, the rest ", 1e3 * head_table[key], " ms\n");
+                      " (all ranks at once, median of ", fs[key].size(), "): block forward ",
+                      1e3 * block_table[key].first, " ms, backward ", 1e3 * block_table[key].second, " ms; a ", L,
+                      "-layer Gpt ", 1e3 * whole, " ms, the rest ", 1e3 * head_table[key], " ms\n");
     }
   }
   mc.block_seconds = [block_table](std::size_t b, int tp, bool seq) { return block_table.at({b, tp, seq}); };
@@ -382,9 +380,8 @@ Machine calibrate(const comm::Communicator<Backend>& world, const Problem& probl
   // one GEMM of the MLP's shape (tokens of one rank's share of the batch x width x 4 width), for
   // the machine's description and the analytic fallback of shapes not measured
   {
-    const std::size_t M = std::max<std::size_t>(
-                          c.context,
-                          problem.batch * c.context / static_cast<std::size_t>(world.size())),
+    const std::size_t M = std::max<std::size_t>(c.context,
+                                                problem.batch * c.context / static_cast<std::size_t>(world.size())),
                       K = c.width, N = 4 * c.width;
     Tensor<float, 2, Exec> A("pmt::plan::calibrate::A", M, K), B("pmt::plan::calibrate::B", K, N),
         C("pmt::plan::calibrate::C", M, N);
@@ -399,9 +396,8 @@ Machine calibrate(const comm::Communicator<Backend>& world, const Problem& probl
       return std::vector<double>{timer.seconds()};
     })[0];
     mc.gemm_gflops = 2.0 * double(M) * double(N) * double(K) / t / 1e9;
-    mc.matmul      = problem.precision == Precision::bf16
-                         ? detail::str("bf16 products (", ops::bf16_matmul_isa<Exec>(), ")")
-                         : ops::matmul_path_summary();
+    mc.matmul = problem.precision == Precision::bf16 ? detail::str("bf16 products (", ops::bf16_matmul_isa<Exec>(), ")")
+                                                     : ops::matmul_path_summary();
   }
   // the optimizer per parameter: zero_grad, the squared norm and AdamW, with every rank at once
   // (a step's ranks update together and share the memory bandwidth) over as many values as a
@@ -411,18 +407,20 @@ Machine calibrate(const comm::Communicator<Backend>& world, const Problem& probl
     const double P = problem.spec.empty()
                          ? plan_detail::stage_parameters(c, parallel::explicit_stages(c.layers, {c.layers}), 0, 1)
                          : problem.spec.parameters();
-    const std::size_t n = std::clamp<std::size_t>(static_cast<std::size_t>(P), std::size_t(1) << 20, std::size_t(8) << 20);
+    const std::size_t n =
+        std::clamp<std::size_t>(static_cast<std::size_t>(P), std::size_t(1) << 20, std::size_t(8) << 20);
     Tensor<float, 1, Exec> w("pmt::plan::calibrate::w", n), g("pmt::plan::calibrate::g", n),
         m("pmt::plan::calibrate::m", n), v("pmt::plan::calibrate::v", n);
     ops::AdamWParams h{1e-3, 0.9, 0.95, 1e-8, 0.1, 1};
-    mc.optimizer_seconds_per_value = timed_together(world, o.window_seconds, [&] {
-                                       Kokkos::Timer timer;
-                                       Kokkos::deep_copy(exec, g, 0.001f);
-                                       const double norm = ops::squared_norm_value(exec, g);
-                                       ops::adamw_update(exec, w, g, m, v, h);
-                                       exec.fence();
-                                       return timer.seconds() + 0 * norm;
-                                     }) *
+    mc.optimizer_seconds_per_value = timed_together(world, o.window_seconds,
+                                                    [&] {
+                                                      Kokkos::Timer timer;
+                                                      Kokkos::deep_copy(exec, g, 0.001f);
+                                                      const double norm = ops::squared_norm_value(exec, g);
+                                                      ops::adamw_update(exec, w, g, m, v, h);
+                                                      exec.fence();
+                                                      return timer.seconds() + 0 * norm;
+                                                    }) *
                                      share / double(n);
   }
   // 2. memory bandwidth (triad) and kernel launch cost
@@ -476,7 +474,7 @@ Machine calibrate(const comm::Communicator<Backend>& world, const Problem& probl
       Kokkos::View<float*, Kokkos::HostSpace> part("pmt::plan::calibrate::part", large.size() / std::size_t(g));
       const auto whole = Kokkos::subview(large, std::make_pair(std::size_t(0), part.size() * std::size_t(g)));
       // per-iteration seconds without a collective, with each kind: medians of 5 rounds
-      constexpr int kinds = 5;
+      constexpr int kinds    = 5;
       const int iters[kinds] = {40, 40, 40, 10, 10};
       std::vector<double> t[kinds];
       for (int round = 0; round < 5; ++round)
@@ -499,9 +497,8 @@ Machine calibrate(const comm::Communicator<Backend>& world, const Problem& probl
         }
       for (auto& v : t) std::sort(v.begin(), v.end());
       const double ring = 2.0 * (g - 1) / g;
-      const double base = t[0][2], lat = std::max(1e-7, t[1][2] - base),
-                   big_s = std::max(lat * 1.01, t[2][2] - base), large_s = std::max(lat * 1.01, t[3][2] - base),
-                   pair_s = std::max(2 * lat * 1.01, t[4][2] - base);
+      const double base = t[0][2], lat = std::max(1e-7, t[1][2] - base), big_s = std::max(lat * 1.01, t[2][2] - base),
+                   large_s = std::max(lat * 1.01, t[3][2] - base), pair_s = std::max(2 * lat * 1.01, t[4][2] - base);
       const double big_bytes = 4.0 * double(big.size()), large_bytes = 4.0 * double(large.size());
       Machine::Link link{g, lat, ring * big_bytes / (big_s - lat) / 1e9};
       // the bytes beyond the first 256 KiB at the large-buffer rate (Machine::all_reduce)
@@ -524,18 +521,20 @@ Machine calibrate(const comm::Communicator<Backend>& world, const Problem& probl
     //    latency and bandwidth of Machine::intra and Machine::inter
     std::string why;
     const int per_node = o.ranks_per_node > 0 ? o.ranks_per_node : spanned_nodes(world, why);
-    detail::require<ConfigError>(per_node >= world.size() || world.size() % std::max(per_node, 1) == 0, "pmt::plan::calibrate",
-                                 [&] { return detail::str("nodes of ", per_node, " ranks do not divide ", world.size(), " ranks"); });
+    detail::require<ConfigError>(
+        per_node >= world.size() || world.size() % std::max(per_node, 1) == 0, "pmt::plan::calibrate",
+        [&] { return detail::str("nodes of ", per_node, " ranks do not divide ", world.size(), " ranks"); });
     if (!why.empty()) mc.details += why + "\n";
     if (per_node > 0 && per_node < world.size()) {
-      const int nodes = world.size() / per_node;
+      const int nodes     = world.size() / per_node;
       const auto per_step = [](const Machine::Link& l, int g) {
         return Machine::Link{0, l.latency / (2.0 * (g - 1)), l.big_gbps > 0 ? l.big_gbps : l.gbps};
       };
       mc.ranks_per_node = per_node;
       if (per_node > 1) mc.intra = per_step(*mc.link(per_node), per_node);
-      const auto across = time_link(world.split(world.rank() % per_node, world.rank()), nodes,
-                                    detail::str("all-reduce of ", nodes, " ranks on ", nodes, " nodes (every local index at once)"));
+      const auto across =
+          time_link(world.split(world.rank() % per_node, world.rank()), nodes,
+                    detail::str("all-reduce of ", nodes, " ranks on ", nodes, " nodes (every local index at once)"));
       mc.inter = per_step(across, nodes);
       if (per_node == 1) mc.intra = mc.inter;  // never used: no group has two ranks on a node
     }

@@ -61,7 +61,8 @@ struct layer_types<nn::Chain<Layers...>> {
 template <class Net>
 ModelSpec describe(Net& net, int tp, std::string name = "chain", double data_bytes_per_row = -1) {
   using T = typename Net::value_type;
-  detail::require<ConfigError>(tp >= 1, "pmt::plan::describe", [&] { return detail::str("tp = ", tp, "; expected >= 1"); });
+  detail::require<ConfigError>(tp >= 1, "pmt::plan::describe",
+                               [&] { return detail::str("tp = ", tp, "; expected >= 1"); });
   ModelSpec spec;
   spec.name               = std::move(name);
   const auto widths       = net.widths(net.input_width());
@@ -72,8 +73,8 @@ ModelSpec describe(Net& net, int tp, std::string name = "chain", double data_byt
       [&](auto I, auto* type) {
         using L = std::remove_pointer_t<decltype(type)>;
         LayerSpec y;
-        y.name        = spec.name + ".layer" + std::to_string(I);
-        y.input       = global_width(I), y.output = global_width(I + 1);
+        y.name  = spec.name + ".layer" + std::to_string(I);
+        y.input = global_width(I), y.output = global_width(I + 1);
         y.input_split = split[I], y.output_split = split[I + 1];
         for (const auto* p : params[I]) {
           double n = 1, local = 1;
@@ -81,7 +82,8 @@ ModelSpec describe(Net& net, int tp, std::string name = "chain", double data_byt
             n *= double(p->slice.extent[d]), local *= double(p->local_shape[d]);
           detail::require<ConfigError>(p->tp_replicated ? local == n : local * tp == n, "pmt::plan::describe", [&] {
             return detail::str("parameter ", p->name, " holds ", local, " of ", n, " elements here; with tp = ", tp,
-                               " a split one holds 1 / tp, a replicated one all: was the chain built on a mesh of tp ", tp, "?");
+                               " a split one holds 1 / tp, a replicated one all: was the chain built on a mesh of tp ",
+                               tp, "?");
           });
           const double f = p->local_shape.size() >= 2 ? 2 * n : n;
           (p->tp_replicated ? y.replicated_parameters : y.parameters) += n;
@@ -89,13 +91,16 @@ ModelSpec describe(Net& net, int tp, std::string name = "chain", double data_byt
         }
         if constexpr (!describe_detail::is_dropout<L>::value) y.saved = y.input;
         if constexpr (describe_detail::is_layernorm<L>::value) y.saved += 2;  // mean and 1 / std per row
-        if (y.parameters > 0 && y.input_split && !y.output_split) y.forward_reduce = y.output, y.divides = {std::size_t(y.input)};
-        if (y.parameters > 0 && !y.input_split && y.output_split) y.backward_reduce = y.input, y.divides = {std::size_t(y.output)};
+        if (y.parameters > 0 && y.input_split && !y.output_split)
+          y.forward_reduce = y.output, y.divides = {std::size_t(y.input)};
+        if (y.parameters > 0 && !y.input_split && y.output_split)
+          y.backward_reduce = y.input, y.divides = {std::size_t(y.output)};
         spec.layers.push_back(std::move(y));
       },
       std::make_index_sequence<Net::size()>{});
-  spec.data_bytes_per_row = data_bytes_per_row >= 0 ? data_bytes_per_row
-                                                    : double(sizeof(T)) * (spec.layers.front().input + spec.layers.back().output);
+  spec.data_bytes_per_row = data_bytes_per_row >= 0
+                                ? data_bytes_per_row
+                                : double(sizeof(T)) * (spec.layers.front().input + spec.layers.back().output);
   return spec;
 }
 

@@ -70,7 +70,8 @@ inline nn::GptOptions gpt_options(const Layout& l, int stage) {
   return nn::GptOptions{{}, l.chunks, l.recompute && here, l.sequence_parallel, l.recompute_attention && here};
 }
 
-static_assert(plan_detail::zero2_in_flight == optim::Zero2AdamW<float, Kokkos::DefaultHostExecutionSpace, comm::Self>::max_in_flight,
+static_assert(plan_detail::zero2_in_flight ==
+                  optim::Zero2AdamW<float, Kokkos::DefaultHostExecutionSpace, comm::Self>::max_in_flight,
               "the planner's ZeRO-2 memory counts the optimizer's reduce-scatters in flight");
 
 namespace measure_detail {
@@ -94,20 +95,21 @@ struct Run {
       (void)mesh;
       return Opt(model.parameters(), hyper);
     } else if constexpr (optim::shards_grads_v<Opt>) {
-      return Opt(model.parameters(), hyper, mesh.comm(Axis::dp), mesh.comm(Axis::tp),
-                 mesh.degree(Axis::pp) > 1 ? std::optional<comm::Communicator<Backend>>(mesh.comm(Axis::pp)) : std::nullopt,
-                 model.tied_parameters());
+      return Opt(
+          model.parameters(), hyper, mesh.comm(Axis::dp), mesh.comm(Axis::tp),
+          mesh.degree(Axis::pp) > 1 ? std::optional<comm::Communicator<Backend>>(mesh.comm(Axis::pp)) : std::nullopt,
+          model.tied_parameters());
     } else {
-      return Opt(model.parameters(), hyper, mesh.comm(Axis::dp), mesh.comm(Axis::tp),
-                 mesh.degree(Axis::pp) > 1
-                     ? std::optional<comm::Communicator<Backend>>(mesh.comm(Axis::pp))
-                     : std::nullopt);
+      return Opt(
+          model.parameters(), hyper, mesh.comm(Axis::dp), mesh.comm(Axis::tp),
+          mesh.degree(Axis::pp) > 1 ? std::optional<comm::Communicator<Backend>>(mesh.comm(Axis::pp)) : std::nullopt);
     }
   }
 
   static train::TrainerOptions trainer_options(const Problem& pr, const Layout& l) {
-    train::TrainerOptions t(parallel::GradSyncOptions{
-        pr.bucket_bytes, l.sync.mode == DpMode::Bf16 ? parallel::GradCompression::bf16 : parallel::GradCompression::none});
+    train::TrainerOptions t(parallel::GradSyncOptions{pr.bucket_bytes, l.sync.mode == DpMode::Bf16
+                                                                           ? parallel::GradCompression::bf16
+                                                                           : parallel::GradCompression::none});
     t.precision = pr.precision;  // the products in the planned precision
     return t;
   }
@@ -120,17 +122,17 @@ struct Run {
         tokens(double(pr.batch) * double(pr.model.context)) {
     trainer.set_schedule(l.schedule);
     const std::size_t T = pr.model.context, local = pr.batch / std::size_t(l.dp),
-                      per = local / std::size_t(l.microbatches);
+                      per   = local / std::size_t(l.microbatches);
     const std::size_t first = local * std::size_t(mesh.coord(Axis::dp));
     for (int i = 0; i < l.microbatches; ++i) {
-      train::Microbatch<Ids> mb{Ids("pmt::plan::measure::ids", per * T),
-                                Ids("pmt::plan::measure::targets", per * T), per, T};
+      train::Microbatch<Ids> mb{Ids("pmt::plan::measure::ids", per * T), Ids("pmt::plan::measure::targets", per * T),
+                                per, T};
       auto hi = Kokkos::create_mirror_view(mb.ids);
       auto ht = Kokkos::create_mirror_view(mb.targets);
       for (std::size_t n = 0; n < per * T; ++n) {  // the same global batch for every layout
         const std::uint64_t g = (first + std::size_t(i) * per) * T + n;
-        hi(n) = static_cast<std::int32_t>((g * 2654435761u >> 7) % pr.model.vocab);
-        ht(n) = static_cast<std::int32_t>((g * 2654435761u >> 13) % pr.model.vocab);
+        hi(n)                 = static_cast<std::int32_t>((g * 2654435761u >> 7) % pr.model.vocab);
+        ht(n)                 = static_cast<std::int32_t>((g * 2654435761u >> 13) % pr.model.vocab);
       }
       Kokkos::deep_copy(mb.ids, hi);
       Kokkos::deep_copy(mb.targets, ht);
@@ -180,20 +182,15 @@ std::vector<Measured> measure(const comm::Communicator<Backend>& world, const Pr
                               const std::vector<Layout>& layouts, const MeasureOptions& o = {}) {
   using Exec = Kokkos::DefaultHostExecutionSpace;
   detail::require<ConfigError>(pr.value_bytes == 4, "pmt::plan::measure", [&] {
-    return detail::str("measures float models; the problem has ", pr.value_bytes,
-                       "-byte values");
+    return detail::str("measures float models; the problem has ", pr.value_bytes, "-byte values");
   });
-  detail::require<ConfigError>(o.rounds >= 1 && o.timed_steps >= 1 && o.warmup_steps >= 0,
-                               "pmt::plan::measure", [&] {
-                                 return detail::str("rounds ", o.rounds, ", timed steps ",
-                                                    o.timed_steps, ", warm-up steps ",
-                                                    o.warmup_steps,
-                                                    ": need rounds, timed steps >= 1");
-                               });
+  detail::require<ConfigError>(o.rounds >= 1 && o.timed_steps >= 1 && o.warmup_steps >= 0, "pmt::plan::measure", [&] {
+    return detail::str("rounds ", o.rounds, ", timed steps ", o.timed_steps, ", warm-up steps ", o.warmup_steps,
+                       ": need rounds, timed steps >= 1");
+  });
   for (const auto& l : layouts) {
     const std::string why = why_invalid(pr, l, world.size());
-    detail::require<ConfigError>(why.empty(), "pmt::plan::measure",
-                                 [&] { return l.describe() + ": " + why; });
+    detail::require<ConfigError>(why.empty(), "pmt::plan::measure", [&] { return l.describe() + ": " + why; });
     detail::require<ConfigError>(l.sync.mode == DpMode::Sync || l.sync.mode == DpMode::Bf16, "pmt::plan::measure", [&] {
       return l.describe() + ": measures the synchronous dp modes (sync, bf16) only; a step of " + l.sync.describe() +
              " takes another time at each phase of its period";
@@ -207,13 +204,11 @@ std::vector<Measured> measure(const comm::Communicator<Backend>& world, const Pr
       steps.push_back([r] { r->step(); });
       keep.push_back(r);
     } else if (l.zero) {
-      auto r = std::make_shared<
-          measure_detail::Run<Backend, optim::ZeroAdamW<float, Exec, Backend>>>(world, pr, l);
+      auto r = std::make_shared<measure_detail::Run<Backend, optim::ZeroAdamW<float, Exec, Backend>>>(world, pr, l);
       steps.push_back([r] { r->step(); });
       keep.push_back(r);
     } else {
-      auto r = std::make_shared<measure_detail::Run<Backend, optim::AdamW<float, Exec>>>(world,
-                                                                                        pr, l);
+      auto r = std::make_shared<measure_detail::Run<Backend, optim::AdamW<float, Exec>>>(world, pr, l);
       steps.push_back([r] { r->step(); });
       keep.push_back(r);
     }

@@ -96,9 +96,9 @@
 #include "pmt/core/error.hpp"
 #include "pmt/core/precision.hpp"
 #include "pmt/nn/gpt_config.hpp"
-#include "pmt/plan/model_spec.hpp"
 #include "pmt/parallel/schedule.hpp"
 #include "pmt/parallel/stages.hpp"
+#include "pmt/plan/model_spec.hpp"
 
 namespace pmt::plan {
 
@@ -124,12 +124,11 @@ struct Machine {
   /// backward with their tp all-reduces, measured like block_seconds (with every rank at once;
   /// counted on the last stage); empty: from the GEMMs, memory traffic and links
   std::function<double(std::size_t b, int tp, bool sequence_parallel)> head_seconds;
-  double optimizer_seconds_per_value =
-      0;                         ///< zero_grad + norm + AdamW per parameter; 0: from memory_gbps
-  double memory_gbps    = 10;    ///< bandwidth of memory-bound kernels per rank, GB/s
-  double kernel_seconds = 3e-6;  ///< launch cost of one kernel
-  double link_gbps      = 5;     ///< point-to-point and collective bandwidth per rank, GB/s
-  double link_latency   = 5e-6;  ///< seconds per message step
+  double optimizer_seconds_per_value = 0;     ///< zero_grad + norm + AdamW per parameter; 0: from memory_gbps
+  double memory_gbps                 = 10;    ///< bandwidth of memory-bound kernels per rank, GB/s
+  double kernel_seconds              = 3e-6;  ///< launch cost of one kernel
+  double link_gbps                   = 5;     ///< point-to-point and collective bandwidth per rank, GB/s
+  double link_latency                = 5e-6;  ///< seconds per message step
   /// measured links by group size: an all-reduce among g ranks amid compute (every group at
   /// once) costs latency + 2 (g - 1) / g bytes / bandwidth; the entry of the largest size <= g
   /// is used (empty: link_gbps and link_latency with the ring model)
@@ -174,7 +173,8 @@ struct Machine {
     if (l) {
       // the first 256 KiB at the small-buffer rate, the rest at the large-buffer one
       const double small = std::min(bytes, 262144.0), rest = bytes - small;
-      return l->latency + 2.0 * (g - 1) / g * (small / (l->gbps * 1e9) + rest / ((l->big_gbps > 0 ? l->big_gbps : l->gbps) * 1e9));
+      return l->latency +
+             2.0 * (g - 1) / g * (small / (l->gbps * 1e9) + rest / ((l->big_gbps > 0 ? l->big_gbps : l->gbps) * 1e9));
     }
     return 2.0 * (g - 1) / g * bytes / (link_gbps * 1e9) + 2.0 * (g - 1) * link_latency;
   }
@@ -232,24 +232,22 @@ struct Machine {
 /// \brief One line describing a machine's rates.
 inline std::string describe(const Machine& m) {
   char line[512];
-  std::snprintf(
-      line, sizeof line,
-      "%d ranks; per rank alone: GEMM %.1f GFLOP/s, bandwidth %.1f GB/s, kernel "
-      "launch %.1f us; "
-      "core share %.2f; all-reduce %.2f GB/s + %.1f us (2 ranks), %.2f GB/s + %.1f us (all); "
-      "memory %s (%s)",
-      m.ranks, m.gemm_gflops, m.memory_gbps, 1e6 * m.kernel_seconds, m.core_share,
-      m.link(2) ? m.link(2)->gbps : m.link_gbps,
-      1e6 * (m.link(2) ? m.link(2)->latency : 2 * m.link_latency),
-      m.link(m.ranks) ? m.link(m.ranks)->gbps : m.link_gbps,
-      1e6 * (m.link(m.ranks) ? m.link(m.ranks)->latency : 2 * (m.ranks - 1) * m.link_latency),
-      m.memory_bytes > 0 ? detail::str(std::round(m.memory_bytes / 1048576.0), " MiB").c_str()
-                         : "unlimited",
-      m.source.c_str());
+  std::snprintf(line, sizeof line,
+                "%d ranks; per rank alone: GEMM %.1f GFLOP/s, bandwidth %.1f GB/s, kernel "
+                "launch %.1f us; "
+                "core share %.2f; all-reduce %.2f GB/s + %.1f us (2 ranks), %.2f GB/s + %.1f us (all); "
+                "memory %s (%s)",
+                m.ranks, m.gemm_gflops, m.memory_gbps, 1e6 * m.kernel_seconds, m.core_share,
+                m.link(2) ? m.link(2)->gbps : m.link_gbps, 1e6 * (m.link(2) ? m.link(2)->latency : 2 * m.link_latency),
+                m.link(m.ranks) ? m.link(m.ranks)->gbps : m.link_gbps,
+                1e6 * (m.link(m.ranks) ? m.link(m.ranks)->latency : 2 * (m.ranks - 1) * m.link_latency),
+                m.memory_bytes > 0 ? detail::str(std::round(m.memory_bytes / 1048576.0), " MiB").c_str() : "unlimited",
+                m.source.c_str());
   std::string out(line);
   if (m.ranks_per_node > 0)
-    out += detail::str("; nodes of ", m.ranks_per_node, " ranks: inside ", m.intra.gbps, " GB/s + ", 1e6 * m.intra.latency,
-                       " us, between ", m.inter.gbps, " GB/s + ", 1e6 * m.inter.latency, " us per rank");
+    out +=
+        detail::str("; nodes of ", m.ranks_per_node, " ranks: inside ", m.intra.gbps, " GB/s + ", 1e6 * m.intra.latency,
+                    " us, between ", m.inter.gbps, " GB/s + ", 1e6 * m.inter.latency, " us per rank");
   return m.matmul.empty() ? out : out + "; " + m.matmul;
 }
 
@@ -282,7 +280,7 @@ struct Problem {
 /// elementwise kernels are not counted.
 inline double gpt_step_flops(const nn::GptConfig& c, std::size_t batch, bool recompute) {
   const double tokens = double(batch) * double(c.context), C = double(c.width);
-  const double block  = tokens * (24.0 * C * C + 4.0 * double(c.context) * C);
+  const double block = tokens * (24.0 * C * C + 4.0 * double(c.context) * C);
   return (recompute ? 4.0 : 3.0) * double(c.layers) * block + 6.0 * tokens * C * double(c.vocab);
 }
 
@@ -301,11 +299,16 @@ struct DpChoice {
   /// \brief "sync", "bf16", "local 8", "diloco 8", "stale 1".
   std::string describe() const {
     switch (mode) {
-      case DpMode::Sync: return "sync";
-      case DpMode::Bf16: return "bf16";
-      case DpMode::LocalSgd: return detail::str("local ", period);
-      case DpMode::DiLoCo: return detail::str("diloco ", period);
-      case DpMode::Stale: return detail::str("stale ", period);
+      case DpMode::Sync:
+        return "sync";
+      case DpMode::Bf16:
+        return "bf16";
+      case DpMode::LocalSgd:
+        return detail::str("local ", period);
+      case DpMode::DiLoCo:
+        return detail::str("diloco ", period);
+      case DpMode::Stale:
+        return detail::str("stale ", period);
     }
     return "?";
   }
@@ -314,25 +317,33 @@ struct DpChoice {
 /// \brief Parses "sync", "bf16", "local:H", "diloco:H" or "stale:S".
 /// \throws pmt::ConfigError for anything else, naming it.
 inline DpChoice parse_dp_choice(const std::string& text) {
-  const auto colon = text.find(':');
+  const auto colon       = text.find(':');
   const std::string name = text.substr(0, colon);
-  int period = 1;
-  bool ok = true;
+  int period             = 1;
+  bool ok                = true;
   if (colon != std::string::npos) {
-    char* end = nullptr;
+    char* end    = nullptr;
     const long v = std::strtol(text.c_str() + colon + 1, &end, 10);
-    ok = end && *end == '\0' && end != text.c_str() + colon + 1 && v >= (name == "stale" ? 0 : 1) && v <= 1000000;
+    ok     = end && *end == '\0' && end != text.c_str() + colon + 1 && v >= (name == "stale" ? 0 : 1) && v <= 1000000;
     period = static_cast<int>(v);
   }
   DpChoice c;
-  if (name == "sync" && colon == std::string::npos) c = {DpMode::Sync, 1};
-  else if (name == "bf16" && colon == std::string::npos) c = {DpMode::Bf16, 1};
-  else if (name == "local" && colon != std::string::npos && ok) c = {DpMode::LocalSgd, period};
-  else if (name == "diloco" && colon != std::string::npos && ok) c = {DpMode::DiLoCo, period};
-  else if (name == "stale" && colon != std::string::npos && ok) c = {DpMode::Stale, period};
+  if (name == "sync" && colon == std::string::npos)
+    c = {DpMode::Sync, 1};
+  else if (name == "bf16" && colon == std::string::npos)
+    c = {DpMode::Bf16, 1};
+  else if (name == "local" && colon != std::string::npos && ok)
+    c = {DpMode::LocalSgd, period};
+  else if (name == "diloco" && colon != std::string::npos && ok)
+    c = {DpMode::DiLoCo, period};
+  else if (name == "stale" && colon != std::string::npos && ok)
+    c = {DpMode::Stale, period};
   else
-    throw ConfigError("pmt::plan::parse_dp_choice",
-                      detail::str("'", text, "' is not a data-parallel mode; expected sync, bf16, local:H, diloco:H (H >= 1) or stale:S (S >= 0)"));
+    throw ConfigError(
+        "pmt::plan::parse_dp_choice",
+        detail::str(
+            "'", text,
+            "' is not a data-parallel mode; expected sync, bf16, local:H, diloco:H (H >= 1) or stale:S (S >= 0)"));
   return c;
 }
 
@@ -342,9 +353,9 @@ struct Layout {
   parallel::ScheduleKind schedule = parallel::ScheduleKind::OneFOneB;
   /// ZeRO stage: 0 AdamW, 1 its state sharded over dp (optim::ZeroAdamW), 2 the gradients too
   /// (optim::Zero2AdamW).
-  int zero                        = 0;
-  int chunks                      = 1;      ///< model chunks per stage (with 1F1B: interleaved)
-  DpChoice sync{};                          ///< how the dp replicas communicate
+  int zero   = 0;
+  int chunks = 1;   ///< model chunks per stage (with 1F1B: interleaved)
+  DpChoice sync{};  ///< how the dp replicas communicate
   /// Activation recomputation: a Gpt's blocks (nn::GptOptions::recompute), a ModelSpec's chunks
   /// (nn::StagedOptions::recompute) keep only their input and run their forward again in backward.
   bool recompute = false;
@@ -363,31 +374,43 @@ struct Layout {
   /// ", local 8" ... for a data-parallel mode other than sync; ", recompute"; ", recompute
   /// attention"; ", seq" with sequence parallelism)
   std::string describe() const {
-    return detail::str(
-        "dp ", dp, " x tp ", tp, " x pp ", pp, ", m ", microbatches,
-        pp > 1 ? std::string(", ") + parallel::schedule_name(schedule) : std::string(),
-        chunks > 1 ? detail::str(" x", chunks) : std::string(), zero == 1 ? ", zero" : zero == 2 ? ", zero2" : "",
-        sync.mode != DpMode::Sync ? ", " + sync.describe() : std::string(), recompute ? ", recompute" : "",
-        recompute_attention ? ", recompute attention" : "",
-        recompute_stages > 0 && (recompute || recompute_attention) ? detail::str(" on stages < ", recompute_stages) : std::string(),
-        sequence_parallel ? ", seq" : "");
+    return detail::str("dp ", dp, " x tp ", tp, " x pp ", pp, ", m ", microbatches,
+                       pp > 1 ? std::string(", ") + parallel::schedule_name(schedule) : std::string(),
+                       chunks > 1 ? detail::str(" x", chunks) : std::string(),
+                       zero == 1   ? ", zero"
+                       : zero == 2 ? ", zero2"
+                                   : "",
+                       sync.mode != DpMode::Sync ? ", " + sync.describe() : std::string(),
+                       recompute ? ", recompute" : "", recompute_attention ? ", recompute attention" : "",
+                       recompute_stages > 0 && (recompute || recompute_attention)
+                           ? detail::str(" on stages < ", recompute_stages)
+                           : std::string(),
+                       sequence_parallel ? ", seq" : "");
   }
   /// \brief The C++ policy type that fixes this layout's axes, data-parallel mode, schedule,
   /// sequence parallelism and recomputation, as a Trainer takes it (build the model with
   /// nn::gpt_options<Policy> or nn::staged_options<Policy>), e.g.
-  /// "pmt::Hybrid<pmt::DataParallel<>, pmt::TensorSplit<pmt::Sequence>, pmt::Pipeline<8>, pmt::Recompute<pmt::Selective>>".
-  /// Degrees of 1 have no policy. The optimizer (zero), bf16 compression and the precision are
-  /// not policies: they are the optimizer's type and TrainerOptions.
+  /// "pmt::Hybrid<pmt::DataParallel<>, pmt::TensorSplit<pmt::Sequence>, pmt::Pipeline<8>,
+  /// pmt::Recompute<pmt::Selective>>". Degrees of 1 have no policy. The optimizer (zero), bf16 compression and the
+  /// precision are not policies: they are the optimizer's type and TrainerOptions.
   std::string policy_type() const {
     std::string parts;
     const auto add = [&](const std::string& p) { parts += (parts.empty() ? "" : ", ") + p; };
     if (dp > 1) {
       switch (sync.mode) {
         case DpMode::Sync:
-        case DpMode::Bf16: add("pmt::DataParallel<>"); break;
-        case DpMode::LocalSgd: add(detail::str("pmt::DataParallel<pmt::LocalSgd<", sync.period, ">>")); break;
-        case DpMode::DiLoCo: add(detail::str("pmt::DataParallel<pmt::DiLoCo<", sync.period, ">>")); break;
-        case DpMode::Stale: add(detail::str("pmt::DataParallel<pmt::BoundedStaleness<", sync.period, ">>")); break;
+        case DpMode::Bf16:
+          add("pmt::DataParallel<>");
+          break;
+        case DpMode::LocalSgd:
+          add(detail::str("pmt::DataParallel<pmt::LocalSgd<", sync.period, ">>"));
+          break;
+        case DpMode::DiLoCo:
+          add(detail::str("pmt::DataParallel<pmt::DiLoCo<", sync.period, ">>"));
+          break;
+        case DpMode::Stale:
+          add(detail::str("pmt::DataParallel<pmt::BoundedStaleness<", sync.period, ">>"));
+          break;
       }
     }
     if (tp > 1) add(sequence_parallel ? "pmt::TensorSplit<pmt::Sequence>" : "pmt::TensorSplit<>");
@@ -406,10 +429,9 @@ struct Layout {
 
 /// \brief Bytes one rank holds, by kind.
 struct Memory {
-  double parameters = 0, gradients = 0, optimizer = 0, buckets = 0, data = 0, activations = 0,
-         transient      = 0;
-  double scratch        = 0;  ///< the portable matmul kernel's team scratch (Machine::matmul_scratch_bytes)
-  double products       = 0;  ///< bf16 products' operand copies (Machine::bf16_copy_bytes), one per shape
+  double parameters = 0, gradients = 0, optimizer = 0, buckets = 0, data = 0, activations = 0, transient = 0;
+  double scratch  = 0;  ///< the portable matmul kernel's team scratch (Machine::matmul_scratch_bytes)
+  double products = 0;  ///< bf16 products' operand copies (Machine::bf16_copy_bytes), one per shape
   /// The pipeline's send buffers. A run holds one per send in flight, as many as the receivers'
   /// timing leaves: this counts what the runs measured hold (the Gpt: plan_detail::pipeline_sends
   /// per stage with pp > 1; a ModelSpec: one output on every stage but the last).
@@ -466,12 +488,12 @@ inline std::string why_invalid(const Problem& pr, const Layout& l, int ranks) {
   const auto& c = pr.model;
   const auto tp = static_cast<std::size_t>(l.tp);
   if (l.dp < 1 || l.tp < 1 || l.pp < 1 || l.microbatches < 1 || l.chunks < 1)
-    return detail::str("dp ", l.dp, ", tp ", l.tp, ", pp ", l.pp, ", microbatches ", l.microbatches,
-                       ", chunks ", l.chunks, " must all be >= 1");
+    return detail::str("dp ", l.dp, ", tp ", l.tp, ", pp ", l.pp, ", microbatches ", l.microbatches, ", chunks ",
+                       l.chunks, " must all be >= 1");
   if (l.chunks > 1 && l.pp == 1) return detail::str(l.chunks, " model chunks per stage need pp > 1");
   if (static_cast<long>(l.dp) * l.tp * l.pp != ranks)
-    return detail::str("dp ", l.dp, " x tp ", l.tp, " x pp ", l.pp, " = ",
-                       static_cast<long>(l.dp) * l.tp * l.pp, " is not ", ranks, " ranks");
+    return detail::str("dp ", l.dp, " x tp ", l.tp, " x pp ", l.pp, " = ", static_cast<long>(l.dp) * l.tp * l.pp,
+                       " is not ", ranks, " ranks");
   if (pr.spec.empty()) {
     if (c.heads == 0 || c.width % c.heads != 0)
       return detail::str("width ", c.width, " is not divisible by heads ", c.heads);
@@ -491,8 +513,8 @@ inline std::string why_invalid(const Problem& pr, const Layout& l, int ranks) {
     return detail::str("batch ", pr.batch, " is not divisible by dp ", l.dp);
   const std::size_t local = pr.batch / static_cast<std::size_t>(l.dp);
   if (local % static_cast<std::size_t>(l.microbatches) != 0)
-    return detail::str(l.microbatches, " microbatches do not divide the ", local,
-                       " sequences per dp rank (batch ", pr.batch, " / dp ", l.dp, ")");
+    return detail::str(l.microbatches, " microbatches do not divide the ", local, " sequences per dp rank (batch ",
+                       pr.batch, " / dp ", l.dp, ")");
   if (l.zero < 0 || l.zero > 2) return detail::str("ZeRO stage ", l.zero, " is not 0, 1 or 2");
   if (l.zero && l.dp == 1) return detail::str("ZeRO-", l.zero, " shards over dp, and dp is 1");
   if (l.recompute_stages < 0 || l.recompute_stages > l.pp)
@@ -500,11 +522,14 @@ inline std::string why_invalid(const Problem& pr, const Layout& l, int ranks) {
   if (l.recompute_stages > 0 && !l.recompute && !l.recompute_attention)
     return detail::str("recompute_stages ", l.recompute_stages, " names stages that recompute, and nothing recomputes");
   if (l.recompute_attention) {
-    if (!pr.spec.empty()) return "the attention's recomputation is the Gpt's (nn::GptOptions); a ModelSpec recomputes whole chunks";
-    if (l.recompute) return "the attention's recomputation and the whole block's do not combine: the block recomputes it anyway";
+    if (!pr.spec.empty())
+      return "the attention's recomputation is the Gpt's (nn::GptOptions); a ModelSpec recomputes whole chunks";
+    if (l.recompute)
+      return "the attention's recomputation and the whole block's do not combine: the block recomputes it anyway";
   }
   if (l.sequence_parallel) {
-    if (!pr.spec.empty()) return "sequence parallelism is the Gpt's (nn::GptOptions); a ModelSpec's layers do not split rows";
+    if (!pr.spec.empty())
+      return "sequence parallelism is the Gpt's (nn::GptOptions); a ModelSpec's layers do not split rows";
     if (l.tp == 1) return "sequence parallelism splits the tokens over tp, and tp is 1";
     const std::size_t tokens = local / static_cast<std::size_t>(l.microbatches) * c.context;
     if (tokens % tp != 0)
@@ -515,16 +540,14 @@ inline std::string why_invalid(const Problem& pr, const Layout& l, int ranks) {
   if (l.sync.mode != DpMode::Sync && l.zero)
     return detail::str("dp mode ", l.sync.describe(), " does not combine with ZeRO-", l.zero);
   if (l.chunks > 1 && l.schedule == parallel::ScheduleKind::OneFOneB && l.microbatches % l.pp != 0)
-    return detail::str("interleaved 1F1B needs microbatches (", l.microbatches,
-                       ") a multiple of pp ", l.pp);
+    return detail::str("interleaved 1F1B needs microbatches (", l.microbatches, ") a multiple of pp ", l.pp);
   return "";
 }
 
 namespace plan_detail {
 
 /// Parameters of one rank of stage s (elements).
-inline double stage_parameters(const nn::GptConfig& c, const parallel::StagePlan& plan, int s,
-                               int tp) {
+inline double stage_parameters(const nn::GptConfig& c, const parallel::StagePlan& plan, int s, int tp) {
   const double C = double(c.width), Cl = C / tp, V = double(c.vocab), T = double(c.context);
   double p = double(plan.count(s)) * (12 * C * Cl + 6 * Cl + 6 * C);
   if (s == 0) p += V * C / tp + T * C;
@@ -541,8 +564,8 @@ struct StageCost {
 /// One GPT block on one microbatch of b sequences.
 inline StageCost block_cost(const Problem& pr, const Machine& mc, const Layout& l, std::size_t b) {
   const auto& c        = pr.model;
-  const std::size_t tp = static_cast<std::size_t>(l.tp), T = c.context, N = b * T, C = c.width,
-                    Cl = C / tp, Hl = c.heads / tp, hs = C / c.heads;
+  const std::size_t tp = static_cast<std::size_t>(l.tp), T = c.context, N = b * T, C = c.width, Cl = C / tp,
+                    Hl = c.heads / tp, hs = C / c.heads;
   const double sb = pr.activation_value_bytes();
   StageCost k;
   if (mc.block_seconds) {  // measured with all ranks at once: as work alone, times the share
@@ -572,9 +595,9 @@ inline StageCost block_cost(const Problem& pr, const Machine& mc, const Layout& 
 /// memory bandwidth.
 inline double attention_core_forward(const Problem& pr, const Machine& mc, const Layout& l, std::size_t b) {
   const auto& c        = pr.model;
-  const std::size_t tp = static_cast<std::size_t>(l.tp), T = c.context, N = b * T, Cl = c.width / tp,
-                    Hl = c.heads / tp, hs = c.width / c.heads;
-  const double sb = pr.activation_value_bytes();
+  const std::size_t tp = static_cast<std::size_t>(l.tp), T = c.context, N = b * T, Cl = c.width / tp, Hl = c.heads / tp,
+                    hs = c.width / c.heads;
+  const double sb      = pr.activation_value_bytes();
   return double(b * Hl) * (mc.gemm(T, T, hs) + mc.gemm(T, hs, T)) +
          mc.memory(sb * (8.0 * double(N) * double(Cl) + 4.0 * double(b * Hl) * double(T) * double(T))) +
          6 * mc.kernel_seconds;
@@ -586,13 +609,13 @@ inline double block_forward(const Problem& pr, const Machine& mc, const Layout& 
   return k.forward + k.tp_comm;
 }
 
-inline StageCost stage_cost(const Problem& pr, const Machine& mc, const Layout& l,
-                            const parallel::StagePlan& plan, int s, std::size_t b) {
+inline StageCost stage_cost(const Problem& pr, const Machine& mc, const Layout& l, const parallel::StagePlan& plan,
+                            int s, std::size_t b) {
   const auto& c        = pr.model;
   const std::size_t tp = static_cast<std::size_t>(l.tp), T = c.context, N = b * T, C = c.width, Vl = c.vocab / tp;
-  const double sb = pr.activation_value_bytes();
-  const double L     = double(plan.count(s));
-  const double share = std::clamp(mc.core_share, 1e-3, 1.0);
+  const double sb     = pr.activation_value_bytes();
+  const double L      = double(plan.count(s));
+  const double share  = std::clamp(mc.core_share, 1e-3, 1.0);
   const StageCost one = block_cost(pr, mc, l, b);
   StageCost k{L * one.forward, L * one.backward, L * one.tp_comm};
   if (mc.head_seconds) {
@@ -633,8 +656,8 @@ inline StageCost stage_cost(const Problem& pr, const Machine& mc, const Layout& 
 /// evenly over the nodes: rank r on node r / ranks_per_node, on core r mod its node's cores, so a
 /// rank lends its core only to ranks of its own node.
 inline double simulate(parallel::ScheduleKind kind, int p, int m, const std::vector<double>& work_f,
-                       const std::vector<double>& work_b, const std::vector<double>& wait,
-                       double hop, double cores, int per_stage, int chunks = 1, int ranks_per_node = 0) {
+                       const std::vector<double>& work_b, const std::vector<double>& wait, double hop, double cores,
+                       int per_stage, int chunks = 1, int ranks_per_node = 0) {
   struct Act {
     bool forward;
     int mb;
@@ -653,8 +676,7 @@ inline double simulate(parallel::ScheduleKind kind, int p, int m, const std::vec
               {a.kind == parallel::Action::Forward, a.mb, static_cast<std::size_t>(a.chunk * p + s)});
   }
   const double never = 1e300;
-  std::vector<std::vector<double>> done_f(VS, std::vector<double>(static_cast<std::size_t>(m), never)),
-      done_b = done_f;
+  std::vector<std::vector<double>> done_f(VS, std::vector<double>(static_cast<std::size_t>(m), never)), done_b = done_f;
   std::vector<std::size_t> next(static_cast<std::size_t>(p), 0);
   const int ranks = p * per_stage;
   if (cores >= ranks) {
@@ -670,26 +692,27 @@ inline double simulate(parallel::ScheduleKind kind, int p, int m, const std::vec
           const Act a       = order[s][next[s]];
           const auto i      = static_cast<std::size_t>(a.mb);
           const bool first  = a.forward ? a.vs == 0 : a.vs + 1 == VS;  // needs no message
-          const double from = a.forward ? (a.vs == 0 ? 0.0 : done_f[a.vs - 1][i]) : (a.vs + 1 == VS ? done_f[a.vs][i] : done_b[a.vs + 1][i]);
+          const double from = a.forward ? (a.vs == 0 ? 0.0 : done_f[a.vs - 1][i])
+                                        : (a.vs + 1 == VS ? done_f[a.vs][i] : done_b[a.vs + 1][i]);
           if (from == never) break;
           const double start = std::max(free_at[s], (a.forward && first) ? 0.0 : first ? from : from + hop);
-          free_at[s] = (a.forward ? done_f : done_b)[a.vs][i] = start + (a.forward ? work_f[a.vs] : work_b[a.vs]) + wait[a.vs];
+          free_at[s]         = (a.forward ? done_f : done_b)[a.vs][i] =
+              start + (a.forward ? work_f[a.vs] : work_b[a.vs]) + wait[a.vs];
         }
     }
     return *std::max_element(free_at.begin(), free_at.end());
   }
   std::vector<int> phase(static_cast<std::size_t>(p),
                          0);  // 0 waiting for its input, 1 computing, 2 communicating
-  std::vector<double> left(static_cast<std::size_t>(p), 0.0),
-      until(static_cast<std::size_t>(p), 0.0);
+  std::vector<double> left(static_cast<std::size_t>(p), 0.0), until(static_cast<std::size_t>(p), 0.0);
   // the ranks on the cores: rank r (stage r / per_stage, the Mesh's order) of node r / rpn on its
   // node's core r mod node_slots, as `mpiexec --map-by core` places them (fewer cores than
   // ranks here: with a core per rank every rate is 1, and the pass above has answered)
-  const int rpn           = ranks_per_node > 0 && ranks_per_node < ranks && ranks % ranks_per_node == 0 ? ranks_per_node : ranks;
+  const int rpn = ranks_per_node > 0 && ranks_per_node < ranks && ranks % ranks_per_node == 0 ? ranks_per_node : ranks;
   const double node_cores = cores / (ranks / rpn);
   const int node_slots    = node_cores >= rpn ? rpn : std::max(1, static_cast<int>(std::lround(node_cores)));
   const double slot_speed = node_cores >= rpn ? 1.0 : std::min(1.0, node_cores / node_slots);
-  const auto slot         = [&](int r) { return static_cast<std::size_t>((r / rpn) * node_slots + (r % rpn) % node_slots); };
+  const auto slot = [&](int r) { return static_cast<std::size_t>((r / rpn) * node_slots + (r % rpn) % node_slots); };
   std::vector<int> load(static_cast<std::size_t>(node_slots * (ranks / rpn)), 0);
   std::vector<double> rate(static_cast<std::size_t>(p), 1.0);
   double now = 0;
@@ -736,7 +759,7 @@ inline double simulate(parallel::ScheduleKind kind, int p, int m, const std::vec
       if (phase[s] == 2 && until[s] <= now) {
         const Act a                                                         = order[s][next[s]];
         (a.forward ? done_f : done_b)[a.vs][static_cast<std::size_t>(a.mb)] = now;
-        phase[s]                                                         = 0;
+        phase[s]                                                            = 0;
         ++next[s];
       }
     }
@@ -751,12 +774,12 @@ namespace plan_detail {
 /// What one virtual stage costs and holds for one microbatch: the input of assemble(), from the
 /// Gpt's own count (gpt_stages) or from a ModelSpec (spec_stages).
 struct StageInputs {
-  StageCost cost;             ///< forward, backward (seconds alone) and the forward's tp all-reduces
-  double parameters  = 0;     ///< elements one rank holds
-  double activations = 0;     ///< bytes of one live microbatch (its saved values and the stage's input)
-  double transient   = 0;     ///< bytes a backward allocates beyond them, at most
-  double sends       = 0;     ///< bytes of the pipeline's send buffers (Memory::sends)
-  double tp_bytes    = 0;     ///< bytes all-reduced over tp per microbatch, forward and backward
+  StageCost cost;          ///< forward, backward (seconds alone) and the forward's tp all-reduces
+  double parameters  = 0;  ///< elements one rank holds
+  double activations = 0;  ///< bytes of one live microbatch (its saved values and the stage's input)
+  double transient   = 0;  ///< bytes a backward allocates beyond them, at most
+  double sends       = 0;  ///< bytes of the pipeline's send buffers (Memory::sends)
+  double tp_bytes    = 0;  ///< bytes all-reduced over tp per microbatch, forward and backward
   /// ZeRO-2's gradient storage: the most elements one backward writes at once (a layer, or the
   /// embeddings), and those held from their first write to the step (a Gpt's tied table on
   /// pp = 1, a last stage's LM-head copy and final norm).
@@ -781,25 +804,26 @@ inline constexpr int pipeline_sends = 2;
 inline std::vector<StageInputs> gpt_stages(const Problem& pr, const Machine& mc, const Layout& l,
                                            const parallel::StagePlan& stages, std::size_t b) {
   const auto& c        = pr.model;
-  const std::size_t tp = static_cast<std::size_t>(l.tp), T = c.context, N = b * T, C = c.width,
-                    Cl = C / tp, Hl = c.heads / tp, Vl = c.vocab / tp;
+  const std::size_t tp = static_cast<std::size_t>(l.tp), T = c.context, N = b * T, C = c.width, Cl = C / tp,
+                    Hl = c.heads / tp, Vl = c.vocab / tp;
   const double sb = pr.activation_value_bytes(), dN = double(N), dC = double(C), dCl = double(Cl);
   // the rows outside the tp regions: all of them, or 1 / tp with sequence parallelism
   const double split = l.sequence_parallel ? double(tp) : 1.0, rN = dN / split;
-  const double TT    = double(b * Hl) * double(T) * double(T);  // one T x T matrix per local head
+  const double TT = double(b * Hl) * double(T) * double(T);  // one T x T matrix per local head
   std::vector<StageInputs> out(static_cast<std::size_t>(stages.stages()));
   for (int vs = 0; vs < stages.stages(); ++vs) {
     // what this virtual stage's rank recomputes (Layout::recompute_stages)
-    const bool full = l.recompute && l.recomputes_on(vs % l.pp), attn = l.recompute_attention && l.recomputes_on(vs % l.pp);
+    const bool full    = l.recompute && l.recomputes_on(vs % l.pp),
+               attn    = l.recompute_attention && l.recomputes_on(vs % l.pp);
     const double block = sb * (4 * rN * dC + 4 * rN + (attn ? 12 * dN * dCl : 13 * dN * dCl + TT));
-    auto& in        = out[std::size_t(vs)];
+    auto& in           = out[std::size_t(vs)];
     const bool head = vs == 0, tail = vs + 1 == stages.stages();
-    const double L  = double(stages.count(vs));
-    in.cost         = stage_cost(pr, mc, l, stages, vs, b);
-    in.parameters   = stage_parameters(c, stages, vs, l.tp);
+    const double L = double(stages.count(vs));
+    in.cost        = stage_cost(pr, mc, l, stages, vs, b);
+    in.parameters  = stage_parameters(c, stages, vs, l.tp);
     {  // what ZeRO-2 holds (nn::Gpt announces a block, the final norm, the embeddings at once)
       const double blk = 12 * dC * dCl + 6 * dCl + 6 * dC, table = double(c.vocab) * dC / double(tp);
-      const bool one   = stages.stages() == 1;  // the tied table is the head too: held all the backward
+      const bool one       = stages.stages() == 1;  // the tied table is the head too: held all the backward
       in.written_at_once   = L > 0 ? blk : 0.0;
       in.largest_parameter = std::max(L > 0 ? 4 * dC * dCl : 0.0, head || tail ? table : 0.0);
       if (head) in.written_at_once = std::max(in.written_at_once, (one ? 0.0 : table) + double(T) * dC);
@@ -809,7 +833,7 @@ inline std::vector<StageInputs> gpt_stages(const Problem& pr, const Machine& mc,
     {  // the rank-2 products' operands (Linear: x W, dy W^T, x^T dy; the head: h t^T, g t, g^T h):
        // the weights (C, 3 Cl), (Cl, C), (C, 4 Cl), (4 Cl, C), the table (Vl, C); the largest pair
        // of activations, x^T dy of the MLP (N C + 4 N Cl) or of the head (N Vl + N C)
-      const double vl = double(Vl);
+      const double vl    = double(Vl);
       in.weight_copies   = (L > 0 ? 12 * dC * dCl : 0.0) + (tail ? vl * dC : 0.0);
       in.largest_product = std::max(L > 0 ? dN * (dC + 4 * dCl) : 0.0, tail ? dN * (vl + dC) : 0.0);
       // the activation operands' columns per product (x W and dy W^T hold one, x^T dy two); per
@@ -829,7 +853,7 @@ inline std::vector<StageInputs> gpt_stages(const Problem& pr, const Machine& mc,
     // with recomputation a block keeps only its input (N C) and its backward first runs its
     // forward again: one block's activations live at a time, and the blocks' forward (with its
     // tp all-reduces) is paid twice
-    in.activations  = L * (full ? sb * rN * dC : block) + sb * rN * dC + (head ? 8.0 * dN : 0.0) +
+    in.activations = L * (full ? sb * rN * dC : block) + sb * rN * dC + (head ? 8.0 * dN : 0.0) +
                      (tail ? sb * (rN * dC + 2 * rN) : 0.0) +
                      (tail && full ? sb * rN * dC : 0.0);  // the final LayerNorm's input, not recomputed
     // a block's backward: its MLP part and its attention's score gradient (b Hl T x T), and the
@@ -837,13 +861,15 @@ inline std::vector<StageInputs> gpt_stages(const Problem& pr, const Machine& mc,
     // keeps the most of each shape a step holds at once, so they add (measured). With the block
     // recomputed for its backward, what its layers free as their backward returns takes the
     // others (measured): the largest counts.
-    in.transient = sb * (full ? std::max(4 * dN * dCl + 2 * rN * dC, TT) : 4 * dN * dCl + 2 * rN * dC + TT);
+    in.transient            = sb * (full ? std::max(4 * dN * dCl + 2 * rN * dC, TT) : 4 * dN * dCl + 2 * rN * dC + TT);
     const double head_grads = tail ? sb * (2 * dN * double(Vl) + rN * dC) : 0.0;
     // selective recomputation: the attention's buffers and output, computed in the forward and
     // again in the backward, are shapes of their own in the workspace, held through the step
     if (attn) in.transient += sb * (5 * dN * dCl + TT);
-    if (full && !attn && !l.sequence_parallel) in.transient = std::max(in.transient, head_grads);
-    else in.transient += head_grads;
+    if (full && !attn && !l.sequence_parallel)
+      in.transient = std::max(in.transient, head_grads);
+    else
+      in.transient += head_grads;
     // sequence parallelism: the gathered rows (N, C), a shape of their own in the workspace that
     // the split activations do not reuse: two at once (a Col layer's input gathered again beside
     // its dx before the reduce-scatter; the LM head's gathered input beside its gradient)
@@ -861,7 +887,8 @@ inline std::vector<StageInputs> gpt_stages(const Problem& pr, const Machine& mc,
     if (l.tp > 1) {  // per block 4 all-reduces of (N, C); embedding 1; LM head 1 and 3 of N values
       // (sequence parallelism, counting an all-gather or a reduce-scatter as half: per block 5,
       // the embedding 1.5)
-      in.tp_bytes = l.sequence_parallel ? sb * dN * dC * (5.0 * L + 1.5 * head + tail) : sb * dN * dC * (4.0 * L + head + tail);
+      in.tp_bytes =
+          l.sequence_parallel ? sb * dN * dC * (5.0 * L + 1.5 * head + tail) : sb * dN * dC * (4.0 * L + head + tail);
       if (tail) in.tp_bytes += 3.0 * 8.0 * dN;
     }
   }
@@ -875,13 +902,13 @@ inline std::vector<StageInputs> spec_stages(const Problem& pr, const Machine& mc
   const double sb = pr.activation_value_bytes(), R = double(b) * spec.rows_per_sample;
   std::vector<StageInputs> out(static_cast<std::size_t>(stages.stages()));
   for (int vs = 0; vs < stages.stages(); ++vs) {
-    auto& in = out[std::size_t(vs)];
+    auto& in         = out[std::size_t(vs)];
     const auto first = stages.begin(vs), last = stages.end(vs);
     // the stage's input, unless its first layer keeps it anyway (always, with recomputation: the
     // chunk keeps only its input, and its backward runs its forward again, whose saved values
     // then live for the chunk's backward)
     const bool full = l.recompute && l.recomputes_on(vs % l.pp);
-    in.activations = spec.layers[first].saved > 0 && !full ? 0.0 : sb * R * spec.layers[first].input_local(l.tp);
+    in.activations  = spec.layers[first].saved > 0 && !full ? 0.0 : sb * R * spec.layers[first].input_local(l.tp);
     double saved = 0, forward = 0;
     for (std::size_t i = first; i < last; ++i) {
       const auto& y  = spec.layers[i];
@@ -893,9 +920,10 @@ inline std::vector<StageInputs> spec_stages(const Problem& pr, const Machine& mc
       in.cost.backward += 2 * fwd;
       forward += fwd;
       // estimate() waits tp_comm once in the forward and once in the backward: the mean of the two
-      in.cost.tp_comm += 0.5 * (mc.all_reduce_on(sb * R * y.forward_reduce, l.tp, 1) + mc.all_reduce_on(sb * R * y.backward_reduce, l.tp, 1));
+      in.cost.tp_comm += 0.5 * (mc.all_reduce_on(sb * R * y.forward_reduce, l.tp, 1) +
+                                mc.all_reduce_on(sb * R * y.backward_reduce, l.tp, 1));
       in.parameters += y.parameters_local(l.tp);
-      in.written_at_once   = std::max(in.written_at_once, y.parameters_local(l.tp));  // a Chain announces layer by layer
+      in.written_at_once = std::max(in.written_at_once, y.parameters_local(l.tp));  // a Chain announces layer by layer
       in.largest_parameter = std::max(in.largest_parameter, y.parameters_local(l.tp));
       saved += sb * R * y.saved_local(l.tp);
       // a backward adds its dx (its dy is the next layer's dx, or a received or the loss gradient)
@@ -965,14 +993,15 @@ inline Memory stage_memory(const Problem& pr, const Machine& mc, const Layout& l
   Memory mem;
   mem.parameters = mem.gradients = sb * P;
   const double shard             = std::ceil(P / l.dp);
-  mem.optimizer                  = l.zero == 1 ? sb * P + 4 * sb * shard + shard : l.zero == 2 ? 4 * sb * shard + shard : 2 * sb * P;
+  mem.optimizer = l.zero == 1 ? sb * P + 4 * sb * shard + shard : l.zero == 2 ? 4 * sb * shard + shard : 2 * sb * P;
   if (l.zero == 2) {
     // ZeRO-2 holds what a backward writes at once, what stays to the step, and up to
     // Zero2AdamW::max_in_flight buckets being reduce-scattered with the parts they receive
     double at_once = 0, held = 0, largest = 0;
     for (int k = 0; k < v; ++k) {
       const auto& x = in[static_cast<std::size_t>(k * p + s)];
-      at_once = std::max(at_once, x.written_at_once), held += x.held_to_step, largest = std::max(largest, x.largest_parameter);
+      at_once       = std::max(at_once, x.written_at_once), held += x.held_to_step,
+      largest       = std::max(largest, x.largest_parameter);
     }
     // a bucket: bucket_bytes or a whole parameter beyond it. Buckets in flight while a backward
     // writes: those of earlier layers and microbatches, up to Zero2AdamW::max_in_flight, each
@@ -982,16 +1011,26 @@ inline Memory stage_memory(const Problem& pr, const Machine& mc, const Layout& l
     const double per_mb  = std::ceil(P / std::max(bucket, 1.0));
     const double flights = std::min(double(zero2_in_flight), l.microbatches * per_mb - 1);
     const double at_end  = std::min(double(zero2_in_flight), l.microbatches * per_mb);
-    mem.gradients        = sb * std::max(std::min(P, at_once + held + (per_mb > 1 ? bucket : 0.0)) + flights * bucket * (1.0 + 1.0 / l.dp),
-                                         std::max(at_end * bucket, std::min(P, held + bucket)) * (1.0 + 1.0 / l.dp));
+    mem.gradients =
+        sb * std::max(std::min(P, at_once + held + (per_mb > 1 ? bucket : 0.0)) + flights * bucket * (1.0 + 1.0 / l.dp),
+                      std::max(at_end * bucket, std::min(P, held + bucket)) * (1.0 + 1.0 / l.dp));
   }
-  mem.buckets                    = 0;
+  mem.buckets = 0;
   if (l.dp > 1 && !l.zero) switch (l.sync.mode) {
-      case DpMode::Sync: mem.buckets = sb * P; break;                                  // GradSync's buckets
-      case DpMode::Bf16: mem.buckets = (2 + sb) * P; break;                            // bf16 wire + residual
-      case DpMode::LocalSgd: break;                                                     // nothing in flight
-      case DpMode::DiLoCo: mem.buckets = 2 * sb * P; break;                            // anchor + momentum
-      case DpMode::Stale: mem.buckets = (l.sync.period + 1) * sb * P; break;           // S + 1 sums
+      case DpMode::Sync:
+        mem.buckets = sb * P;
+        break;  // GradSync's buckets
+      case DpMode::Bf16:
+        mem.buckets = (2 + sb) * P;
+        break;  // bf16 wire + residual
+      case DpMode::LocalSgd:
+        break;  // nothing in flight
+      case DpMode::DiLoCo:
+        mem.buckets = 2 * sb * P;
+        break;  // anchor + momentum
+      case DpMode::Stale:
+        mem.buckets = (l.sync.period + 1) * sb * P;
+        break;  // S + 1 sums
     }
   mem.data    = data_per_row * rows;
   mem.scratch = mc.matmul_scratch_bytes;
@@ -1002,8 +1041,8 @@ inline Memory stage_memory(const Problem& pr, const Machine& mc, const Layout& l
     double weights = 0, activations = 0;
     for (int k = 0; k < v; ++k) {
       const auto& x = in[static_cast<std::size_t>(k * p + s)];
-      weights     = std::max(weights, x.weight_copies);
-      activations = std::max(activations, typed ? x.activation_copies : x.largest_product);
+      weights       = std::max(weights, x.weight_copies);
+      activations   = std::max(activations, typed ? x.activation_copies : x.largest_product);
     }
     mem.products = mc.bf16_copy_bytes * (weights + activations);
   }
@@ -1025,7 +1064,8 @@ inline Memory stage_memory(const Problem& pr, const Machine& mc, const Layout& l
 inline double peak_bytes_on(const Problem& pr, const Machine& mc, const Layout& l, const parallel::StagePlan& stages,
                             const std::vector<int>& live, int* heaviest) {
   const std::size_t b = pr.batch / static_cast<std::size_t>(l.dp) / static_cast<std::size_t>(l.microbatches);
-  const auto in       = pr.spec.empty() ? plan_detail::gpt_stages(pr, mc, l, stages, b) : plan_detail::spec_stages(pr, mc, l, stages, b);
+  const auto in =
+      pr.spec.empty() ? plan_detail::gpt_stages(pr, mc, l, stages, b) : plan_detail::spec_stages(pr, mc, l, stages, b);
   double most = 0;
   for (int s = 0; s < l.pp; ++s) {
     const double here = plan_detail::stage_memory(pr, mc, l, in, s, live[static_cast<std::size_t>(s)]).total();
@@ -1042,16 +1082,16 @@ inline Estimate estimate_on(const Problem& pr, const Machine& mc, const Layout& 
   Estimate e;
   e.layout    = l;
   const int p = l.pp, m = l.microbatches, v = l.chunks;
-  e.stages    = stages;  // per virtual stage c p + s
+  e.stages            = stages;  // per virtual stage c p + s
   const std::size_t b = pr.batch / static_cast<std::size_t>(l.dp) / static_cast<std::size_t>(m);
   const auto P_ = static_cast<std::size_t>(p), VS = static_cast<std::size_t>(p * v);
   const auto vstage = [p](int s, int k) { return static_cast<std::size_t>(k * p + s); };
   // messages a virtual stage receives and sends per microbatch and direction
   const auto hops_of = [VS](std::size_t vs) { return double(vs > 0) + double(vs + 1 < VS); };
-  const std::vector<plan_detail::StageInputs> in =
-      pr.spec.empty() ? plan_detail::gpt_stages(pr, mc, l, e.stages, b) : plan_detail::spec_stages(pr, mc, l, e.stages, b);
-  const double sb        = double(pr.value_bytes);
-  const double hop_bytes = plan_detail::hop_bytes(pr, l, e.stages, b);
+  const std::vector<plan_detail::StageInputs> in = pr.spec.empty() ? plan_detail::gpt_stages(pr, mc, l, e.stages, b)
+                                                                   : plan_detail::spec_stages(pr, mc, l, e.stages, b);
+  const double sb                                = double(pr.value_bytes);
+  const double hop_bytes                         = plan_detail::hop_bytes(pr, l, e.stages, b);
 
   // --- time: per-stage forward / backward of one microbatch, the schedule simulated -----------
   std::vector<double> tf(P_, 0.0), tb(P_, 0.0);  // per rank, its chunks together
@@ -1064,14 +1104,13 @@ inline Estimate estimate_on(const Problem& pr, const Machine& mc, const Layout& 
     }
   std::vector<int> live(P_, 1);
   if (p > 1)
-    live = parallel::check(parallel::make_schedule(l.schedule, p, m, v), tf, tb)
-               .peak_live;  // proves the table too
+    live = parallel::check(parallel::make_schedule(l.schedule, p, m, v), tf, tb).peak_live;  // proves the table too
   std::vector<double> work_f(VS), work_b(VS), wait(VS);
   for (std::size_t vs = 0; vs < VS; ++vs)
     work_f[vs] = in[vs].cost.forward, work_b[vs] = in[vs].cost.backward, wait[vs] = in[vs].cost.tp_comm;
   const double share    = std::clamp(mc.core_share, 1e-3, 1.0);
-  const double makespan = plan_detail::simulate(l.schedule, p, m, work_f, work_b, wait, hop,
-                                                share * mc.ranks, l.dp * l.tp, v, mc.ranks_per_node);
+  const double makespan = plan_detail::simulate(l.schedule, p, m, work_f, work_b, wait, hop, share * mc.ranks,
+                                                l.dp * l.tp, v, mc.ranks_per_node);
   // the parts: the busiest stage's compute (at the cores' share when all ranks compute), its
   // communication; the rest of the simulated makespan is the bubble
   int busiest = 0;
@@ -1085,9 +1124,9 @@ inline Estimate estimate_on(const Problem& pr, const Machine& mc, const Layout& 
     e.bytes.tp += m * in[vs].tp_bytes;
     hops += hops_of(vs);
   }
-  e.time.pp_comm = p > 1 ? m * hop * hops : 0.0;
-  e.time.bubble  = makespan - e.time.compute - e.time.tp_comm - e.time.pp_comm;
-  e.bytes.pp     = m * 2.0 * hop_bytes * hops;
+  e.time.pp_comm             = p > 1 ? m * hop * hops : 0.0;
+  e.time.bubble              = makespan - e.time.compute - e.time.tp_comm - e.time.pp_comm;
+  e.bytes.pp                 = m * 2.0 * hop_bytes * hops;
   const auto rank_parameters = [&](int s) {
     double P = 0;
     for (int k = 0; k < v; ++k) P += in[vstage(s, k)].parameters;
@@ -1096,11 +1135,19 @@ inline Estimate estimate_on(const Problem& pr, const Machine& mc, const Layout& 
   if (l.dp > 1) {
     const double P = rank_parameters(busiest);
     switch (l.sync.mode) {
-      case DpMode::Sync: e.bytes.dp = sb * P * (l.zero == 2 ? m + 1 : l.zero ? 2 : 1); break;  // ZeRO-2: a reduce-scatter per microbatch
-      case DpMode::Bf16: e.bytes.dp = 2 * P; break;
+      case DpMode::Sync:
+        e.bytes.dp = sb * P * (l.zero == 2 ? m + 1 : l.zero ? 2 : 1);
+        break;  // ZeRO-2: a reduce-scatter per microbatch
+      case DpMode::Bf16:
+        e.bytes.dp = 2 * P;
+        break;
       case DpMode::LocalSgd:
-      case DpMode::DiLoCo: e.bytes.dp = sb * P / l.sync.period; break;  // per step, amortised
-      case DpMode::Stale: e.bytes.dp = sb * P; break;
+      case DpMode::DiLoCo:
+        e.bytes.dp = sb * P / l.sync.period;
+        break;  // per step, amortised
+      case DpMode::Stale:
+        e.bytes.dp = sb * P;
+        break;
     }
   }
   if (e.time.bubble < 0) {  // ranks waiting elsewhere left the busiest more than its share
@@ -1142,7 +1189,7 @@ inline Estimate estimate_on(const Problem& pr, const Machine& mc, const Layout& 
       // communication but its own); what it does not fit into is exposed
       const double ar   = mc.all_reduce_on(grad_bytes, l.dp, l.tp);
       const double step = makespan + mc.memory(2 * grad_bytes) / share;
-      dp = std::max(0.0, ar - l.sync.period * step) + mc.memory(2 * grad_bytes) / share;
+      dp                = std::max(0.0, ar - l.sync.period * step) + mc.memory(2 * grad_bytes) / share;
     } else if (l.dp > 1) {
       // LocalSgd / DiLoCo: the parameters' average (blocking) every `period` steps, DiLoCo's
       // outer step reading x, anchor, momentum and writing them
@@ -1153,13 +1200,11 @@ inline Estimate estimate_on(const Problem& pr, const Machine& mc, const Layout& 
     // zero_grad (write G), norm (read G), AdamW (read p g m v, write p m v) on what this rank
     // updates
     const double updated = l.zero ? shard : P;
-    const double opt     = (mc.optimizer_seconds_per_value > 0
-                                ? mc.optimizer_seconds_per_value * (2 * P + 7 * updated) / 9
-                                : mc.memory(sb * (2 * P + 7 * updated))) /
+    const double opt = (mc.optimizer_seconds_per_value > 0 ? mc.optimizer_seconds_per_value * (2 * P + 7 * updated) / 9
+                                                           : mc.memory(sb * (2 * P + 7 * updated))) /
                            share +
                        mc.all_reduce_on(16, l.tp, 1) + mc.all_reduce_on(16, l.pp, l.tp * l.dp) +
-                       (l.zero ? mc.all_reduce_on(16, l.dp, l.tp) : 0.0) +
-                       2 * double(P > 0) * 20 * mc.kernel_seconds;
+                       (l.zero ? mc.all_reduce_on(16, l.dp, l.tp) : 0.0) + 2 * double(P > 0) * 20 * mc.kernel_seconds;
     if (dp + opt > tail) tail = dp + opt, tail_dp = dp, tail_opt = opt;
   }
   e.time.dp_comm   = tail_dp;
@@ -1194,9 +1239,10 @@ class StagePlans {
 inline double peak_bytes(const Problem& pr, const Machine& mc, const Layout& l, const std::vector<int>& live,
                          int* heaviest = nullptr) {
   const std::string why = why_invalid(pr, l, mc.ranks);
-  detail::require<ConfigError>(why.empty() && live.size() == static_cast<std::size_t>(l.pp), "pmt::plan::peak_bytes", [&] {
-    return l.describe() + ": " + (why.empty() ? detail::str(live.size(), " live counts for pp ", l.pp) : why);
-  });
+  detail::require<ConfigError>(
+      why.empty() && live.size() == static_cast<std::size_t>(l.pp), "pmt::plan::peak_bytes", [&] {
+        return l.describe() + ": " + (why.empty() ? detail::str(live.size(), " live counts for pp ", l.pp) : why);
+      });
   return plan_detail::peak_bytes_on(pr, mc, l, stage_plan(pr, l.pp * l.chunks), live, heaviest);
 }
 
@@ -1204,8 +1250,7 @@ inline double peak_bytes(const Problem& pr, const Machine& mc, const Layout& l, 
 /// \throws pmt::ConfigError when the layout cannot run the problem (why_invalid).
 inline Estimate estimate(const Problem& pr, const Machine& mc, const Layout& l) {
   const std::string why = why_invalid(pr, l, mc.ranks);
-  detail::require<ConfigError>(why.empty(), "pmt::plan::estimate",
-                               [&] { return l.describe() + ": " + why; });
+  detail::require<ConfigError>(why.empty(), "pmt::plan::estimate", [&] { return l.describe() + ": " + why; });
   return plan_detail::estimate_on(pr, mc, l, stage_plan(pr, l.pp * l.chunks));
 }
 

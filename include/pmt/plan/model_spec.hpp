@@ -31,7 +31,7 @@ struct LayerSpec {
   double flops = 0, replicated_flops = 0;
   double input = 0, output = 0;
   bool input_split = false, output_split = false;
-  double saved = 0;
+  double saved          = 0;
   double forward_reduce = 0, backward_reduce = 0;
   std::vector<std::size_t> divides;
 
@@ -50,7 +50,7 @@ struct LayerSpec {
 struct ModelSpec {
   std::string name;
   std::vector<LayerSpec> layers;
-  double rows_per_sample = 1;
+  double rows_per_sample    = 1;
   double data_bytes_per_row = 0;
 
   bool empty() const noexcept { return layers.empty(); }

@@ -42,12 +42,12 @@ struct Rejection {
 
 /// \brief What to search.
 struct SearchOptions {
-  bool allow_zero      = true;
+  bool allow_zero = true;
   /// ZeRO-2 (the gradients sharded too) is tried beside ZeRO-1 when dp > 1 (allow_zero): with
   /// one microbatch, where it communicates what ZeRO-1 does, and with several where ZeRO-1 does
   /// not fit even with sequence parallelism and recomputation (it reduce-scatters every microbatch).
-  bool allow_zero2     = true;
-  bool allow_gpipe     = true;
+  bool allow_zero2 = true;
+  bool allow_gpipe = true;
   /// A layout that does not fit in memory is tried again with activation recomputation: of the
   /// attention (Layout::recompute_attention, a Gpt's) or of whole blocks (Layout::recompute).
   bool allow_recompute = true;
@@ -76,8 +76,8 @@ struct Plan {
       std::string why;
       for (std::size_t i = 0; i < rejected.size() && i < 8; ++i)
         why += "\n  " + rejected[i].layout.describe() + ": " + rejected[i].reason;
-      return detail::str("no layout of ", machine.ranks, " ranks runs this problem; ",
-                         rejected.size(), " rejected:", why);
+      return detail::str("no layout of ", machine.ranks, " ranks runs this problem; ", rejected.size(),
+                         " rejected:", why);
     });
     return ranked.front();
   }
@@ -97,15 +97,13 @@ struct Plan {
       std::snprintf(line, sizeof line,
                     "%4zu  %-38s %8.2f %8.2f %9.2f %9.2f %9.2f %9.2f %6.2f   %8.1f (%d)      %8.1f "
                     "           %8.1f (x%d)   %6.1f/%.1f/%.1f\n",
-                    i + 1, e.layout.describe().c_str(), 1e3 * e.step_seconds(), 1e3 * t.compute,
-                    1e3 * t.tp_comm, 1e3 * t.pp_comm, 1e3 * t.bubble, 1e3 * t.dp_comm,
-                    1e3 * t.optimizer, mib(e.peak_bytes()), e.heaviest_stage(),
-                    mib(m.parameters + m.gradients + m.optimizer + m.buckets), mib(m.activations),
+                    i + 1, e.layout.describe().c_str(), 1e3 * e.step_seconds(), 1e3 * t.compute, 1e3 * t.tp_comm,
+                    1e3 * t.pp_comm, 1e3 * t.bubble, 1e3 * t.dp_comm, 1e3 * t.optimizer, mib(e.peak_bytes()),
+                    e.heaviest_stage(), mib(m.parameters + m.gradients + m.optimizer + m.buckets), mib(m.activations),
                     m.live_microbatches, mib(e.bytes.tp), mib(e.bytes.pp), mib(e.bytes.dp));
       out += line;
     }
-    if (ranked.size() > top)
-      out += detail::str("... and ", ranked.size() - top, " more that run\n");
+    if (ranked.size() > top) out += detail::str("... and ", ranked.size() - top, " more that run\n");
     if (!ranked.empty()) out += "why rank 1: " + explain() + "\n";
     // rejections: grouped by reason, each with an example
     std::map<std::string, std::vector<std::string>> by_reason;
@@ -117,8 +115,7 @@ struct Plan {
     if (!rejected.empty()) out += detail::str("rejected: ", rejected.size(), " layouts\n");
     for (const auto& [reason, which] : by_reason) {
       out += detail::str("  ", which.size(), " x ", reason, "\n");
-      for (std::size_t i = 0; i < which.size() && i < 3; ++i)
-        out += "      e.g. " + which[i] + "\n";
+      for (std::size_t i = 0; i < which.size() && i < 3; ++i) out += "      e.g. " + which[i] + "\n";
     }
     return out;
   }
@@ -128,12 +125,10 @@ struct Plan {
     if (ranked.empty()) return "nothing runs";
     const auto& b = ranked.front();
     using planner_detail::fixed;
-    std::string out = detail::str(b.layout.describe(), " is predicted at ",
-                                  fixed(1e3 * b.step_seconds(), 2), " ms");
+    std::string out = detail::str(b.layout.describe(), " is predicted at ", fixed(1e3 * b.step_seconds(), 2), " ms");
     for (std::size_t i = 1; i < ranked.size(); ++i) {
       const auto& o = ranked[i];
-      if (o.layout.dp == b.layout.dp && o.layout.tp == b.layout.tp && o.layout.pp == b.layout.pp)
-        continue;
+      if (o.layout.dp == b.layout.dp && o.layout.tp == b.layout.tp && o.layout.pp == b.layout.pp) continue;
       const char* names[] = {"compute", "tp comm", "pp comm", "bubble", "dp comm", "optimizer"};
       const double d[]    = {o.time.compute - b.time.compute, o.time.tp_comm - b.time.tp_comm,
                              o.time.pp_comm - b.time.pp_comm, o.time.bubble - b.time.bubble,
@@ -142,8 +137,8 @@ struct Plan {
       for (int j = 1; j < 6; ++j)
         if (d[j] > d[k]) k = j;
       out += detail::str("; the next other (dp, tp, pp), ", o.layout.describe(), ", takes ",
-                         fixed(1e3 * o.step_seconds(), 2), " ms (mostly more ", names[k], ": +",
-                         fixed(1e3 * d[k], 2), " ms)");
+                         fixed(1e3 * o.step_seconds(), 2), " ms (mostly more ", names[k], ": +", fixed(1e3 * d[k], 2),
+                         " ms)");
       break;
     }
     return out;
@@ -152,9 +147,8 @@ struct Plan {
 
 /// \brief Every layout of the machine's ranks for the problem, predicted and ranked.
 inline Plan search(const Problem& pr, const Machine& mc, const SearchOptions& o = {}) {
-  detail::require<ConfigError>(mc.ranks >= 1, "pmt::plan::search", [&] {
-    return detail::str("the machine has ", mc.ranks, " ranks; expected >= 1");
-  });
+  detail::require<ConfigError>(mc.ranks >= 1, "pmt::plan::search",
+                               [&] { return detail::str("the machine has ", mc.ranks, " ranks; expected >= 1"); });
   Plan plan;
   plan.problem = pr;
   plan.machine = mc;
@@ -190,7 +184,8 @@ inline Plan search(const Problem& pr, const Machine& mc, const SearchOptions& o 
             // ZeRO-2 reduce-scatters every microbatch: with several, only where ZeRO-1 does not fit
             // even with sequence parallelism and recomputation
             if (zero == 2 && m > 1 && zero1_fits) continue;
-            Layout l{dp, tp, pp, m, gpipe ? parallel::ScheduleKind::GPipe : parallel::ScheduleKind::OneFOneB, zero, chunks, choice};
+            Layout l{dp,   tp,     pp,    m, gpipe ? parallel::ScheduleKind::GPipe : parallel::ScheduleKind::OneFOneB,
+                     zero, chunks, choice};
             if (chunks > 1 && !why_invalid(pr, l, R).empty()) continue;  // too few layers, or m not a multiple of pp
             Estimate e = plan_detail::estimate_on(pr, mc, l, stages(pp * chunks));
             if (mc.memory_bytes > 0 && e.peak_bytes() > mc.memory_bytes) {
@@ -204,7 +199,7 @@ inline Plan search(const Problem& pr, const Machine& mc, const SearchOptions& o 
               if (o.allow_recompute && pr.spec.empty()) tries.push_back({seq, true, false});
               if (o.allow_recompute) tries.push_back({seq, false, true});
               const auto with = [&](const std::array<bool, 3>& t) {
-                Layout r = l;
+                Layout r            = l;
                 r.sequence_parallel = t[0], r.recompute_attention = t[1], r.recompute = t[2];
                 return r;
               };
@@ -214,15 +209,17 @@ inline Plan search(const Problem& pr, const Machine& mc, const SearchOptions& o 
               for (const auto& mem : e.memory) live.push_back(mem.live_microbatches);
               for (const auto& t : tries) {
                 Layout r = with(t);
-                if (!why_invalid(pr, r, R).empty() || plan_detail::peak_bytes_on(pr, mc, r, stages(pp * chunks), live, nullptr) > mc.memory_bytes)
+                if (!why_invalid(pr, r, R).empty() ||
+                    plan_detail::peak_bytes_on(pr, mc, r, stages(pp * chunks), live, nullptr) > mc.memory_bytes)
                   continue;
                 // recomputation on the first stages only, as few as fit (1F1B: the first hold the
                 // most live microbatches)
                 if ((r.recompute || r.recompute_attention) && pp > 1)
                   for (int k = 1; k < pp; ++k) {
-                    Layout fewer = r;
+                    Layout fewer           = r;
                     fewer.recompute_stages = k;
-                    if (plan_detail::peak_bytes_on(pr, mc, fewer, stages(pp * chunks), live, nullptr) <= mc.memory_bytes) {
+                    if (plan_detail::peak_bytes_on(pr, mc, fewer, stages(pp * chunks), live, nullptr) <=
+                        mc.memory_bytes) {
                       r = fewer;
                       break;
                     }
@@ -233,9 +230,8 @@ inline Plan search(const Problem& pr, const Machine& mc, const SearchOptions& o 
             }
             if (mc.memory_bytes > 0 && e.peak_bytes() > mc.memory_bytes) {
               plan.rejected.push_back(
-                  {l, detail::str("needs ", planner_detail::fixed(e.peak_bytes() / 1048576.0),
-                                  " MiB on stage ", e.heaviest_stage(), " > ",
-                                  planner_detail::fixed(mc.memory_bytes / 1048576.0),
+                  {l, detail::str("needs ", planner_detail::fixed(e.peak_bytes() / 1048576.0), " MiB on stage ",
+                                  e.heaviest_stage(), " > ", planner_detail::fixed(mc.memory_bytes / 1048576.0),
                                   " MiB per rank")});
               continue;
             }
@@ -246,14 +242,13 @@ inline Plan search(const Problem& pr, const Machine& mc, const SearchOptions& o 
       }
     }
   }
-  std::stable_sort(plan.ranked.begin(), plan.ranked.end(),
-                   [](const Estimate& a, const Estimate& b) {
-                     const double ta = a.step_seconds(), tb = b.step_seconds();
-                     if (std::abs(ta - tb) > 0.01 * std::min(ta, tb)) return ta < tb;
-                     if (a.peak_bytes() != b.peak_bytes()) return a.peak_bytes() < b.peak_bytes();
-                     if (a.layout.microbatches != b.layout.microbatches) return a.layout.microbatches < b.layout.microbatches;
-                     return a.layout.chunks < b.layout.chunks;
-                   });
+  std::stable_sort(plan.ranked.begin(), plan.ranked.end(), [](const Estimate& a, const Estimate& b) {
+    const double ta = a.step_seconds(), tb = b.step_seconds();
+    if (std::abs(ta - tb) > 0.01 * std::min(ta, tb)) return ta < tb;
+    if (a.peak_bytes() != b.peak_bytes()) return a.peak_bytes() < b.peak_bytes();
+    if (a.layout.microbatches != b.layout.microbatches) return a.layout.microbatches < b.layout.microbatches;
+    return a.layout.chunks < b.layout.chunks;
+  });
   return plan;
 }
 

@@ -15,11 +15,11 @@
 namespace pmt::detail {
 
 template <class P, class... Ps>
-inline constexpr int same_axis_count_v =
-    ((policy_traits<Ps>::has_axis && policy_traits<P>::has_axis && policy_traits<Ps>::axis == policy_traits<P>::axis
-          ? 1
-          : 0) +
-     ... + 0);
+inline constexpr int same_axis_count_v = ((policy_traits<Ps>::has_axis && policy_traits<P>::has_axis &&
+                                                   policy_traits<Ps>::axis == policy_traits<P>::axis
+                                               ? 1
+                                               : 0) +
+                                          ... + 0);
 
 /// Instantiated with ok = false for a policy whose axis another policy of the Hybrid also uses;
 /// the diagnostic names that policy and the whole Hybrid.
@@ -60,7 +60,8 @@ namespace pmt {
 
 /// \brief Model-level composition of DataParallel<>, TensorSplit<> and Pipeline<> (any order,
 /// one per axis) and Recompute<> (at most one).
-/// \code using Par = pmt::Hybrid<pmt::DataParallel<>, pmt::TensorSplit<pmt::Sequence>, pmt::Pipeline<2>, pmt::Recompute<pmt::Selective>>; \endcode
+/// \code using Par = pmt::Hybrid<pmt::DataParallel<>, pmt::TensorSplit<pmt::Sequence>, pmt::Pipeline<2>,
+/// pmt::Recompute<pmt::Selective>>; \endcode
 template <class... Ps>
 struct Hybrid {
   static_assert((is_parallel_policy_v<Ps> && ...),
@@ -103,18 +104,22 @@ struct activation_policy {
 };
 template <class... Ps>
 struct activation_policy<Hybrid<Ps...>> {
-  using R = typename Hybrid<Ps...>::recompute;
+  using R                                 = typename Hybrid<Ps...>::recompute;
   static constexpr bool sequence_parallel = Hybrid<Ps...>::sequence_parallel;
   static constexpr bool fixes_recompute   = !std::is_void_v<R>;
   template <class W>
   static constexpr bool what_is() {
-    if constexpr (std::is_void_v<R>) return false;
-    else return std::is_same_v<typename R::what, W>;
+    if constexpr (std::is_void_v<R>)
+      return false;
+    else
+      return std::is_same_v<typename R::what, W>;
   }
   static constexpr bool full = what_is<Full>(), selective = what_is<Selective>();
   static constexpr bool recomputes_on(int stage) noexcept {
-    if constexpr (std::is_void_v<R>) return (void)stage, false;
-    else return R::on(stage);
+    if constexpr (std::is_void_v<R>)
+      return (void)stage, false;
+    else
+      return R::on(stage);
   }
 };
 

@@ -27,10 +27,14 @@ inline constexpr bool is_placement_v =
 /// \brief What a placement is called in messages.
 template <class P>
 constexpr const char* placement_name() {
-  if constexpr (std::is_same_v<P, Replicated>) return "replicated";
-  else if constexpr (std::is_same_v<P, Sharded>) return "tp-sharded";
-  else if constexpr (std::is_same_v<P, Partial>) return "partial-sum";
-  else return "any";
+  if constexpr (std::is_same_v<P, Replicated>)
+    return "replicated";
+  else if constexpr (std::is_same_v<P, Sharded>)
+    return "tp-sharded";
+  else if constexpr (std::is_same_v<P, Partial>)
+    return "partial-sum";
+  else
+    return "any";
 }
 
 }  // namespace pmt

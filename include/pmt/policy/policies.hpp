@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The policy tags: Replicate, TensorSplit<Col|Row|AutoSplit|Sequence>, DataParallel<Mode>,
-// Pipeline<Stages, Schedule> and Recompute<What, Stages>. Policies are empty types; everything about them is queried through
-// policy_traits (policy/policy_traits.hpp), the single customization point.
+// Pipeline<Stages, Schedule> and Recompute<What, Stages>. Policies are empty types; everything about them is queried
+// through policy_traits (policy/policy_traits.hpp), the single customization point.
 
 #include "pmt/policy/axis.hpp"
 
@@ -105,7 +105,8 @@ template <class What = Full, int Stages = 0>
 struct Recompute {
   static_assert(std::is_same_v<What, Full> || std::is_same_v<What, Selective>,
                 "pmt::Recompute<What>: What must be pmt::Full (whole blocks) or pmt::Selective (the attention core)");
-  static_assert(Stages >= 0, "pmt::Recompute<What, Stages>: Stages (the first stages that recompute; 0: all) must be >= 0");
+  static_assert(Stages >= 0,
+                "pmt::Recompute<What, Stages>: Stages (the first stages that recompute; 0: all) must be >= 0");
   using what                  = What;
   static constexpr int stages = Stages;
   /// \brief Whether pipeline stage `stage` recomputes.

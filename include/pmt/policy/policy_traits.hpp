@@ -31,78 +31,78 @@ struct policy_traits {};
 template <>
 struct policy_traits<Replicate> {
   static constexpr bool has_axis = false, layer_policy = true, model_policy = false;
-  static constexpr Axis axis      = Axis::tp;  // unused
+  static constexpr Axis axis         = Axis::tp;  // unused
   static constexpr int static_degree = 1;
-  using split            = void;
-  using input_placement  = Replicated;
-  using output_placement = Replicated;
+  using split                        = void;
+  using input_placement              = Replicated;
+  using output_placement             = Replicated;
 };
 
 /// \brief Column split over tp: Replicated in, Sharded out.
 template <>
 struct policy_traits<TensorSplit<Col>> {
   static constexpr bool has_axis = true, layer_policy = true, model_policy = false;
-  static constexpr Axis axis      = Axis::tp;
+  static constexpr Axis axis         = Axis::tp;
   static constexpr int static_degree = dynamic;
-  using split            = Col;
-  using input_placement  = Replicated;
-  using output_placement = Sharded;
+  using split                        = Col;
+  using input_placement              = Replicated;
+  using output_placement             = Sharded;
 };
 
 /// \brief Row split over tp: Sharded in, Replicated out (an all-reduce inside).
 template <>
 struct policy_traits<TensorSplit<Row>> {
   static constexpr bool has_axis = true, layer_policy = true, model_policy = false;
-  static constexpr Axis axis      = Axis::tp;
+  static constexpr Axis axis         = Axis::tp;
   static constexpr int static_degree = dynamic;
-  using split            = Row;
-  using input_placement  = Sharded;
-  using output_placement = Replicated;
+  using split                        = Row;
+  using input_placement              = Sharded;
+  using output_placement             = Replicated;
 };
 
 /// \brief TensorSplit<> on a model: the tp axis, each layer choosing its split.
 template <>
 struct policy_traits<TensorSplit<AutoSplit>> {
   static constexpr bool has_axis = true, layer_policy = false, model_policy = true;
-  static constexpr Axis axis      = Axis::tp;
+  static constexpr Axis axis         = Axis::tp;
   static constexpr int static_degree = dynamic;
-  using split = void;
+  using split                        = void;
 };
 
 /// \brief TensorSplit<Sequence> on a model: the tp axis with sequence parallelism.
 template <>
 struct policy_traits<TensorSplit<Sequence>> {
   static constexpr bool has_axis = true, layer_policy = false, model_policy = true;
-  static constexpr Axis axis      = Axis::tp;
+  static constexpr Axis axis         = Axis::tp;
   static constexpr int static_degree = dynamic;
-  using split = void;
+  using split                        = void;
 };
 
 /// \brief Recompute<What, Stages>: a model policy on no mesh axis.
 template <class What, int Stages>
 struct policy_traits<Recompute<What, Stages>> {
   static constexpr bool has_axis = false, layer_policy = false, model_policy = true;
-  static constexpr Axis axis      = Axis::pp;  // unused
+  static constexpr Axis axis         = Axis::pp;  // unused
   static constexpr int static_degree = 1;
-  using split = void;
+  using split                        = void;
 };
 
 /// \brief DataParallel<Mode>: the dp axis, a model policy.
 template <class Mode>
 struct policy_traits<DataParallel<Mode>> {
   static constexpr bool has_axis = true, layer_policy = false, model_policy = true;
-  static constexpr Axis axis      = Axis::dp;
+  static constexpr Axis axis         = Axis::dp;
   static constexpr int static_degree = dynamic;
-  using split = void;
+  using split                        = void;
 };
 
 /// \brief Pipeline<Stages, Schedule>: the pp axis, Stages stages (pmt::dynamic: any).
 template <int Stages, class Schedule>
 struct policy_traits<Pipeline<Stages, Schedule>> {
   static constexpr bool has_axis = true, layer_policy = false, model_policy = true;
-  static constexpr Axis axis      = Axis::pp;
+  static constexpr Axis axis         = Axis::pp;
   static constexpr int static_degree = Stages;
-  using split = void;
+  using split                        = void;
 };
 
 /// \brief True when P has a policy_traits specialization (is_parallel_policy_v below).

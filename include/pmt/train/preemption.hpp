@@ -35,7 +35,7 @@ inline std::atomic<int>& signal_seen() noexcept {
 inline void on_signal(int sig) {
   if (signal_seen().exchange(sig) != 0) {  // the second one: end now
     static const char msg[] = "pmt: a second signal: stopping at once, without a checkpoint\n";
-    const ssize_t n = ::write(2, msg, sizeof msg - 1);
+    const ssize_t n         = ::write(2, msg, sizeof msg - 1);
     (void)n;
     ::_exit(128 + sig);
   }
@@ -69,10 +69,14 @@ int agree_stop(const comm::Communicator<Backend>& world) {
 /// \brief "SIGTERM", "SIGINT", "SIGUSR1" or "signal N".
 inline const char* signal_name(int sig) {
   switch (sig) {
-    case SIGTERM: return "SIGTERM";
-    case SIGINT: return "SIGINT";
-    case SIGUSR1: return "SIGUSR1";
-    default: return "a signal";
+    case SIGTERM:
+      return "SIGTERM";
+    case SIGINT:
+      return "SIGINT";
+    case SIGUSR1:
+      return "SIGUSR1";
+    default:
+      return "a signal";
   }
 }
 

@@ -37,25 +37,25 @@
 // reduce-scattered as soon as it is final, and the tied and sequence-parallel sums run on its
 // shards (finish_grads) instead of finalize_grads / sum_partial_grads.
 
-#include "pmt/core/instrument.hpp"
 #include "pmt/comm/agree.hpp"
 #include "pmt/comm/collectives.hpp"
 #include "pmt/comm/mesh.hpp"
 #include "pmt/core/error.hpp"
+#include "pmt/core/instrument.hpp"
 #include "pmt/core/parameter.hpp"
 #include "pmt/core/precision.hpp"
 #include "pmt/core/random.hpp"
+#include "pmt/core/workspace.hpp"
 #include "pmt/optim/clip.hpp"
 #include "pmt/optim/zero.hpp"
 #include "pmt/optim/zero2.hpp"
 #include "pmt/parallel/grad_sync.hpp"
 #include "pmt/parallel/pipeline.hpp"
 #include "pmt/parallel/schedule.hpp"
-#include "pmt/parallel/stale_sync.hpp"
 #include "pmt/parallel/stage_module.hpp"
+#include "pmt/parallel/stale_sync.hpp"
 #include "pmt/policy/hybrid.hpp"
 #include "pmt/policy/policies.hpp"
-#include "pmt/core/workspace.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -77,13 +77,13 @@ template <class Exec, class V>
 void outer_update(const Exec& exec, const V& x, const V& a, const V& m, typename V::non_const_value_type lr,
                   typename V::non_const_value_type mu, bool nesterov) {
   using T = typename V::non_const_value_type;
-  Kokkos::parallel_for("pmt::train::Trainer::outer_step", Kokkos::RangePolicy<Exec>(exec, 0, x.size()),
-                       KOKKOS_LAMBDA(std::size_t k) {
-                         const T delta = a(k) - x(k);
-                         m(k)          = mu * m(k) + delta;
-                         a(k) -= lr * (nesterov ? delta + mu * m(k) : m(k));
-                         x(k) = a(k);
-                       });
+  Kokkos::parallel_for(
+      "pmt::train::Trainer::outer_step", Kokkos::RangePolicy<Exec>(exec, 0, x.size()), KOKKOS_LAMBDA(std::size_t k) {
+        const T delta = a(k) - x(k);
+        m(k)          = mu * m(k) + delta;
+        a(k) -= lr * (nesterov ? delta + mu * m(k) : m(k));
+        x(k) = a(k);
+      });
 }
 
 }  // namespace pmt::detail
@@ -157,7 +157,7 @@ struct TrainerOptions {
   /// ops::matmul_bf16 (operands rounded to bf16, fp32 sums) inside a PrecisionScope; parameters,
   /// gradients, optimizer state and the other ops stay in the model's type (fp32 masters).
   Precision precision = Precision::fp32;
-  TrainerOptions() = default;
+  TrainerOptions()    = default;
   TrainerOptions(std::size_t bucket_bytes) : sync(bucket_bytes) {}
   TrainerOptions(parallel::GradSyncOptions s) : sync(s) {}
 };
@@ -166,10 +166,10 @@ struct TrainerOptions {
 /// number of stages (pmt::dynamic: any) and the default schedule.
 template <class Policy>
 struct trainer_policy {  // a bare dp mode: every axis allowed, 1F1B
-  using dp_mode                          = Policy;
+  using dp_mode            = Policy;
   static constexpr bool dp = true, tp = true, pp = true;
-  static constexpr int stages            = dynamic;
-  static constexpr int chunks            = dynamic;  ///< model chunks per stage the policy requires (dynamic: any)
+  static constexpr int stages = dynamic;
+  static constexpr int chunks = dynamic;  ///< model chunks per stage the policy requires (dynamic: any)
   static constexpr parallel::ScheduleKind schedule = parallel::ScheduleKind::OneFOneB;
 };
 template <class... Ps>
@@ -192,8 +192,10 @@ struct trainer_policy<Hybrid<Ps...>> {
   };
   template <class S>
   static constexpr int chunks_of() {
-    if constexpr (policy_detail::is_interleaved_v<S>) return S::chunks;
-    else return dynamic;
+    if constexpr (policy_detail::is_interleaved_v<S>)
+      return S::chunks;
+    else
+      return dynamic;
   }
   template <class P>
   struct pipeline_of<P, std::void_t<typename P::schedule>> {
@@ -202,10 +204,10 @@ struct trainer_policy<Hybrid<Ps...>> {
     static constexpr parallel::ScheduleKind schedule =
         std::is_same_v<typename P::schedule, GPipe> ? parallel::ScheduleKind::GPipe : parallel::ScheduleKind::OneFOneB;
   };
-  using dp_mode                          = typename mode_of<DpP>::type;
+  using dp_mode            = typename mode_of<DpP>::type;
   static constexpr bool dp = H::has(Axis::dp), tp = H::has(Axis::tp), pp = H::has(Axis::pp);
-  static constexpr int stages            = pipeline_of<PpP>::stages;
-  static constexpr int chunks            = pipeline_of<PpP>::chunks;
+  static constexpr int stages                      = pipeline_of<PpP>::stages;
+  static constexpr int chunks                      = pipeline_of<PpP>::chunks;
   static constexpr parallel::ScheduleKind schedule = pipeline_of<PpP>::schedule;
 };
 
@@ -216,11 +218,11 @@ struct trainer_policy<Hybrid<Ps...>> {
 template <class Model, class Optimizer, class Exec, class Backend, class Policy = Synchronous>
 class Trainer {
   static_assert(parallel::check_stage_module<Model, Exec>());
-  using policy  = trainer_policy<Policy>;
-  using DpMode  = typename policy::dp_mode;
-  using mode    = dp_mode_traits<DpMode>;
+  using policy                = trainer_policy<Policy>;
+  using DpMode                = typename policy::dp_mode;
+  using mode                  = dp_mode_traits<DpMode>;
   static constexpr bool local = mode::local, diloco = mode::diloco;  // replicas apart between averages; outer step
-  static constexpr bool stale = mode::stale;                          // gradient sums applied S steps late
+  static constexpr bool stale = mode::stale;                         // gradient sums applied S steps late
   static_assert(std::is_same_v<DpMode, Synchronous> || local || stale,
                 "pmt::train::Trainer: DpMode must be pmt::Synchronous, pmt::LocalSgd<H>, pmt::DiLoCo<H> or "
                 "pmt::BoundedStaleness<S>");
@@ -240,10 +242,20 @@ class Trainer {
 
   /// \throws pmt::ConfigError for gradient compression without synchronous gradients, or outer
   /// options out of range.
-  Trainer(const Mesh<Backend>& mesh, Model& model, Optimizer& opt, const Exec& exec = Exec(), TrainerOptions options = {})
-      : m_mesh(checked(mesh, model, options)), m_model(model), m_opt(opt), m_exec(exec),
-        m_sync(mesh.comm(Axis::dp), syncs_gradients ? model.parameters() : std::vector<Parameter<T, Exec>*>{}, options.sync),
-        m_schedule(policy::schedule), m_outer(options.outer), m_precision(options.precision), m_period(!local ? 0 : mode::period == dynamic ? options.period : mode::period) {
+  Trainer(const Mesh<Backend>& mesh, Model& model, Optimizer& opt, const Exec& exec = Exec(),
+          TrainerOptions options = {})
+      : m_mesh(checked(mesh, model, options)),
+        m_model(model),
+        m_opt(opt),
+        m_exec(exec),
+        m_sync(mesh.comm(Axis::dp), syncs_gradients ? model.parameters() : std::vector<Parameter<T, Exec>*>{},
+               options.sync),
+        m_schedule(policy::schedule),
+        m_outer(options.outer),
+        m_precision(options.precision),
+        m_period(!local                    ? 0
+                 : mode::period == dynamic ? options.period
+                                           : mode::period) {
     if constexpr (diloco)
       for (auto* p : model.parameters()) {
         m_anchor.emplace_back("pmt::train::Trainer::outer_anchor", p->size());
@@ -252,12 +264,13 @@ class Trainer {
     // a model that says when gradients are final lets the dp all-reduces overlap its backward;
     // otherwise they all start in finish()
     if constexpr (stale)
-      m_stale.emplace(mesh.comm(Axis::dp), model.parameters(), mode::period == dynamic ? options.staleness : mode::period);
+      m_stale.emplace(mesh.comm(Axis::dp), model.parameters(),
+                      mode::period == dynamic ? options.staleness : mode::period);
     if constexpr (parallel::has_grads_hook_v<Model, Exec>)
       m_model.on_grads_ready([this](const std::vector<Parameter<T, Exec>*>& ps) {
         m_sync.ready(m_exec, ps);
         if constexpr (shards_grads) m_opt.grads_ready(m_exec, ps);  // ZeRO-2: the bucket's reduce-scatter starts
-        if constexpr (stale) m_stale->progress();  // the sums in flight move on during backward
+        if constexpr (stale) m_stale->progress();                   // the sums in flight move on during backward
       });
     if constexpr (shards_grads) {
       check_tied(model, opt);
@@ -280,7 +293,7 @@ class Trainer {
   double step(const std::vector<Batch>& microbatches, const StepOptions& o) {
     check_batch("pmt::train::Trainer::step", microbatches, o.normaliser);
     const Instrument instrument("pmt::train::Trainer::step");
-    const WorkspaceScope workspace;  // the step's memory: planned by the first step, reused by the next
+    const WorkspaceScope workspace;              // the step's memory: planned by the first step, reused by the next
     const PrecisionScope products(m_precision);  // fp32 or bf16 float products
     const std::int64_t global_step = o.step >= 0 ? o.step : m_calls;
     const RandomStepScope random_step(static_cast<std::uint64_t>(global_step));
@@ -300,12 +313,14 @@ class Trainer {
     if constexpr (shards_grads) {
       m_opt.finish_grads(m_exec);  // ZeRO-2: the same sums, on the gradient shards
     } else {
-      parallel::finalize_grads(m_exec, m_mesh.comm(Axis::pp), m_model);  // tied copies on two stages sum their gradients
-      parallel::sum_partial_grads(m_exec, m_mesh.comm(Axis::tp), m_model.parameters());  // sequence parallelism: rows' parts summed
+      parallel::finalize_grads(m_exec, m_mesh.comm(Axis::pp),
+                               m_model);  // tied copies on two stages sum their gradients
+      parallel::sum_partial_grads(m_exec, m_mesh.comm(Axis::tp),
+                                  m_model.parameters());  // sequence parallelism: rows' parts summed
     }
-    const double total = global_loss(local ? loss / dp : loss);
+    const double total  = global_loss(local ? loss / dp : loss);
     const bool bad_loss = o.skip_nonfinite && !std::isfinite(total);
-    m_applied = true;
+    m_applied           = true;
     if constexpr (stale) {
       // this step's sum starts; the one of S steps before arrives (none yet in the first S steps)
       m_applied = m_stale->exchange(m_exec, global_step);
@@ -316,11 +331,11 @@ class Trainer {
       }
     }
     if constexpr (Optimizer::shards_over_dp) {
-      m_last_norm = m_opt.step(m_exec, o.lr, o.max_norm, o.skip_nonfinite, bad_loss);
+      m_last_norm    = m_opt.step(m_exec, o.lr, o.max_norm, o.skip_nonfinite, bad_loss);
       m_last_skipped = bad_loss || (o.skip_nonfinite && !std::isfinite(m_last_norm));
     } else {
-      m_last_norm = optim::clip_grad_norm(m_exec, m_model.parameters(), m_mesh.comm(Axis::tp), o.max_norm,
-                                          &m_mesh.comm(Axis::pp));
+      m_last_norm    = optim::clip_grad_norm(m_exec, m_model.parameters(), m_mesh.comm(Axis::tp), o.max_norm,
+                                             &m_mesh.comm(Axis::pp));
       m_last_skipped = bad_loss || (o.skip_nonfinite && !std::isfinite(m_last_norm));
       if (!m_last_skipped) m_opt.step(m_exec, o.lr);
     }
@@ -345,7 +360,7 @@ class Trainer {
     check_batch("pmt::train::Trainer::evaluate", microbatches, normaliser);
     const WorkspaceScope workspace;
     const PrecisionScope products(m_precision);  // fp32 or bf16 float products
-    if constexpr (shards_grads) {  // ZeRO-2: storage for the gradients; buckets dropped, not reduced
+    if constexpr (shards_grads) {                // ZeRO-2: storage for the gradients; buckets dropped, not reduced
       m_opt.zero_grad(m_exec);
       m_opt.collect_grads(false);
     }
@@ -407,7 +422,9 @@ class Trainer {
   void set_schedule(parallel::ScheduleKind kind) noexcept { m_schedule = kind; }
   parallel::ScheduleKind schedule() const noexcept { return m_schedule; }
   /// \brief The pipeline runner (pp > 1), for its statistics and checked tables; null otherwise.
-  const parallel::PipelineRunner<Model, Exec, Backend>* pipeline() const noexcept { return m_runner ? &*m_runner : nullptr; }
+  const parallel::PipelineRunner<Model, Exec, Backend>* pipeline() const noexcept {
+    return m_runner ? &*m_runner : nullptr;
+  }
 
  private:
   static void check_batch(const char* op, const std::vector<Batch>& microbatches, double normaliser) {
@@ -422,7 +439,7 @@ class Trainer {
     if (m_runner)
       return m_runner->run(m_exec, m_schedule, microbatches, normaliser,
                            [this, dp_sync](int, bool last) { m_sync.arm(dp_sync && last); });
-    double loss = 0;
+    double loss      = 0;
     const int chunks = m_model.chunks();
     for (std::size_t i = 0; i < microbatches.size(); ++i) {
       m_sync.arm(dp_sync && i + 1 == microbatches.size());
@@ -435,7 +452,7 @@ class Trainer {
   /// The sum over dp and pp of each rank's loss (only the last stage's is non-zero).
   double global_loss(double local) const {
     auto total = workspace_view<Kokkos::View<double, Kokkos::HostSpace>>("pmt::train::loss");
-    total() = local;
+    total()    = local;
     comm::all_reduce_host_values(m_mesh.comm(Axis::dp), m_exec, total);
     if (m_mesh.degree(Axis::pp) > 1) comm::all_reduce_host_values(m_mesh.comm(Axis::pp), m_exec, total);
     return total();
@@ -446,18 +463,21 @@ class Trainer {
     const auto ps = m_model.parameters();
     const T lr = static_cast<T>(m_outer.lr), mu = static_cast<T>(m_outer.momentum);
     const bool nesterov = m_outer.nesterov;
-    for (std::size_t i = 0; i < ps.size(); ++i) detail::outer_update(m_exec, ps[i]->value, m_anchor[i], m_momentum[i], lr, mu, nesterov);
+    for (std::size_t i = 0; i < ps.size(); ++i)
+      detail::outer_update(m_exec, ps[i]->value, m_anchor[i], m_momentum[i], lr, mu, nesterov);
   }
   /// ZeRO-2 sums tied gradients on its shards, so it must know the model's tied parameters.
   static void check_tied(Model& model, const Optimizer& opt) {
     if constexpr (parallel::has_tied_parameters_v<Model>) {
-      const auto want = model.tied_parameters();
+      const auto want  = model.tied_parameters();
       const auto& have = opt.tied_parameters();
-      bool same = want.size() == have.size();
-      for (std::size_t i = 0; same && i < want.size(); ++i) same = want[i].param == have[i].param && want[i].peer == have[i].peer;
+      bool same        = want.size() == have.size();
+      for (std::size_t i = 0; same && i < want.size(); ++i)
+        same = want[i].param == have[i].param && want[i].peer == have[i].peer;
       detail::require<ConfigError>(same, "pmt::train::Trainer", [&] {
-        return detail::str("the model has ", want.size(), " parameters tied to another stage but the ZeRO-2 optimizer was given ",
-                           have.size(), " (or others); construct it with the model's tied_parameters()");
+        return detail::str("the model has ", want.size(),
+                           " parameters tied to another stage but the ZeRO-2 optimizer was given ", have.size(),
+                           " (or others); construct it with the model's tied_parameters()");
       });
     } else {
       (void)model, (void)opt;
@@ -469,7 +489,8 @@ class Trainer {
   template <class M, class = void>
   struct has_sequence_query : std::false_type {};
   template <class M>
-  struct has_sequence_query<M, std::void_t<decltype(bool(std::declval<const M&>().sequence_parallel()))>> : std::true_type {};
+  struct has_sequence_query<M, std::void_t<decltype(bool(std::declval<const M&>().sequence_parallel()))>>
+      : std::true_type {};
   template <class M, class = void>
   struct has_recompute_query : std::false_type {};
   template <class M>
@@ -485,9 +506,10 @@ class Trainer {
   static_assert(!activations::full || has_recompute_query<Model>::value,
                 "pmt::train::Trainer: the policy has Recompute<Full>, and the model has no `bool recomputes() const` "
                 "saying whether it recomputes (nn::Gpt and nn::StagedModel have)");
-  static_assert(!activations::selective || has_selective_query<Model>::value,
-                "pmt::train::Trainer: the policy has Recompute<Selective>, and the model has no "
-                "`bool recomputes_attention() const` (nn::Gpt has; a StagedModel recomputes whole chunks: Recompute<Full>)");
+  static_assert(
+      !activations::selective || has_selective_query<Model>::value,
+      "pmt::train::Trainer: the policy has Recompute<Selective>, and the model has no "
+      "`bool recomputes_attention() const` (nn::Gpt has; a StagedModel recomputes whole chunks: Recompute<Full>)");
 
   /// The model must do what the policy fixes, on every rank; a rank that differs raises the error
   /// and the others learn of it (collective over the mesh's world, only where the policy fixes
@@ -497,13 +519,15 @@ class Trainer {
       std::exception_ptr err;
       try {
         const int stage = mesh.coord(Axis::pp);
-        const std::string build = "; build the model with the policy's options (nn::gpt_options<Policy>(mesh) or "
-                                  "nn::staged_options<Policy>(mesh))";
+        const std::string build =
+            "; build the model with the policy's options (nn::gpt_options<Policy>(mesh) or "
+            "nn::staged_options<Policy>(mesh))";
         if constexpr (activations::sequence_parallel)
-          detail::require<ConfigError>(mesh.degree(Axis::tp) == 1 || model.sequence_parallel(), "pmt::train::Trainer", [&] {
-            return detail::str("the policy has TensorSplit<Sequence> and tp = ", mesh.degree(Axis::tp),
-                               ", but the model does not run sequence-parallel", build);
-          });
+          detail::require<ConfigError>(
+              mesh.degree(Axis::tp) == 1 || model.sequence_parallel(), "pmt::train::Trainer", [&] {
+                return detail::str("the policy has TensorSplit<Sequence> and tp = ", mesh.degree(Axis::tp),
+                                   ", but the model does not run sequence-parallel", build);
+              });
         if constexpr (activations::fixes_recompute) {
           using R          = typename Policy::recompute;
           const bool want  = activations::recomputes_on(stage);
@@ -513,8 +537,9 @@ class Trainer {
           if constexpr (has_selective_query<Model>::value) selective = model.recomputes_attention();
           const bool agree = activations::full ? full == want : (selective == want && !full);
           detail::require<ConfigError>(agree, "pmt::train::Trainer", [&] {
-            return detail::str("the policy's Recompute<", kind, R::stages > 0 ? detail::str(", ", R::stages) : std::string(),
-                               "> has pipeline stage ", stage, want ? " recompute " : " recompute nothing",
+            return detail::str("the policy's Recompute<", kind,
+                               R::stages > 0 ? detail::str(", ", R::stages) : std::string(), "> has pipeline stage ",
+                               stage, want ? " recompute " : " recompute nothing",
                                want ? (activations::full ? "whole blocks" : "the attention core") : "",
                                ", but the model on it recomputes ",
                                full ? "whole blocks" : (selective ? "the attention core" : "nothing"), build);
@@ -530,29 +555,34 @@ class Trainer {
   }
 
   static const Mesh<Backend>& checked(const Mesh<Backend>& mesh, const Model& model, const TrainerOptions& options) {
-    detail::require<ConfigError>(options.sync.compression == parallel::GradCompression::none || syncs_gradients, "pmt::train::Trainer", [&] {
-      return detail::str("gradient compression ", parallel::to_string(options.sync.compression),
-                         " needs synchronous data parallelism with a replicated optimizer; this trainer ",
-                         local ? "averages parameters (LocalSgd/DiLoCo)" : "has a ZeRO optimizer, which reduce-scatters itself");
-    });
-    detail::require<ConfigError>(options.precision == Precision::fp32 || std::is_same_v<typename Model::value_type, float>,
-                                 "pmt::train::Trainer", [&] {
-                                   return detail::str("precision bf16 rounds float products; this model's parameters are ",
-                                                      sizeof(typename Model::value_type) * 8, "-bit. Use a float model or fp32");
-                                 });
-    detail::require<ConfigError>(!stale || mode::period != dynamic || options.staleness >= 0, "pmt::train::Trainer", [&] {
-      return detail::str("BoundedStaleness<> takes its bound from TrainerOptions::staleness, which is ", options.staleness,
-                         "; expected >= 0");
-    });
+    detail::require<ConfigError>(
+        options.sync.compression == parallel::GradCompression::none || syncs_gradients, "pmt::train::Trainer", [&] {
+          return detail::str(
+              "gradient compression ", parallel::to_string(options.sync.compression),
+              " needs synchronous data parallelism with a replicated optimizer; this trainer ",
+              local ? "averages parameters (LocalSgd/DiLoCo)" : "has a ZeRO optimizer, which reduce-scatters itself");
+        });
+    detail::require<ConfigError>(
+        options.precision == Precision::fp32 || std::is_same_v<typename Model::value_type, float>,
+        "pmt::train::Trainer", [&] {
+          return detail::str("precision bf16 rounds float products; this model's parameters are ",
+                             sizeof(typename Model::value_type) * 8, "-bit. Use a float model or fp32");
+        });
+    detail::require<ConfigError>(
+        !stale || mode::period != dynamic || options.staleness >= 0, "pmt::train::Trainer", [&] {
+          return detail::str("BoundedStaleness<> takes its bound from TrainerOptions::staleness, which is ",
+                             options.staleness, "; expected >= 0");
+        });
     detail::require<ConfigError>(!local || mode::period != dynamic || options.period >= 1, "pmt::train::Trainer", [&] {
-      return detail::str("LocalSgd<> and DiLoCo<> take their period from TrainerOptions::period, which is ", options.period,
-                         "; expected >= 1");
+      return detail::str("LocalSgd<> and DiLoCo<> take their period from TrainerOptions::period, which is ",
+                         options.period, "; expected >= 1");
     });
-    detail::require<ConfigError>(!diloco || (options.outer.lr > 0 && options.outer.momentum >= 0 && options.outer.momentum < 1),
-                                 "pmt::train::Trainer", [&] {
-                                   return detail::str("DiLoCo's outer lr is ", options.outer.lr, " and momentum ", options.outer.momentum,
-                                                      "; expected lr > 0 and 0 <= momentum < 1");
-                                 });
+    detail::require<ConfigError>(
+        !diloco || (options.outer.lr > 0 && options.outer.momentum >= 0 && options.outer.momentum < 1),
+        "pmt::train::Trainer", [&] {
+          return detail::str("DiLoCo's outer lr is ", options.outer.lr, " and momentum ", options.outer.momentum,
+                             "; expected lr > 0 and 0 <= momentum < 1");
+        });
     if constexpr (policy::chunks != dynamic)
       detail::require<ConfigError>(model.chunks() == policy::chunks, "pmt::train::Trainer", [&] {
         return detail::str("the policy's schedule is Interleaved<", policy::chunks, "> but the model holds ",
@@ -561,12 +591,13 @@ class Trainer {
     else
       (void)model;
     check_activations(mesh, model);
-    const auto s = mesh.shape();
+    const auto s  = mesh.shape();
     const bool ok = (policy::dp || s.dp == 1) && (policy::tp || s.tp == 1) && (policy::pp || s.pp == 1) &&
                     (policy::stages == dynamic || !policy::pp || policy::stages == s.pp);
     detail::require<ConfigError>(ok, "pmt::train::Trainer", [&] {
       return detail::str("the mesh is dp(", s.dp, ") x tp(", s.tp, ") x pp(", s.pp, ") but the policy ",
-                         policy::dp ? "has" : "has no", " DataParallel, ", policy::tp ? "has" : "has no", " TensorSplit and ",
+                         policy::dp ? "has" : "has no", " DataParallel, ", policy::tp ? "has" : "has no",
+                         " TensorSplit and ",
                          policy::pp ? (policy::stages == dynamic ? std::string("Pipeline<> (any pp)")
                                                                  : detail::str("Pipeline<", policy::stages, ">"))
                                     : std::string("no Pipeline"),
@@ -586,11 +617,11 @@ class Trainer {
   Precision m_precision;
   int m_period;                                          // LocalSgd/DiLoCo: steps between averages
   std::vector<Tensor<T, 1, Exec>> m_anchor, m_momentum;  // DiLoCo: the outer anchor and momentum
-  bool m_anchored     = false;                          // the anchor holds the period's start (or was loaded)
-  double m_last_norm  = 0;
-  bool m_last_skipped = false;
-  std::int64_t m_calls = 0;  // step() calls
-  std::uint64_t m_average_bytes = 0;  // LocalSgd/DiLoCo: parameter bytes all-reduced over dp
+  bool m_anchored               = false;                 // the anchor holds the period's start (or was loaded)
+  double m_last_norm            = 0;
+  bool m_last_skipped           = false;
+  std::int64_t m_calls          = 0;                             // step() calls
+  std::uint64_t m_average_bytes = 0;                             // LocalSgd/DiLoCo: parameter bytes all-reduced over dp
   std::optional<parallel::StaleSync<T, Exec, Backend>> m_stale;  // BoundedStaleness
   bool m_applied = true;                                         // the last step applied an update
   // whether the first step / evaluation has agreed the measured choices (matmul paths) over the

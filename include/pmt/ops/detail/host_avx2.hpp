@@ -29,9 +29,9 @@ namespace pmt::detail::host {
 /// leaves the 16 lane results in acc and returns how many elements it consumed; the caller adds
 /// the tail and combines the lanes (lanes.hpp).
 struct Avx2 {
-  static constexpr bool simd = true;
+  static constexpr bool simd        = true;
   static constexpr const char* name = "avx2+fma";
-  static constexpr int width = 8;  ///< floats per register: gelu() and gelu_backward() do this many
+  static constexpr int width        = 8;  ///< floats per register: gelu() and gelu_backward() do this many
 
   /// acc[l] = sum of x[j + l] over the full blocks.
   static std::int64_t lanes_sum(const float* x, std::int64_t n, float* acc) {
@@ -77,12 +77,12 @@ struct Avx2 {
   /// ln 2 / 2, p lies in [0.7, 1.42]; with k in [-126, 127] the result is a normal float.
   static __m256 exp8_reduced(__m256 xc, __m256 kf, __m256i k) {
     __m256 r = _mm256_fnmadd_ps(kf, _mm256_set1_ps(0.693359375f), xc);
-    r = _mm256_fmadd_ps(kf, _mm256_set1_ps(2.12194440e-4f), r);
+    r        = _mm256_fmadd_ps(kf, _mm256_set1_ps(2.12194440e-4f), r);
     __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(1.3981999507e-3f), r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+    p        = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p        = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p        = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p        = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
     return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), _mm256_slli_epi32(k, 23)));
   }
 
@@ -92,7 +92,8 @@ struct Avx2 {
   static __m256 exp_nonpositive8(__m256 x) {
     const __m256 lo = _mm256_set1_ps(-87.0f);
     const __m256 xc = _mm256_max_ps(lo, x);  // NaN in x passes through (maxps returns its 2nd operand)
-    const __m256i k = _mm256_cvttps_epi32(_mm256_fmadd_ps(xc, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(-0.5f)));
+    const __m256i k =
+        _mm256_cvttps_epi32(_mm256_fmadd_ps(xc, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(-0.5f)));
     return _mm256_andnot_ps(_mm256_cmp_ps(x, lo, _CMP_LT_OQ), exp8_reduced(xc, _mm256_cvtepi32_ps(k), k));
   }
 
@@ -135,8 +136,8 @@ struct Avx2 {
 
   /// s = 1 / (1 + exp(-2u)), u = sqrt(2 / pi) (x + a x^3), for eight floats.
   static __m256 gelu_s8(__m256 x, const GeluConstants& c) {
-    const __m256 z = _mm256_mul_ps(_mm256_set1_ps(c.minus_2k),
-                                   _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(c.a), x), _mm256_mul_ps(x, x), x));
+    const __m256 z  = _mm256_mul_ps(_mm256_set1_ps(c.minus_2k),
+                                    _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(c.a), x), _mm256_mul_ps(x, x), x));
     const __m256 zc = _mm256_min_ps(_mm256_max_ps(z, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
     return _mm256_div_ps(_mm256_set1_ps(1.0f), _mm256_add_ps(_mm256_set1_ps(1.0f), exp8_clamped(zc)));
   }
@@ -150,9 +151,11 @@ struct Avx2 {
   /// dx[i .. i + 8) = dy (s + x s (1 - s) 2k (1 + 3a x^2)): the GELU backward of eight floats.
   static void gelu_backward(const float* x, const float* dy, float* dx, std::size_t i, const GeluConstants& c) {
     const __m256 xv = _mm256_loadu_ps(x + i), s = gelu_s8(xv, c);
-    const __m256 du2 = _mm256_mul_ps(_mm256_set1_ps(c.two_k),
-                                     _mm256_fmadd_ps(_mm256_set1_ps(c.three_a), _mm256_mul_ps(xv, xv), _mm256_set1_ps(1.0f)));
-    const __m256 g = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_mul_ps(xv, s), _mm256_sub_ps(_mm256_set1_ps(1.0f), s)), du2, s);
+    const __m256 du2 =
+        _mm256_mul_ps(_mm256_set1_ps(c.two_k),
+                      _mm256_fmadd_ps(_mm256_set1_ps(c.three_a), _mm256_mul_ps(xv, xv), _mm256_set1_ps(1.0f)));
+    const __m256 g =
+        _mm256_fmadd_ps(_mm256_mul_ps(_mm256_mul_ps(xv, s), _mm256_sub_ps(_mm256_set1_ps(1.0f), s)), du2, s);
     _mm256_storeu_ps(dx + i, _mm256_mul_ps(_mm256_loadu_ps(dy + i), g));
   }
 
@@ -179,11 +182,12 @@ struct Avx2 {
     const auto N = static_cast<std::int64_t>(x.extent(0));
     const auto C = static_cast<std::int64_t>(x.extent(1));
     // Chunks of up to 64 rows, at least eight per thread where there are rows enough for it.
-    const std::int64_t per_thread = N / (8 * static_cast<std::int64_t>(exec.concurrency() > 0 ? exec.concurrency() : 1));
+    const std::int64_t per_thread =
+        N / (8 * static_cast<std::int64_t>(exec.concurrency() > 0 ? exec.concurrency() : 1));
     const std::int64_t chunk  = per_thread < 1 ? 1 : (per_thread > 64 ? 64 : per_thread);
     const std::int64_t chunks = (N + chunk - 1) / chunk;
-    const float* wp = weight.data();
-    const float* bp = bias.data();
+    const float* wp           = weight.data();
+    const float* bp           = bias.data();
     Kokkos::parallel_for(op, Kokkos::RangePolicy<Exec>(exec, 0, chunks), [=](std::int64_t k) {
       const std::int64_t r0 = k * chunk, r1 = r0 + chunk < N ? r0 + chunk : N;
       float pm = 0, prs = 0;  // row n - 1's statistics
@@ -197,8 +201,8 @@ struct Avx2 {
           const __m256 vm = _mm256_set1_ps(pm), vr = _mm256_set1_ps(prs);
           __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
           for (; j + 16 <= C; j += 16) {
-            a0 = _mm256_add_ps(a0, _mm256_loadu_ps(xr + j));
-            a1 = _mm256_add_ps(a1, _mm256_loadu_ps(xr + j + 8));
+            a0              = _mm256_add_ps(a0, _mm256_loadu_ps(xr + j));
+            a1              = _mm256_add_ps(a1, _mm256_loadu_ps(xr + j + 8));
             const __m256 h0 = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(xp + j), vm), vr);
             const __m256 h1 = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(xp + j + 8), vm), vr);
             _mm256_storeu_ps(yp + j, _mm256_fmadd_ps(h0, _mm256_loadu_ps(wp + j), _mm256_loadu_ps(bp + j)));
@@ -220,8 +224,8 @@ struct Avx2 {
         for (; j + 16 <= C; j += 16) {
           const __m256 d0 = _mm256_sub_ps(_mm256_loadu_ps(xr + j), vm);
           const __m256 d1 = _mm256_sub_ps(_mm256_loadu_ps(xr + j + 8), vm);
-          a0 = _mm256_fmadd_ps(d0, d0, a0);
-          a1 = _mm256_fmadd_ps(d1, d1, a1);
+          a0              = _mm256_fmadd_ps(d0, d0, a0);
+          a1              = _mm256_fmadd_ps(d1, d1, a1);
         }
         _mm256_storeu_ps(acc, a0);
         _mm256_storeu_ps(acc + 8, a1);

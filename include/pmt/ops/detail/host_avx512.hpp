@@ -26,8 +26,8 @@ namespace pmt::detail::host {
 /// The AVX-512F kernels; what it does not redefine (layernorm rows, double maxima) is Avx2's.
 struct Avx512 : Avx2 {
   static constexpr const char* name = "avx512f";
-  static constexpr int width = 16;  ///< floats per register: gelu() and gelu_backward() do this many
-  using Avx2::lanes_max;            // the double maxima
+  static constexpr int width        = 16;  ///< floats per register: gelu() and gelu_backward() do this many
+  using Avx2::lanes_max;                   // the double maxima
 
   // The all-lanes forms of six instructions, written as zero-masked ones with every lane set:
   // the same instruction and results, without the undefined pass-through operand that GCC 12
@@ -36,13 +36,15 @@ struct Avx512 : Avx2 {
   static __m512 max(__m512 a, __m512 b) { return _mm512_maskz_max_ps(all, a, b); }
   static __m512 min(__m512 a, __m512 b) { return _mm512_maskz_min_ps(all, a, b); }
   static __m512i truncate(__m512 a) { return _mm512_maskz_cvttps_epi32(all, a); }
-  static __m512 floor(__m512 a) { return _mm512_maskz_roundscale_ps(all, a, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
+  static __m512 floor(__m512 a) {
+    return _mm512_maskz_roundscale_ps(all, a, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  }
   static __m512i exponent(__m512i k) { return _mm512_maskz_slli_epi32(all, k, 23); }
   static __m512 to_float(__m512i k) { return _mm512_maskz_cvtepi32_ps(all, k); }
 
   /// acc[l] = sum of x[j + l] over the full blocks (Avx2::lanes_sum in one register).
   static std::int64_t lanes_sum(const float* x, std::int64_t n, float* acc) {
-    __m512 a = _mm512_setzero_ps();
+    __m512 a       = _mm512_setzero_ps();
     std::int64_t j = 0;
     for (; j + 16 <= n; j += 16) a = _mm512_add_ps(a, _mm512_loadu_ps(x + j));
     _mm512_storeu_ps(acc, a);
@@ -51,7 +53,7 @@ struct Avx512 : Avx2 {
 
   /// acc[l] = max of x[j + l] over the full blocks (-inf without one), as Avx2::lanes_max.
   static std::int64_t lanes_max(const float* x, std::int64_t n, float* acc) {
-    __m512 a = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    __m512 a       = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
     std::int64_t j = 0;
     for (; j + 16 <= n; j += 16) a = max(_mm512_loadu_ps(x + j), a);
     _mm512_storeu_ps(acc, a);
@@ -61,20 +63,20 @@ struct Avx512 : Avx2 {
   /// Avx2::exp8_reduced for sixteen floats.
   static __m512 exp16_reduced(__m512 xc, __m512 kf, __m512i k) {
     __m512 r = _mm512_fnmadd_ps(kf, _mm512_set1_ps(0.693359375f), xc);
-    r = _mm512_fmadd_ps(kf, _mm512_set1_ps(2.12194440e-4f), r);
+    r        = _mm512_fmadd_ps(kf, _mm512_set1_ps(2.12194440e-4f), r);
     __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(1.3981999507e-3f), r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+    p        = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p        = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p        = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p        = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
     return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(p), exponent(k)));
   }
 
   /// Avx2::exp_nonpositive8 for sixteen floats: 0 below -87, NaN stays NaN.
   static __m512 exp_nonpositive16(__m512 x) {
-    const __m512 lo = _mm512_set1_ps(-87.0f);
-    const __m512 xc = max(lo, x);  // NaN in x passes through (maxps returns its 2nd operand)
-    const __m512i k = truncate(_mm512_fmadd_ps(xc, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(-0.5f)));
+    const __m512 lo       = _mm512_set1_ps(-87.0f);
+    const __m512 xc       = max(lo, x);  // NaN in x passes through (maxps returns its 2nd operand)
+    const __m512i k       = truncate(_mm512_fmadd_ps(xc, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(-0.5f)));
     const __mmask16 below = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
     return _mm512_mask_mov_ps(exp16_reduced(xc, to_float(k), k), below, _mm512_setzero_ps());
   }
@@ -88,7 +90,7 @@ struct Avx512 : Avx2 {
   /// Avx2::lanes_exp_sum with the 16 lanes in one register.
   static std::int64_t lanes_exp_sum(const float* x, std::int64_t n, float mx, float* y, const float* next_x,
                                     float* next_y, float* acc) {
-    __m512 a = _mm512_setzero_ps();
+    __m512 a       = _mm512_setzero_ps();
     const __m512 m = _mm512_set1_ps(mx);
     std::int64_t j = 0;
     for (; j + 16 <= n; j += 16) {
@@ -104,8 +106,8 @@ struct Avx512 : Avx2 {
 
   /// Avx2::gelu_s8 for sixteen floats.
   static __m512 gelu_s16(__m512 x, const GeluConstants& c) {
-    const __m512 z = _mm512_mul_ps(_mm512_set1_ps(c.minus_2k),
-                                   _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(c.a), x), _mm512_mul_ps(x, x), x));
+    const __m512 z  = _mm512_mul_ps(_mm512_set1_ps(c.minus_2k),
+                                    _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(c.a), x), _mm512_mul_ps(x, x), x));
     const __m512 zc = min(max(z, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
     return _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_add_ps(_mm512_set1_ps(1.0f), exp16_clamped(zc)));
   }
@@ -119,9 +121,11 @@ struct Avx512 : Avx2 {
   /// dx[i .. i + 16) = dy (s + x s (1 - s) 2k (1 + 3a x^2)): the GELU backward of sixteen floats.
   static void gelu_backward(const float* x, const float* dy, float* dx, std::size_t i, const GeluConstants& c) {
     const __m512 xv = _mm512_loadu_ps(x + i), s = gelu_s16(xv, c);
-    const __m512 du2 = _mm512_mul_ps(_mm512_set1_ps(c.two_k),
-                                     _mm512_fmadd_ps(_mm512_set1_ps(c.three_a), _mm512_mul_ps(xv, xv), _mm512_set1_ps(1.0f)));
-    const __m512 g = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_mul_ps(xv, s), _mm512_sub_ps(_mm512_set1_ps(1.0f), s)), du2, s);
+    const __m512 du2 =
+        _mm512_mul_ps(_mm512_set1_ps(c.two_k),
+                      _mm512_fmadd_ps(_mm512_set1_ps(c.three_a), _mm512_mul_ps(xv, xv), _mm512_set1_ps(1.0f)));
+    const __m512 g =
+        _mm512_fmadd_ps(_mm512_mul_ps(_mm512_mul_ps(xv, s), _mm512_sub_ps(_mm512_set1_ps(1.0f), s)), du2, s);
     _mm512_storeu_ps(dx + i, _mm512_mul_ps(_mm512_loadu_ps(dy + i), g));
   }
 };

@@ -20,7 +20,7 @@ namespace pmt::detail::host {
 
 /// No SIMD kernels: the op headers' portable loops run.
 struct Portable {
-  static constexpr bool simd = false;
+  static constexpr bool simd        = false;
   static constexpr const char* name = "portable";
 };
 

@@ -60,8 +60,8 @@ inline bool amx_available() {
 struct alignas(64) TileConfig {
   std::uint8_t palette = 1, start_row = 0;
   std::uint8_t reserved[14] = {};
-  std::uint16_t colsb[16] = {};
-  std::uint8_t rows[16] = {};
+  std::uint16_t colsb[16]   = {};
+  std::uint8_t rows[16]     = {};
 };
 
 PMT_AMX_TARGET inline void configure() {
@@ -77,13 +77,13 @@ PMT_AMX_TARGET inline void release() { _tile_release(); }
 /// 16 floats at p (the lanes of `m`; the others read as 0) rounded to bf16, each in the low half
 /// of a 32-bit lane: nearest, ties to even; nan stays a quiet nan (as pmt::bf16::round).
 PMT_AMX_TARGET inline __m512i round16(const float* p, __mmask16 m) {
-  const __m512i u = _mm512_maskz_loadu_epi32(m, p);
+  const __m512i u  = _mm512_maskz_loadu_epi32(m, p);
   const __m512i hi = _mm512_maskz_srli_epi32(0xFFFF, u, 16);
-  const __m512i r = _mm512_maskz_srli_epi32(
-      0xFFFF, _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), _mm512_and_si512(hi, _mm512_set1_epi32(1)))),
-      16);
-  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)),
-                                                _mm512_set1_epi32(0x7F800000));
+  const __m512i r  = _mm512_maskz_srli_epi32(
+       0xFFFF,
+       _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), _mm512_and_si512(hi, _mm512_set1_epi32(1)))), 16);
+  const __mmask16 nan =
+      _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)), _mm512_set1_epi32(0x7F800000));
   return _mm512_mask_or_epi32(r, nan, hi, _mm512_set1_epi32(0x40));
 }
 
@@ -111,9 +111,9 @@ PMT_AMX_TARGET inline void pack_a(const Packing& p, std::int64_t r, const float*
       const float* row = A + (m0 + i) * lda;
       for (std::int64_t kb = 0; kb < p.kb; ++kb) {
         const std::int64_t k0 = 32 * kb;
-        const __m512i lo = round16(row + k0, lanes(p.K - k0));
-        const __m512i hi = round16(row + k0 + 16, p.K - k0 > 16 ? lanes(p.K - k0 - 16) : __mmask16(0));
-        std::uint16_t* t = out + kb * 1024 + (i / 16) * 512 + (i % 16) * 32;
+        const __m512i lo      = round16(row + k0, lanes(p.K - k0));
+        const __m512i hi      = round16(row + k0 + 16, p.K - k0 > 16 ? lanes(p.K - k0 - 16) : __mmask16(0));
+        std::uint16_t* t      = out + kb * 1024 + (i / 16) * 512 + (i % 16) * 32;
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(t), _mm512_maskz_cvtepi32_epi16(0xFFFF, lo));
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(t + 16), _mm512_maskz_cvtepi32_epi16(0xFFFF, hi));
       }
@@ -144,7 +144,7 @@ PMT_AMX_TARGET inline void pack_b(const Packing& p, std::int64_t c, const float*
     const __mmask16 m = lanes(cols);
     for (std::int64_t k = 0; k < p.K; k += 2) {
       const __m512i even = round16(B + k * ldb + n0, m);
-      const __m512i odd = k + 1 < p.K ? round16(B + (k + 1) * ldb + n0, m) : _mm512_setzero_si512();
+      const __m512i odd  = k + 1 < p.K ? round16(B + (k + 1) * ldb + n0, m) : _mm512_setzero_si512();
       _mm512_storeu_si512(out + (k / 32) * 256 + ((k % 32) / 2) * 16,
                           _mm512_or_si512(even, _mm512_maskz_slli_epi32(0xFFFF, odd, 16)));
     }
@@ -155,9 +155,11 @@ PMT_AMX_TARGET inline void pack_b(const Packing& p, std::int64_t c, const float*
       const float* src = B + (n0 + j) * ldb;
       for (std::int64_t kb = 0; kb < p.kb; ++kb) {
         const std::int64_t k0 = 32 * kb;
-        _mm256_store_si256(reinterpret_cast<__m256i*>(v), _mm512_maskz_cvtepi32_epi16(0xFFFF, round16(src + k0, lanes(p.K - k0))));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(v),
+                           _mm512_maskz_cvtepi32_epi16(0xFFFF, round16(src + k0, lanes(p.K - k0))));
         _mm256_store_si256(reinterpret_cast<__m256i*>(v + 16),
-                           _mm512_maskz_cvtepi32_epi16(0xFFFF, round16(src + k0 + 16, p.K - k0 > 16 ? lanes(p.K - k0 - 16) : __mmask16(0))));
+                           _mm512_maskz_cvtepi32_epi16(
+                               0xFFFF, round16(src + k0 + 16, p.K - k0 > 16 ? lanes(p.K - k0 - 16) : __mmask16(0))));
         std::uint32_t pairs[16];
         std::memcpy(pairs, v, sizeof pairs);
         std::uint32_t* t = out + kb * 256 + j;
@@ -173,7 +175,7 @@ inline bool avx512_available() {
     unsigned a = 0, b = 0, c = 0, d = 0;
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !((b >> 16) & 1u) || !((b >> 30) & 1u)) return false;
     if (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || !((a >> 5) & 1u)) return false;  // AVX512_BF16
-    return __builtin_cpu_supports("avx512f") != 0;  // and the OS keeps the zmm state
+    return __builtin_cpu_supports("avx512f") != 0;                                   // and the OS keeps the zmm state
   }();
   return ok;
 }
@@ -187,8 +189,8 @@ PMT_AVX512BF16_TARGET inline void store_block(const float* acc, std::int64_t m0,
     float* out = C + (m0 + i) * ldc + n0;
     for (std::int64_t h = 0; h * 16 < cols; ++h) {
       const __mmask16 m = lanes(cols - 16 * h);
-      const __m512 x = _mm512_mul_ps(va, _mm512_load_ps(acc + i * 32 + 16 * h));
-      const __m512 y = beta == 0.0f ? x : _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m, out + 16 * h), x);
+      const __m512 x    = _mm512_mul_ps(va, _mm512_load_ps(acc + i * 32 + 16 * h));
+      const __m512 y    = beta == 0.0f ? x : _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m, out + 16 * h), x);
       _mm512_mask_storeu_ps(out + 16 * h, m, y);
     }
   }
@@ -196,11 +198,11 @@ PMT_AVX512BF16_TARGET inline void store_block(const float* acc, std::int64_t m0,
 
 /// The same block as amx_block with AVX512-BF16: per 8 rows, 16 accumulators (8 rows x 32
 /// columns); per k pair, two 16-column VNNI rows of B and one broadcast pair of each A row.
-PMT_AVX512BF16_TARGET inline void avx512_block(const Packing& p, std::int64_t r, std::int64_t c, const std::uint16_t* Ap,
-                                               const std::uint16_t* Bp, float alpha, float beta, float* C,
-                                               std::int64_t ldc) {
+PMT_AVX512BF16_TARGET inline void avx512_block(const Packing& p, std::int64_t r, std::int64_t c,
+                                               const std::uint16_t* Ap, const std::uint16_t* Bp, float alpha,
+                                               float beta, float* C, std::int64_t ldc) {
   alignas(64) float acc[32 * 32];
-  const std::uint16_t* a = Ap + r * p.kb * 1024;
+  const std::uint16_t* a  = Ap + r * p.kb * 1024;
   const std::uint16_t* b0 = Bp + (2 * c) * p.kb * 512;
   const std::uint16_t* b1 = b0 + p.kb * 512;
   const std::int64_t m0 = 32 * r, rows = p.M - m0 < 32 ? p.M - m0 : 32;
@@ -210,7 +212,7 @@ PMT_AVX512BF16_TARGET inline void avx512_block(const Packing& p, std::int64_t r,
     // row i of this sub-block: tile (i0 + i) / 16, row (i0 + i) % 16, 32 bf16 (16 pairs) per k block
     const std::uint16_t* arow = a + (i0 / 16) * 512 + (i0 % 16) * 32;
     for (std::int64_t kb = 0; kb < p.kb; ++kb) {
-      const std::uint16_t* ak = arow + kb * 1024;
+      const std::uint16_t* ak  = arow + kb * 1024;
       const std::uint16_t* bk0 = b0 + kb * 512;
       const std::uint16_t* bk1 = b1 + kb * 512;
       for (int q = 0; q < 16; ++q) {
@@ -220,8 +222,8 @@ PMT_AVX512BF16_TARGET inline void avx512_block(const Packing& p, std::int64_t r,
           std::uint32_t pair;
           std::memcpy(&pair, ak + i * 32 + 2 * q, sizeof pair);
           const __m512bh y = (__m512bh)_mm512_set1_epi32(int(pair));
-          s[i][0] = _mm512_dpbf16_ps(s[i][0], y, x0);
-          s[i][1] = _mm512_dpbf16_ps(s[i][1], y, x1);
+          s[i][0]          = _mm512_dpbf16_ps(s[i][0], y, x0);
+          s[i][1]          = _mm512_dpbf16_ps(s[i][1], y, x1);
         }
       }
     }
@@ -237,9 +239,9 @@ PMT_AVX512BF16_TARGET inline void avx512_block(const Packing& p, std::int64_t r,
 /// The 32x32 block (row block r, column blocks 2 c and 2 c + 1) of alpha op(A) op(B) + beta C.
 /// The tile configuration must be loaded (configure()).
 PMT_AMX_TARGET inline void amx_block(const Packing& p, std::int64_t r, std::int64_t c, const std::uint16_t* Ap,
-                                 const std::uint16_t* Bp, float alpha, float beta, float* C, std::int64_t ldc) {
+                                     const std::uint16_t* Bp, float alpha, float beta, float* C, std::int64_t ldc) {
   alignas(64) float acc[32 * 32];
-  const std::uint16_t* a = Ap + r * p.kb * 1024;
+  const std::uint16_t* a  = Ap + r * p.kb * 1024;
   const std::uint16_t* b0 = Bp + (2 * c) * p.kb * 512;
   const std::uint16_t* b1 = b0 + p.kb * 512;
   _tile_zero(0);

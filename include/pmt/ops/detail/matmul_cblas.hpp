@@ -19,10 +19,9 @@ inline constexpr bool cblas_supports_v = std::is_same_v<T, float> || std::is_sam
 
 /// C[b] = alpha op(A[b]) op(B[b]) + beta C[b]; row-major, leading dims and batch strides given.
 template <class T>
-void matmul_cblas(std::int64_t batch, bool ta, bool tb, std::int64_t M, std::int64_t N,
-                  std::int64_t K, T alpha, const T* A, std::int64_t lda, std::int64_t sa,
-                  const T* B, std::int64_t ldb, std::int64_t sb, T beta, T* C, std::int64_t ldc,
-                  std::int64_t sc) {
+void matmul_cblas(std::int64_t batch, bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t K, T alpha,
+                  const T* A, std::int64_t lda, std::int64_t sa, const T* B, std::int64_t ldb, std::int64_t sb, T beta,
+                  T* C, std::int64_t ldc, std::int64_t sc) {
   const CBLAS_TRANSPOSE opa = ta ? CblasTrans : CblasNoTrans;
   const CBLAS_TRANSPOSE opb = tb ? CblasTrans : CblasNoTrans;
   // BLAS rejects a leading dimension of 0 even when the operand is empty (K == 0).
@@ -32,18 +31,18 @@ void matmul_cblas(std::int64_t batch, bool ta, bool tb, std::int64_t M, std::int
   for (std::int64_t b = 0; b < batch; ++b) {
     if constexpr (std::is_same_v<T, float>) {
       if (!cblas_sgemm_row_major_ok()) {  // the same product, column-major: C^T = op(B)^T op(A)^T
-        cblas_sgemm(CblasColMajor, opb, opa, static_cast<int>(N), static_cast<int>(M),
-                    static_cast<int>(K), alpha, B + b * sb, static_cast<int>(ldb), A + b * sa,
-                    static_cast<int>(lda), beta, C + b * sc, static_cast<int>(ldc));
+        cblas_sgemm(CblasColMajor, opb, opa, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), alpha,
+                    B + b * sb, static_cast<int>(ldb), A + b * sa, static_cast<int>(lda), beta, C + b * sc,
+                    static_cast<int>(ldc));
         continue;
       }
-      cblas_sgemm(CblasRowMajor, opa, opb, static_cast<int>(M), static_cast<int>(N),
-                  static_cast<int>(K), alpha, A + b * sa, static_cast<int>(lda), B + b * sb,
-                  static_cast<int>(ldb), beta, C + b * sc, static_cast<int>(ldc));
+      cblas_sgemm(CblasRowMajor, opa, opb, static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), alpha,
+                  A + b * sa, static_cast<int>(lda), B + b * sb, static_cast<int>(ldb), beta, C + b * sc,
+                  static_cast<int>(ldc));
     } else {
-      cblas_dgemm(CblasRowMajor, opa, opb, static_cast<int>(M), static_cast<int>(N),
-                  static_cast<int>(K), alpha, A + b * sa, static_cast<int>(lda), B + b * sb,
-                  static_cast<int>(ldb), beta, C + b * sc, static_cast<int>(ldc));
+      cblas_dgemm(CblasRowMajor, opa, opb, static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), alpha,
+                  A + b * sa, static_cast<int>(lda), B + b * sb, static_cast<int>(ldb), beta, C + b * sc,
+                  static_cast<int>(ldc));
     }
   }
 }

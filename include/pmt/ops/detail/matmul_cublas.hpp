@@ -20,9 +20,8 @@
 namespace pmt::detail {
 
 inline void check_cublas(cublasStatus_t status, const char* call) {
-  require<ConfigError>(status == CUBLAS_STATUS_SUCCESS, "pmt::ops::matmul", [&] {
-    return std::string(call) + " failed: " + cublasGetStatusString(status);
-  });
+  require<ConfigError>(status == CUBLAS_STATUS_SUCCESS, "pmt::ops::matmul",
+                       [&] { return std::string(call) + " failed: " + cublasGetStatusString(status); });
 }
 
 /// One cuBLAS handle per host thread, created on first use (cublasCreate fails cleanly, with a
@@ -41,26 +40,25 @@ inline cublasHandle_t cublas_handle() {
 
 /// C[b] = alpha op(A[b]) op(B[b]) + beta C[b] on `stream`; row-major operands in device memory.
 template <class T>
-void matmul_cublas(cudaStream_t stream, std::int64_t batch, bool ta, bool tb, std::int64_t M,
-                   std::int64_t N, std::int64_t K, T alpha, const T* A, std::int64_t lda,
-                   std::int64_t sa, const T* B, std::int64_t ldb, std::int64_t sb, T beta, T* C,
-                   std::int64_t ldc, std::int64_t sc) {
+void matmul_cublas(cudaStream_t stream, std::int64_t batch, bool ta, bool tb, std::int64_t M, std::int64_t N,
+                   std::int64_t K, T alpha, const T* A, std::int64_t lda, std::int64_t sa, const T* B, std::int64_t ldb,
+                   std::int64_t sb, T beta, T* C, std::int64_t ldc, std::int64_t sc) {
   cublasHandle_t h = cublas_handle();
   check_cublas(cublasSetStream(h, stream), "cublasSetStream");
   const cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
   const int n = static_cast<int>(N), m = static_cast<int>(M), k = static_cast<int>(K);
   if constexpr (std::is_same_v<T, float>) {
-    check_cublas(cublasSgemmStridedBatched(h, opb, opa, n, m, k, &alpha, B, static_cast<int>(ldb), sb,
-                                           A, static_cast<int>(lda), sa, &beta, C,
-                                           static_cast<int>(ldc), sc, static_cast<int>(batch)),
-                 "cublasSgemmStridedBatched");
+    check_cublas(
+        cublasSgemmStridedBatched(h, opb, opa, n, m, k, &alpha, B, static_cast<int>(ldb), sb, A, static_cast<int>(lda),
+                                  sa, &beta, C, static_cast<int>(ldc), sc, static_cast<int>(batch)),
+        "cublasSgemmStridedBatched");
   } else {
     static_assert(std::is_same_v<T, double>, "pmt::ops::matmul: cuBLAS path supports float and double");
-    check_cublas(cublasDgemmStridedBatched(h, opb, opa, n, m, k, &alpha, B, static_cast<int>(ldb), sb,
-                                           A, static_cast<int>(lda), sa, &beta, C,
-                                           static_cast<int>(ldc), sc, static_cast<int>(batch)),
-                 "cublasDgemmStridedBatched");
+    check_cublas(
+        cublasDgemmStridedBatched(h, opb, opa, n, m, k, &alpha, B, static_cast<int>(ldb), sb, A, static_cast<int>(lda),
+                                  sa, &beta, C, static_cast<int>(ldc), sc, static_cast<int>(batch)),
+        "cublasDgemmStridedBatched");
   }
 }
 

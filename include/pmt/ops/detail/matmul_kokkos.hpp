@@ -48,8 +48,8 @@ struct MatmulTiling<Exec, T, std::enable_if_t<is_host_space_v<Exec>>> {
 /// micro-panels a (kc x MR) and b (kc x NR); C has row stride ldc. With first and beta == 0, C is
 /// not read (it may hold NaN). A whole tile is updated with vector loads and stores on the host.
 template <class T, int MR, int NR>
-KOKKOS_INLINE_FUNCTION void matmul_micro_tile(int kc, const T* a, const T* b, T* c, std::int64_t ldc,
-                                              int ie, int je, T alpha, T beta, bool first) {
+KOKKOS_INLINE_FUNCTION void matmul_micro_tile(int kc, const T* a, const T* b, T* c, std::int64_t ldc, int ie, int je,
+                                              T alpha, T beta, bool first) {
   T acc[MR * NR];
 #if defined(__GNUC__) && !defined(__CUDA_ARCH__) && !defined(__HIP_DEVICE_COMPILE__)
   constexpr int W = static_cast<int>(host_vector_bytes / sizeof(T));
@@ -110,8 +110,8 @@ KOKKOS_INLINE_FUNCTION void matmul_micro_tile(int kc, const T* a, const T* b, T*
 /// along i (a team index packs one k step of every panel); else X(i, p) = src[i ld + p] (a team
 /// index packs one (panel, k step) pair: R values gathered from R rows).
 template <int R, class Member, class T>
-KOKKOS_INLINE_FUNCTION void matmul_pack(const Member& team, T* dst, const T* src, std::int64_t ld,
-                                        int rows, int kc, bool along_i) {
+KOKKOS_INLINE_FUNCTION void matmul_pack(const Member& team, T* dst, const T* src, std::int64_t ld, int rows, int kc,
+                                        bool along_i) {
   const int panels = (rows + R - 1) / R;
   if (along_i) {
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, kc), [&](int p) {
@@ -153,7 +153,8 @@ template <class Exec, class T>
 std::size_t matmul_portable_scratch_bytes() {
   using Tiling  = MatmulTiling<Exec, T>;
   using Scratch = Kokkos::View<T*, typename Exec::scratch_memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
-  return Scratch::shmem_size(static_cast<std::size_t>(Tiling::MC) * Tiling::KC + static_cast<std::size_t>(Tiling::KC) * Tiling::NC);
+  return Scratch::shmem_size(static_cast<std::size_t>(Tiling::MC) * Tiling::KC +
+                             static_cast<std::size_t>(Tiling::KC) * Tiling::NC);
 }
 
 /// C[b] = alpha op(A[b]) op(B[b]) + beta C[b] for b < batch; C is (batch, M, N) row-major.
@@ -161,15 +162,14 @@ std::size_t matmul_portable_scratch_bytes() {
 /// it; per KC panel it packs op(B) once and reuses it over all its row blocks, packing op(A) per
 /// block; within a block the B micro-panel stays in L1 while the A micro-panels stream from L2.
 template <class Exec, class T>
-void matmul_portable(const Exec& exec, std::int64_t batch, std::int64_t M, std::int64_t N,
-                     std::int64_t K, T alpha, MatmulOperand<T> A, MatmulOperand<T> B, T beta, T* C,
-                     std::int64_t ldc, std::int64_t c_batch_stride, const char* label) {
-  using Tiling          = MatmulTiling<Exec, T>;
-  constexpr int MR      = Tiling::MR, NR = Tiling::NR, MC = Tiling::MC, NC = Tiling::NC, KC = Tiling::KC;
-  using Policy          = Kokkos::TeamPolicy<Exec>;
-  using Member          = typename Policy::member_type;
-  using Scratch         = Kokkos::View<T*, typename Exec::scratch_memory_space,
-                                       Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+void matmul_portable(const Exec& exec, std::int64_t batch, std::int64_t M, std::int64_t N, std::int64_t K, T alpha,
+                     MatmulOperand<T> A, MatmulOperand<T> B, T beta, T* C, std::int64_t ldc,
+                     std::int64_t c_batch_stride, const char* label) {
+  using Tiling     = MatmulTiling<Exec, T>;
+  constexpr int MR = Tiling::MR, NR = Tiling::NR, MC = Tiling::MC, NC = Tiling::NC, KC = Tiling::KC;
+  using Policy  = Kokkos::TeamPolicy<Exec>;
+  using Member  = typename Policy::member_type;
+  using Scratch = Kokkos::View<T*, typename Exec::scratch_memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
   // Column panels and row blocks of even size (at most NC and MC, whole micro-panels), so that
   // no thread is left with a thin remainder. On the host (one thread per team), fewer rows per
   // block when there would be too few blocks to give every thread two of them (small products);
@@ -182,62 +182,61 @@ void matmul_portable(const Exec& exec, std::int64_t batch, std::int64_t M, std::
   const std::int64_t ncb  = N > 0 ? even(N, (N + NC - 1) / NC, NR) : NC;
   const std::int64_t bn   = (N + ncb - 1) / ncb;
   std::int64_t blocks_m   = (M + MC - 1) / MC;
-  if (Tiling::team_size == 1 && batch * bn * blocks_m < want)
-    blocks_m = (want + batch * bn - 1) / (batch * bn);
-  const std::int64_t mcb = M > 0 ? even(M, blocks_m, MR) : MC;
-  const std::int64_t bm  = (M + mcb - 1) / mcb;
-  std::int64_t runs      = (want + batch * bn - 1) / (batch * bn);
-  runs                   = runs > bm ? bm : (runs < 1 ? 1 : runs);
+  if (Tiling::team_size == 1 && batch * bn * blocks_m < want) blocks_m = (want + batch * bn - 1) / (batch * bn);
+  const std::int64_t mcb    = M > 0 ? even(M, blocks_m, MR) : MC;
+  const std::int64_t bm     = (M + mcb - 1) / mcb;
+  std::int64_t runs         = (want + batch * bn - 1) / (batch * bn);
+  runs                      = runs > bm ? bm : (runs < 1 ? 1 : runs);
   const std::int64_t league = batch * runs * bn;
   if (league == 0 || M == 0) return;
   // The host's packed panels (about 1 MiB) exceed the level-0 limit that newer Kokkos enforces
   // (32 KiB on OpenMP, "roughly L1"); they go to level 1, which on the host is the same
   // thread-private memory. A GPU team's panels (16 KiB) fit level 0: shared memory.
   const std::size_t scratch_bytes = matmul_portable_scratch_bytes<Exec, T>();
-  const int level = scratch_bytes <= static_cast<std::size_t>(Policy::scratch_size_max(0)) ? 0 : 1;
+  const int level                 = scratch_bytes <= static_cast<std::size_t>(Policy::scratch_size_max(0)) ? 0 : 1;
   Policy policy(exec, static_cast<int>(league), Tiling::team_size);
   policy = policy.set_scratch_size(level, Kokkos::PerTeam(scratch_bytes));
 
-  Kokkos::parallel_for(label, policy, KOKKOS_LAMBDA(const Member& team) {
-    const std::int64_t id = team.league_rank();
-    const std::int64_t b  = id / (runs * bn);
-    const std::int64_t run = id / bn % runs, n0 = (id % bn) * ncb;
-    const std::int64_t blk_lo = run * bm / runs, blk_hi = (run + 1) * bm / runs;
-    const int nc = static_cast<int>(N - n0 < ncb ? N - n0 : ncb);
-    const int np = (nc + NR - 1) / NR * NR;  // packed columns: whole micro-panels
-    Scratch Ap(team.team_scratch(level), MC * KC), Bp(team.team_scratch(level), KC * NC);
-    const T* a_base = A.ptr + b * A.batch_stride;
-    const T* b_base = B.ptr + b * B.batch_stride;
-    T* c_panel      = C + b * c_batch_stride + n0;
-    for (std::int64_t k0 = 0; k0 < (K > 0 ? K : 1); k0 += KC) {
-      const int kc    = static_cast<int>(K - k0 < KC ? K - k0 : KC);
-      const bool first = k0 == 0;
-      // Pack op(B)[k0.., n0..] as micro-panels of (kc x NR), columns past nc zero.
-      team.team_barrier();  // the previous panel's tiles are done with Bp
-      const std::int64_t b_at = B.trans ? n0 * B.ld + k0 : k0 * B.ld + n0;
-      matmul_pack<NR>(team, Bp.data(), b_base + b_at, B.ld, nc, kc, !B.trans);
-      for (std::int64_t blk = blk_lo; blk < blk_hi; ++blk) {
-        const std::int64_t m0 = blk * mcb;
-        const int mc = static_cast<int>(M - m0 < mcb ? M - m0 : mcb);
-        const int mp = (mc + MR - 1) / MR * MR;  // packed rows: whole micro-panels
-        // Pack op(A)[m0.., k0..] as micro-panels of (kc x MR), rows past mc zero.
-        team.team_barrier();  // the previous block's tiles are done with Ap
-        const std::int64_t a_at = A.trans ? k0 * A.ld + m0 : m0 * A.ld + k0;
-        matmul_pack<MR>(team, Ap.data(), a_base + a_at, A.ld, mc, kc, A.trans);
-        team.team_barrier();
-        T* c_block = c_panel + m0 * ldc;
-        const int ti_n = mp / MR;
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, ti_n * (np / NR)), [&](int t) {
-          const int ti = t % ti_n, tj = t / ti_n;  // B micro-panel stays in L1
-          const int ie = mc - ti * MR < MR ? mc - ti * MR : MR;
-          const int je = nc - tj * NR < NR ? nc - tj * NR : NR;
-          matmul_micro_tile<T, MR, NR>(kc, Ap.data() + ti * MR * kc, Bp.data() + tj * NR * kc,
-                                       c_block + ti * MR * ldc + tj * NR, ldc, ie, je, alpha,
-                                       beta, first);
-        });
-      }
-    }
-  });
+  Kokkos::parallel_for(
+      label, policy, KOKKOS_LAMBDA(const Member& team) {
+        const std::int64_t id  = team.league_rank();
+        const std::int64_t b   = id / (runs * bn);
+        const std::int64_t run = id / bn % runs, n0 = (id % bn) * ncb;
+        const std::int64_t blk_lo = run * bm / runs, blk_hi = (run + 1) * bm / runs;
+        const int nc = static_cast<int>(N - n0 < ncb ? N - n0 : ncb);
+        const int np = (nc + NR - 1) / NR * NR;  // packed columns: whole micro-panels
+        Scratch Ap(team.team_scratch(level), MC * KC), Bp(team.team_scratch(level), KC * NC);
+        const T* a_base = A.ptr + b * A.batch_stride;
+        const T* b_base = B.ptr + b * B.batch_stride;
+        T* c_panel      = C + b * c_batch_stride + n0;
+        for (std::int64_t k0 = 0; k0 < (K > 0 ? K : 1); k0 += KC) {
+          const int kc     = static_cast<int>(K - k0 < KC ? K - k0 : KC);
+          const bool first = k0 == 0;
+          // Pack op(B)[k0.., n0..] as micro-panels of (kc x NR), columns past nc zero.
+          team.team_barrier();  // the previous panel's tiles are done with Bp
+          const std::int64_t b_at = B.trans ? n0 * B.ld + k0 : k0 * B.ld + n0;
+          matmul_pack<NR>(team, Bp.data(), b_base + b_at, B.ld, nc, kc, !B.trans);
+          for (std::int64_t blk = blk_lo; blk < blk_hi; ++blk) {
+            const std::int64_t m0 = blk * mcb;
+            const int mc          = static_cast<int>(M - m0 < mcb ? M - m0 : mcb);
+            const int mp          = (mc + MR - 1) / MR * MR;  // packed rows: whole micro-panels
+            // Pack op(A)[m0.., k0..] as micro-panels of (kc x MR), rows past mc zero.
+            team.team_barrier();  // the previous block's tiles are done with Ap
+            const std::int64_t a_at = A.trans ? k0 * A.ld + m0 : m0 * A.ld + k0;
+            matmul_pack<MR>(team, Ap.data(), a_base + a_at, A.ld, mc, kc, A.trans);
+            team.team_barrier();
+            T* c_block     = c_panel + m0 * ldc;
+            const int ti_n = mp / MR;
+            Kokkos::parallel_for(Kokkos::TeamThreadRange(team, ti_n * (np / NR)), [&](int t) {
+              const int ti = t % ti_n, tj = t / ti_n;  // B micro-panel stays in L1
+              const int ie = mc - ti * MR < MR ? mc - ti * MR : MR;
+              const int je = nc - tj * NR < NR ? nc - tj * NR : NR;
+              matmul_micro_tile<T, MR, NR>(kc, Ap.data() + ti * MR * kc, Bp.data() + tj * NR * kc,
+                                           c_block + ti * MR * ldc + tj * NR, ldc, ie, je, alpha, beta, first);
+            });
+          }
+        }
+      });
 }
 
 }  // namespace pmt::detail

@@ -62,7 +62,7 @@ template <class T>
 KOKKOS_INLINE_FUNCTION T lane_max(const T* x, std::int64_t n) {
   T acc[row_lanes];
   std::int64_t j = 0;
-  using K = host_simd_t<std::conditional_t<std::is_same_v<T, double>, float, T>>;  // doubles too
+  using K        = host_simd_t<std::conditional_t<std::is_same_v<T, double>, float, T>>;  // doubles too
   if constexpr (K::simd) {
     j = K::lanes_max(x, n, acc);
   } else {
@@ -97,17 +97,17 @@ KOKKOS_INLINE_FUNCTION T exp_fast(T x) {
     // floor, one vector convert; no sign-dependent select. A NaN passes the clamps above; the
     // bound on t (127 > 88 / ln 2) maps it into range for the conversion, which would be
     // undefined behaviour for NaN, and r carries the NaN into the result.
-    float t = xc * 1.44269504088896341f;
-    t       = t < 127.0f ? t : 127.0f;
+    float t        = xc * 1.44269504088896341f;
+    t              = t < 127.0f ? t : 127.0f;
     const float kf = static_cast<float>(static_cast<std::int32_t>(t + 128.5f)) - 128.0f;
     const float r  = (xc - kf * 0.693359375f) + kf * 2.12194440e-4f;  // x - k ln 2, two parts
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
+    float p        = 1.9875691500e-4f;
+    p              = p * r + 1.3981999507e-3f;
+    p              = p * r + 8.3334519073e-3f;
+    p              = p * r + 4.1665795894e-2f;
+    p              = p * r + 1.6666665459e-1f;
+    p              = p * r + 5.0000001201e-1f;
+    p              = p * r * r + r + 1.0f;
     return p * pow2_float(kf) * static_cast<float>(x >= -87.0f);  // 0 below the range; a mask, not a branch
   } else {
     return math::exp(x);
@@ -122,16 +122,16 @@ KOKKOS_INLINE_FUNCTION T exp_nonpositive(T x) {
     const float xc = x < -87.0f ? -87.0f : x;
     // Bounded above so that a NaN (or an x > 0 outside the contract, up to +inf) converts to an
     // integer in range instead of undefined behaviour; r keeps the NaN. No change for x <= 0.
-    float t = xc * 1.44269504088896341f;
-    t       = t < 0.5f ? t : 0.5f;
+    float t        = xc * 1.44269504088896341f;
+    t              = t < 0.5f ? t : 0.5f;
     const float kf = static_cast<float>(static_cast<std::int32_t>(t + 128.5f)) - 128.0f;
     const float r  = (xc - kf * 0.693359375f) + kf * 2.12194440e-4f;
-    float p = 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
+    float p        = 1.3981999507e-3f;
+    p              = p * r + 8.3334519073e-3f;
+    p              = p * r + 4.1665795894e-2f;
+    p              = p * r + 1.6666665459e-1f;
+    p              = p * r + 5.0000001201e-1f;
+    p              = p * r * r + r + 1.0f;
     return p * pow2_float(kf) * static_cast<float>(x >= -87.0f);
   } else {
     return math::exp(x);
@@ -206,12 +206,13 @@ void for_each_row_team(const Exec& exec, const char* label, std::int64_t nrows, 
   constexpr int rows_per_team = is_host_space_v<Exec> ? 1 : 4, lanes = is_host_space_v<Exec> ? 1 : 32;
   using Policy = Kokkos::TeamPolicy<Exec>;
   const Policy policy(exec, static_cast<int>((nrows + rows_per_team - 1) / rows_per_team), rows_per_team, lanes);
-  Kokkos::parallel_for(label, policy, KOKKOS_LAMBDA(const typename Policy::member_type& m) {
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(m, rows_per_team), [&](int i) {
-      const std::int64_t r = static_cast<std::int64_t>(m.league_rank()) * rows_per_team + i;
-      if (r < nrows) f(m, r);
-    });
-  });
+  Kokkos::parallel_for(
+      label, policy, KOKKOS_LAMBDA(const typename Policy::member_type& m) {
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, rows_per_team), [&](int i) {
+          const std::int64_t r = static_cast<std::int64_t>(m.league_rank()) * rows_per_team + i;
+          if (r < nrows) f(m, r);
+        });
+      });
 }
 
 /// max_j x[j] over the member's vector lanes (the lowest finite value when n == 0).
@@ -227,7 +228,8 @@ KOKKOS_INLINE_FUNCTION T vector_max(const Member& m, const T* x, std::int64_t n)
 template <class S, class Member, class G>
 KOKKOS_INLINE_FUNCTION S vector_sum(const Member& m, std::int64_t n, const G& g) {
   S s = S(0);
-  Kokkos::parallel_reduce(Kokkos::ThreadVectorRange(m, n), [&](std::int64_t j, S& a) { a += g(j); }, s);
+  Kokkos::parallel_reduce(
+      Kokkos::ThreadVectorRange(m, n), [&](std::int64_t j, S& a) { a += g(j); }, s);
   return s;
 }
 
