@@ -11,10 +11,9 @@
 // hung job naming the ranks that never arrived, and ranks started with different flags are
 // refused. Exit codes: 0 done, 1 bad input or I/O error, 3 nan/inf, 4 watchdog, 75 stopped by a
 // signal (after its checkpoint), 128 + N a second signal N (at once).
-#include <pmt/comm/watchdog.hpp>
 #include <pmt/obs/trace.hpp>
+#include <pmt/run.hpp>
 #include <pmt/tools.hpp>
-#include <pmt/train/preemption.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -555,7 +554,7 @@ int local_ranks_env() {
 /// What keeps a run safe while it lasts: the checkpoint directory's lock (rank 0), the watchdog
 /// and its heartbeat directory (removed by rank 0 at the end, after the watchdog stops).
 struct Guards {
-  std::unique_ptr<pmt::io::CheckpointLock> lock;
+  std::unique_ptr<pmt::run::DirectoryLock> lock;
   struct RemoveBeats {
     std::string dir;
     ~RemoveBeats() {
@@ -563,7 +562,7 @@ struct Guards {
       if (!dir.empty()) fs::remove_all(dir, ec);
     }
   } remove_beats;
-  std::unique_ptr<pmt::comm::Watchdog> watchdog;
+  std::unique_ptr<pmt::run::Watchdog> watchdog;
 };
 
 /// Collective, before any training (and before --auto calibrates): rank 0 takes the checkpoint
@@ -580,7 +579,7 @@ std::unique_ptr<Guards> preflight(const Options& o, const Comm& world) {
     std::exception_ptr err;
     if (root) try {
         if (!o.ckpt_dir.empty()) {
-          g->lock = std::make_unique<pmt::io::CheckpointLock>(o.ckpt_dir);
+          g->lock = std::make_unique<pmt::run::DirectoryLock>(o.ckpt_dir);
           if (!g->lock->note().empty())
             std::printf("checkpoints: %s: %s\n", o.ckpt_dir.c_str(), g->lock->note().c_str());
           const auto steps = pmt::io::checkpoint_steps(o.ckpt_dir);
@@ -632,8 +631,8 @@ std::unique_ptr<Guards> preflight(const Options& o, const Comm& world) {
     pmt::comm::broadcast(world, Kokkos::DefaultHostExecutionSpace(), name, 0);
     for (std::size_t i = 0; i < name.size() && name(i) != 0; ++i) beats += static_cast<char>(name(i));
     if (!beats.empty())
-      g->watchdog = std::make_unique<pmt::comm::Watchdog>(
-          pmt::comm::WatchdogOptions{o.watchdog, beats, world.rank(), world.size(), 0},
+      g->watchdog = std::make_unique<pmt::run::Watchdog>(
+          pmt::run::WatchdogOptions{o.watchdog, beats, world.rank(), world.size(), 0},
           [](const std::string& report, bool reporter) {
             if (reporter) {
               std::fprintf(stderr, "%s: error: %s\n", prog, report.c_str());
@@ -742,7 +741,7 @@ int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_p
             std::printf("matmul: the paths of %zu shape classes from the checkpoint\n", paths.size());
         }
         // a layout-free fingerprint of the loaded parameters (the same model on any layout)
-        const double fp = pmt::parallel::parameter_fingerprint(mesh, model.parameters());
+        const double fp = pmt::run::parameter_fingerprint(mesh, model.parameters());
         if (root)
           std::printf("resumed from %s: step %d, saved with dp %d x tp %d x pp %d, parameter fingerprint %.15e\n",
                       latest.c_str(), start, info.layout.dp, info.layout.tp, info.layout.pp, fp);
@@ -935,11 +934,11 @@ int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_p
     }
     if (o.val_every > 0 && (step + 1) % o.val_every == 0 && step + 1 < o.steps) validate_now(step + 1);
     if (!o.ckpt_dir.empty() && o.ckpt_every > 0 && (step + 1) % o.ckpt_every == 0) saved_at = save(step + 1);
-    if (const int sig = pmt::train::agree_stop(world)) {  // preemption: all ranks stop at this step boundary
+    if (const int sig = pmt::run::agree_stop(world)) {  // preemption: all ranks stop at this step boundary
       if (!o.ckpt_dir.empty() && saved_at != step + 1) saved_at = save(step + 1);
       if (root) {
         std::printf(
-            "stopped by %s after step %d: %s\n", pmt::train::signal_name(sig), step,
+            "stopped by %s after step %d: %s\n", pmt::run::signal_name(sig), step,
             o.ckpt_dir.empty()
                 ? "no --ckpt-dir, nothing saved"
                 : ("saved " + pmt::io::checkpoint_step_dir(o.ckpt_dir, saved_at) + "; --resume continues it").c_str());
@@ -1119,7 +1118,7 @@ int main(int argc, char* argv[]) {
 #endif
     agree_command_line(world, argc, argv);  // first: ranks with other flags would mismatch later
     if (!parse_error.empty()) throw Agreed{parse_error};
-    pmt::train::install_stop_handlers();
+    pmt::run::install_stop_handlers();
     if (root && !threads_note.empty()) std::printf("%s\n", threads_note.c_str());
     std::unique_ptr<pmt::io::TokenDataset> data;
     std::unique_ptr<Guards> guards;

@@ -2,9 +2,10 @@
 # The library's layers, bottom up (docs/design.md): a header may include headers of its own
 # folder and of folders before it, never after; and no library header includes the tools layer
 # (plan/, io/dataset.hpp, obs/peak.hpp, tools.hpp); the layers (nn/) reach the communicators only
-# through parallel/regions.hpp: of comm/ they include the Mesh and the backend tags.
+# through parallel/regions.hpp: of comm/ they include the Mesh and the backend tags. The run
+# harness (run/) is the top layer: no library header includes it, nor does the umbrella pmt.hpp.
 # Run: cmake -DROOT=<repo> -P layering.cmake
-set(order detail core policy comm ops parallel nn optim train io obs)
+set(order detail core policy comm ops parallel nn optim train io obs run)
 set(tools_re "^(plan/|io/dataset\\.hpp|obs/peak\\.hpp|tools\\.hpp)")
 file(GLOB_RECURSE headers RELATIVE ${ROOT}/include/pmt ${ROOT}/include/pmt/*.hpp)
 set(bad "")
@@ -27,6 +28,13 @@ foreach(h IN LISTS headers)
       string(APPEND bad "  ${h} (layer ${dir}) includes ${inc} (layer ${idir}, above it)\n")
     endif()
   endforeach()
+endforeach()
+file(STRINGS ${ROOT}/include/pmt/pmt.hpp umbrella REGEX "^#include \"pmt/")
+foreach(line IN LISTS umbrella)
+  string(REGEX REPLACE "^#include \"pmt/([^\"]+)\".*" "\\1" inc "${line}")
+  if(inc MATCHES "^run/|^run\\.hpp$" OR inc MATCHES "${tools_re}")
+    string(APPEND bad "  pmt.hpp (the library's umbrella) includes ${inc}, a header of the run harness or the tools\n")
+  endif()
 endforeach()
 if(bad)
   message(FATAL_ERROR "pmt layering: headers break the layers:\n${bad}")

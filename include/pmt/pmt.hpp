@@ -4,7 +4,9 @@
 // training, checkpoints, observability). The tools built on it (the planner and its
 // calibration, the token dataset reader, the FMA peak probe) are in pmt/tools.hpp, which the
 // library itself never includes. Area headers may be included directly to save compile time,
-// but only these two headers carry the stability promise.
+// but only these two headers carry the stability promise. What a training program needs beyond
+// the library (stop signals, the watchdog thread, the run directory lock, fingerprints) is the
+// run harness, pmt/run.hpp: including pmt.hpp installs no handler and starts no thread.
 
 #include "pmt/config.hpp"
 #include "pmt/version.hpp"
@@ -25,9 +27,9 @@
 #include "pmt/comm/collectives.hpp"
 #include "pmt/comm/communicator.hpp"
 #include "pmt/comm/mesh.hpp"
+#include "pmt/comm/process.hpp"
 #include "pmt/comm/progress.hpp"
 #include "pmt/comm/request.hpp"
-#include "pmt/comm/watchdog.hpp"
 #if PMT_ENABLE_MPI
 #include "pmt/comm/mpi.hpp"
 #endif
@@ -75,11 +77,9 @@
 #include "pmt/optim/optimizers.hpp"
 #include "pmt/optim/zero.hpp"
 #include "pmt/optim/zero2.hpp"
-#include "pmt/parallel/fingerprint.hpp"
 #include "pmt/parallel/grad_sync.hpp"
 #include "pmt/parallel/pipeline.hpp"
 #include "pmt/parallel/schedule.hpp"
 #include "pmt/parallel/stage_module.hpp"
 #include "pmt/parallel/stages.hpp"
-#include "pmt/train/preemption.hpp"
 #include "pmt/train/trainer.hpp"

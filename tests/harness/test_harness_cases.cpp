@@ -7,6 +7,10 @@
 
 #include "pmt/core/environment.hpp"
 
+#if PMT_ENABLE_MPI
+#include <mpi.h>  // the harness talks to MPI directly
+#endif
+
 TEST_CASE("a check that fails on the last rank only", "[.harness_fail_one_rank]") {
   CHECK(pmt::world_rank() != pmt::world_size() - 1);
 }

@@ -115,6 +115,36 @@ inline void check_mpi(int code, const char* op, const char* call, int rank, int 
                   str(call, " failed: ", mpi_error_string(code), " (communicator rank ", rank, " of ", size, ")"));
 }
 
+/// MPI_Init_thread (MPI_THREAD_FUNNELED: only the thread that called Kokkos talks to MPI;
+/// Kokkos' OpenMP workers never do) unless MPI is initialized already; records the world rank
+/// and size for error messages. Returns whether it initialized MPI (comm/process.hpp's
+/// ScopeGuard). \throws pmt::CommError when MPI_Init_thread fails.
+inline bool mpi_initialize(int& argc, char**& argv) {
+  int ready = 0, provided = 0;
+  MPI_Initialized(&ready);
+  if (!ready && MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+    throw CommError("pmt::ScopeGuard", "MPI_Init_thread failed");
+  MPI_Comm_rank(MPI_COMM_WORLD, &process_context().rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &process_context().size);
+  return !ready;
+}
+/// MPI_Finalize unless MPI is finalized already.
+inline void mpi_finalize() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+/// Ends every rank of the job (MPI_Abort on MPI_COMM_WORLD).
+inline void mpi_abort_world() { MPI_Abort(MPI_COMM_WORLD, 1); }
+/// The MPI library's name and version, up to its first comma or line end ("Open MPI v4.1.4").
+inline std::string mpi_library_version() {
+  char lib[MPI_MAX_LIBRARY_VERSION_STRING];
+  int len = 0;
+  MPI_Get_library_version(lib, &len);
+  const std::string s(lib, static_cast<std::size_t>(len));
+  return s.substr(0, s.find_first_of(",\n"));
+}
+
 }  // namespace pmt::detail
 
 namespace pmt::comm {

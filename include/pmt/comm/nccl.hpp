@@ -105,6 +105,13 @@ inline double nccl_timeout_seconds() {
   return env ? std::atof(env) : 300.0;
 }
 
+/// The linked NCCL's version, "2.21.5".
+inline std::string nccl_version() {
+  int v = 0;
+  ncclGetVersion(&v);
+  return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
+}
+
 }  // namespace pmt::detail
 
 namespace pmt::comm {

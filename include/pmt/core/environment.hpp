@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// The process environment: ScopeGuard (MPI_Init if enabled -> Kokkos::initialize, reversed on
-// exit) and environment_report(), which says what this build and this machine provide: Kokkos
-// version and execution spaces, MPI ranks, the BLAS and the core it runs, CUDA devices, NCCL.
+// The host environment, without any communication backend: the world rank and size recorded for
+// error messages (world_rank(), world_size()), the BLAS this build links and the core it runs,
+// the warnings about OpenMP and BLAS settings, and denormal floats. The process' lifetime
+// (ScopeGuard: MPI_Init -> Kokkos::initialize) and environment_report() are in comm/process.hpp,
+// which reaches MPI, CUDA and NCCL through the headers that implement them.
 // Denormal floats: on x86 ScopeGuard sets flush-to-zero and denormals-are-zero (MXCSR FTZ, DAZ)
 // on the calling thread before it starts Kokkos, whose host threads inherit them, as deep-learning
 // CPU back ends commonly do: values below 1.2e-38 (float) then count as zero instead of taking a
@@ -11,26 +13,12 @@
 // below that size (a DiLoCo run of the main job: 30.1 -> 19.6 ms per step, the same losses bit for
 // bit). PMT_DENORMALS=keep keeps IEEE gradual underflow; flush_denormals() sets it on a thread of
 // the user's (ScopeGuard leaves a Kokkos the user started before it alone).
-//
-// This header and comm/mpi.hpp are the only ones that include <mpi.h>; the backend headers
-// (<cblas.h>, <cuda_runtime.h>, <nccl.h>) are included only when the build enabled them.
 
 #include "pmt/config.hpp"
 #include "pmt/core/error.hpp"
-#include "pmt/version.hpp"
+#include "pmt/detail/cblas.hpp"  // <cblas.h> or MKL's <mkl_cblas.h>, where the build has a CBLAS
 
 #include <Kokkos_Core.hpp>
-
-#if PMT_ENABLE_MPI
-#include <mpi.h>
-#endif
-#include "pmt/detail/cblas.hpp"  // <cblas.h> or MKL's <mkl_cblas.h>, where the build has a CBLAS
-#if PMT_ENABLE_CUDA
-#include <cuda_runtime_api.h>
-#endif
-#if PMT_ENABLE_NCCL
-#include <nccl.h>
-#endif
 
 #include <cstdio>
 #include <cstdlib>
@@ -171,160 +159,8 @@ inline bool denormals_flushed() noexcept {
 #endif
 }
 
-// ---------------------------------------------------------------------------------------------
-
-/// \brief RAII environment: MPI_Init_thread (if pmt was built with MPI and MPI is not yet
-/// initialized) then Kokkos::initialize (if not yet initialized); the destructor undoes only
-/// what the constructor did, in reverse order.
-///
-/// On x86 it flushes denormals to zero first (see the file comment; PMT_DENORMALS=keep does not).
-/// It records this process' world rank for error messages and warns once (rank 0) when OpenBLAS
-/// runs generic kernels on a vector CPU or fewer threads than Kokkos, and when OMP_WAIT_POLICY is
-/// passive with several OpenMP threads. When the guard is destroyed while an exception is in
-/// flight in a multi-rank job, it calls MPI_Abort so the other ranks end instead of hanging.
-///
-/// \code
-/// int main(int argc, char* argv[]) {
-///   pmt::ScopeGuard guard(argc, argv);
-///   ...
-/// }
-/// \endcode
-/// \throws pmt::CommError when MPI_Init_thread fails.
-class ScopeGuard {
- public:
-  ScopeGuard(int& argc, char**& argv) {
-#if PMT_ENABLE_MPI
-    int mpi_ready = 0;
-    MPI_Initialized(&mpi_ready);
-    if (!mpi_ready) {
-      int provided = 0;
-      // Only the thread that called Kokkos talks to MPI (Kokkos' OpenMP workers never do).
-      if (MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
-        throw CommError("pmt::ScopeGuard", "MPI_Init_thread failed");
-      m_owns_mpi = true;
-    }
-    MPI_Comm_rank(MPI_COMM_WORLD, &detail::process_context().rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &detail::process_context().size);
-#endif
-    if (!Kokkos::is_initialized()) {
-      const char* denormals = std::getenv("PMT_DENORMALS");
-      if (!denormals || std::string(denormals) != "keep") flush_denormals();  // Kokkos' threads inherit it
-      Kokkos::initialize(argc, argv);
-      m_owns_kokkos = true;
-    }
-    m_uncaught = std::uncaught_exceptions();
-    detail::warn_about_environment(detail::process_context().rank);
-  }
-
-  ~ScopeGuard() {
-#if PMT_ENABLE_MPI
-    if (std::uncaught_exceptions() > m_uncaught && detail::process_context().size > 1) {
-      std::fprintf(stderr, "pmt: rank %d is unwinding with an exception; aborting the job\n",
-                   detail::process_context().rank);
-      MPI_Abort(MPI_COMM_WORLD, 1);
-    }
-#endif
-    if (m_owns_kokkos && Kokkos::is_initialized()) Kokkos::finalize();
-#if PMT_ENABLE_MPI
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (m_owns_mpi && !finalized) MPI_Finalize();
-#endif
-  }
-
-  ScopeGuard(const ScopeGuard&)            = delete;
-  ScopeGuard& operator=(const ScopeGuard&) = delete;
-
- private:
-  bool m_owns_mpi    = false;
-  bool m_owns_kokkos = false;
-  int m_uncaught     = 0;
-};
-
 /// \brief This process' rank in the world (0 without MPI) and the world size (1 without MPI).
 inline int world_rank() noexcept { return detail::process_context().rank; }
 inline int world_size() noexcept { return detail::process_context().size; }
-
-/// \brief A multi-line, human-readable description of the build and the machine: pmt and
-/// Kokkos versions, enabled execution spaces and their concurrency, MPI, BLAS (and the OpenBLAS
-/// core it runs), CUDA devices, NCCL. Call after ScopeGuard.
-inline std::string environment_report() {
-  std::string out;
-  auto line = [&out](const std::string& key, const std::string& value) {
-    out += "  " + key + std::string(key.size() < 16 ? 16 - key.size() : 1, ' ') + value + "\n";
-  };
-  line("pmt", version());
-  line("Kokkos", std::to_string(KOKKOS_VERSION / 10000) + "." + std::to_string(KOKKOS_VERSION / 100 % 100) + "." +
-                     std::to_string(KOKKOS_VERSION % 100));
-  std::string spaces;
-#ifdef KOKKOS_ENABLE_SERIAL
-  spaces += "Serial ";
-#endif
-#ifdef KOKKOS_ENABLE_OPENMP
-  spaces += "OpenMP(" + std::to_string(Kokkos::OpenMP().concurrency()) + " threads) ";
-#endif
-#ifdef KOKKOS_ENABLE_THREADS
-  spaces += "Threads ";
-#endif
-#ifdef KOKKOS_ENABLE_CUDA
-  spaces += "Cuda ";
-#endif
-  line("exec spaces", spaces + "(default: " + Kokkos::DefaultExecutionSpace::name() + ")");
-#if PMT_ENABLE_MPI
-  char lib[MPI_MAX_LIBRARY_VERSION_STRING];
-  int len = 0;
-  MPI_Get_library_version(lib, &len);
-  std::string libstr(lib, static_cast<std::size_t>(len));
-  libstr = libstr.substr(0, libstr.find_first_of(",\n"));
-  line("MPI", std::to_string(world_size()) + " rank(s), this is rank " + std::to_string(world_rank()) + "; " + libstr);
-#else
-  line("MPI", "not enabled (one process)");
-#endif
-  line("denormals", denormals_flushed() ? "flushed to zero on the host (FTZ/DAZ; PMT_DENORMALS=keep keeps them)"
-                                        : "kept (IEEE gradual underflow)");
-#if PMT_ENABLE_CBLAS
-  std::string blas = "CBLAS enabled";
-#if PMT_CBLAS_MKL
-  char mkl_version[198] = {};
-  mkl_get_version_string(mkl_version, static_cast<int>(sizeof mkl_version) - 1);
-  std::string mkl(mkl_version);
-  mkl  = mkl.substr(0, mkl.find_first_of("-(", mkl.find("Version")));  // "... Version 2026.2"
-  blas = mkl + ", " + std::to_string(detail::blas_threads()) + " thread(s) at most";
-#endif
-  const std::string core = detail::blas_core_name();
-  if (!core.empty()) {
-    blas = "OpenBLAS, core " + core + ", " + std::to_string(detail::blas_threads()) + " thread(s)";
-    if (detail::blas_core_is_generic_on_vector_cpu())
-      blas += " (generic kernels on a vector CPU: set OPENBLAS_CORETYPE)";
-  }
-  line("BLAS", blas);
-  const auto& bf16_gemm = detail::cblas_bf16_gemm();
-  line("BLAS bf16", bf16_gemm.fn       ? std::string(bf16_gemm.name) + " (bf16 products time it against pmt's kernels)"
-                    : bf16_gemm.failed ? std::string(bf16_gemm.name) + " failed a check of a small product: not used"
-                                       : std::string("no bf16 GEMM in this BLAS"));
-#else
-  line("BLAS", "not enabled (portable Kokkos matmul only)");
-#endif
-#if PMT_ENABLE_CUDA
-  int devices        = 0;
-  cudaError_t status = cudaGetDeviceCount(&devices);
-  if (status == cudaSuccess) {
-    line("CUDA", std::to_string(devices) + " device(s)");
-  } else {
-    line("CUDA", std::string("runtime linked, no usable device: ") + cudaGetErrorString(status));
-  }
-#else
-  line("CUDA", "not enabled");
-#endif
-#if PMT_ENABLE_NCCL
-  int nccl_version = 0;
-  ncclGetVersion(&nccl_version);
-  line("NCCL", std::to_string(nccl_version / 10000) + "." + std::to_string(nccl_version / 100 % 100) + "." +
-                   std::to_string(nccl_version % 100) + " linked");
-#else
-  line("NCCL", "not enabled");
-#endif
-  return out;
-}
 
 }  // namespace pmt

@@ -17,7 +17,8 @@
 //                                        description, extra fields (seed, data position), each
 //                                        shard's size and CRC-32, and last its own checksum
 //   DIR/LATEST                          the name of the newest complete checkpoint
-//   DIR/LOCK                            "pid host" of the one run writing DIR (CheckpointLock)
+//   DIR/LOCK                            "pid host" of the one run writing DIR (pmt::run::DirectoryLock,
+//   pmt/run/lock.hpp)
 // Saving: every rank writes its shard to a temporary file, fsyncs it and renames it, inside
 // DIR/step-N.partial; rank 0 then writes MANIFEST the same way, fsyncs the directory, renames
 // step-N.partial to step-N, fsyncs DIR, and replaces LATEST (temporary, fsync, rename, fsync).
@@ -452,7 +453,7 @@ inline std::string resumable_checkpoint(const std::string& dir, std::string* not
 }
 
 /// \brief Removes what an interrupted save leaves under `dir` (step-N.partial and step-N.old
-/// directories, *.tmp files). Only for the directory's one writer (CheckpointLock).
+/// directories, *.tmp files). Only for the directory's one writer (pmt::run::DirectoryLock).
 /// Returns the names removed.
 inline std::vector<std::string> remove_stale_partials(const std::string& dir) {
   namespace fs = std::filesystem;
@@ -491,64 +492,6 @@ inline std::vector<std::string> prune_checkpoints(const std::string& dir, std::s
   }
   return gone;
 }
-
-/// \brief One writer per checkpoint directory: DIR/LOCK, created exclusively, holds "pid host".
-/// A lock whose process is gone (same host, no such pid; a live one on this host gets 5 s to
-/// end, as a job torn down a moment ago does) is stale and taken over; a live one is refused.
-/// Released (removed) by the destructor. Take it on one rank (rank 0).
-class CheckpointLock {
- public:
-  /// \throws pmt::IoError naming the holder when another live process holds `dir`, or when the
-  /// directory cannot be created or written.
-  explicit CheckpointLock(const std::string& dir) : m_path(dir + "/LOCK") {
-    namespace fs = std::filesystem;
-    std::error_code ec;
-    fs::create_directories(dir, ec);
-    char host[256] = {};
-    ::gethostname(host, sizeof host - 1);
-    const std::string me = pmt::detail::str(::getpid(), " ", host, "\n");
-    for (int attempt = 0; attempt < 2; ++attempt) {
-      errno        = 0;
-      const int fd = ::open(m_path.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
-      if (fd >= 0) {
-        const bool ok = ::write(fd, me.data(), me.size()) == static_cast<ssize_t>(me.size());
-        ::close(fd);
-        if (!ok) checkpoint_detail::io_fail("cannot write " + m_path);
-        return;
-      }
-      if (errno != EEXIST) checkpoint_detail::io_fail("cannot create " + m_path + " (is " + dir + " writable?)");
-      long long pid = 0;
-      std::string holder;
-      std::ifstream(m_path) >> pid >> holder;
-      const bool same_host = holder == host;
-      // a holder on this host that is ending (a job torn down a moment ago) gets a few seconds
-      const auto alive = [&] { return !(::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH); };
-      for (int wait = 0; same_host && pid > 0 && wait < 50 && alive(); ++wait) ::usleep(100000);
-      if (same_host && pid > 0 && !alive()) {
-        m_stale = pmt::detail::str("removed a stale lock of pid ", pid, " (no longer running)");
-        fs::remove(m_path, ec);
-        continue;
-      }
-      throw IoError("pmt::io::checkpoint",
-                    pmt::detail::str(dir, " is in use by pid ", pid, " on ",
-                                     holder.empty() ? std::string("an unknown host") : holder, " (", m_path,
-                                     "); one run writes a checkpoint directory at a time",
-                                     same_host ? std::string() : ": if that run is gone, remove the lock by hand"));
-    }
-    checkpoint_detail::io_fail("cannot take " + m_path);
-  }
-  ~CheckpointLock() {
-    std::error_code ec;
-    std::filesystem::remove(m_path, ec);
-  }
-  CheckpointLock(const CheckpointLock&)            = delete;
-  CheckpointLock& operator=(const CheckpointLock&) = delete;
-  /// \brief What taking the lock did besides ("removed a stale lock of pid N ..."), or "".
-  const std::string& note() const noexcept { return m_stale; }
-
- private:
-  std::string m_path, m_stale;
-};
 
 namespace checkpoint_detail {
 

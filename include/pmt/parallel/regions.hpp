@@ -25,21 +25,17 @@
 // A sequence-parallel Col layer's input is a gather_rows (in place of copy_to), a Row layer's
 // output a reduce_scatter_rows (in place of reduce_from): the same bytes on the wire as the
 // all-reduce they replace, and the layers between them (norms, residuals) hold N/p rows. Layers include this header and
-// the Mesh, never <mpi.h> or <nccl.h> nor the collectives. A communicator of one rank communicates nothing: every
-// region is then the identity (scatter_to and gather_from return x itself).
+// the Mesh, never <mpi.h> or <nccl.h> nor the collectives; nor does this header include a backend:
+// a program that runs a layer over MPI or NCCL includes comm/mpi.hpp or comm/nccl.hpp (pmt.hpp
+// does), where Communicator<Mpi> and Communicator<Nccl> are defined. A communicator of one rank communicates nothing:
+// every region is then the identity (scatter_to and gather_from return x itself).
 
 #include "pmt/comm/backend.hpp"
 #include "pmt/comm/collectives.hpp"
 #include "pmt/comm/communicator.hpp"
 #include "pmt/core/error.hpp"
 #include "pmt/core/tensor.hpp"
-#if PMT_ENABLE_MPI
-#include "pmt/comm/mpi.hpp"
-#endif
-#if PMT_ENABLE_NCCL && PMT_ENABLE_MPI
-#include "pmt/comm/nccl.hpp"
 #include "pmt/core/workspace.hpp"
-#endif
 
 #include <Kokkos_Core.hpp>
 

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
+// Part of the run harness (pmt/run.hpp): programs include it; the library never does.
 // A watchdog for hung jobs. Every blocking communication call of the main thread records what it
-// waits for (wait_state(), set by detail::CommTimer: the operation and since when). A Watchdog
+// waits for (comm::wait_state(), set by pmt::detail::CommTimer: the operation and since when). A Watchdog
 // thread per rank writes a heartbeat file into a directory all ranks share, once per beat:
 //   DIR/rank-00003: "<wall clock ns> <pid> <step> <operation or -> <seconds waited>"
 // When this rank has waited longer than the timeout in one call, the watchdog reads every
@@ -32,7 +33,7 @@
 
 #include <unistd.h>
 
-namespace pmt::comm {
+namespace pmt::run {
 
 /// \brief The watchdog's settings.
 struct WatchdogOptions {
@@ -42,7 +43,7 @@ struct WatchdogOptions {
   double beat_s = 0;       ///< seconds between heartbeats (0: timeout / 10, at most 1 s)
 };
 
-namespace watchdog_detail {
+namespace detail {
 
 /// One rank's heartbeat as read back.
 struct Beat {
@@ -80,7 +81,7 @@ inline std::string list(const std::vector<int>& ranks) {
   return s;
 }
 
-}  // namespace watchdog_detail
+}  // namespace detail
 
 /// \brief Runs while alive: heartbeats and the timeout check (see the file comment).
 class Watchdog {
@@ -102,7 +103,7 @@ class Watchdog {
     m_cv.notify_all();
     m_thread.join();
     std::error_code ec;
-    std::filesystem::remove(watchdog_detail::beat_path(m_o.dir, m_o.rank), ec);
+    std::filesystem::remove(detail::beat_path(m_o.dir, m_o.rank), ec);
   }
   Watchdog(const Watchdog&)            = delete;
   Watchdog& operator=(const Watchdog&) = delete;
@@ -112,12 +113,12 @@ class Watchdog {
 
   /// \brief The report a rank waiting in `op` for `waited` seconds gives now, from the heartbeats.
   std::string report(const char* op, double waited) const {
-    using watchdog_detail::Beat;
+    using detail::Beat;
     std::vector<int> waiting, missing_file;
     std::vector<std::pair<int, Beat>> elsewhere;
     const double stale = 3 * m_o.beat_s + 1;
     for (int q = 0; q < m_o.size; ++q) {
-      const Beat b = q == m_o.rank ? own_beat(op, waited) : watchdog_detail::read_beat(m_o.dir, q);
+      const Beat b = q == m_o.rank ? own_beat(op, waited) : detail::read_beat(m_o.dir, q);
       if (!b.found)
         missing_file.push_back(q);
       else if (b.age_s <= stale && b.op == op)
@@ -130,7 +131,7 @@ class Watchdog {
     s.precision(1);
     s << "watchdog: rank " << m_o.rank << " waited " << waited << " s (limit " << m_o.timeout_s << " s) in " << op
       << " at step " << m_step.load() << "; waiting in " << op << ": rank" << (waiting.size() == 1 ? " " : "s ")
-      << watchdog_detail::list(waiting);
+      << detail::list(waiting);
     if (!elsewhere.empty() || !missing_file.empty()) s << "; never arrived:";
     const char* sep = " ";
     for (const auto& [q, b] : elsewhere) {
@@ -143,14 +144,14 @@ class Watchdog {
       sep = ", ";
     }
     if (!missing_file.empty())
-      s << sep << "rank" << (missing_file.size() == 1 ? " " : "s ") << watchdog_detail::list(missing_file)
+      s << sep << "rank" << (missing_file.size() == 1 ? " " : "s ") << detail::list(missing_file)
         << " (no heartbeat in " << m_o.dir << ": another node, or never started)";
     return s.str();
   }
 
  private:
-  watchdog_detail::Beat own_beat(const char* op, double waited) const {
-    watchdog_detail::Beat b;
+  detail::Beat own_beat(const char* op, double waited) const {
+    detail::Beat b;
     b.found = true, b.pid = static_cast<long long>(::getpid()), b.step = m_step.load(), b.op = op ? op : "-";
     b.waited_s = waited;
     return b;
@@ -158,7 +159,7 @@ class Watchdog {
 
   /// What the main thread waits in now and for how long (nullptr when it is not waiting).
   std::pair<const char*, double> waiting() const {
-    const auto& w  = wait_state();
+    const auto& w  = comm::wait_state();
     const char* op = w.op.load();
     if (op == nullptr) return {nullptr, 0.0};
     const auto now = std::chrono::steady_clock::now().time_since_epoch().count();
@@ -167,11 +168,11 @@ class Watchdog {
 
   void beat() const {
     const auto [op, waited] = waiting();
-    const std::string path = watchdog_detail::beat_path(m_o.dir, m_o.rank), tmp = path + ".tmp";
+    const std::string path = detail::beat_path(m_o.dir, m_o.rank), tmp = path + ".tmp";
     {
       std::ofstream out(tmp, std::ios::trunc);
-      out << watchdog_detail::wall_ns() << " " << ::getpid() << " " << m_step.load() << " " << (op ? op : "-") << " "
-          << waited << "\n";
+      out << detail::wall_ns() << " " << ::getpid() << " " << m_step.load() << " " << (op ? op : "-") << " " << waited
+          << "\n";
     }
     std::error_code ec;
     std::filesystem::rename(tmp, path, ec);  // a reader sees the old heartbeat or the new one
@@ -186,7 +187,7 @@ class Watchdog {
       // the lowest rank waiting past the timeout reports
       bool reporter = true;
       for (int q = 0; q < m_o.rank && reporter; ++q) {
-        const auto b = watchdog_detail::read_beat(m_o.dir, q);
+        const auto b = detail::read_beat(m_o.dir, q);
         reporter =
             !(b.found && b.age_s <= 3 * m_o.beat_s + 1 && b.op == op && b.waited_s > m_o.timeout_s - 2 * m_o.beat_s);
       }
@@ -206,4 +207,12 @@ class Watchdog {
   std::thread m_thread;
 };
 
+}  // namespace pmt::run
+
+namespace pmt::comm {
+/// \brief Deprecated (0.2): pmt::run::WatchdogOptions.
+using WatchdogOptions [[deprecated("moved to pmt::run::WatchdogOptions (pmt/run/watchdog.hpp)")]] =
+    run::WatchdogOptions;
+/// \brief Deprecated (0.2): pmt::run::Watchdog.
+using Watchdog [[deprecated("moved to pmt::run::Watchdog (pmt/run/watchdog.hpp)")]] = run::Watchdog;
 }  // namespace pmt::comm

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
+// Part of the run harness (pmt/run.hpp): programs include it; the library never does.
 // parameter_fingerprint: one number that sums up a model's parameters independently of the
 // layout, to check that two runs (a saved and a resumed one, one rank and a dp x tp x pp layout)
 // hold the same model: sum over every element of the global model of value * w(global index,
@@ -18,12 +19,12 @@
 #include <cstdint>
 #include <vector>
 
-namespace pmt::parallel {
+namespace pmt::run {
 
 /// \brief The layout-free fingerprint of `params` (this rank's, e.g. a model's parameters()).
 template <class T, class Exec, class Backend>
 double parameter_fingerprint(const Mesh<Backend>& mesh, const std::vector<Parameter<T, Exec>*>& params) {
-  Kokkos::View<double, Kokkos::HostSpace> fp("pmt::parallel::parameter_fingerprint");
+  Kokkos::View<double, Kokkos::HostSpace> fp("pmt::run::parameter_fingerprint");
   const bool counts = mesh.coord(Axis::dp) == 0;  // dp replicas hold the same values
   for (auto* p : params) {
     if (!counts || p->pp_copy || (p->tp_replicated && mesh.coord(Axis::tp) != 0)) continue;
@@ -42,4 +43,13 @@ double parameter_fingerprint(const Mesh<Backend>& mesh, const std::vector<Parame
   return fp();
 }
 
+}  // namespace pmt::run
+
+namespace pmt::parallel {
+/// \brief Deprecated (0.2): pmt::run::parameter_fingerprint.
+template <class T, class Exec, class Backend>
+[[deprecated("moved to pmt::run::parameter_fingerprint (pmt/run/fingerprint.hpp)")]] double parameter_fingerprint(
+    const Mesh<Backend>& mesh, const std::vector<Parameter<T, Exec>*>& params) {
+  return run::parameter_fingerprint(mesh, params);
+}
 }  // namespace pmt::parallel

@@ -1,0 +1,14 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// The run harness: what a training program needs beyond the library, included by programs
+// explicitly (train_gpt does): stop signals and preemption (run/preemption.hpp: installs signal
+// handlers when asked), the hung-job watchdog (run/watchdog.hpp: starts a thread when
+// constructed), the run directory lock (run/lock.hpp) and the layout-free parameter fingerprint
+// (run/fingerprint.hpp). No header of pmt.hpp includes any of them.
+
+#include "pmt/pmt.hpp"
+
+#include "pmt/run/fingerprint.hpp"
+#include "pmt/run/lock.hpp"
+#include "pmt/run/preemption.hpp"
+#include "pmt/run/watchdog.hpp"
