@@ -38,6 +38,7 @@
 #endif
 
 #include "pmt/core/random.hpp"
+#include "pmt/core/step_context.hpp"
 #include "pmt/core/tensor.hpp"
 
 #include "pmt/ops/argmax.hpp"

@@ -6,6 +6,7 @@
 //   pmt::comm::ProgressScope scope([&] { for (auto& rq : pending) rq.test(); });
 
 #include "pmt/core/progress.hpp"
+#include "pmt/core/step_context.hpp"
 
 #include <functional>
 #include <utility>
@@ -18,16 +19,11 @@ using pmt::progress;
 /// \brief Makes progress() call `poll` on this thread for the scope's lifetime (scopes nest).
 class ProgressScope {
  public:
-  explicit ProgressScope(std::function<void()> poll) : m_poll(std::move(poll)), m_previous(pmt::detail::progress_hook) {
-    pmt::detail::progress_hook = &m_poll;
-  }
-  ~ProgressScope() { pmt::detail::progress_hook = m_previous; }
-  ProgressScope(const ProgressScope&)            = delete;
-  ProgressScope& operator=(const ProgressScope&) = delete;
+  explicit ProgressScope(std::function<void()> poll) : m_poll(std::move(poll)), m_installed(&m_poll) {}
 
  private:
-  std::function<void()> m_poll;
-  const std::function<void()>* m_previous;
+  std::function<void()> m_poll;  // declared first: constructed before, destroyed after the scope
+  pmt::detail::FieldScope<const std::function<void()>*, &StepContext::progress> m_installed;
 };
 
 }  // namespace pmt::comm

@@ -6,6 +6,7 @@
 // fills itself with the values the whole tensor would hold at its global indices (GlobalSlice).
 
 #include "pmt/core/error.hpp"
+#include "pmt/core/step_context.hpp"  // RandomContext: the keys of layout-independent draws
 #include "pmt/core/tensor.hpp"
 #include "pmt/detail/kokkos_compat.hpp"
 
@@ -74,49 +75,6 @@ KOKKOS_INLINE_FUNCTION double random_normal(const RngKey& key, std::uint64_t ind
   const double u2            = (static_cast<double>(b2 & mask) + 0.5) * 0x1.0p-53;
   return detail::math::sqrt(-2.0 * detail::math::log(u1)) * detail::math::cos(6.283185307179586 * u2);
 }
-
-/// \brief What keys a random draw that must not depend on the layout (Dropout): the global
-/// step and the global index of the current microbatch's first row. Per thread; the Trainer
-/// sets the step for each step() and nn::StagedModel the row for each microbatch.
-struct RandomContext {
-  std::uint64_t step = 0;
-  std::uint64_t row0 = 0;
-};
-
-namespace detail {
-inline thread_local RandomContext random_context;
-}  // namespace detail
-
-/// \brief The random context of this thread.
-inline RandomContext random_context() noexcept { return detail::random_context; }
-
-/// \brief Sets this thread's step (and keeps the row) for the scope's lifetime; restores on exit.
-class RandomStepScope {
- public:
-  explicit RandomStepScope(std::uint64_t step) noexcept : m_previous(detail::random_context) {
-    detail::random_context.step = step;
-  }
-  ~RandomStepScope() { detail::random_context = m_previous; }
-  RandomStepScope(const RandomStepScope&)            = delete;
-  RandomStepScope& operator=(const RandomStepScope&) = delete;
-
- private:
-  RandomContext m_previous;
-};
-
-/// \brief Sets this thread's first global row (and keeps the step) for the scope's lifetime.
-class RandomRowScope {
- public:
-  explicit RandomRowScope(std::uint64_t row0) noexcept : m_previous(detail::random_context) {
-    detail::random_context.row0 = row0;
-  }
-  ~RandomRowScope() { detail::random_context = m_previous; }
-  RandomRowScope(const RandomRowScope&)            = delete;
-  RandomRowScope& operator=(const RandomRowScope&) = delete;
-
- private:
-  RandomContext m_previous;
-};
 
 /// \brief Where a local tensor sits in the global one: global extents and the offset of the
 /// local block along each dim. The default (all zero) means "the local tensor is the whole one".

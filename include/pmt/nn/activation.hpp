@@ -8,6 +8,7 @@
 
 #include "pmt/core/activation_slot.hpp"
 #include "pmt/core/instrument.hpp"
+#include "pmt/core/step_context.hpp"
 #include "pmt/core/tensor.hpp"
 #include "pmt/core/workspace.hpp"
 #include "pmt/nn/module.hpp"
@@ -46,7 +47,7 @@ class Pointwise {
       ops::silu(exec, x, y);
     else
       ops::tanh(exec, x, y);
-    if (grad_enabled()) *m_saved = Kind == PointwiseKind::Tanh ? y : x;
+    if (step_context().grad) *m_saved = Kind == PointwiseKind::Tanh ? y : x;
     return y;
   }
   Tensor<T, 2, Exec> backward(const Exec& exec, const Tensor<T, 2, Exec>& dy) {

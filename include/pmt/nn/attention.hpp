@@ -29,6 +29,7 @@
 #include "pmt/core/error.hpp"
 #include "pmt/core/instrument.hpp"
 #include "pmt/core/random.hpp"
+#include "pmt/core/step_context.hpp"
 #include "pmt/core/tensor.hpp"
 #include "pmt/core/workspace.hpp"
 #include "pmt/nn/linear.hpp"
@@ -115,7 +116,7 @@ class QkvProjection {
     detail::require(x_in.extent(1) == m_C, "pmt::nn::QkvProjection::forward",
                     [&] { return detail::str("x is ", shape_str(x_in), "; expected (N, ", m_C, ")"); });
     const Instrument instrument("pmt::nn::QkvProjection::forward");
-    if (grad_enabled()) *m_x = x_in;
+    if (step_context().grad) *m_x = x_in;
     const Tensor<T, 2, Exec> x = m_seq ? parallel::gather_rows(m_tp, exec, x_in) : x_in;
     auto y = workspace_view<Tensor<T, 2, Exec>>("pmt::nn::QkvProjection::y", x.extent(0), 3 * local());
     detail::fill_qkv_bias(exec, y, m_bq.value, m_bv.value);
@@ -208,13 +209,13 @@ class CausalSelfAttention {
     // (with selective recomputation only the projection's output is kept, so the attention's
     // buffers are such a scratch too)
     Cache scratch;
-    Cache& saved = grad_enabled() && !m_recompute ? *m_saved : scratch;
+    Cache& saved = step_context().grad && !m_recompute ? *m_saved : scratch;
     if (saved.cache.B != static_cast<std::int64_t>(B) || saved.cache.T_ != static_cast<std::int64_t>(Tn))
       saved.cache = make_cache(B, Tn);
     auto qkv = m_qkv.forward(exec, x);  // (N, 3 C/tp) = [q | k | v]
     auto att = workspace_view<Tensor<T, 2, Exec>>("pmt::nn::attention::out", B * Tn, Cl);
     ops::attention_forward(exec, as3(qkv, B, Tn), as3(att, B, Tn), saved.cache);
-    if (grad_enabled() && m_recompute)
+    if (step_context().grad && m_recompute)
       m_saved->qkv = qkv, m_saved->cache.B = saved.cache.B, m_saved->cache.T_ = saved.cache.T_;
     return m_proj.forward(exec, att);  // (N, C), all-reduced over tp (N/tp rows, reduce-scattered)
   }

@@ -18,6 +18,7 @@
 #include "pmt/core/error.hpp"
 #include "pmt/core/instrument.hpp"
 #include "pmt/core/random.hpp"
+#include "pmt/core/step_context.hpp"
 #include "pmt/core/tensor.hpp"
 #include "pmt/core/workspace.hpp"
 #include "pmt/nn/module.hpp"
@@ -72,9 +73,10 @@ class Dropout {
 
   Tensor<T, 2, Exec> forward(const Exec& exec, const Tensor<T, 2, Exec>& x) {
     const Instrument instrument("pmt::nn::Dropout::forward");
-    if (evaluating() || m_p == 0) return x;  // evaluation: the identity
-    const RandomContext ctx = random_context();
-    if (grad_enabled()) *m_saved = {ctx.step, ctx.row0, x.extent(0), x.extent(1)};
+    const StepContext& context = step_context();
+    if (context.mode == StepMode::eval || m_p == 0) return x;  // evaluation: the identity
+    const RandomContext ctx = context.random;
+    if (context.grad) *m_saved = {ctx.step, ctx.row0, x.extent(0), x.extent(1)};
     auto y = workspace_view<Tensor<T, 2, Exec>>("pmt::nn::Dropout::y", x.extent(0), x.extent(1));
     run(exec, x, y, ctx.step, ctx.row0, "pmt::nn::Dropout::forward");
     return y;

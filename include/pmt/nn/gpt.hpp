@@ -37,6 +37,7 @@
 #include "pmt/core/instrument.hpp"
 #include "pmt/core/progress.hpp"
 #include "pmt/core/random.hpp"
+#include "pmt/core/step_context.hpp"
 #include "pmt/core/tensor.hpp"
 #include "pmt/core/workspace.hpp"
 #include "pmt/nn/attention.hpp"
@@ -84,7 +85,7 @@ class GptBlock {
   /// gradients enabled) only x is kept; backward runs this forward again first.
   Tensor<T, 2, Exec> forward(const Exec& exec, const Tensor<T, 2, Exec>& x, std::size_t B, std::size_t Tn) {
     const Instrument instrument("pmt::nn::GptBlock::forward");
-    if (m_recompute && grad_enabled()) {
+    if (m_recompute && step_context().grad) {
       *m_replay = {x, B, Tn};
       const KeepNothing nothing_kept;
       return compute(exec, x, B, Tn);

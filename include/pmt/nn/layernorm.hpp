@@ -7,6 +7,7 @@
 #include "pmt/core/activation_slot.hpp"
 #include "pmt/core/error.hpp"
 #include "pmt/core/instrument.hpp"
+#include "pmt/core/step_context.hpp"
 #include "pmt/core/tensor.hpp"
 #include "pmt/core/workspace.hpp"
 #include "pmt/nn/module.hpp"
@@ -43,8 +44,8 @@ class LayerNorm {
   Tensor<T, 2, Exec> forward(const Exec& exec, const Tensor<T, 2, Exec>& x) {
     const Instrument instrument("pmt::nn::LayerNorm::forward");
     Cache scratch;  // pmt::NoGrad: the statistics live for this call only
-    auto& c = grad_enabled() ? *m_saved : scratch;
-    if (grad_enabled()) c.x = x;
+    auto& c = step_context().grad ? *m_saved : scratch;
+    if (step_context().grad) c.x = x;
     if (c.mean.extent(0) != x.extent(0)) {
       c.mean = workspace_view<Tensor<T, 1, Exec>>("pmt::nn::LayerNorm::mean", x.extent(0));  // written by the forward
       c.rstd = workspace_view<Tensor<T, 1, Exec>>("pmt::nn::LayerNorm::rstd", x.extent(0));

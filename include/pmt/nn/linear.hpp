@@ -24,6 +24,7 @@
 #include "pmt/core/error.hpp"
 #include "pmt/core/instrument.hpp"
 #include "pmt/core/random.hpp"
+#include "pmt/core/step_context.hpp"
 #include "pmt/core/tensor.hpp"
 #include "pmt/core/workspace.hpp"
 #include "pmt/nn/module.hpp"
@@ -149,7 +150,7 @@ class Linear {
                          std::is_same_v<split, Row> ? " / tp " + std::to_string(m_tp.size()) : std::string(), ")");
     });
     const Instrument instrument("pmt::nn::Linear::forward");
-    if (grad_enabled()) *m_x = x_in;  // pmt::NoGrad: nothing kept; sequence-parallel Col: N/tp rows
+    if (step_context().grad) *m_x = x_in;  // pmt::NoGrad: nothing kept; sequence-parallel Col: N/tp rows
     const bool seq             = m_seq && m_tp.size() > 1;
     const Tensor<T, 2, Exec> x = seq && std::is_same_v<split, Col> ? parallel::gather_rows(m_tp, exec, x_in) : x_in;
     auto y                     = workspace_view<Tensor<T, 2, Exec>>("pmt::nn::Linear::y", x.extent(0), out_local());

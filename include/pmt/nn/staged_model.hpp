@@ -33,6 +33,7 @@
 #include "pmt/core/instrument.hpp"
 #include "pmt/core/parameter.hpp"
 #include "pmt/core/random.hpp"
+#include "pmt/core/step_context.hpp"
 #include "pmt/core/tensor.hpp"
 #include "pmt/core/workspace.hpp"
 #include "pmt/nn/chain.hpp"
@@ -172,10 +173,10 @@ class StagedModel {
                                          ")");
                     });
     const RandomRowScope rows(mb.row0);  // Dropout's mask follows the global rows
-    const bool recompute = m_recompute && grad_enabled();
+    const bool recompute = m_recompute && step_context().grad;
     Activation y;
     if (recompute) {  // keep the input and the random context; the backward runs this again
-      *m_replay = {x, random_context()};
+      *m_replay = {x, step_context().random};
       const KeepNothing nothing_kept;  // Dropout still drops
       y = m_net.forward(exec, x, begin(k), end(k));
     } else {
@@ -185,7 +186,7 @@ class StagedModel {
     auto dy        = workspace_view<Activation>("pmt::nn::StagedModel::dy", y.extent(0), y.extent(1));
     const double l = m_loss(exec, y, mb.target, normaliser, dy);
     if (loss != nullptr) *loss += l;
-    if (grad_enabled()) *m_dy = dy;
+    if (step_context().grad) *m_dy = dy;
     return Activation();
   }
   /// \brief Chunk k's backward of the current slot's microbatch (the stage-module contract).

@@ -39,6 +39,7 @@
 #include "pmt/core/error.hpp"
 #include "pmt/core/measured_choice.hpp"
 #include "pmt/core/precision.hpp"
+#include "pmt/core/step_context.hpp"
 #include "pmt/core/tensor.hpp"
 #include "pmt/core/workspace.hpp"
 #include "pmt/ops/detail/host_bf16.hpp"
@@ -599,7 +600,7 @@ void matmul(const Exec& exec, Trans ta, Trans tb, typename CV::non_const_value_t
   const detail::MatmulDims d = detail::matmul_dims(op, ta, tb, A, B, C);
   if (d.M == 0 || d.N == 0) return;
   if constexpr (std::is_same_v<T, float>)
-    if (compute_precision() == Precision::bf16)
+    if (step_context().precision == Precision::bf16)
       return detail::matmul_bf16_views<Backend>(exec, ta, tb, d, alpha, A, B, beta, C);
   detail::matmul_dispatch<Backend>(exec, 1, ta, tb, d.M, d.N, d.K, alpha, A.data(),
                                    static_cast<std::int64_t>(A.extent(1)), 0, B.data(),

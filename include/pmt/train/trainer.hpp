@@ -45,6 +45,7 @@
 #include "pmt/core/parameter.hpp"
 #include "pmt/core/precision.hpp"
 #include "pmt/core/random.hpp"
+#include "pmt/core/step_context.hpp"
 #include "pmt/core/workspace.hpp"
 #include "pmt/optim/clip.hpp"
 #include "pmt/optim/zero.hpp"
@@ -293,10 +294,16 @@ class Trainer {
   double step(const std::vector<Batch>& microbatches, const StepOptions& o) {
     check_batch("pmt::train::Trainer::step", microbatches, o.normaliser);
     const Instrument instrument("pmt::train::Trainer::step");
-    const WorkspaceScope workspace;              // the step's memory: planned by the first step, reused by the next
-    const PrecisionScope products(m_precision);  // fp32 or bf16 float products
+    const WorkspaceScope workspace;  // the step's memory: planned by the first step, reused by the next
     const std::int64_t global_step = o.step >= 0 ? o.step : m_calls;
-    const RandomStepScope random_step(static_cast<std::uint64_t>(global_step));
+    // the step's context, read by every layer: training, gradients kept, the step keying
+    // Dropout's masks, fp32 or bf16 float products
+    StepContext context;
+    context.mode        = StepMode::train;
+    context.grad        = true;
+    context.random.step = static_cast<std::uint64_t>(global_step);
+    context.precision   = m_precision;
+    const StepScope step_scope(context);
     ++m_calls;
     if constexpr (diloco)
       if (!m_anchored) {  // the period starts from the parameters as they are now (or as loaded)
@@ -359,8 +366,10 @@ class Trainer {
   double evaluate(const std::vector<Batch>& microbatches, double normaliser) {
     check_batch("pmt::train::Trainer::evaluate", microbatches, normaliser);
     const WorkspaceScope workspace;
-    const PrecisionScope products(m_precision);  // fp32 or bf16 float products
-    if constexpr (shards_grads) {                // ZeRO-2: storage for the gradients; buckets dropped, not reduced
+    StepContext context = step_context();  // the caller's, with the Trainer's float products
+    context.precision   = m_precision;
+    const StepScope step_scope(context);
+    if constexpr (shards_grads) {  // ZeRO-2: storage for the gradients; buckets dropped, not reduced
       m_opt.zero_grad(m_exec);
       m_opt.collect_grads(false);
     }
