@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # Installs everything pmt's build, tests, examples and benchmarks need on Debian 12 (bookworm):
 #   - apt: g++, cmake, Open MPI, OpenBLAS (CBLAS; the OpenMP-threaded build too), Catch2 v3
-#     (from bookworm-backports)
+#     (from bookworm-backports), clang-format (the suite's format stage)
 #   - Kokkos 3.4.01 with OpenMP + Serial, built from Debian's trilinos source package into a cache
 #     prefix (default ~/.cache/pmt/kokkos-3.4.01), unless Kokkos_ROOT points at a Kokkos already.
 #     PMT_KOKKOS_CHECKED=1 builds it with Kokkos' debug checks and View bounds checking instead,

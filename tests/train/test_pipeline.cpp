@@ -142,7 +142,8 @@ bool matches(const Reference<T>& ref, const pmt::nn::GptConfig& cfg, pmt::MeshSh
     if (step == 0) first_loss = std::abs(l - ref.losses[0]) / std::abs(ref.losses[0]);
   }
   *peak = tr.pipeline() ? tr.pipeline()->stats().peak_live : 1;
-  if (early) *early = tr.grad_sync().launched_early();
+  if constexpr (Zero == 0)  // the all-reduce strategy's buckets; ZeRO moves the gradients itself
+    if (early) *early = tr.grad_sync().launched_early();
   double largest = 0;
   for (auto& kv : ref.params)
     for (std::size_t i = 0; i < kv.second->size(); ++i)

@@ -63,7 +63,9 @@ struct Parameter {
 /// gradients). `of[i]` belongs to the i-th parameter of the optimizer's parameters() and has its
 /// size (an empty tensor: this parameter has none). A state a checkpoint lacks is loaded as zeros,
 /// or as the parameter's loaded value when `defaults_to_value`; `loaded`, when set, is set to
-/// true by a load.
+/// true by a load. A `per_rank` state holds each rank's own values (the error-feedback residual):
+/// a pipeline copy of a parameter (pp_copy, the tied LM head) keeps its own record of it, since
+/// its values differ from the owning stage's.
 template <class T, class Exec>
 struct ParameterStates {
   /// One named state of every parameter.
@@ -71,6 +73,7 @@ struct ParameterStates {
     std::string name;
     std::vector<Tensor<T, 1, Exec>> of;
     bool defaults_to_value = false;
+    bool per_rank          = false;
   };
   std::vector<State> states;
   bool* loaded = nullptr;

@@ -12,7 +12,9 @@
 // the parameters, where the state says).
 //   DIR/step-00000006/shard-00003.bin   one per world rank: that rank's parameter shards and
 //                                        their Adam moments (pipeline copies such as the tied
-//                                        LM head are not written: the owning stage writes them)
+//                                        LM head are not written: the owning stage writes them;
+//                                        a copy writes only its own values of per-rank states,
+//                                        "grad_residual@copy/NAME", read back on the same layout)
 //   DIR/step-00000006/MANIFEST          written by rank 0 last: format, step, layout, model
 //                                        description, extra fields (seed, data position), each
 //                                        shard's size and CRC-32, and last its own checksum
@@ -640,6 +642,9 @@ class WithStates {
   bool defaults_to_value(std::size_t k) const noexcept {
     return k >= m_base.size() && m_extra.states[k - m_base.size()].defaults_to_value;
   }
+  bool per_rank(std::size_t k) const noexcept {
+    return k >= m_base.size() && m_extra.states[k - m_base.size()].per_rank;
+  }
   void mark_loaded() const noexcept {
     if (m_extra.loaded) *m_extra.loaded = true;
   }
@@ -656,6 +661,17 @@ template <class Opt>
 inline constexpr bool
     has_state_defaults_v<Opt, std::void_t<decltype(std::declval<const Opt&>().defaults_to_value(std::size_t(0)))>> =
         true;
+
+/// Whether state k of Opt holds each rank's own values (ParameterStates::State::per_rank).
+template <class Opt>
+bool per_rank_state(const Opt& opt, std::size_t k) {
+  if constexpr (has_state_defaults_v<Opt>)
+    return opt.per_rank(k);
+  else
+    return (void)opt, (void)k, false;
+}
+/// The record kind of a pipeline copy's own value of a per-rank state ("grad_residual@copy").
+inline constexpr const char* copy_suffix = "@copy";
 
 template <class Opt, class Backend>
 std::string save(const std::string& dir, const Mesh<Backend>& mesh, const Opt& opt, const CheckpointInfo& info) {
@@ -688,16 +704,21 @@ std::string save(const std::string& dir, const Mesh<Backend>& mesh, const Opt& o
     const auto& ps                       = opt.parameters();
     const std::vector<std::string> kinds = opt.states();
     std::vector<std::size_t> index;
-    for (std::size_t i = 0; i < ps.size(); ++i)
-      if (!ps[i]->pp_copy) index.push_back(i);
     using Entry = std::pair<std::string, Tensor<T, 1, Exec>>;
     std::vector<std::vector<Entry>> records;  // per parameter: its value, then each state it has
     std::uint32_t count = 0;
-    for (std::size_t i : index) {
-      auto& entries = records.emplace_back(std::vector<Entry>{Entry("param/", ps[i]->value)});
+    for (std::size_t i = 0; i < ps.size(); ++i) {
+      // a pipeline copy (the tied LM head on the last stage): the owning stage writes its value
+      // and states; the copy writes only its own values of per-rank states
+      std::vector<Entry> entries;
+      if (!ps[i]->pp_copy) entries.emplace_back("param/", ps[i]->value);
       for (std::size_t k = 0; k < kinds.size(); ++k)
-        if (auto st = opt.state(i, k); st.size() > 0) entries.emplace_back(kinds[k] + "/", st);
+        if (auto st = opt.state(i, k); st.size() > 0 && (!ps[i]->pp_copy || per_rank_state(opt, k)))
+          entries.emplace_back(kinds[k] + (ps[i]->pp_copy ? copy_suffix : "") + "/", st);
+      if (entries.empty()) continue;
+      index.push_back(i);
       count += static_cast<std::uint32_t>(entries.size());
+      records.push_back(std::move(entries));
     }
     checkpoint_detail::put(bytes, count);
     for (std::size_t j = 0; j < index.size(); ++j) {
@@ -816,6 +837,9 @@ CheckpointInfo load(const std::string& step_dir, const Mesh<Backend>& mesh, Opt&
     std::vector<std::vector<char>> got(ps.size());  // which elements some shard provided (dp replicas repeat them)
     std::vector<std::vector<char>> found(kinds.size(),
                                          std::vector<char>(ps.size(), 0));  // a record of state k for parameter i
+    // a pipeline copy's own record of a per-rank state k (in this rank's shard, same layout): the
+    // owning stage's record does not replace it
+    std::vector<std::vector<char>> own_copy(kinds.size(), std::vector<char>(ps.size(), 0));
     for (std::size_t i = 0; i < ps.size(); ++i) {
       hv[i].resize(ps[i]->size());
       for (auto& st : hst) st[i].resize(ps[i]->size());
@@ -825,14 +849,22 @@ CheckpointInfo load(const std::string& step_dir, const Mesh<Backend>& mesh, Opt&
       const std::string path  = step_dir + "/" + man.shards[static_cast<std::size_t>(q)].first;
       const std::string bytes = checkpoint_detail::read_shard_file(step_dir, man, q);
       for (const auto& rec : checkpoint_detail::parse_shard(path, bytes)) {
-        const auto slash       = rec.name.find('/');
-        const std::string kind = rec.name.substr(0, slash), pname = rec.name.substr(slash + 1);
+        const auto slash = rec.name.find('/');
+        std::string kind = rec.name.substr(0, slash), pname = rec.name.substr(slash + 1);
+        const std::size_t suffix = std::string(copy_suffix).size();
+        const bool copy_record   = kind.size() > suffix && kind.compare(kind.size() - suffix, suffix, copy_suffix) == 0;
+        if (copy_record) {  // a pipeline copy's own values: only for this rank's copy, on the same layout
+          if (!same || q != world.rank()) continue;
+          kind.resize(kind.size() - suffix);
+        }
         std::size_t state_k = kinds.size();  // which state this record is (kinds.size(): none we load)
         for (std::size_t k = 0; k < kinds.size(); ++k)
           if (kinds[k] == kind) state_k = k;
         if (kind != "param" && state_k == kinds.size()) continue;  // e.g. moments, loading weights only
         for (std::size_t i = 0; i < ps.size(); ++i) {
-          if (ps[i]->name != pname || !wanted[i]) continue;
+          if (ps[i]->name != pname || (copy_record ? !ps[i]->pp_copy : !wanted[i])) continue;
+          if (kind != "param" && own_copy[state_k][i]) continue;  // the copy's own record was read
+          if (copy_record) own_copy[state_k][i] = 1;
           const auto sh = checkpoint_detail::shape_of(*ps[i]);
           if (rec.elem != sizeof(T) || rec.global[0] != sh.g[0] || rec.global[1] != sh.g[1])
             throw IoError("pmt::io::checkpoint",

@@ -17,25 +17,13 @@
 // (any subset): it fixes the dp mode and the default schedule, and the Mesh must fit it (an axis
 // the Hybrid does not name must have degree 1; Pipeline<S> needs pp = S). A bare Synchronous or
 // LocalSgd<H> is accepted too, as Hybrid<DataParallel<Mode>, TensorSplit<>, Pipeline<>>.
-// DpMode: Synchronous (gradients summed over dp every step, optionally as bf16 with error
-// feedback: TrainerOptions::sync, parallel/grad_sync.hpp), LocalSgd<H> (no gradient
-// communication; each replica normalises by its share of the tokens, normaliser / dp, and the
-// parameters are averaged over dp every H steps; optimizer state stays local, so with plain SGD
-// and H = 1 this is synchronous DP) or DiLoCo<H> (as LocalSgd<H>, but every H steps an outer
-// step: with the anchor A (the parameters all replicas started the period from) and the dp
-// average x of the replicas' parameters, delta = A - x, m = mu m + delta, A -= lr (delta + mu m)
-// (Nesterov; A -= lr m without), and every replica continues from A; the inner optimizer's state
-// stays local). A period ends after global steps H - 1, 2H - 1, ... (StepOptions::step; by
-// default the number of step() calls), so a resumed run keeps the phase. LocalSgd<> and DiLoCo<>
-// take H at run time (TrainerOptions::period). BoundedStaleness<S>: each step starts the dp sum of
-// its gradients without waiting and applies the sum started S steps before (parallel/
-// stale_sync.hpp); no update in the first S steps. state() shows checkpoints what these modes
-// keep: DiLoCo's anchor and outer momentum, the residuals of compressed gradients, the stale sums.
-// ZeRO optimizers (shards_over_dp) reduce-scatter themselves. ZeRO-2 (optim::Zero2AdamW,
-// shards_grads) also owns the gradients' storage: the Trainer passes it the model's gradient hooks
-// (on_grads_needed, on_grads_ready), so each bucket of gradients exists only while written and is
-// reduce-scattered as soon as it is final, and the tied and sequence-parallel sums run on its
-// shards (finish_grads) instead of finalize_grads / sum_partial_grads.
+// The dp mode names a data-parallel strategy (train/strategy.hpp): Synchronous (gradients summed
+// over dp every step, optionally as bf16 with error feedback: train/dp_all_reduce.hpp; with a
+// ZeRO optimizer, which shards over dp and moves the gradients itself: train/dp_zero.hpp),
+// LocalSgd<H> and DiLoCo<H> (replicas train apart and meet every H steps: train/dp_local.hpp),
+// BoundedStaleness<S> (gradient sums applied S steps late: train/dp_stale.hpp), or a user's mode
+// with a nested strategy template. The Trainer calls the strategy's hooks at fixed points of the
+// step and has no per-mode code; state() is the strategy's, for checkpoints.
 
 #include "pmt/comm/agree.hpp"
 #include "pmt/comm/collectives.hpp"
@@ -57,6 +45,11 @@
 #include "pmt/parallel/stale_sync.hpp"
 #include "pmt/policy/hybrid.hpp"
 #include "pmt/policy/policies.hpp"
+#include "pmt/train/dp_all_reduce.hpp"
+#include "pmt/train/dp_local.hpp"
+#include "pmt/train/dp_stale.hpp"
+#include "pmt/train/dp_zero.hpp"
+#include "pmt/train/strategy.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -69,26 +62,6 @@
 #include <utility>
 #include <vector>
 
-namespace pmt::detail {
-
-/// DiLoCo's outer step on one parameter (train/trainer.hpp): delta = a - x, m = mu m + delta,
-/// a -= lr (delta + mu m) (Nesterov) or lr m, x = a. A free function: CUDA's extended lambdas may
-/// not sit in a private member.
-template <class Exec, class V>
-void outer_update(const Exec& exec, const V& x, const V& a, const V& m, typename V::non_const_value_type lr,
-                  typename V::non_const_value_type mu, bool nesterov) {
-  using T = typename V::non_const_value_type;
-  Kokkos::parallel_for(
-      "pmt::train::Trainer::outer_step", Kokkos::RangePolicy<Exec>(exec, 0, x.size()), KOKKOS_LAMBDA(std::size_t k) {
-        const T delta = a(k) - x(k);
-        m(k)          = mu * m(k) + delta;
-        a(k) -= lr * (nesterov ? delta + mu * m(k) : m(k));
-        x(k) = a(k);
-      });
-}
-
-}  // namespace pmt::detail
-
 namespace pmt::train {
 
 /// \brief One microbatch of a token model: B sequences of T tokens and their targets.
@@ -98,69 +71,14 @@ using Microbatch = parallel::Microbatch<Ids>;
 template <class Input, class Target>
 using Samples = parallel::Samples<Input, Target>;
 
-/// \brief Step options.
-struct StepOptions {
-  double normaliser = 1.0;  ///< the global number of target tokens of the step (all dp ranks, all microbatches)
-  double lr         = 1e-3;
-  double max_norm   = 1.0;  ///< clip the global gradient norm to this (<= 0: no clipping)
-  /// Skip the optimizer update when the global loss or gradient norm is nan or inf (as
-  /// mixed-precision trainers skip overflowed steps); last_step_skipped() tells. Both values are
-  /// global, so every rank skips alike.
-  bool skip_nonfinite = false;
-  /// The global step number: keys layout-independent random draws (Dropout) through the
-  /// RandomContext. -1: the number of step() calls this Trainer made before (set it after a
-  /// resume, so that the masks continue where the saved run stopped).
-  std::int64_t step = -1;
-};
-
-/// \brief What a data-parallel mode is: whether replicas train apart between averages (LocalSgd,
-/// DiLoCo), whether an outer step follows the average (DiLoCo), whether gradient sums arrive late
-/// (BoundedStaleness), and the static period or bound (pmt::dynamic: TrainerOptions::period or
-/// ::staleness; 0 for Synchronous).
-template <class Mode>
-struct dp_mode_traits {
-  static constexpr bool local = false, diloco = false, stale = false;
-  static constexpr int period = 0;
-};
-template <int H>
-struct dp_mode_traits<LocalSgd<H>> {
-  static constexpr bool local = true, diloco = false, stale = false;
-  static constexpr int period = H;
-};
-template <int H>
-struct dp_mode_traits<DiLoCo<H>> {
-  static constexpr bool local = true, diloco = true, stale = false;
-  static constexpr int period = H;
-};
-/// BoundedStaleness<S>: `period` is the bound S.
-template <int S>
-struct dp_mode_traits<BoundedStaleness<S>> {
-  static constexpr bool local = false, diloco = false, stale = true;
-  static constexpr int period = S;
-};
-
-/// \brief DiLoCo's outer optimizer: SGD with (Nesterov) momentum on the averaged parameter change
-/// (the defaults are the DiLoCo paper's). \throws nothing; Trainer checks lr > 0, 0 <= momentum < 1.
-struct OuterOptions {
-  double lr       = 0.7;
-  double momentum = 0.9;
-  bool nesterov   = true;
-};
-
-/// \brief A Trainer's settings beyond the policy: the dp gradient buckets and their compression,
-/// and DiLoCo's outer optimizer. Converts from a bucket size or GradSyncOptions.
-struct TrainerOptions {
-  parallel::GradSyncOptions sync;
-  OuterOptions outer;
-  int period    = 0;  ///< the period of LocalSgd<> and DiLoCo<> (their run-time form), >= 1
-  int staleness = 0;  ///< the bound S of BoundedStaleness<> (its run-time form), >= 0
-  /// The precision of the model's float products in step() and evaluate(): bf16 runs them as
-  /// ops::matmul_bf16 (operands rounded to bf16, fp32 sums) inside a PrecisionScope; parameters,
-  /// gradients, optimizer state and the other ops stay in the model's type (fp32 masters).
-  Precision precision = Precision::fp32;
-  TrainerOptions()    = default;
-  TrainerOptions(std::size_t bucket_bytes) : sync(bucket_bytes) {}
-  TrainerOptions(parallel::GradSyncOptions s) : sync(s) {}
+/// \brief The strategy of pmt::Synchronous: bucketed all-reduce with a replicated optimizer,
+/// ZeRO-1 or ZeRO-2 with a ZeRO optimizer (the optimizer shards over dp itself).
+template <class Model, class Optimizer, class Exec, class Backend>
+struct strategy_of<Synchronous, Model, Optimizer, Exec, Backend> {
+  using type =
+      std::conditional_t<optim::shards_grads_v<Optimizer>, Zero2Strategy<Model, Optimizer, Exec, Backend>,
+                         std::conditional_t<Optimizer::shards_over_dp, Zero1Strategy<Model, Optimizer, Exec, Backend>,
+                                            AllReduceStrategy<Model, Optimizer, Exec, Backend>>>;
 };
 
 /// \brief What a Trainer's policy says: the dp mode, whether each axis may be > 1, the static
@@ -219,69 +137,33 @@ struct trainer_policy<Hybrid<Ps...>> {
 template <class Model, class Optimizer, class Exec, class Backend, class Policy = Synchronous>
 class Trainer {
   static_assert(parallel::check_stage_module<Model, Exec>());
-  using policy                = trainer_policy<Policy>;
-  using DpMode                = typename policy::dp_mode;
-  using mode                  = dp_mode_traits<DpMode>;
-  static constexpr bool local = mode::local, diloco = mode::diloco;  // replicas apart between averages; outer step
-  static constexpr bool stale = mode::stale;                         // gradient sums applied S steps late
-  static_assert(std::is_same_v<DpMode, Synchronous> || local || stale,
-                "pmt::train::Trainer: DpMode must be pmt::Synchronous, pmt::LocalSgd<H>, pmt::DiLoCo<H> or "
-                "pmt::BoundedStaleness<S>");
-  // whether the dp gradient buckets are used: ZeRO reduce-scatters itself, local SGD does not sync
-  static constexpr bool syncs_gradients = !Optimizer::shards_over_dp && !local && !stale;
-  static_assert(!(stale && Optimizer::shards_over_dp),
-                "pmt::train::Trainer: bounded staleness applies whole gradient sums late; a ZeRO optimizer "
-                "reduce-scatters them itself. Use one or the other");
-  static constexpr bool shards_grads = optim::shards_grads_v<Optimizer>;  // ZeRO-2
-  static_assert(!(local && Optimizer::shards_over_dp),
-                "pmt::train::Trainer: local SGD and DiLoCo keep replicas apart between averages; a ZeRO "
-                "optimizer needs synchronous gradients. Use one or the other");
+  using policy = trainer_policy<Policy>;
 
  public:
-  using T     = typename Model::value_type;
-  using Batch = typename Model::Batch;  ///< one microbatch of this dp rank
+  using DpMode = typename policy::dp_mode;
+  /// \brief The data-parallel strategy of DpMode (train/strategy.hpp).
+  using Strategy = strategy_of_t<DpMode, Model, Optimizer, Exec, Backend>;
+  using T        = typename Model::value_type;
+  using Batch    = typename Model::Batch;  ///< one microbatch of this dp rank
 
-  /// \throws pmt::ConfigError for gradient compression without synchronous gradients, or outer
-  /// options out of range.
+  /// \throws pmt::ConfigError when the mesh does not fit the policy, or from the strategy (e.g.
+  /// gradient compression without synchronous gradients, outer options out of range).
   Trainer(const Mesh<Backend>& mesh, Model& model, Optimizer& opt, const Exec& exec = Exec(),
           TrainerOptions options = {})
       : m_mesh(checked(mesh, model, options)),
         m_model(model),
         m_opt(opt),
         m_exec(exec),
-        m_sync(mesh.comm(Axis::dp), syncs_gradients ? model.parameters() : std::vector<Parameter<T, Exec>*>{},
-               options.sync),
+        m_options(std::move(options)),
+        m_strategy(StrategyContext<Model, Optimizer, Exec, Backend>{mesh, model, opt, exec, m_options}),
         m_schedule(policy::schedule),
-        m_outer(options.outer),
-        m_precision(options.precision),
-        m_period(!local                    ? 0
-                 : mode::period == dynamic ? options.period
-                                           : mode::period) {
-    if constexpr (diloco)
-      for (auto* p : model.parameters()) {
-        m_anchor.emplace_back("pmt::train::Trainer::outer_anchor", p->size());
-        m_momentum.emplace_back("pmt::train::Trainer::outer_momentum", p->size());
-      }
-    // a model that says when gradients are final lets the dp all-reduces overlap its backward;
-    // otherwise they all start in finish()
-    if constexpr (stale)
-      m_stale.emplace(mesh.comm(Axis::dp), model.parameters(),
-                      mode::period == dynamic ? options.staleness : mode::period);
+        m_precision(m_options.precision) {
+    // a model that says when gradients are final lets the strategy's dp traffic overlap its
+    // backward; one that also names them before writing lets it hold their storage only then
     if constexpr (parallel::has_grads_hook_v<Model, Exec>)
-      m_model.on_grads_ready([this](const std::vector<Parameter<T, Exec>*>& ps) {
-        m_sync.ready(m_exec, ps);
-        if constexpr (shards_grads) m_opt.grads_ready(m_exec, ps);  // ZeRO-2: the bucket's reduce-scatter starts
-        if constexpr (stale) m_stale->progress();                   // the sums in flight move on during backward
-      });
-    if constexpr (shards_grads) {
-      check_tied(model, opt);
-      // a model that names gradients before writing them lets ZeRO-2 hold each bucket only then;
-      // one that does not keeps them all from zero_grad() to the step
-      constexpr bool announces = parallel::has_needed_hook_v<Model, Exec> && parallel::has_grads_hook_v<Model, Exec>;
-      m_opt.announce_grads(announces);
-      if constexpr (announces)
-        m_model.on_grads_needed([this](const std::vector<Parameter<T, Exec>*>& ps) { m_opt.grads_needed(m_exec, ps); });
-    }
+      m_model.on_grads_ready([this](const std::vector<Parameter<T, Exec>*>& ps) { m_strategy.grads_ready(ps); });
+    if constexpr (Strategy::wants_grads_needed)
+      m_model.on_grads_needed([this](const std::vector<Parameter<T, Exec>*>& ps) { m_strategy.grads_needed(ps); });
     if (mesh.degree(Axis::pp) > 1) m_runner.emplace(mesh, model);
   }
   /// Frees the step memory the Workspace keeps that nothing holds any more.
@@ -305,57 +187,18 @@ class Trainer {
     context.precision   = m_precision;
     const StepScope step_scope(context);
     ++m_calls;
-    if constexpr (diloco)
-      if (!m_anchored) {  // the period starts from the parameters as they are now (or as loaded)
-        const auto ps = m_model.parameters();
-        for (std::size_t i = 0; i < ps.size(); ++i) Kokkos::deep_copy(m_exec, m_anchor[i], ps[i]->value);
-        m_anchored = true;
-      }
+    m_strategy.begin_step(global_step);
     m_opt.zero_grad(m_exec);
-    const int dp            = m_mesh.degree(Axis::dp);
-    const double normaliser = local ? o.normaliser / dp : o.normaliser;
-    // ZeRO optimizers reduce-scatter the gradients themselves; local SGD does not sync them.
-    const double loss = run_microbatches(microbatches, normaliser, syncs_gradients);
-    m_sync.finish(m_exec);
-    if constexpr (shards_grads) {
-      m_opt.finish_grads(m_exec);  // ZeRO-2: the same sums, on the gradient shards
-    } else {
-      parallel::finalize_grads(m_exec, m_mesh.comm(Axis::pp),
-                               m_model);  // tied copies on two stages sum their gradients
-      parallel::sum_partial_grads(m_exec, m_mesh.comm(Axis::tp),
-                                  m_model.parameters());  // sequence parallelism: rows' parts summed
-    }
-    const double total  = global_loss(local ? loss / dp : loss);
-    const bool bad_loss = o.skip_nonfinite && !std::isfinite(total);
-    m_applied           = true;
-    if constexpr (stale) {
-      // this step's sum starts; the one of S steps before arrives (none yet in the first S steps)
-      m_applied = m_stale->exchange(m_exec, global_step);
-      if (!m_applied) {
-        m_last_norm = 0, m_last_skipped = false;
-        if (!m_agreed_step) m_agreed_step = (comm::agree_choices(m_mesh.world(), m_exec), true);
-        return total;
-      }
-    }
-    if constexpr (Optimizer::shards_over_dp) {
-      m_last_norm    = m_opt.step(m_exec, o.lr, o.max_norm, o.skip_nonfinite, bad_loss);
-      m_last_skipped = bad_loss || (o.skip_nonfinite && !std::isfinite(m_last_norm));
-    } else {
-      m_last_norm    = optim::clip_grad_norm(m_exec, m_model.parameters(), m_mesh.comm(Axis::tp), o.max_norm,
-                                             &m_mesh.comm(Axis::pp));
-      m_last_skipped = bad_loss || (o.skip_nonfinite && !std::isfinite(m_last_norm));
-      if (!m_last_skipped) m_opt.step(m_exec, o.lr);
-    }
-    if constexpr (local) {
-      if ((global_step + 1) % m_period == 0) {
-        if (dp > 1)
-          for (auto* p : m_model.parameters()) {
-            comm::all_reduce(m_mesh.comm(Axis::dp), m_exec, p->value, comm::ReduceOp::Avg);
-            m_average_bytes += p->bytes();
-          }
-        if constexpr (diloco) outer_step();
-      }
-    }
+    const double share = m_strategy.share();  // replicas that train apart: each its share of the tokens
+    const double loss  = run_microbatches(microbatches, o.normaliser / share, /*dp_sync=*/true);
+    m_strategy.finish_grads();
+    const double total        = global_loss(loss / share);
+    const bool bad_loss       = o.skip_nonfinite && !std::isfinite(total);
+    const UpdateResult update = m_strategy.update(o, global_step, bad_loss);
+    m_applied                 = update.applied;
+    m_last_norm               = update.grad_norm;
+    m_last_skipped            = update.skipped;
+    m_strategy.end_step(global_step);
     if (!m_agreed_step) m_agreed_step = (comm::agree_choices(m_mesh.world(), m_exec), true);
     return total;
   }
@@ -369,12 +212,9 @@ class Trainer {
     StepContext context = step_context();  // the caller's, with the Trainer's float products
     context.precision   = m_precision;
     const StepScope step_scope(context);
-    if constexpr (shards_grads) {  // ZeRO-2: storage for the gradients; buckets dropped, not reduced
-      m_opt.zero_grad(m_exec);
-      m_opt.collect_grads(false);
-    }
+    m_strategy.begin_eval();
     const double loss = run_microbatches(microbatches, normaliser, /*dp_sync=*/false);
-    if constexpr (shards_grads) m_opt.collect_grads(true);
+    m_strategy.end_eval();
     m_opt.zero_grad(m_exec);
     const double total = global_loss(loss);
     if (!m_agreed_eval) m_agreed_eval = (comm::agree_choices(m_mesh.world(), m_exec), true);
@@ -382,51 +222,33 @@ class Trainer {
   }
 
   /// \brief The state a checkpoint saves beside the optimizer's (io::save_checkpoint's last
-  /// argument, and load_checkpoint's to restore it): DiLoCo's "outer_anchor" (loaded as the
-  /// parameters when a checkpoint lacks it) and "outer_momentum"; with compressed gradients the
-  /// "grad_residual" of each parameter (a rank's own); with BoundedStaleness the S gradient sums
-  /// not yet applied, "stale_grad_0" ... (completing those in flight: collective over dp; resume
-  /// with StepOptions::step). Empty for the other modes.
-  ParameterStates<T, Exec> state() {
-    ParameterStates<T, Exec> st;
-    if constexpr (diloco) {
-      st.states.push_back({"outer_anchor", m_anchor, true});
-      st.states.push_back({"outer_momentum", m_momentum, false});
-      st.loaded = &m_anchored;
-    }
-    if constexpr (stale) {
-      for (auto& x : m_stale->states()) st.states.push_back(std::move(x));
-      st.loaded = m_stale->loaded_flag();
-    }
-    if (m_sync.compression() != parallel::GradCompression::none && m_mesh.degree(Axis::dp) > 1) {
-      typename ParameterStates<T, Exec>::State r{"grad_residual", {}, false};
-      for (auto* p : m_model.parameters()) r.of.push_back(m_sync.residual(p));
-      st.states.push_back(std::move(r));
-    }
-    return st;
-  }
-  const OuterOptions& outer_options() const noexcept { return m_outer; }
+  /// argument, and load_checkpoint's to restore it): the strategy's (DiLoCo's outer anchor and
+  /// momentum, the residuals of compressed gradients, the stale sums in flight; empty for the
+  /// others).
+  ParameterStates<T, Exec> state() { return m_strategy.state(); }
+  /// \brief The data-parallel strategy (its own accessors: grad_sync(), stale_sync(), period(), ...).
+  const Strategy& strategy() const noexcept { return m_strategy; }
   /// \brief The precision of the model's float products in step() and evaluate().
   Precision precision() const noexcept { return m_precision; }
-  /// \brief Bytes this rank has handed to dp all-reduces: the gradient buckets (GradSync, half
-  /// with bf16 compression) and LocalSgd's and DiLoCo's parameter averages. A ring all-reduce over
-  /// dp ranks moves 2 (dp - 1) / dp times this over each rank's link.
-  std::uint64_t dp_bytes_sent() const noexcept {
-    return m_sync.bytes_sent() + m_average_bytes + (m_stale ? m_stale->bytes_sent() : 0);
-  }
+  /// \brief Bytes this rank has handed to dp collectives: the gradient buckets (half with bf16
+  /// compression), LocalSgd's and DiLoCo's parameter averages, the stale sums. A ring all-reduce
+  /// over dp ranks moves 2 (dp - 1) / dp times this over each rank's link.
+  std::uint64_t dp_bytes_sent() const noexcept { return m_strategy.bytes_sent(); }
   /// \brief Whether the last step() applied an update (BoundedStaleness applies none in its
   /// first S steps; a skipped non-finite step counts as applied here: see last_step_skipped()).
   bool last_step_applied() const noexcept { return m_applied; }
-  /// \brief BoundedStaleness: the gradient-sum machinery (its bound, the last applied sum's age);
-  /// null for the other modes.
-  const parallel::StaleSync<T, Exec, Backend>* stale_sync() const noexcept { return m_stale ? &*m_stale : nullptr; }
-  /// \brief The averaging period of LocalSgd and DiLoCo (0: synchronous).
-  int period() const noexcept { return m_period; }
+  /// \brief BoundedStaleness: the gradient-sum machinery (strategy().stale_sync()).
+  auto stale_sync() const noexcept { return m_strategy.stale_sync(); }
+  /// \brief Synchronous all-reduce: the gradient buckets (strategy().grad_sync()).
+  const auto& grad_sync() const noexcept { return m_strategy.grad_sync(); }
+  /// \brief LocalSgd and DiLoCo: the averaging period (strategy().period()).
+  int period() const noexcept { return m_strategy.period(); }
+  /// \brief DiLoCo: the outer optimizer's options (strategy().outer_options()).
+  const OuterOptions& outer_options() const noexcept { return m_strategy.outer_options(); }
 
   double last_grad_norm() const noexcept { return m_last_norm; }
   /// \brief Whether the last step() skipped its update (StepOptions::skip_nonfinite).
   bool last_step_skipped() const noexcept { return m_last_skipped; }
-  const parallel::GradSync<T, Exec, Backend>& grad_sync() const noexcept { return m_sync; }
   /// \brief The pipeline schedule of the next steps (the policy's by default).
   void set_schedule(parallel::ScheduleKind kind) noexcept { m_schedule = kind; }
   parallel::ScheduleKind schedule() const noexcept { return m_schedule; }
@@ -447,11 +269,11 @@ class Trainer {
   double run_microbatches(const std::vector<Batch>& microbatches, double normaliser, bool dp_sync) {
     if (m_runner)
       return m_runner->run(m_exec, m_schedule, microbatches, normaliser,
-                           [this, dp_sync](int, bool last) { m_sync.arm(dp_sync && last); });
+                           [this, dp_sync](int, bool last) { m_strategy.arm(dp_sync && last); });
     double loss      = 0;
     const int chunks = m_model.chunks();
     for (std::size_t i = 0; i < microbatches.size(); ++i) {
-      m_sync.arm(dp_sync && i + 1 == microbatches.size());
+      m_strategy.arm(dp_sync && i + 1 == microbatches.size());
       typename Model::Activation x;
       for (int k = 0; k < chunks; ++k) x = m_model.forward_chunk(m_exec, k, microbatches[i], x, normaliser, &loss);
       for (int k = chunks - 1; k >= 0; --k) x = m_model.backward_chunk(m_exec, k, x);
@@ -465,32 +287,6 @@ class Trainer {
     comm::all_reduce_host_values(m_mesh.comm(Axis::dp), m_exec, total);
     if (m_mesh.degree(Axis::pp) > 1) comm::all_reduce_host_values(m_mesh.comm(Axis::pp), m_exec, total);
     return total();
-  }
-  /// DiLoCo's outer step on the averaged parameters (see the file comment); every replica
-  /// continues from the new anchor.
-  void outer_step() {
-    const auto ps = m_model.parameters();
-    const T lr = static_cast<T>(m_outer.lr), mu = static_cast<T>(m_outer.momentum);
-    const bool nesterov = m_outer.nesterov;
-    for (std::size_t i = 0; i < ps.size(); ++i)
-      detail::outer_update(m_exec, ps[i]->value, m_anchor[i], m_momentum[i], lr, mu, nesterov);
-  }
-  /// ZeRO-2 sums tied gradients on its shards, so it must know the model's tied parameters.
-  static void check_tied(Model& model, const Optimizer& opt) {
-    if constexpr (parallel::has_tied_parameters_v<Model>) {
-      const auto want  = model.tied_parameters();
-      const auto& have = opt.tied_parameters();
-      bool same        = want.size() == have.size();
-      for (std::size_t i = 0; same && i < want.size(); ++i)
-        same = want[i].param == have[i].param && want[i].peer == have[i].peer;
-      detail::require<ConfigError>(same, "pmt::train::Trainer", [&] {
-        return detail::str("the model has ", want.size(),
-                           " parameters tied to another stage but the ZeRO-2 optimizer was given ", have.size(),
-                           " (or others); construct it with the model's tied_parameters()");
-      });
-    } else {
-      (void)model, (void)opt;
-    }
   }
   // What the policy fixes about the model's activations (pmt::activation_policy) and the queries
   // that let the Trainer see the model agrees.
@@ -565,32 +361,10 @@ class Trainer {
 
   static const Mesh<Backend>& checked(const Mesh<Backend>& mesh, const Model& model, const TrainerOptions& options) {
     detail::require<ConfigError>(
-        options.sync.compression == parallel::GradCompression::none || syncs_gradients, "pmt::train::Trainer", [&] {
-          return detail::str(
-              "gradient compression ", parallel::to_string(options.sync.compression),
-              " needs synchronous data parallelism with a replicated optimizer; this trainer ",
-              local ? "averages parameters (LocalSgd/DiLoCo)" : "has a ZeRO optimizer, which reduce-scatters itself");
-        });
-    detail::require<ConfigError>(
         options.precision == Precision::fp32 || std::is_same_v<typename Model::value_type, float>,
         "pmt::train::Trainer", [&] {
           return detail::str("precision bf16 rounds float products; this model's parameters are ",
                              sizeof(typename Model::value_type) * 8, "-bit. Use a float model or fp32");
-        });
-    detail::require<ConfigError>(
-        !stale || mode::period != dynamic || options.staleness >= 0, "pmt::train::Trainer", [&] {
-          return detail::str("BoundedStaleness<> takes its bound from TrainerOptions::staleness, which is ",
-                             options.staleness, "; expected >= 0");
-        });
-    detail::require<ConfigError>(!local || mode::period != dynamic || options.period >= 1, "pmt::train::Trainer", [&] {
-      return detail::str("LocalSgd<> and DiLoCo<> take their period from TrainerOptions::period, which is ",
-                         options.period, "; expected >= 1");
-    });
-    detail::require<ConfigError>(
-        !diloco || (options.outer.lr > 0 && options.outer.momentum >= 0 && options.outer.momentum < 1),
-        "pmt::train::Trainer", [&] {
-          return detail::str("DiLoCo's outer lr is ", options.outer.lr, " and momentum ", options.outer.momentum,
-                             "; expected lr > 0 and 0 <= momentum < 1");
         });
     if constexpr (policy::chunks != dynamic)
       detail::require<ConfigError>(model.chunks() == policy::chunks, "pmt::train::Trainer", [&] {
@@ -619,20 +393,15 @@ class Trainer {
   Model& m_model;
   Optimizer& m_opt;
   Exec m_exec;
-  parallel::GradSync<T, Exec, Backend> m_sync;
+  TrainerOptions m_options;  // the strategy keeps a reference
+  Strategy m_strategy;
   parallel::ScheduleKind m_schedule;
   std::optional<parallel::PipelineRunner<Model, Exec, Backend>> m_runner;
-  OuterOptions m_outer;
   Precision m_precision;
-  int m_period;                                          // LocalSgd/DiLoCo: steps between averages
-  std::vector<Tensor<T, 1, Exec>> m_anchor, m_momentum;  // DiLoCo: the outer anchor and momentum
-  bool m_anchored               = false;                 // the anchor holds the period's start (or was loaded)
-  double m_last_norm            = 0;
-  bool m_last_skipped           = false;
-  std::int64_t m_calls          = 0;                             // step() calls
-  std::uint64_t m_average_bytes = 0;                             // LocalSgd/DiLoCo: parameter bytes all-reduced over dp
-  std::optional<parallel::StaleSync<T, Exec, Backend>> m_stale;  // BoundedStaleness
-  bool m_applied = true;                                         // the last step applied an update
+  double m_last_norm   = 0;
+  bool m_last_skipped  = false;
+  std::int64_t m_calls = 0;     // step() calls
+  bool m_applied       = true;  // the last step applied an update
   // whether the first step / evaluation has agreed the measured choices (matmul paths) over the
   // world: every rank takes the same paths from then on (core/measured_choice.hpp)
   bool m_agreed_step = false, m_agreed_eval = false;

@@ -1,0 +1,95 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// The strategies of pmt::Synchronous with a ZeRO optimizer, which shards over dp and moves the
+// gradients itself:
+//   Zero1Strategy  optim::ZeroAdamW: the optimizer state sharded; its step reduce-scatters the
+//                  gradients, updates its shard and all-gathers the parameters.
+//   Zero2Strategy  optim::Zero2AdamW: the gradients sharded too. The optimizer owns their storage:
+//                  the model's hooks name each bucket before backward writes it (grads_needed)
+//                  and when it is final (grads_ready, its reduce-scatter starts), so a bucket lives
+//                  only while written; the tied and sequence-parallel sums run on its shards.
+// Neither compresses gradients.
+
+#include "pmt/core/error.hpp"
+#include "pmt/optim/zero.hpp"
+#include "pmt/optim/zero2.hpp"
+#include "pmt/parallel/stage_module.hpp"
+#include "pmt/train/strategy.hpp"
+
+#include <cmath>
+#include <cstdint>
+
+namespace pmt::train {
+
+/// \brief ZeRO-1 (see the file comment).
+template <class Model, class Optimizer, class Exec, class Backend>
+class Zero1Strategy : public StrategyBase<Model, Optimizer, Exec, Backend> {
+  using Base = StrategyBase<Model, Optimizer, Exec, Backend>;
+
+ public:
+  using typename Base::Context;
+  static constexpr DpCharge charge{true, false, false, DpCharge::Gradients::reduce_scatter, false, false};
+
+  explicit Zero1Strategy(const Context& c) : Base(c) {
+    Base::require_uncompressed(c.options, "has a ZeRO optimizer, which reduce-scatters itself");
+  }
+  /// The optimizer's step: reduce-scatter, clip by the global norm, AdamW on the shard, all-gather.
+  UpdateResult update(const StepOptions& o, std::int64_t /*step*/, bool bad_loss) {
+    UpdateResult r;
+    r.grad_norm = this->optimizer().step(this->exec(), o.lr, o.max_norm, o.skip_nonfinite, bad_loss);
+    r.skipped   = bad_loss || (o.skip_nonfinite && !std::isfinite(r.grad_norm));
+    return r;
+  }
+};
+
+/// \brief ZeRO-2 (see the file comment).
+/// \throws pmt::ConfigError when the optimizer was not given the model's tied parameters.
+template <class Model, class Optimizer, class Exec, class Backend>
+class Zero2Strategy : public Zero1Strategy<Model, Optimizer, Exec, Backend> {
+  using Base = Zero1Strategy<Model, Optimizer, Exec, Backend>;
+
+ public:
+  using typename Base::Context;
+  using typename Base::Params;
+  static constexpr DpCharge charge{true, true, false, DpCharge::Gradients::reduce_scatter, false, false};
+  // a model that names gradients before writing them lets ZeRO-2 hold each bucket only then; one
+  // that does not keeps them all from zero_grad() to the step
+  static constexpr bool wants_grads_needed =
+      parallel::has_needed_hook_v<Model, Exec> && parallel::has_grads_hook_v<Model, Exec>;
+
+  explicit Zero2Strategy(const Context& c) : Base(c) {
+    check_tied(c.model, c.optimizer);
+    c.optimizer.announce_grads(wants_grads_needed);
+  }
+  void grads_needed(const Params& params) { this->optimizer().grads_needed(this->exec(), params); }
+  void grads_ready(const Params& params) { this->optimizer().grads_ready(this->exec(), params); }
+  /// The same sums as the base's, on the gradient shards.
+  void finish_grads() { this->optimizer().finish_grads(this->exec()); }
+  /// Evaluation: storage for the gradients; buckets dropped, not reduced.
+  void begin_eval() {
+    this->optimizer().zero_grad(this->exec());
+    this->optimizer().collect_grads(false);
+  }
+  void end_eval() { this->optimizer().collect_grads(true); }
+
+ private:
+  // ZeRO-2 sums tied gradients on its shards, so it must know the model's tied parameters.
+  static void check_tied(Model& model, const Optimizer& opt) {
+    if constexpr (parallel::has_tied_parameters_v<Model>) {
+      const auto want  = model.tied_parameters();
+      const auto& have = opt.tied_parameters();
+      bool same        = want.size() == have.size();
+      for (std::size_t i = 0; same && i < want.size(); ++i)
+        same = want[i].param == have[i].param && want[i].peer == have[i].peer;
+      detail::require<ConfigError>(same, "pmt::train::Trainer", [&] {
+        return detail::str("the model has ", want.size(),
+                           " parameters tied to another stage but the ZeRO-2 optimizer was given ", have.size(),
+                           " (or others); construct it with the model's tied_parameters()");
+      });
+    } else {
+      (void)model, (void)opt;
+    }
+  }
+};
+
+}  // namespace pmt::train
