@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # Installs everything pmt's build, tests, examples and benchmarks need on Debian 12 (bookworm):
 #   - apt: g++, cmake, Open MPI, OpenBLAS (CBLAS; the OpenMP-threaded build too), Catch2 v3
-#     (from bookworm-backports), clang-format (the suite's format stage)
+#     (from bookworm-backports), clang-format (the suite's format stage), Random123 (the
+#     reference test_random checks pmt's Philox against)
 #   - Kokkos 3.4.01 with OpenMP + Serial, built from Debian's trilinos source package into a cache
 #     prefix (default ~/.cache/pmt/kokkos-3.4.01), unless Kokkos_ROOT points at a Kokkos already.
 #     PMT_KOKKOS_CHECKED=1 builds it with Kokkos' debug checks and View bounds checking instead,
@@ -17,7 +18,7 @@ if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 
 # ---------------------------------------------------------------------------------------------
 # apt packages
-APT_PKGS=(g++ make cmake pkg-config patch clang-format openmpi-bin libopenmpi-dev libopenblas-dev libopenblas-openmp-dev dpkg-dev xz-utils unzip python3-pip
+APT_PKGS=(g++ make cmake pkg-config patch clang-format librandom123-dev openmpi-bin libopenmpi-dev libopenblas-dev libopenblas-openmp-dev dpkg-dev xz-utils unzip python3-pip
           iproute2 util-linux)  # ip, unshare, taskset: the tests' two emulated nodes (scripts/two_nodes.sh)
 need=()
 for p in "${APT_PKGS[@]}"; do
