@@ -49,9 +49,9 @@
 #include "pmt/ops/layernorm.hpp"
 #include "pmt/ops/matmul.hpp"
 #include "pmt/ops/multi_tensor.hpp"
-#include "pmt/ops/optimizer.hpp"
 #include "pmt/ops/reduction.hpp"
 #include "pmt/ops/softmax.hpp"
+#include "pmt/ops/update.hpp"
 
 #include "pmt/core/activation_slot.hpp"
 #include "pmt/core/parameter.hpp"
@@ -64,7 +64,6 @@
 #include "pmt/nn/layernorm.hpp"
 #include "pmt/nn/linear.hpp"
 #include "pmt/nn/loss.hpp"
-#include "pmt/nn/losses.hpp"
 #include "pmt/nn/mlp.hpp"
 #include "pmt/nn/module.hpp"
 #include "pmt/nn/staged_model.hpp"

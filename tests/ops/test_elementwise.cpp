@@ -7,8 +7,8 @@
 #include "pmt/ops/argmax.hpp"
 #include "pmt/ops/elementwise.hpp"
 #include "pmt/ops/multi_tensor.hpp"
-#include "pmt/ops/optimizer.hpp"
 #include "pmt/ops/reduction.hpp"
+#include "pmt/ops/update.hpp"
 
 #include <algorithm>
 #include <cmath>

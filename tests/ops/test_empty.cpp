@@ -13,9 +13,9 @@
 #include "pmt/ops/embedding.hpp"
 #include "pmt/ops/layernorm.hpp"
 #include "pmt/ops/matmul.hpp"
-#include "pmt/ops/optimizer.hpp"
 #include "pmt/ops/reduction.hpp"
 #include "pmt/ops/softmax.hpp"
+#include "pmt/ops/update.hpp"
 
 #include <cstdint>
 

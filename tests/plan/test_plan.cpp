@@ -33,7 +33,7 @@
 #include "pmt/nn/gpt.hpp"
 #include "pmt/nn/layernorm.hpp"
 #include "pmt/nn/linear.hpp"
-#include "pmt/nn/losses.hpp"
+#include "pmt/nn/loss.hpp"
 #include "pmt/nn/staged_model.hpp"
 #include "pmt/obs/memory.hpp"
 #include "pmt/optim/optimizers.hpp"

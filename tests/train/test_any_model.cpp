@@ -22,7 +22,7 @@
 #include "pmt/nn/chain.hpp"
 #include "pmt/nn/dropout.hpp"
 #include "pmt/nn/linear.hpp"
-#include "pmt/nn/losses.hpp"
+#include "pmt/nn/loss.hpp"
 #include "pmt/nn/staged_model.hpp"
 #include "pmt/obs/memory.hpp"
 #include "pmt/optim/clip.hpp"

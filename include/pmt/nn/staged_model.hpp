@@ -5,7 +5,7 @@
 // 1F1B, interleaved), exactly as it trains nn::Gpt.
 //   Net   a Chain of layers (Linear<Col|Row|Replicate>, Gelu, Relu, LayerNorm, nested Chains ...)
 //         whose placements Chain checks at compile time; its first layer says its input width.
-//   Loss  a loss layer (nn/losses.hpp: MseLoss, CrossEntropyLoss) or any callable
+//   Loss  a loss layer (nn/loss.hpp: MseLoss, CrossEntropyLoss) or any callable
 //         double(const Exec&, const Activation& y, const Target&, double normaliser, const Activation& dy)
 //         returning the microbatch's loss divided by the normaliser and writing dL/dy; for a
 //         callable without a target_type, name the Target type as the third template argument.

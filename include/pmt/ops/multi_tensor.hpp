@@ -11,7 +11,7 @@
 //   table and the tensors' pointers go to the device (one small copy each), a team per chunk
 //   (for_each_chunk_table). The squared norms call ops::squared_norm_value per tensor there.
 // Results are bitwise those of the one-tensor ops on any space: the updates are elementwise with
-// the same arithmetic (ops/optimizer.hpp's element functions), and each tensor's squared norm is
+// the same arithmetic (ops/update.hpp's element functions), and each tensor's squared norm is
 // summed in reduce_chunk chunks by detail::reduce_span, the chunk partials in order, as
 // ops::squared_norm does.
 //   ops::zero_all(exec, grads);                           // every gradient = 0
@@ -22,8 +22,8 @@
 #include "pmt/core/tensor.hpp"
 #include "pmt/core/workspace.hpp"
 #include "pmt/ops/elementwise.hpp"
-#include "pmt/ops/optimizer.hpp"
 #include "pmt/ops/reduction.hpp"
+#include "pmt/ops/update.hpp"
 
 #include <Kokkos_Core.hpp>
 

@@ -10,7 +10,7 @@
 #include "pmt/core/parameter.hpp"
 #include "pmt/core/tensor.hpp"
 #include "pmt/ops/multi_tensor.hpp"
-#include "pmt/ops/optimizer.hpp"
+#include "pmt/ops/update.hpp"
 
 #include <Kokkos_Core.hpp>
 

@@ -21,8 +21,8 @@
 #include "pmt/core/tensor.hpp"
 #include "pmt/core/workspace.hpp"
 #include "pmt/ops/elementwise.hpp"
-#include "pmt/ops/optimizer.hpp"
 #include "pmt/ops/reduction.hpp"
+#include "pmt/ops/update.hpp"
 #include "pmt/optim/optimizers.hpp"
 
 #include <Kokkos_Core.hpp>

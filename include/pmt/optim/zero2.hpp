@@ -39,7 +39,7 @@
 #include "pmt/core/tensor.hpp"
 #include "pmt/core/workspace.hpp"
 #include "pmt/ops/elementwise.hpp"
-#include "pmt/ops/optimizer.hpp"
+#include "pmt/ops/update.hpp"
 #include "pmt/optim/optimizers.hpp"
 #include "pmt/optim/zero.hpp"
 #include "pmt/parallel/stage_module.hpp"

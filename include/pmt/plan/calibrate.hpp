@@ -54,8 +54,8 @@
 #include "pmt/ops/detail/matmul_kokkos.hpp"
 #include "pmt/ops/elementwise.hpp"
 #include "pmt/ops/matmul.hpp"
-#include "pmt/ops/optimizer.hpp"
 #include "pmt/ops/reduction.hpp"
+#include "pmt/ops/update.hpp"
 #include "pmt/plan/planner.hpp"
 
 namespace pmt::plan {
