@@ -18,6 +18,14 @@
 
 #include <Kokkos_Core.hpp>
 
+// MPI's deprecated C++ bindings (removed in MPI-3.0) are left out: they cost every translation
+// unit that includes pmt a third of a second of parsing, and pmt uses the C API
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1
+#endif
+#ifndef MPICH_SKIP_MPICXX
+#define MPICH_SKIP_MPICXX 1
+#endif
 #include <mpi.h>
 
 #include <cstring>
