@@ -759,7 +759,7 @@ int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_p
   pmt::comm::all_reduce(world, Kokkos::DefaultHostExecutionSpace(), peak);
   // Ranks that share cores (more ranks x threads than a node has) time their products whenever the
   // scheduler gives them the cores, so a product's share of "peak / ranks" would mean nothing there.
-  const bool cores_shared = pmt::plan::calibrate_detail::compute_share(world, Exec().concurrency()) < 1.0;
+  const bool cores_shared = pmt::plan::detail::compute_share(world, Exec().concurrency()) < 1.0;
   if (root) {
     std::printf(
         "pmt train_gpt: %d ranks = dp %d x tp %d x pp %d (%s%s, %d microbatches%s); GPT %d layers, width %d, %d heads, "

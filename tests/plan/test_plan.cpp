@@ -198,7 +198,7 @@ TEST_CASE(
 
 TEST_CASE("the step simulation: a critical path with a core per rank, work-conserving on shared cores", "[plan]") {
   using pmt::parallel::ScheduleKind;
-  using pmt::plan::plan_detail::simulate;
+  using pmt::plan::detail::simulate;
   const std::vector<double> none2(2, 0.0), f2(2, 1.0), b2(2, 2.0), none1(1, 0.0), f1(1, 1.0), b1(1, 2.0);
   // a core per rank: 2 equal stages, GPipe, 4 microbatches: (m + p - 1)(f + b)
   CHECK(simulate(ScheduleKind::GPipe, 2, 4, f2, b2, none2, 0.0, 2.0, 1) == 15.0);
@@ -241,7 +241,7 @@ TEST_CASE("the step simulation: the one-pass critical path equals the event loop
   // with a core per rank simulate() walks the table once; a hair fewer cores than ranks takes the
   // event loop (every rank on its own core at 1 - 1e-12 of its speed): the two agree to rounding
   using pmt::parallel::ScheduleKind;
-  using pmt::plan::plan_detail::simulate;
+  using pmt::plan::detail::simulate;
   std::uint64_t state = 42;
   const auto uniform  = [&](double lo, double hi) {  // a fixed sequence, the same on every rank
     state = state * 6364136223846793005ULL + 1442695040888963407ULL;
@@ -984,7 +984,7 @@ TEST_CASE("recomputation: less activation memory for one more forward, chosen wh
   CHECK(b.memory[0].transient > a.memory[0].transient);
   CHECK(b.peak_bytes() < a.peak_bytes());
   // the blocks' forward once more per microbatch: 4 blocks per stage, 8 microbatches
-  const double extra = 8 * 4 * pmt::plan::plan_detail::block_forward(pr, mc, keep, 2);
+  const double extra = 8 * 4 * pmt::plan::detail::block_forward(pr, mc, keep, 2);
   CHECK(b.time.compute - a.time.compute == Catch::Approx(extra).epsilon(1e-9));
   CHECK_THAT(again.describe(), ContainsSubstring(", recompute"));
   // the attention's recomputation: its T x T matrices go (s b Hl T^2 per block and live
@@ -996,7 +996,7 @@ TEST_CASE("recomputation: less activation memory for one more forward, chosen wh
   const double s = 4, N = 2.0 * 256, Cl = 256, TT = 2.0 * 8 * 256 * 256;
   CHECK(a.memory[0].activations - c.memory[0].activations == Catch::Approx(8 * 4 * s * (N * Cl + TT)).epsilon(1e-12));
   CHECK(c.time.compute - a.time.compute ==
-        Catch::Approx(8 * 4 * pmt::plan::plan_detail::attention_core_forward(pr, mc, keep, 2)).epsilon(1e-9));
+        Catch::Approx(8 * 4 * pmt::plan::detail::attention_core_forward(pr, mc, keep, 2)).epsilon(1e-9));
   pmt::plan::Layout both   = again;
   both.recompute_attention = true;
   CHECK_THAT(pmt::plan::why_invalid(pr, both, 2), ContainsSubstring("do not combine"));

@@ -67,7 +67,7 @@
 
 namespace pmt::io {
 
-namespace checkpoint_detail {
+namespace detail {
 
 template <class Opt, class Backend>
 std::string save(const std::string& dir, const Mesh<Backend>& mesh, const Opt& opt, const CheckpointInfo& info) {
@@ -76,18 +76,18 @@ std::string save(const std::string& dir, const Mesh<Backend>& mesh, const Opt& o
   namespace fs                = std::filesystem;
   const auto& world           = mesh.world();
   const int r                 = world.rank();
-  const std::string final_dir = dir + "/" + checkpoint_detail::step_name(info.step);
+  const std::string final_dir = dir + "/" + detail::step_name(info.step);
   const std::string partial   = final_dir + ".partial";
   std::exception_ptr err;
   try {
-    checkpoint_detail::require_unique_names(opt.parameters());  // before anything is written
+    detail::require_unique_names(opt.parameters());  // before anything is written
     if (r == 0) {
       std::error_code ec;
       fs::create_directories(dir, ec);
       fs::remove_all(partial, ec);
       errno = 0;
       if (!fs::create_directories(partial, ec) || ec)
-        checkpoint_detail::io_fail("cannot create " + partial + " (" + ec.message() + ")");
+        detail::io_fail("cannot create " + partial + " (" + ec.message() + ")");
     }
   } catch (...) {  // whatever it is, the other ranks must not wait for this one
     err = std::current_exception();
@@ -116,21 +116,21 @@ std::string save(const std::string& dir, const Mesh<Backend>& mesh, const Opt& o
       count += static_cast<std::uint32_t>(entries.size());
       records.push_back(std::move(entries));
     }
-    checkpoint_detail::put(bytes, count);
+    detail::put(bytes, count);
     for (std::size_t j = 0; j < index.size(); ++j) {
       const auto& p = *ps[index[j]];
-      const auto sh = checkpoint_detail::shape_of(p);
+      const auto sh = detail::shape_of(p);
       for (const auto& [prefix, view] : records[j]) {
         const std::string name = prefix + p.name;
-        checkpoint_detail::put(bytes, static_cast<std::uint32_t>(name.size()));
+        detail::put(bytes, static_cast<std::uint32_t>(name.size()));
         bytes += name;
-        checkpoint_detail::put(bytes, static_cast<std::uint32_t>(sizeof(T)));
+        detail::put(bytes, static_cast<std::uint32_t>(sizeof(T)));
         for (int d = 0; d < 3; ++d) {
           const auto* a = d == 0 ? sh.g : d == 1 ? sh.o : sh.l;  // global, offset, local
-          checkpoint_detail::put(bytes, a[0]);
-          checkpoint_detail::put(bytes, a[1]);
+          detail::put(bytes, a[0]);
+          detail::put(bytes, a[1]);
         }
-        checkpoint_detail::put(bytes, static_cast<std::uint64_t>(view.size() * sizeof(T)));
+        detail::put(bytes, static_cast<std::uint64_t>(view.size() * sizeof(T)));
         auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), view);
         for (std::size_t e = 0; e < host.size(); ++e)  // a checkpoint never holds nan or inf
           if (!std::isfinite(static_cast<double>(host(e))))
@@ -144,9 +144,9 @@ std::string save(const std::string& dir, const Mesh<Backend>& mesh, const Opt& o
     // test hook "RANK:STEP": that rank aborts halfway through its shard of that step
     const char* hook = std::getenv("PMT_CHECKPOINT_TEST_ABORT");
     const bool crash = hook != nullptr && std::string(hook) == std::to_string(r) + ":" + std::to_string(info.step);
-    checkpoint_detail::write_atomically(partial + "/" + checkpoint_detail::shard_name(r), bytes, crash);
+    detail::write_atomically(partial + "/" + detail::shard_name(r), bytes, crash);
     meta[0] = bytes.size();
-    meta[1] = checkpoint_detail::crc32(bytes.data(), bytes.size());
+    meta[1] = detail::crc32(bytes.data(), bytes.size());
   } catch (...) {  // whatever it is, the other ranks must not wait for this one
     err = std::current_exception();
   }
@@ -165,12 +165,11 @@ std::string save(const std::string& dir, const Mesh<Backend>& mesh, const Opt& o
       for (int q = 0; q < world.size(); ++q) {
         char crc[16];
         std::snprintf(crc, sizeof crc, "%08x", static_cast<unsigned>(all(2 * q + 1)));
-        m << "shard " << checkpoint_detail::shard_name(q) << " " << all(2 * q) << " " << crc << "\n";
+        m << "shard " << detail::shard_name(q) << " " << all(2 * q) << " " << crc << "\n";
       }
       const std::string text = m.str();
-      checkpoint_detail::write_atomically(partial + "/MANIFEST",
-                                          text + checkpoint_detail::manifest_checksum_line(text));
-      checkpoint_detail::fsync_path(partial, true);
+      detail::write_atomically(partial + "/MANIFEST", text + detail::manifest_checksum_line(text));
+      detail::fsync_path(partial, true);
       std::error_code ec;
       if (fs::exists(final_dir, ec)) {  // the same step saved again: replace it
         fs::remove_all(final_dir + ".old", ec);
@@ -178,10 +177,10 @@ std::string save(const std::string& dir, const Mesh<Backend>& mesh, const Opt& o
       }
       errno = 0;
       if (std::rename(partial.c_str(), final_dir.c_str()) != 0)
-        checkpoint_detail::io_fail("cannot rename " + partial + " to " + final_dir);
-      checkpoint_detail::fsync_path(dir, true);
-      checkpoint_detail::write_atomically(dir + "/LATEST", checkpoint_detail::step_name(info.step) + "\n");
-      checkpoint_detail::fsync_path(dir, true);
+        detail::io_fail("cannot rename " + partial + " to " + final_dir);
+      detail::fsync_path(dir, true);
+      detail::write_atomically(dir + "/LATEST", detail::step_name(info.step) + "\n");
+      detail::fsync_path(dir, true);
       fs::remove_all(final_dir + ".old", ec);
     }
   } catch (...) {  // whatever it is, the other ranks must not wait for this one
@@ -200,8 +199,8 @@ CheckpointInfo load(const std::string& step_dir, const Mesh<Backend>& mesh, Opt&
   info.path = step_dir;
   std::exception_ptr err;
   try {
-    checkpoint_detail::require_unique_names(opt.parameters());
-    const checkpoint_detail::Manifest man = checkpoint_detail::read_manifest(step_dir);
+    detail::require_unique_names(opt.parameters());
+    const detail::Manifest man = detail::read_manifest(step_dir);
     info.step = man.step, info.layout = man.layout, info.model = man.model, info.extra = man.extra;
     const std::int64_t adam_steps = man.adam_steps;
     const int saved_world         = man.world;
@@ -243,8 +242,8 @@ CheckpointInfo load(const std::string& step_dir, const Mesh<Backend>& mesh, Opt&
     }
     const auto read_shard = [&](int q, const std::vector<bool>& wanted) {
       const std::string path  = step_dir + "/" + man.shards[static_cast<std::size_t>(q)].first;
-      const std::string bytes = checkpoint_detail::read_shard_file(step_dir, man, q);
-      for (const auto& rec : checkpoint_detail::parse_shard(path, bytes)) {
+      const std::string bytes = detail::read_shard_file(step_dir, man, q);
+      for (const auto& rec : detail::parse_shard(path, bytes)) {
         const auto slash = rec.name.find('/');
         std::string kind = rec.name.substr(0, slash), pname = rec.name.substr(slash + 1);
         const std::size_t suffix = std::string(copy_suffix).size();
@@ -261,7 +260,7 @@ CheckpointInfo load(const std::string& step_dir, const Mesh<Backend>& mesh, Opt&
           if (ps[i]->name != pname || (copy_record ? !ps[i]->pp_copy : !wanted[i])) continue;
           if (kind != "param" && own_copy[state_k][i]) continue;  // the copy's own record was read
           if (copy_record) own_copy[state_k][i] = 1;
-          const auto sh = checkpoint_detail::shape_of(*ps[i]);
+          const auto sh = detail::shape_of(*ps[i]);
           if (rec.elem != sizeof(T) || rec.global[0] != sh.g[0] || rec.global[1] != sh.g[1])
             throw IoError("pmt::io::checkpoint",
                           pmt::detail::str(path, ": ", rec.name, " has global shape (", rec.global[0], ", ",
@@ -313,14 +312,13 @@ CheckpointInfo load(const std::string& step_dir, const Mesh<Backend>& mesh, Opt&
         const auto st = opt.state(i, k);
         if (st.size() == 0) continue;  // this parameter has no such state
         bool from_value = false;       // a state the checkpoint lacks: zeros, or the loaded value
-        if constexpr (checkpoint_detail::has_state_defaults_v<Opt>)
-          from_value = !found[k][i] && opt.defaults_to_value(k);
+        if constexpr (detail::has_state_defaults_v<Opt>) from_value = !found[k][i] && opt.defaults_to_value(k);
         const auto& src = from_value ? hv[i] : hst[k][i];
         Kokkos::deep_copy(st, HostView(src.data(), src.size()));
       }
     }
     if (!kinds.empty()) opt.set_steps(adam_steps);
-    if constexpr (checkpoint_detail::has_state_defaults_v<Opt>) opt.mark_loaded();
+    if constexpr (detail::has_state_defaults_v<Opt>) opt.mark_loaded();
   } catch (...) {  // whatever it is, the other ranks must not wait for this one
     err = std::current_exception();
   }
@@ -328,7 +326,7 @@ CheckpointInfo load(const std::string& step_dir, const Mesh<Backend>& mesh, Opt&
   return info;
 }
 
-}  // namespace checkpoint_detail
+}  // namespace detail
 
 /// \brief Saves the parameters of `opt` and its moments as step `info.step` under `dir`
 /// (collective over the mesh's world; see the file comment). Returns the step directory.
@@ -339,16 +337,16 @@ CheckpointInfo load(const std::string& step_dir, const Mesh<Backend>& mesh, Opt&
 template <class T, class Exec, class Backend>
 std::string save_checkpoint(const std::string& dir, const Mesh<Backend>& mesh, const optim::AdamW<T, Exec>& opt,
                             const CheckpointInfo& info, const ParameterStates<T, Exec>& extra = {}) {
-  const checkpoint_detail::AdamWState<T, Exec> state(opt);
-  return checkpoint_detail::save(dir, mesh, checkpoint_detail::WithStates<const decltype(state)>(state, extra), info);
+  const detail::AdamWState<T, Exec> state(opt);
+  return detail::save(dir, mesh, detail::WithStates<const decltype(state)>(state, extra), info);
 }
 
 /// \brief Sgd: the parameters and the momentum buffers ("optimizer sgd").
 template <class T, class Exec, class Backend>
 std::string save_checkpoint(const std::string& dir, const Mesh<Backend>& mesh, const optim::Sgd<T, Exec>& opt,
                             const CheckpointInfo& info, const ParameterStates<T, Exec>& extra = {}) {
-  const checkpoint_detail::SgdState<T, Exec> state(opt);
-  return checkpoint_detail::save(dir, mesh, checkpoint_detail::WithStates<const decltype(state)>(state, extra), info);
+  const detail::SgdState<T, Exec> state(opt);
+  return detail::save(dir, mesh, detail::WithStates<const decltype(state)>(state, extra), info);
 }
 
 /// \brief The weights only, no optimizer state ("optimizer none"): for inference, evaluation or
@@ -356,7 +354,7 @@ std::string save_checkpoint(const std::string& dir, const Mesh<Backend>& mesh, c
 template <class T, class Exec, class Backend>
 std::string save_weights(const std::string& dir, const Mesh<Backend>& mesh,
                          const std::vector<Parameter<T, Exec>*>& params, const CheckpointInfo& info) {
-  return checkpoint_detail::save(dir, mesh, checkpoint_detail::WeightsOnly<T, Exec>(params), info);
+  return detail::save(dir, mesh, detail::WeightsOnly<T, Exec>(params), info);
 }
 
 /// \brief ZeroAdamW (ZeRO-1): the same checkpoint as plain AdamW's, so either optimizer and any
@@ -366,8 +364,8 @@ template <class T, class Exec, class Backend>
 std::string save_checkpoint(const std::string& dir, const Mesh<Backend>& mesh,
                             const optim::ZeroAdamW<T, Exec, Backend>& opt, const CheckpointInfo& info,
                             const ParameterStates<T, Exec>& extra = {}) {
-  const checkpoint_detail::ZeroAsAdamW<optim::ZeroAdamW<T, Exec, Backend>, T, Exec> state(opt, Exec());
-  return checkpoint_detail::save(dir, mesh, checkpoint_detail::WithStates<const decltype(state)>(state, extra), info);
+  const detail::ZeroAsAdamW<optim::ZeroAdamW<T, Exec, Backend>, T, Exec> state(opt, Exec());
+  return detail::save(dir, mesh, detail::WithStates<const decltype(state)>(state, extra), info);
 }
 
 /// \brief Loads the checkpoint in `step_dir` (e.g. latest_checkpoint(dir)) into the parameters
@@ -379,18 +377,18 @@ std::string save_checkpoint(const std::string& dir, const Mesh<Backend>& mesh,
 template <class T, class Exec, class Backend>
 CheckpointInfo load_checkpoint(const std::string& step_dir, const Mesh<Backend>& mesh, optim::AdamW<T, Exec>& opt,
                                const std::string& expected_model, const ParameterStates<T, Exec>& extra = {}) {
-  checkpoint_detail::AdamWState<T, Exec> state(opt);
-  checkpoint_detail::WithStates<decltype(state)> with(state, extra);
-  return checkpoint_detail::load(step_dir, mesh, with, expected_model);
+  detail::AdamWState<T, Exec> state(opt);
+  detail::WithStates<decltype(state)> with(state, extra);
+  return detail::load(step_dir, mesh, with, expected_model);
 }
 
 /// \brief Sgd: the parameters and momentum buffers of an Sgd checkpoint, on any layout.
 template <class T, class Exec, class Backend>
 CheckpointInfo load_checkpoint(const std::string& step_dir, const Mesh<Backend>& mesh, optim::Sgd<T, Exec>& opt,
                                const std::string& expected_model, const ParameterStates<T, Exec>& extra = {}) {
-  checkpoint_detail::SgdState<T, Exec> state(opt);
-  checkpoint_detail::WithStates<decltype(state)> with(state, extra);
-  return checkpoint_detail::load(step_dir, mesh, with, expected_model);
+  detail::SgdState<T, Exec> state(opt);
+  detail::WithStates<decltype(state)> with(state, extra);
+  return detail::load(step_dir, mesh, with, expected_model);
 }
 
 /// \brief The parameters of any checkpoint (AdamW's, Sgd's or save_weights'), on any layout;
@@ -398,8 +396,8 @@ CheckpointInfo load_checkpoint(const std::string& step_dir, const Mesh<Backend>&
 template <class T, class Exec, class Backend>
 CheckpointInfo load_weights(const std::string& step_dir, const Mesh<Backend>& mesh,
                             const std::vector<Parameter<T, Exec>*>& params, const std::string& expected_model) {
-  checkpoint_detail::WeightsOnly<T, Exec> state(params);
-  return checkpoint_detail::load(step_dir, mesh, state, expected_model);
+  detail::WeightsOnly<T, Exec> state(params);
+  return detail::load(step_dir, mesh, state, expected_model);
 }
 
 /// \brief ZeroAdamW (ZeRO-1): loads a checkpoint of either optimizer and of any dp degree; each
@@ -408,9 +406,9 @@ template <class T, class Exec, class Backend>
 CheckpointInfo load_checkpoint(const std::string& step_dir, const Mesh<Backend>& mesh,
                                optim::ZeroAdamW<T, Exec, Backend>& opt, const std::string& expected_model,
                                const ParameterStates<T, Exec>& extra = {}) {
-  checkpoint_detail::ZeroAsAdamW<optim::ZeroAdamW<T, Exec, Backend>, T, Exec> state(opt);
-  checkpoint_detail::WithStates<decltype(state)> with(state, extra);
-  CheckpointInfo info = checkpoint_detail::load(step_dir, mesh, with, expected_model);
+  detail::ZeroAsAdamW<optim::ZeroAdamW<T, Exec, Backend>, T, Exec> state(opt);
+  detail::WithStates<decltype(state)> with(state, extra);
+  CheckpointInfo info = detail::load(step_dir, mesh, with, expected_model);
   state.store(Exec());
   return info;
 }
@@ -421,8 +419,8 @@ template <class T, class Exec, class Backend>
 std::string save_checkpoint(const std::string& dir, const Mesh<Backend>& mesh,
                             const optim::Zero2AdamW<T, Exec, Backend>& opt, const CheckpointInfo& info,
                             const ParameterStates<T, Exec>& extra = {}) {
-  const checkpoint_detail::ZeroAsAdamW<optim::Zero2AdamW<T, Exec, Backend>, T, Exec> state(opt, Exec());
-  return checkpoint_detail::save(dir, mesh, checkpoint_detail::WithStates<const decltype(state)>(state, extra), info);
+  const detail::ZeroAsAdamW<optim::Zero2AdamW<T, Exec, Backend>, T, Exec> state(opt, Exec());
+  return detail::save(dir, mesh, detail::WithStates<const decltype(state)>(state, extra), info);
 }
 
 /// \brief Zero2AdamW (ZeRO-2): loads a checkpoint of AdamW, ZeroAdamW or Zero2AdamW and of any dp
@@ -431,9 +429,9 @@ template <class T, class Exec, class Backend>
 CheckpointInfo load_checkpoint(const std::string& step_dir, const Mesh<Backend>& mesh,
                                optim::Zero2AdamW<T, Exec, Backend>& opt, const std::string& expected_model,
                                const ParameterStates<T, Exec>& extra = {}) {
-  checkpoint_detail::ZeroAsAdamW<optim::Zero2AdamW<T, Exec, Backend>, T, Exec> state(opt);
-  checkpoint_detail::WithStates<decltype(state)> with(state, extra);
-  CheckpointInfo info = checkpoint_detail::load(step_dir, mesh, with, expected_model);
+  detail::ZeroAsAdamW<optim::Zero2AdamW<T, Exec, Backend>, T, Exec> state(opt);
+  detail::WithStates<decltype(state)> with(state, extra);
+  CheckpointInfo info = detail::load(step_dir, mesh, with, expected_model);
   state.store(Exec());
   return info;
 }

@@ -45,7 +45,7 @@ struct CheckpointInfo {
   std::string path;                          ///< filled by save and load: the step directory
 };
 
-namespace checkpoint_detail {
+namespace detail {
 
 inline std::uint32_t crc32(const void* data, std::size_t n, std::uint32_t crc = 0) {
   static const auto table = [] {
@@ -311,11 +311,11 @@ GlobalShape shape_of(const Parameter<T, Exec>& p) {
           {p.local_shape[0], two ? p.local_shape[1] : 1}};
 }
 
-}  // namespace checkpoint_detail
+}  // namespace detail
 
 /// \brief The directory of step `step`'s checkpoint under `dir` ("DIR/step-00000006").
 inline std::string checkpoint_step_dir(const std::string& dir, std::int64_t step) {
-  return dir + "/" + checkpoint_detail::step_name(step);
+  return dir + "/" + detail::step_name(step);
 }
 
 /// \brief The newest complete checkpoint under `dir` (its step directory), or "" when none.
@@ -330,8 +330,8 @@ inline std::string latest_checkpoint(const std::string& dir) {
 /// and every shard's size and CRC-32. Returns the manifest's step.
 /// \throws pmt::IoError naming the first file that is missing or damaged.
 inline std::int64_t verify_checkpoint(const std::string& step_dir) {
-  const auto m = checkpoint_detail::read_manifest(step_dir);
-  for (int q = 0; q < m.world; ++q) checkpoint_detail::read_shard_file(step_dir, m, q);
+  const auto m = detail::read_manifest(step_dir);
+  for (int q = 0; q < m.world; ++q) detail::read_shard_file(step_dir, m, q);
   return m.step;
 }
 

@@ -24,7 +24,7 @@
 
 namespace pmt::io {
 
-namespace checkpoint_detail {
+namespace detail {
 
 /// ZeroAdamW's state seen as plain AdamW's: per-parameter moments, views into full flat moments.
 /// For saving they are all-gathered over dp (every dp rank then writes what plain AdamW would);
@@ -202,6 +202,6 @@ bool per_rank_state(const Opt& opt, std::size_t k) {
 /// The record kind of a pipeline copy's own value of a per-rank state ("grad_residual@copy").
 inline constexpr const char* copy_suffix = "@copy";
 
-}  // namespace checkpoint_detail
+}  // namespace detail
 
 }  // namespace pmt::io

@@ -49,43 +49,44 @@ class TokenDataset {
             std::find(extensions.begin(), extensions.end(), e.path().extension().string()) != extensions.end())
           files.push_back(e.path());
       std::sort(files.begin(), files.end());
-      detail::require<IoError>(!files.empty(), op,
-                               [&] { return detail::str(path, ": a directory without data files"); });
+      pmt::detail::require<IoError>(!files.empty(), op,
+                                    [&] { return pmt::detail::str(path, ": a directory without data files"); });
     } else {
-      detail::require<IoError>(fs::exists(path, ec), op, [&] { return detail::str(path, ": no such file"); });
-      detail::require<IoError>(fs::is_regular_file(path, ec), op, [&] {
-        return detail::str(path,
-                           ": not a regular file (a device, pipe or socket has no size to bound a read; pass a file)");
+      pmt::detail::require<IoError>(fs::exists(path, ec), op, [&] { return pmt::detail::str(path, ": no such file"); });
+      pmt::detail::require<IoError>(fs::is_regular_file(path, ec), op, [&] {
+        return pmt::detail::str(
+            path, ": not a regular file (a device, pipe or socket has no size to bound a read; pass a file)");
       });
       files.push_back(path);
     }
     std::uint64_t total = 0;
     for (const auto& f : files) total += fs::file_size(f, ec);
-    detail::require<IoError>(total <= max_bytes, op, [&] {
-      return detail::str(path, " holds ", total, " bytes, more than the limit of ", max_bytes,
-                         " bytes a dataset reads into memory");
+    pmt::detail::require<IoError>(total <= max_bytes, op, [&] {
+      return pmt::detail::str(path, " holds ", total, " bytes, more than the limit of ", max_bytes,
+                              " bytes a dataset reads into memory");
     });
     for (const auto& f : files) {
       std::ifstream in(f, std::ios::binary);
-      detail::require<IoError>(static_cast<bool>(in), op, [&] { return detail::str(f.string(), ": cannot be read"); });
+      pmt::detail::require<IoError>(static_cast<bool>(in), op,
+                                    [&] { return pmt::detail::str(f.string(), ": cannot be read"); });
       std::string chunk(1 << 20, '\0');  // bounded reads: a file growing while read stops at the limit
       while (in && m_bytes.size() <= max_bytes) {
         in.read(&chunk[0], static_cast<std::streamsize>(chunk.size()));
         m_bytes.append(chunk.data(), static_cast<std::size_t>(in.gcount()));
       }
-      detail::require<IoError>(!in.bad(), op, [&] { return detail::str(f.string(), ": read error"); });
-      detail::require<IoError>(m_bytes.size() <= max_bytes, op, [&] {
-        return detail::str(path, " grew past the limit of ", max_bytes, " bytes while it was read");
+      pmt::detail::require<IoError>(!in.bad(), op, [&] { return pmt::detail::str(f.string(), ": read error"); });
+      pmt::detail::require<IoError>(m_bytes.size() <= max_bytes, op, [&] {
+        return pmt::detail::str(path, " grew past the limit of ", max_bytes, " bytes while it was read");
       });
     }
     for (const unsigned char c : m_bytes) m_fingerprint = (m_fingerprint ^ c) * 1099511628211ull;  // FNV-1a
-    detail::require<IoError>(m_bytes.size() >= context + 1, op, [&] {
-      return detail::str(path, " holds ", m_bytes.size(),
-                         " bytes, shorter than one context (context + 1 = ", context + 1, " bytes)");
+    pmt::detail::require<IoError>(m_bytes.size() >= context + 1, op, [&] {
+      return pmt::detail::str(path, " holds ", m_bytes.size(),
+                              " bytes, shorter than one context (context + 1 = ", context + 1, " bytes)");
     });
-    detail::require<IoError>(m_bytes.size() >= 2 * (context + 1), op, [&] {
-      return detail::str(path, " holds ", m_bytes.size(),
-                         " bytes; a training and a validation split need 2 (context + 1) = ", 2 * (context + 1));
+    pmt::detail::require<IoError>(m_bytes.size() >= 2 * (context + 1), op, [&] {
+      return pmt::detail::str(path, " holds ", m_bytes.size(),
+                              " bytes; a training and a validation split need 2 (context + 1) = ", 2 * (context + 1));
     });
     m_val_begin = std::min(m_bytes.size() - (context + 1), m_bytes.size() * 9 / 10);
   }

@@ -53,10 +53,11 @@ class Pointwise {
   Tensor<T, 2, Exec> backward(const Exec& exec, const Tensor<T, 2, Exec>& dy) {
     const Instrument instrument(region(false));
     const Tensor<T, 2, Exec> s = m_saved.take();
-    detail::require(s.data() != nullptr && s.extent(0) == dy.extent(0) && s.extent(1) == dy.extent(1), name(), [&] {
-      return detail::str("backward: dy is ", shape_str(dy), " but the forward saved ", shape_str(s),
-                         "; call forward first, with gradients on (not under pmt::NoGrad)");
-    });
+    pmt::detail::require(
+        s.data() != nullptr && s.extent(0) == dy.extent(0) && s.extent(1) == dy.extent(1), name(), [&] {
+          return pmt::detail::str("backward: dy is ", shape_str(dy), " but the forward saved ", shape_str(s),
+                                  "; call forward first, with gradients on (not under pmt::NoGrad)");
+        });
     auto dx = workspace_view<Tensor<T, 2, Exec>>("pmt::nn::Pointwise::dx", dy.extent(0), dy.extent(1));
     if constexpr (Kind == PointwiseKind::Gelu)
       ops::gelu_backward(exec, s, dy, dx);

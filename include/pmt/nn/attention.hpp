@@ -85,8 +85,8 @@ class QkvProjection {
                 bool sequence_parallel = false)
       : m_tp(mesh.comm(Axis::tp)), m_C(C), m_seq(sequence_parallel && m_tp.size() > 1) {
     const auto tp = static_cast<std::size_t>(m_tp.size()), r = static_cast<std::size_t>(m_tp.rank());
-    detail::require(C % tp == 0, "pmt::nn::QkvProjection",
-                    [&] { return detail::str("width ", C, " is not divisible by tp = ", tp); });
+    pmt::detail::require(C % tp == 0, "pmt::nn::QkvProjection",
+                         [&] { return pmt::detail::str("width ", C, " is not divisible by tp = ", tp); });
     const std::size_t Cl = C / tp;
     GlobalSlice ws;
     ws.extent[0] = 3 * C, ws.extent[1] = C, ws.offset[1] = r * Cl;
@@ -113,13 +113,13 @@ class QkvProjection {
   /// \brief qkv (N, 3 Cl) = x W + [bq | 0 | bv]; keeps x for backward. With sequence
   /// parallelism x is (N/tp, C).
   Tensor<T, 2, Exec> forward(const Exec& exec, const Tensor<T, 2, Exec>& x_in) {
-    detail::require(x_in.extent(1) == m_C, "pmt::nn::QkvProjection::forward",
-                    [&] { return detail::str("x is ", shape_str(x_in), "; expected (N, ", m_C, ")"); });
+    pmt::detail::require(x_in.extent(1) == m_C, "pmt::nn::QkvProjection::forward",
+                         [&] { return pmt::detail::str("x is ", shape_str(x_in), "; expected (N, ", m_C, ")"); });
     const Instrument instrument("pmt::nn::QkvProjection::forward");
     if (step_context().grad) *m_x = x_in;
     const Tensor<T, 2, Exec> x = m_seq ? parallel::gather_rows(m_tp, exec, x_in) : x_in;
     auto y = workspace_view<Tensor<T, 2, Exec>>("pmt::nn::QkvProjection::y", x.extent(0), 3 * local());
-    detail::fill_qkv_bias(exec, y, m_bq.value, m_bv.value);
+    pmt::detail::fill_qkv_bias(exec, y, m_bq.value, m_bv.value);
     ops::matmul(exec, ops::Trans::N, ops::Trans::N, T(1), x, weight(m_w.value), T(1), y);
     return y;
   }
@@ -129,17 +129,17 @@ class QkvProjection {
     const Instrument instrument("pmt::nn::QkvProjection::backward");
     const Tensor<T, 2, Exec> saved = m_x.take();
     const std::size_t rows         = saved.extent(0) * (m_seq ? static_cast<std::size_t>(m_tp.size()) : 1);
-    detail::require(saved.data() != nullptr && dy.extent(0) == rows && dy.extent(1) == 3 * local(),
-                    "pmt::nn::QkvProjection::backward", [&] {
-                      return detail::str("dqkv is ", shape_str(dy), " but forward saw x ", shape_str(saved),
-                                         " and produced (", rows, ", ", 3 * local(),
-                                         "); call forward first (each backward consumes its "
-                                         "forward's saved input)");
-                    });
+    pmt::detail::require(saved.data() != nullptr && dy.extent(0) == rows && dy.extent(1) == 3 * local(),
+                         "pmt::nn::QkvProjection::backward", [&] {
+                           return pmt::detail::str("dqkv is ", shape_str(dy), " but forward saw x ", shape_str(saved),
+                                                   " and produced (", rows, ", ", 3 * local(),
+                                                   "); call forward first (each backward consumes its "
+                                                   "forward's saved input)");
+                         });
     const Tensor<T, 2, Exec> x = m_seq ? parallel::gather_rows(m_tp, exec, saved) : saved;
     ops::matmul(exec, ops::Trans::T, ops::Trans::N, T(1), x, dy, T(1), weight(m_w.grad));  // (C, 3 Cl)
     ops::column_sum(exec, dy, m_sums, T(0));
-    detail::add_qkv_bias_grads(exec, m_sums, m_bq.grad, m_bv.grad);
+    pmt::detail::add_qkv_bias_grads(exec, m_sums, m_bq.grad, m_bv.grad);
     auto dx = workspace_view<Tensor<T, 2, Exec>>("pmt::nn::QkvProjection::dx", dy.extent(0), m_C);
     ops::matmul(exec, ops::Trans::N, ops::Trans::T, T(1), dy, weight(m_w.value), T(0), dx);  // (N, C)
     if (m_seq) return parallel::reduce_scatter_rows(m_tp, exec, dx);                         // conjugate of gather_rows
@@ -197,9 +197,9 @@ class CausalSelfAttention {
   Tensor<T, 2, Exec> forward(const Exec& exec, const Tensor<T, 2, Exec>& x, std::size_t B, std::size_t Tn) {
     const std::size_t rows =
         m_seq ? parallel::local_rows(m_tp, B * Tn, "pmt::nn::CausalSelfAttention::forward") : B * Tn;
-    detail::require(x.extent(0) == rows && x.extent(1) == m_C, "pmt::nn::CausalSelfAttention::forward", [&] {
-      return detail::str("x is ", shape_str(x), "; expected (B T", m_seq ? " / tp" : "", ", C) = (", rows, ", ", m_C,
-                         ")");
+    pmt::detail::require(x.extent(0) == rows && x.extent(1) == m_C, "pmt::nn::CausalSelfAttention::forward", [&] {
+      return pmt::detail::str("x is ", shape_str(x), "; expected (B T", m_seq ? " / tp" : "", ", C) = (", rows, ", ",
+                              m_C, ")");
     });
     const Instrument instrument("pmt::nn::CausalSelfAttention::forward");
     const std::size_t Cl = m_C / static_cast<std::size_t>(m_tp.size());
@@ -226,13 +226,13 @@ class CausalSelfAttention {
     auto saved   = m_saved.take();
     const auto B = static_cast<std::size_t>(saved.cache.B), Tn = static_cast<std::size_t>(saved.cache.T_);
     const std::size_t rows = m_seq ? B * Tn / static_cast<std::size_t>(m_tp.size()) : B * Tn;
-    detail::require((saved.cache.q.data() != nullptr || saved.qkv.data() != nullptr) && dy.extent(0) == rows,
-                    "pmt::nn::CausalSelfAttention::backward", [&] {
-                      return detail::str("dy is ", shape_str(dy), " but the saved forward is (B T",
-                                         m_seq ? " / tp" : "", ", C) = (", rows, ", ", m_C,
-                                         "); call forward first (each backward consumes its "
-                                         "forward's activations)");
-                    });
+    pmt::detail::require((saved.cache.q.data() != nullptr || saved.qkv.data() != nullptr) && dy.extent(0) == rows,
+                         "pmt::nn::CausalSelfAttention::backward", [&] {
+                           return pmt::detail::str("dy is ", shape_str(dy), " but the saved forward is (B T",
+                                                   m_seq ? " / tp" : "", ", C) = (", rows, ", ", m_C,
+                                                   "); call forward first (each backward consumes its "
+                                                   "forward's activations)");
+                         });
     const std::size_t Cl = m_C / static_cast<std::size_t>(m_tp.size());
     auto datt            = m_proj.backward(exec, dy);  // (N, C/tp)
     if (saved.qkv.data() != nullptr) {                 // selective recomputation: the attention's forward again
@@ -265,10 +265,10 @@ class CausalSelfAttention {
  private:
   static const Mesh<Backend>& checked(const Mesh<Backend>& mesh, std::size_t C, std::size_t H) {
     const auto tp = static_cast<std::size_t>(mesh.degree(Axis::tp));
-    detail::require(H > 0 && C % H == 0, "pmt::nn::CausalSelfAttention",
-                    [&] { return detail::str("width ", C, " is not divisible by heads ", H); });
-    detail::require(H % tp == 0, "pmt::nn::CausalSelfAttention", [&] {
-      return detail::str("heads ", H, " are not divisible by tp = ", tp, " (heads are split over tp)");
+    pmt::detail::require(H > 0 && C % H == 0, "pmt::nn::CausalSelfAttention",
+                         [&] { return pmt::detail::str("width ", C, " is not divisible by heads ", H); });
+    pmt::detail::require(H % tp == 0, "pmt::nn::CausalSelfAttention", [&] {
+      return pmt::detail::str("heads ", H, " are not divisible by tp = ", tp, " (heads are split over tp)");
     });
     return mesh;
   }

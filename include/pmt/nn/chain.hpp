@@ -95,14 +95,14 @@ namespace pmt::nn {
 template <class... Layers>
 class Chain {
   static_assert(sizeof...(Layers) >= 1, "pmt::nn::Chain: needs at least one layer");
-  static_assert(detail::link_walk<void, AnyPlacement, Layers...>::ok, "pmt::nn::Chain: see the error above");
+  static_assert(pmt::detail::link_walk<void, AnyPlacement, Layers...>::ok, "pmt::nn::Chain: see the error above");
   using First = std::tuple_element_t<0, std::tuple<Layers...>>;
 
  public:
   using value_type                = typename First::value_type;
   using execution_space           = typename First::execution_space;
   using input_placement           = typename First::input_placement;
-  using output_placement          = typename detail::link_walk<void, AnyPlacement, Layers...>::output;
+  using output_placement          = typename pmt::detail::link_walk<void, AnyPlacement, Layers...>::output;
   static constexpr bool nonlinear = (Layers::nonlinear || ...);
   using T                         = value_type;
   using Exec                      = execution_space;
@@ -176,7 +176,7 @@ class Chain {
 
   /// \brief The local width of the chain's input (the first layer's input_width()).
   std::size_t input_width() const {
-    static_assert(detail::has_input_width<First>::value,
+    static_assert(pmt::detail::has_input_width<First>::value,
                   "pmt::nn::Chain::input_width: the first layer lacks std::size_t input_width() const (Linear, "
                   "LayerNorm and Chain have it); start the chain with such a layer");
     return std::get<0>(m_layers).input_width();
@@ -187,7 +187,7 @@ class Chain {
     std::vector<std::size_t> w{in};
     each([&](auto I) {
       using L = std::tuple_element_t<I, std::tuple<Layers...>>;
-      static_assert(detail::check_output_width<L>());
+      static_assert(pmt::detail::check_output_width<L>());
       w.push_back(std::get<I>(m_layers).output_width(w.back()));
     });
     return w;

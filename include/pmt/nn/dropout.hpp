@@ -33,7 +33,7 @@
 
 namespace pmt::nn {
 
-namespace dropout_detail {
+namespace detail {
 /// y(n, j) = x(n, j) * [u >= p] * scale, u keyed by the global index (row0 + n, col0 + j). A
 /// free function: CUDA's extended lambdas may not sit in a class's private member functions.
 template <class Exec, class XV, class YV>
@@ -49,7 +49,7 @@ void apply(const Exec& exec, const XV& x, const YV& y, RngKey key, double p, std
           y(n, j) = random_uniform(key, base + static_cast<std::uint64_t>(j)) >= p ? x(n, j) * scale : T(0);
       });
 }
-}  // namespace dropout_detail
+}  // namespace detail
 
 /// \brief Dropout with a layout-independent mask (see the file comment).
 /// \throws pmt::ConfigError for p outside [0, 1).
@@ -67,8 +67,9 @@ class Dropout {
 
   Dropout(const Mesh<Backend>& mesh, double p, RngKey key)
       : m_p(p), m_key(key), m_tp_rank(mesh.coord(Axis::tp)), m_tp(mesh.degree(Axis::tp)) {
-    detail::require<ConfigError>(p >= 0 && p < 1, "pmt::nn::Dropout",
-                                 [&] { return detail::str("p = ", p, "; expected a drop probability in [0, 1)"); });
+    pmt::detail::require<ConfigError>(p >= 0 && p < 1, "pmt::nn::Dropout", [&] {
+      return pmt::detail::str("p = ", p, "; expected a drop probability in [0, 1)");
+    });
   }
 
   Tensor<T, 2, Exec> forward(const Exec& exec, const Tensor<T, 2, Exec>& x) {
@@ -85,10 +86,11 @@ class Dropout {
     const Instrument instrument("pmt::nn::Dropout::backward");
     if (m_p == 0) return dy;
     const Cache c = m_saved.take();
-    detail::require(c.rows == dy.extent(0) && c.cols == dy.extent(1) && c.rows > 0, "pmt::nn::Dropout::backward", [&] {
-      return detail::str("dy is ", shape_str(dy), " but the forward saw (", c.rows, ", ", c.cols,
-                         "); call forward first, with gradients on (not under pmt::NoGrad)");
-    });
+    pmt::detail::require(
+        c.rows == dy.extent(0) && c.cols == dy.extent(1) && c.rows > 0, "pmt::nn::Dropout::backward", [&] {
+          return pmt::detail::str("dy is ", shape_str(dy), " but the forward saw (", c.rows, ", ", c.cols,
+                                  "); call forward first, with gradients on (not under pmt::NoGrad)");
+        });
     auto dx = workspace_view<Tensor<T, 2, Exec>>("pmt::nn::Dropout::dx", dy.extent(0), dy.extent(1));
     run(exec, dy, dx, c.step, c.row0, "pmt::nn::Dropout::backward");  // the same mask and scale
     return dx;
@@ -110,7 +112,7 @@ class Dropout {
     const std::uint64_t cols  = sharded ? local * static_cast<std::uint64_t>(m_tp) : local;
     // the step enters the seed: every step draws new bits for the same element
     const RngKey key{m_key.seed ^ (0x9E3779B97F4A7C15ull * (step + 1)), m_key.stream};
-    dropout_detail::apply(exec, in, out, key, m_p, row0, col0, cols, label);
+    detail::apply(exec, in, out, key, m_p, row0, col0, cols, label);
   }
 
   double m_p;

@@ -46,9 +46,9 @@ class Embedding {
       : m_tp(mesh.comm(Axis::tp)), m_V(V), m_split(split == VocabSplit::Yes && m_tp.size() > 1) {
     const auto tp = static_cast<std::size_t>(m_tp.size());
     if (split == VocabSplit::Yes)
-      detail::require(V % tp == 0, "pmt::nn::Embedding", [&] {
-        return detail::str(name, ": vocabulary size ", V, " is not divisible by tp = ", tp,
-                           "; pad the vocabulary to a multiple of tp");
+      pmt::detail::require(V % tp == 0, "pmt::nn::Embedding", [&] {
+        return pmt::detail::str(name, ": vocabulary size ", V, " is not divisible by tp = ", tp,
+                                "; pad the vocabulary to a multiple of tp");
       });
     const std::size_t Vl = m_split ? V / tp : V;
     m_v0                 = m_split ? static_cast<std::int64_t>(Vl) * m_tp.rank() : 0;
@@ -77,8 +77,8 @@ class Embedding {
           local(n) = (id >= v0 && id < v0 + vl) ? static_cast<std::int32_t>(id - v0) : -1;
         },
         bad);
-    detail::require(bad == 0, "pmt::nn::Embedding::forward", [&] {
-      return detail::str(m_table.name, ": ", bad, " of ", ids.extent(0), " ids lie outside [0, ", m_V, ")");
+    pmt::detail::require(bad == 0, "pmt::nn::Embedding::forward", [&] {
+      return pmt::detail::str(m_table.name, ": ", bad, " of ", ids.extent(0), " ids lie outside [0, ", m_V, ")");
     });
     if (m_split && accumulate) {  // the all-reduce must see only this layer's contribution
       Tensor<T, 2, Exec> part("pmt::nn::Embedding::part", out.extent(0), out.extent(1));

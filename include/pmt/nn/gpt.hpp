@@ -96,7 +96,7 @@ class GptBlock {
     const Instrument instrument("pmt::nn::GptBlock::backward");
     if (m_recompute) {  // the forward again, keeping its activations this time
       const Replay r = m_replay.take();
-      detail::require(r.x.data() != nullptr, "pmt::nn::GptBlock::backward", [] {
+      pmt::detail::require(r.x.data() != nullptr, "pmt::nn::GptBlock::backward", [] {
         return std::string("no forward ran in this activation slot (each backward consumes its forward's input)");
       });
       const Instrument again("pmt::nn::GptBlock::recompute");
@@ -199,7 +199,7 @@ GptOptions gpt_options(const Mesh<Backend>& mesh, GptOptions base = {}) {
   return base;
 }
 
-namespace gpt_detail {
+namespace detail {
 /// pos(n) = n mod Tn: the position of each of N = B Tn tokens. A free function: CUDA's extended
 /// lambdas may not sit in a class's private member functions.
 template <class Exec, class Ids>
@@ -208,7 +208,7 @@ void fill_positions(const Exec& exec, const Ids& pos, std::size_t Tn) {
       "pmt::nn::Gpt::positions", Kokkos::RangePolicy<Exec>(exec, 0, pos.extent(0)),
       KOKKOS_LAMBDA(std::size_t n) { pos(n) = static_cast<typename Ids::value_type>(n % Tn); });
 }
-}  // namespace gpt_detail
+}  // namespace detail
 
 /// \brief GPT language model spread over the tp and pp axes of a Mesh (see the file comment).
 /// \code
@@ -240,12 +240,12 @@ class Gpt {
         m_recompute_attention(options.recompute_attention && !options.recompute),
         m_seq(options.sequence_parallel && m_tp.size() > 1) {
     const int chunks = options.chunks;
-    detail::require<ConfigError>(
+    pmt::detail::require<ConfigError>(
         m_plan.stages() == m_stages * chunks && m_plan.layers() == c.layers, "pmt::nn::Gpt", [&] {
-          return detail::str("the stage plan (", m_plan.describe(), ") is for ", m_plan.stages(), " stages and ",
-                             m_plan.layers(), " layers; the mesh has pp = ", m_stages, " with ", chunks,
-                             " chunks per stage (", m_stages * chunks, " virtual stages) and the model ", c.layers,
-                             " layers");
+          return pmt::detail::str("the stage plan (", m_plan.describe(), ") is for ", m_plan.stages(), " stages and ",
+                                  m_plan.layers(), " layers; the mesh has pp = ", m_stages, " with ", chunks,
+                                  " chunks per stage (", m_stages * chunks, " virtual stages) and the model ", c.layers,
+                                  " layers");
         });
     if (first_stage()) {
       m_wte = std::make_unique<Embedding<T, Exec, Backend>>(mesh, "wte", c.vocab, c.width, RngKey{c.seed, 0},
@@ -291,9 +291,9 @@ class Gpt {
   /// Trainer does). \throws pmt::ConfigError with pp > 1 (use pmt::train::Trainer).
   double forward_backward(const Exec& exec, const Ids& ids, const Ids& targets, std::size_t B, std::size_t Tn,
                           double normaliser, std::int64_t ignore_index = -100) {
-    detail::require<ConfigError>(m_stages == 1, "pmt::nn::Gpt::forward_backward", [&] {
-      return detail::str("this rank holds pipeline stage ", m_stage, " of ", m_stages,
-                         "; run the stages with pmt::train::Trainer (or parallel::PipelineRunner)");
+    pmt::detail::require<ConfigError>(m_stages == 1, "pmt::nn::Gpt::forward_backward", [&] {
+      return pmt::detail::str("this rank holds pipeline stage ", m_stage, " of ", m_stages,
+                              "; run the stages with pmt::train::Trainer (or parallel::PipelineRunner)");
     });
     double loss = 0;
     Activation x;
@@ -321,15 +321,16 @@ class Gpt {
                            std::int64_t ignore_index = -100) {
     const std::size_t N = B * Tn, C = m_cfg.width, Nl = local_rows(N);
     const bool first = first_chunk(k), last = last_chunk(k);
-    detail::require(k >= 0 && k < m_chunks && Tn <= m_cfg.context && (!first || ids.extent(0) == N) &&
-                        (!last || targets.extent(0) == N) && (first || (x_in.extent(0) == Nl && x_in.extent(1) == C)),
-                    "pmt::nn::Gpt", [&] {
-                      return detail::str(
-                          "stage ", m_stage, "/", m_stages, ", chunk ", k, "/", m_chunks, ": ids is ", shape_str(ids),
-                          ", targets ", shape_str(targets), " and x ", shape_str(x_in), " for B = ", B, ", T = ", Tn,
-                          "; expected ids (B T) on the first stage, targets (B T) on the last, x (B T",
-                          m_seq ? " / tp, " : ", ", C, ") on the others, and T <= context ", m_cfg.context);
-                    });
+    pmt::detail::require(
+        k >= 0 && k < m_chunks && Tn <= m_cfg.context && (!first || ids.extent(0) == N) &&
+            (!last || targets.extent(0) == N) && (first || (x_in.extent(0) == Nl && x_in.extent(1) == C)),
+        "pmt::nn::Gpt", [&] {
+          return pmt::detail::str("stage ", m_stage, "/", m_stages, ", chunk ", k, "/", m_chunks, ": ids is ",
+                                  shape_str(ids), ", targets ", shape_str(targets), " and x ", shape_str(x_in),
+                                  " for B = ", B, ", T = ", Tn,
+                                  "; expected ids (B T) on the first stage, targets (B T) on the last, x (B T",
+                                  m_seq ? " / tp, " : ", ", C, ") on the others, and T <= context ", m_cfg.context);
+        });
     Activation x = first ? embed(exec, ids, N, Tn) : x_in;
     for (auto& b : m_blocks[std::size_t(k)]) {
       x = b->forward(exec, x, B, Tn);
@@ -420,9 +421,9 @@ class Gpt {
       dx = m_lnf->backward(exec, m_dh.take());
       if (m_on_block_grads) m_on_block_grads(m_lnf->parameters());
     } else {
-      detail::require(k >= 0 && k < m_chunks && dy.extent(1) == m_cfg.width, "pmt::nn::Gpt::backward_chunk", [&] {
-        return detail::str("stage ", m_stage, ", chunk ", k, "/", m_chunks, ": dy is ", shape_str(dy),
-                           "; expected (B T, ", m_cfg.width, ")");
+      pmt::detail::require(k >= 0 && k < m_chunks && dy.extent(1) == m_cfg.width, "pmt::nn::Gpt::backward_chunk", [&] {
+        return pmt::detail::str("stage ", m_stage, ", chunk ", k, "/", m_chunks, ": dy is ", shape_str(dy),
+                                "; expected (B T, ", m_cfg.width, ")");
       });
       dx = dy;
     }
@@ -501,27 +502,28 @@ class Gpt {
 
  private:
   static const GptConfig& checked(const GptConfig& c) {
-    detail::require(c.vocab > 0 && c.context > 0 && c.layers > 0 && c.width > 0 && c.heads > 0, "pmt::nn::Gpt", [&] {
-      return detail::str("vocab ", c.vocab, ", context ", c.context, ", layers ", c.layers, ", width ", c.width,
-                         ", heads ", c.heads, ": every size must be positive");
-    });
+    pmt::detail::require(
+        c.vocab > 0 && c.context > 0 && c.layers > 0 && c.width > 0 && c.heads > 0, "pmt::nn::Gpt", [&] {
+          return pmt::detail::str("vocab ", c.vocab, ", context ", c.context, ", layers ", c.layers, ", width ",
+                                  c.width, ", heads ", c.heads, ": every size must be positive");
+        });
     return c;
   }
   static int checked_chunks(const GptConfig& c, int stages, int chunks) {
-    detail::require<ConfigError>(
+    pmt::detail::require<ConfigError>(
         chunks >= 1 && (chunks == 1 || c.layers >= static_cast<std::size_t>(stages) * std::size_t(chunks)),
         "pmt::nn::Gpt", [&] {
-          return detail::str(c.layers, " layers cannot fill pp ", stages, " x ", chunks,
-                             " chunks: every chunk needs a layer (chunks must be >= 1 and at most ",
-                             c.layers / std::size_t(std::max(stages, 1)), " here)");
+          return pmt::detail::str(c.layers, " layers cannot fill pp ", stages, " x ", chunks,
+                                  " chunks: every chunk needs a layer (chunks must be >= 1 and at most ",
+                                  c.layers / std::size_t(std::max(stages, 1)), " here)");
         });
     return chunks;
   }
   Embedding<T, Exec, Backend>& head_table() { return m_head ? *m_head : *m_wte; }
   void single_chunk(const char* op) const {
-    detail::require<ConfigError>(m_chunks == 1, op, [&] {
-      return detail::str("this stage holds ", m_chunks,
-                         " model chunks; run one with the *_chunk function of its index");
+    pmt::detail::require<ConfigError>(m_chunks == 1, op, [&] {
+      return pmt::detail::str("this stage holds ", m_chunks,
+                              " model chunks; run one with the *_chunk function of its index");
     });
   }
   /// Token + position embeddings of ids (N = B T) on the first stage.
@@ -563,7 +565,7 @@ class Gpt {
     if (m_pos.extent(0) == N && m_pos_T == Tn) return;
     m_pos   = Ids("pmt::nn::Gpt::positions", N);
     m_pos_T = Tn;
-    gpt_detail::fill_positions(exec, m_pos, Tn);
+    detail::fill_positions(exec, m_pos, Tn);
   }
 
   GptConfig m_cfg;

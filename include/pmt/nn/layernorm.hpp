@@ -58,11 +58,11 @@ class LayerNorm {
     auto dx = workspace_view<Tensor<T, 2, Exec>>("pmt::nn::LayerNorm::dx", dy.extent(0), dy.extent(1));
     const Instrument instrument("pmt::nn::LayerNorm::backward");
     const auto c = m_saved.take();
-    detail::require(c.x.data() != nullptr && c.x.extent(0) == dy.extent(0) && c.x.extent(1) == dy.extent(1),
-                    "pmt::nn::LayerNorm::backward", [&] {
-                      return detail::str("dy is ", shape_str(dy), " but the saved input is ", shape_str(c.x),
-                                         "; call forward first (each backward consumes its forward's input)");
-                    });
+    pmt::detail::require(c.x.data() != nullptr && c.x.extent(0) == dy.extent(0) && c.x.extent(1) == dy.extent(1),
+                         "pmt::nn::LayerNorm::backward", [&] {
+                           return pmt::detail::str("dy is ", shape_str(dy), " but the saved input is ", shape_str(c.x),
+                                                   "; call forward first (each backward consumes its forward's input)");
+                         });
     ops::layernorm_backward(exec, dy, c.x, m_w.value, c.mean, c.rstd, dx, m_w.grad, m_b.grad);
     return dx;
   }

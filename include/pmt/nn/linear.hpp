@@ -91,7 +91,7 @@ struct LinearOptions {
 template <class T, class Policy, class Exec = Kokkos::DefaultExecutionSpace,
           class Backend = comm::default_backend_t<Exec>>
 class Linear {
-  static_assert(detail::check_layer_policy<void, Policy>());
+  static_assert(pmt::detail::check_layer_policy<void, Policy>());
   static_assert(std::is_floating_point_v<T>, "pmt::nn::Linear: T must be float or double");
 
  public:
@@ -114,16 +114,16 @@ class Linear {
     const double init_std = options.init_std;
     const auto tp = static_cast<std::size_t>(m_tp.size()), tp_i = static_cast<std::size_t>(m_tp.rank());
     const std::string op = name();
-    detail::require<ConfigError>(!m_seq || !std::is_void_v<split>, op, [] {
+    pmt::detail::require<ConfigError>(!m_seq || !std::is_void_v<split>, op, [] {
       return std::string(
           "sequence parallelism splits the rows around a Col -> Row region; a replicated layer has none");
     });
     if constexpr (std::is_same_v<split, Col>)
-      detail::require(m_out % tp == 0, op,
-                      [&] { return detail::str("out_features ", m_out, " is not divisible by tp = ", tp); });
+      pmt::detail::require(m_out % tp == 0, op,
+                           [&] { return pmt::detail::str("out_features ", m_out, " is not divisible by tp = ", tp); });
     if constexpr (std::is_same_v<split, Row>)
-      detail::require(m_in % tp == 0, op,
-                      [&] { return detail::str("in_features ", m_in, " is not divisible by tp = ", tp); });
+      pmt::detail::require(m_in % tp == 0, op,
+                           [&] { return pmt::detail::str("in_features ", m_in, " is not divisible by tp = ", tp); });
     const std::size_t in_l  = std::is_same_v<split, Row> ? m_in / tp : m_in;
     const std::size_t out_l = std::is_same_v<split, Col> ? m_out / tp : m_out;
     GlobalSlice ws;
@@ -145,9 +145,10 @@ class Linear {
   /// \brief y = x W (+ b); keeps x for backward. x: (N, in) or (N, in/tp) for Row; with
   /// sequence parallelism a Col layer takes (N/tp, in) and a Row layer returns (N/tp, out).
   Tensor<T, 2, Exec> forward(const Exec& exec, const Tensor<T, 2, Exec>& x_in) {
-    detail::require(x_in.extent(1) == in_local(), name() + "::forward", [&] {
-      return detail::str("x is ", shape_str(x_in), " but this layer takes (N, ", in_local(), ") (in_features ", m_in,
-                         std::is_same_v<split, Row> ? " / tp " + std::to_string(m_tp.size()) : std::string(), ")");
+    pmt::detail::require(x_in.extent(1) == in_local(), name() + "::forward", [&] {
+      return pmt::detail::str("x is ", shape_str(x_in), " but this layer takes (N, ", in_local(), ") (in_features ",
+                              m_in, std::is_same_v<split, Row> ? " / tp " + std::to_string(m_tp.size()) : std::string(),
+                              ")");
     });
     const Instrument instrument("pmt::nn::Linear::forward");
     if (step_context().grad) *m_x = x_in;  // pmt::NoGrad: nothing kept; sequence-parallel Col: N/tp rows
@@ -167,7 +168,7 @@ class Linear {
     } else if (m_bias) {
       // y = b broadcast, then y += x W: the product adds onto the bias (beta 1), one pass over y
       // fewer than a product into zeros (BLAS clears C for beta 0) followed by a bias pass.
-      detail::fill_rows(exec, y, m_b.value);
+      pmt::detail::fill_rows(exec, y, m_b.value);
       ops::matmul(exec, ops::Trans::N, ops::Trans::N, T(1), x, m_w.value2d(), T(1), y);
     } else {
       ops::matmul(exec, ops::Trans::N, ops::Trans::N, T(1), x, m_w.value2d(), T(0), y);
@@ -184,10 +185,10 @@ class Linear {
     const std::size_t p            = seq ? static_cast<std::size_t>(m_tp.size()) : 1;
     const std::size_t rows         = std::is_same_v<split, Col> ? saved.extent(0) * p : saved.extent(0);  // N
     const std::size_t dy_rows      = std::is_same_v<split, Row> ? rows / p : rows;
-    detail::require(
+    pmt::detail::require(
         saved.data() != nullptr && dy_in.extent(0) == dy_rows && dy_in.extent(1) == out_local(), name() + "::backward",
         [&] {
-          return detail::str(
+          return pmt::detail::str(
               "dy is ", shape_str(dy_in), " but forward saw x ", shape_str(saved), " and produced (", dy_rows, ", ",
               out_local(),
               "); call forward first, with the same batch (each backward consumes its forward's saved input)");
@@ -218,14 +219,14 @@ class Linear {
   std::size_t output_width(std::size_t) const noexcept { return out_local(); }
   std::size_t in_local() const noexcept { return std::is_same_v<split, Row> ? m_in / m_tp.size() : m_in; }
   std::size_t out_local() const noexcept { return std::is_same_v<split, Col> ? m_out / m_tp.size() : m_out; }
-  std::string name() const { return "pmt::nn::Linear<" + detail::policy_name<Policy>() + ">"; }
+  std::string name() const { return "pmt::nn::Linear<" + pmt::detail::policy_name<Policy>() + ">"; }
   /// \brief Whether the layer runs sequence-parallel (LinearOptions::sequence_parallel).
   bool sequence_parallel() const noexcept { return m_seq; }
   /// \brief Sequence parallelism on or off from the next forward on (the same parameters; a
   /// model switches it off for inference of any token count). Not between a forward and its
   /// backward. \throws pmt::ConfigError for Replicate.
   void sequence_parallel(bool on) {
-    detail::require<ConfigError>(!on || !std::is_void_v<split>, name(), [] {
+    pmt::detail::require<ConfigError>(!on || !std::is_void_v<split>, name(), [] {
       return std::string(
           "sequence parallelism splits the rows around a Col -> Row region; a replicated layer has none");
     });

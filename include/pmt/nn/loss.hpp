@@ -56,28 +56,29 @@ double vocab_parallel_cross_entropy(const comm::Communicator<Backend>& tp, const
   constexpr const char* op = "pmt::nn::vocab_parallel_cross_entropy";
   const auto N             = static_cast<std::int64_t>(logits.extent(0));
   const auto Vl            = static_cast<std::int64_t>(logits.extent(1));
-  detail::require(targets.extent(0) == logits.extent(0) && dlogits.extent(0) == logits.extent(0) &&
-                      dlogits.extent(1) == logits.extent(1),
-                  op, [&] {
-                    return detail::str("logits is ", shape_str(logits), ", targets ", shape_str(targets), ", dlogits ",
-                                       shape_str(dlogits), "; expected (N, V/tp), (N), (N, V/tp)");
-                  });
-  detail::require<ConfigError>(normaliser > 0, op, [&] {
-    return detail::str("normaliser is ", normaliser, "; expected a positive token count");
+  pmt::detail::require(targets.extent(0) == logits.extent(0) && dlogits.extent(0) == logits.extent(0) &&
+                           dlogits.extent(1) == logits.extent(1),
+                       op, [&] {
+                         return pmt::detail::str("logits is ", shape_str(logits), ", targets ", shape_str(targets),
+                                                 ", dlogits ", shape_str(dlogits),
+                                                 "; expected (N, V/tp), (N), (N, V/tp)");
+                       });
+  pmt::detail::require<ConfigError>(normaliser > 0, op, [&] {
+    return pmt::detail::str("normaliser is ", normaliser, "; expected a positive token count");
   });
-  detail::check_targets(exec, op, targets, V, ignore_index, logits);
+  pmt::detail::check_targets(exec, op, targets, V, ignore_index, logits);
   using Mem    = typename Exec::memory_space;
   auto row_max = workspace_view<Kokkos::View<T*, Kokkos::LayoutRight, Mem>>("pmt::nn::ce::max", N);
   auto stats =
       workspace_view<Kokkos::View<T**, Kokkos::LayoutRight, Mem>>("pmt::nn::ce::stats", N, 2);  // sum exp, target logit
   Kokkos::parallel_for(
       op, Kokkos::RangePolicy<Exec>(exec, 0, N),
-      KOKKOS_LAMBDA(std::int64_t n) { row_max(n) = detail::lane_max(&logits(n, 0), Vl); });
+      KOKKOS_LAMBDA(std::int64_t n) { row_max(n) = pmt::detail::lane_max(&logits(n, 0), Vl); });
   parallel::reduce_from(tp, exec, row_max, parallel::ReduceOp::Max);
   Kokkos::parallel_for(
       op, Kokkos::RangePolicy<Exec>(exec, 0, N), KOKKOS_LAMBDA(std::int64_t n) {
         const T mx   = row_max(n);
-        stats(n, 0)  = detail::row_exp_sum(&logits(n, 0), Vl, mx);
+        stats(n, 0)  = pmt::detail::row_exp_sum(&logits(n, 0), Vl, mx);
         const auto t = static_cast<std::int64_t>(targets(n));
         stats(n, 1)  = (t >= v0 && t < v0 + Vl) ? logits(n, t - v0) : T(0);
       });
@@ -89,16 +90,16 @@ double vocab_parallel_cross_entropy(const comm::Communicator<Backend>& tp, const
         const auto t   = static_cast<std::int64_t>(targets(n));
         const bool use = t != ignore_index;
         const T mx = row_max(n), s = stats(n, 0);
-        row_loss(n) = use ? static_cast<double>(detail::math::log(s) + mx - stats(n, 1)) : 0.0;
+        row_loss(n) = use ? static_cast<double>(pmt::detail::math::log(s) + mx - stats(n, 1)) : 0.0;
         const T inv = T(1) / s;
         for (std::int64_t j = 0; j < Vl; ++j) {
-          const T p     = detail::exp_nonpositive(logits(n, j) - mx) * inv;
+          const T p     = pmt::detail::exp_nonpositive(logits(n, j) - mx) * inv;
           dlogits(n, j) = use ? (p - (j + v0 == t ? T(1) : T(0))) * scale : T(0);
         }
       });
   auto loss = workspace_view<Kokkos::View<double, Kokkos::LayoutRight, Mem>>("pmt::nn::ce::loss");
-  detail::chunked_reduce<detail::ReduceKind::Sum>(exec, row_loss, loss, 1.0 / normaliser, op);
-  return detail::read_scalar(loss);
+  pmt::detail::chunked_reduce<pmt::detail::ReduceKind::Sum>(exec, row_loss, loss, 1.0 / normaliser, op);
+  return pmt::detail::read_scalar(loss);
 }
 
 /// \brief Squared error summed over the row's outputs, divided by the normaliser.
@@ -110,14 +111,14 @@ struct MseLoss {
   double operator()(const Exec& exec, const Tensor<T, 2, Exec>& y, const target_type& target, double normaliser,
                     const Tensor<T, 2, Exec>& dy) const {
     constexpr const char* op = "pmt::nn::MseLoss";
-    detail::require(target.extent(0) == y.extent(0) && target.extent(1) == y.extent(1) && dy.extent(0) == y.extent(0) &&
-                        dy.extent(1) == y.extent(1),
-                    op, [&] {
-                      return detail::str("y is ", shape_str(y), ", target ", shape_str(target), " and dy ",
-                                         shape_str(dy), "; expected three tensors of one shape (N, out)");
-                    });
-    detail::require<ConfigError>(normaliser > 0, op,
-                                 [&] { return detail::str("normaliser is ", normaliser, "; expected > 0"); });
+    pmt::detail::require(target.extent(0) == y.extent(0) && target.extent(1) == y.extent(1) &&
+                             dy.extent(0) == y.extent(0) && dy.extent(1) == y.extent(1),
+                         op, [&] {
+                           return pmt::detail::str("y is ", shape_str(y), ", target ", shape_str(target), " and dy ",
+                                                   shape_str(dy), "; expected three tensors of one shape (N, out)");
+                         });
+    pmt::detail::require<ConfigError>(normaliser > 0, op,
+                                      [&] { return pmt::detail::str("normaliser is ", normaliser, "; expected > 0"); });
     const auto cols = static_cast<std::int64_t>(y.extent(1));
     const T scale   = static_cast<T>(2.0 / normaliser);
     auto row        = workspace_view<Kokkos::View<double*, Kokkos::LayoutRight, typename Exec::memory_space>>(
@@ -134,8 +135,8 @@ struct MseLoss {
         });
     auto loss = workspace_view<Kokkos::View<double, Kokkos::LayoutRight, typename Exec::memory_space>>(
         "pmt::nn::MseLoss::loss");
-    detail::chunked_reduce<detail::ReduceKind::Sum>(exec, row, loss, 1.0 / normaliser, op);
-    return detail::read_scalar(loss);
+    pmt::detail::chunked_reduce<pmt::detail::ReduceKind::Sum>(exec, row, loss, 1.0 / normaliser, op);
+    return pmt::detail::read_scalar(loss);
   }
 };
 
@@ -152,7 +153,7 @@ struct CrossEntropyLoss {
     auto loss = workspace_view<Kokkos::View<T, Kokkos::LayoutRight, typename Exec::memory_space>>(
         "pmt::nn::CrossEntropyLoss::loss");
     ops::softmax_cross_entropy(exec, y, target, normaliser, loss, dy, static_cast<long>(ignore_index));
-    return static_cast<double>(detail::read_scalar(loss));
+    return static_cast<double>(pmt::detail::read_scalar(loss));
   }
 };
 

@@ -54,7 +54,7 @@
 
 namespace pmt::nn {
 
-namespace staged_detail {
+namespace detail {
 template <class Loss, class = void>
 struct loss_target {
   using type = void;
@@ -63,7 +63,7 @@ template <class Loss>
 struct loss_target<Loss, std::void_t<typename Loss::target_type>> {
   using type = typename Loss::target_type;
 };
-}  // namespace staged_detail
+}  // namespace detail
 
 /// \brief How a StagedModel cuts its Chain.
 struct StagedOptions {
@@ -95,7 +95,7 @@ StagedOptions staged_options(const Mesh<Backend>& mesh, StagedOptions base = {})
 
 /// \brief A Chain and a loss as a pipeline-stage module (see the file comment).
 /// \throws pmt::ConfigError for a plan of another size or fewer layers than virtual stages.
-template <class Net, class Loss, class Target = typename staged_detail::loss_target<Loss>::type,
+template <class Net, class Loss, class Target = typename detail::loss_target<Loss>::type,
           class Backend = comm::default_backend_t<typename Net::execution_space>>
 class StagedModel {
   static_assert(!std::is_void_v<Target>,
@@ -120,9 +120,9 @@ class StagedModel {
     constexpr const char* op = "pmt::nn::StagedModel";
     const std::size_t L      = Net::size();
     const int virtual_stages = m_stages * m_chunks;
-    detail::require<ConfigError>(m_chunks >= 1 && L >= static_cast<std::size_t>(virtual_stages), op, [&] {
-      return detail::str("a chain of ", L, " layers cannot fill pp ", m_stages, " x ", m_chunks,
-                         " chunks: every virtual stage needs a layer (chunks >= 1, pp x chunks <= ", L, ")");
+    pmt::detail::require<ConfigError>(m_chunks >= 1 && L >= static_cast<std::size_t>(virtual_stages), op, [&] {
+      return pmt::detail::str("a chain of ", L, " layers cannot fill pp ", m_stages, " x ", m_chunks,
+                              " chunks: every virtual stage needs a layer (chunks >= 1, pp x chunks <= ", L, ")");
     });
     if (!options.name.empty()) name_parameters(m_net.parameters(), options.name);
     const auto layers = m_net.layer_parameters();
@@ -141,10 +141,10 @@ class StagedModel {
     } else {
       m_plan = std::move(options.plan);
     }
-    detail::require<ConfigError>(m_plan.stages() == virtual_stages && m_plan.layers() == L, op, [&] {
-      return detail::str("the stage plan (", m_plan.describe(), ") is for ", m_plan.stages(), " stages and ",
-                         m_plan.layers(), " layers; the mesh has pp = ", m_stages, " with ", m_chunks,
-                         " chunks per stage (", virtual_stages, " virtual stages) and the chain ", L, " layers");
+    pmt::detail::require<ConfigError>(m_plan.stages() == virtual_stages && m_plan.layers() == L, op, [&] {
+      return pmt::detail::str("the stage plan (", m_plan.describe(), ") is for ", m_plan.stages(), " stages and ",
+                              m_plan.layers(), " layers; the mesh has pp = ", m_stages, " with ", m_chunks,
+                              " chunks per stage (", virtual_stages, " virtual stages) and the chain ", L, " layers");
     });
     m_widths = m_net.widths(m_net.input_width());
     // free what other stages hold: only this stage's layers run here
@@ -165,13 +165,13 @@ class StagedModel {
     const bool first = first_chunk(k), last = last_chunk(k);
     const Activation& x = first ? mb.input : x_in;
     const auto want     = input_extent(k, mb);
-    detail::require(k >= 0 && k < m_chunks && x.extent(0) == want[0] && x.extent(1) == want[1],
-                    "pmt::nn::StagedModel::forward_chunk", [&] {
-                      return detail::str("stage ", m_stage, "/", m_stages, ", chunk ", k, "/", m_chunks, " (layers [",
-                                         begin(k), ", ", end(k), ")): ", first ? "the batch's input" : "x_in", " is ",
-                                         shape_str(x), " for ", mb.rows, " rows; expected (", want[0], ", ", want[1],
-                                         ")");
-                    });
+    pmt::detail::require(k >= 0 && k < m_chunks && x.extent(0) == want[0] && x.extent(1) == want[1],
+                         "pmt::nn::StagedModel::forward_chunk", [&] {
+                           return pmt::detail::str("stage ", m_stage, "/", m_stages, ", chunk ", k, "/", m_chunks,
+                                                   " (layers [", begin(k), ", ", end(k),
+                                                   ")): ", first ? "the batch's input" : "x_in", " is ", shape_str(x),
+                                                   " for ", mb.rows, " rows; expected (", want[0], ", ", want[1], ")");
+                         });
     const RandomRowScope rows(mb.row0);  // Dropout's mask follows the global rows
     const bool recompute = m_recompute && step_context().grad;
     Activation y;
@@ -195,20 +195,21 @@ class StagedModel {
     Activation d = last_chunk(k) ? m_dy.take() : dy;
     if (m_recompute) {  // the forward again, keeping the activations this time (same Dropout masks)
       const Replay r = m_replay.take();
-      detail::require(r.x.data() != nullptr, "pmt::nn::StagedModel::backward_chunk", [&] {
-        return detail::str("stage ", m_stage, ", chunk ", k, ": no forward_chunk ran in this activation slot");
+      pmt::detail::require(r.x.data() != nullptr, "pmt::nn::StagedModel::backward_chunk", [&] {
+        return pmt::detail::str("stage ", m_stage, ", chunk ", k, ": no forward_chunk ran in this activation slot");
       });
       const RandomStepScope step(r.random.step);
       const RandomRowScope rows(r.random.row0);
       m_net.forward(exec, r.x, begin(k), end(k));
     }
     const std::size_t width = m_widths.at(end(k));  // of the chunk's output
-    detail::require(k >= 0 && k < m_chunks && d.data() != nullptr && d.extent(1) == width,
-                    "pmt::nn::StagedModel::backward_chunk", [&] {
-                      return detail::str("stage ", m_stage, ", chunk ", k, "/", m_chunks, ": dy is ", shape_str(d),
-                                         "; expected (N, ", width, ")",
-                                         last_chunk(k) ? " (no forward_chunk ran in this activation slot)" : "");
-                    });
+    pmt::detail::require(k >= 0 && k < m_chunks && d.data() != nullptr && d.extent(1) == width,
+                         "pmt::nn::StagedModel::backward_chunk", [&] {
+                           return pmt::detail::str(
+                               "stage ", m_stage, ", chunk ", k, "/", m_chunks, ": dy is ", shape_str(d),
+                               "; expected (N, ", width, ")",
+                               last_chunk(k) ? " (no forward_chunk ran in this activation slot)" : "");
+                         });
     Activation dx = m_net.backward(exec, d, begin(k), end(k), m_hook, m_needed);
     return first_chunk(k) ? Activation() : dx;
   }
@@ -216,9 +217,9 @@ class StagedModel {
   /// activation is kept, Dropout is the identity): the output (N, out), no loss.
   /// \throws pmt::ConfigError with pp > 1.
   Activation predict(const Exec& exec, const Activation& x) {
-    detail::require<ConfigError>(m_stages == 1, "pmt::nn::StagedModel::predict", [&] {
-      return detail::str("this rank holds pipeline stage ", m_stage, " of ", m_stages,
-                         "; predict runs the whole chain on pp = 1");
+    pmt::detail::require<ConfigError>(m_stages == 1, "pmt::nn::StagedModel::predict", [&] {
+      return pmt::detail::str("this rank holds pipeline stage ", m_stage, " of ", m_stages,
+                              "; predict runs the whole chain on pp = 1");
     });
     const NoGrad eval;
     return m_net.forward(exec, x, 0, Net::size());

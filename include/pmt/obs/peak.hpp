@@ -22,7 +22,7 @@ struct PeakIsa {
   int lanes        = 1;
 };
 
-namespace peak_detail {
+namespace detail {
 
 constexpr int chains = 12;  // written out in PMT_PEAK_KERNEL's loop
 
@@ -67,11 +67,11 @@ inline int isa_index() {
   return 2;
 }
 
-}  // namespace peak_detail
+}  // namespace detail
 
 /// \brief The ISA measured_fp32_peak_gflops uses on this CPU.
 inline PeakIsa peak_isa() {
-  switch (peak_detail::isa_index()) {
+  switch (detail::isa_index()) {
     case 0:
       return {"AVX-512F", 16};
 #if defined(__x86_64__)
@@ -89,23 +89,23 @@ inline PeakIsa peak_isa() {
 /// \brief fp32 FMA GFLOP/s of all host threads together over `iters` iterations, on the widest
 /// vector ISA of the CPU (peak_isa()).
 inline double measured_fp32_peak_gflops(long iters = 5'000'000) {
-  const int isa     = peak_detail::isa_index();
+  const int isa     = detail::isa_index();
   const int lanes   = peak_isa().lanes;
   const int threads = Kokkos::DefaultHostExecutionSpace().concurrency();
   Kokkos::View<float*, Kokkos::HostSpace> sink("pmt::obs::peak::sink", threads);
   Kokkos::Timer timer;
-  Kokkos::parallel_for(
-      "pmt::obs::peak", Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(0, threads), [=](int t) {
+  Kokkos::parallel_for("pmt::obs::peak", Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(0, threads),
+                       [=](int t) {
 #if defined(__x86_64__) && defined(__GNUC__)
-        sink(t) = isa == 0 ? peak_detail::chains_avx512(iters)
-                           : (isa == 1 ? peak_detail::chains_avx2(iters) : peak_detail::chains_base(iters));
+                         sink(t) = isa == 0 ? detail::chains_avx512(iters)
+                                            : (isa == 1 ? detail::chains_avx2(iters) : detail::chains_base(iters));
 #else
         (void)isa;
-        sink(t) = peak_detail::chains_base(iters);
+        sink(t) = detail::chains_base(iters);
 #endif
-      });
+                       });
   Kokkos::fence();
-  return 2.0 * lanes * peak_detail::chains * double(iters) * threads / timer.seconds() / 1e9;
+  return 2.0 * lanes * detail::chains * double(iters) * threads / timer.seconds() / 1e9;
 }
 
 /// \brief "AVX-512F, 16 fp32 lanes": what a peak line should say it measured.

@@ -36,7 +36,7 @@ struct RankTrace {
   std::vector<TraceEvent> events;
 };
 
-namespace trace_detail {
+namespace detail {
 
 inline std::string escape(const std::string& s) {
   std::string o;
@@ -77,9 +77,9 @@ inline std::vector<TraceEvent> unpack(const char* p, std::size_t n) {
   return out;
 }
 
-}  // namespace trace_detail
+}  // namespace detail
 
-namespace trace_detail {
+namespace detail {
 
 /// Seconds to add to this rank's clock to get rank 0's (0 on rank 0), from `rounds` ping-pongs
 /// with rank 0, one rank at a time: each gives rank 0's time against the midpoint of the round
@@ -112,7 +112,7 @@ double clock_offset_to_root(const Comm& world, int rounds = 8) {
   return offset;
 }
 
-}  // namespace trace_detail
+}  // namespace detail
 
 /// \brief Gathers every rank's recorded events on rank 0, clocks aligned (empty elsewhere).
 /// Collective over the mesh's world.
@@ -120,24 +120,24 @@ template <class Backend>
 std::vector<RankTrace> gather_trace(const Mesh<Backend>& mesh) {
   const auto& world   = mesh.world();
   const auto host     = Kokkos::DefaultHostExecutionSpace();
-  const double offset = trace_detail::clock_offset_to_root(world);
+  const double offset = detail::clock_offset_to_root(world);
   std::string bytes;
   for (const auto& e : TraceRecorder::instance().events()) {
     TraceEvent a = e;
     a.begin += offset, a.end += offset;
-    trace_detail::pack(bytes, a);
+    detail::pack(bytes, a);
   }
   std::vector<RankTrace> all;
   Kokkos::View<std::uint64_t, Kokkos::HostSpace> len("pmt::obs::len");
   if (world.rank() == 0) {
-    all.push_back({0, mesh.where(), trace_detail::unpack(bytes.data(), bytes.size())});
+    all.push_back({0, mesh.where(), detail::unpack(bytes.data(), bytes.size())});
     for (int q = 1; q < world.size(); ++q) {
       comm::recv(world, host, len, q, 41);
       Kokkos::View<char*, Kokkos::HostSpace> buf("pmt::obs::buf", len());
       Kokkos::View<char*, Kokkos::HostSpace> where("pmt::obs::where", 64);
       comm::recv(world, host, buf, q, 42);
       comm::recv(world, host, where, q, 43);
-      all.push_back({q, std::string(where.data()), trace_detail::unpack(buf.data(), buf.size())});
+      all.push_back({q, std::string(where.data()), detail::unpack(buf.data(), buf.size())});
     }
   } else {
     len() = bytes.size();
@@ -168,7 +168,7 @@ inline std::string trace_json(const std::vector<RankTrace>& all) {
   for (const auto& r : all) {
     sep();
     o << "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":" << r.rank << ",\"args\":{\"name\":\"rank " << r.rank << " ("
-      << trace_detail::escape(r.where) << ")\"}}";
+      << detail::escape(r.where) << ")\"}}";
     for (int t = 0; t < 4; ++t) {
       sep();
       o << "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":" << r.rank << ",\"tid\":" << t << ",\"args\":{\"name\":\""
@@ -178,7 +178,7 @@ inline std::string trace_json(const std::vector<RankTrace>& all) {
       const double ts = (e.begin - origin) * 1e6, dur = (e.end - e.begin) * 1e6;
       const int tid = static_cast<int>(e.track);
       sep();
-      o << "{\"name\":\"" << trace_detail::escape(e.name) << "\",\"cat\":\"" << track_name(e.track)
+      o << "{\"name\":\"" << detail::escape(e.name) << "\",\"cat\":\"" << track_name(e.track)
         << "\",\"ph\":\"X\",\"pid\":" << r.rank << ",\"tid\":" << tid << ",\"ts\":" << ts << ",\"dur\":" << dur << "}";
       if (e.flow_out >= 0) {
         sep();
@@ -204,8 +204,8 @@ void write_trace(const Mesh<Backend>& mesh, const std::string& path) {
   if (mesh.world().rank() != 0) return;
   std::ofstream out(path);
   out << trace_json(all);
-  detail::require<IoError>(static_cast<bool>(out), "pmt::obs::write_trace",
-                           [&] { return path + ": cannot be written"; });
+  pmt::detail::require<IoError>(static_cast<bool>(out), "pmt::obs::write_trace",
+                                [&] { return path + ": cannot be written"; });
 }
 
 }  // namespace pmt::obs

@@ -168,12 +168,12 @@ class GradSync {
   /// called since the last finish() and there is something to synchronise: the gradients would
   /// silently stay unsummed.
   void finish(const Exec& exec) {
-    detail::require<ConfigError>(
+    pmt::detail::require<ConfigError>(
         m_arm_called || m_dp.size() == 1 || m_buckets.empty(), "pmt::parallel::GradSync::finish", [&] {
-          return detail::str("arm() was not called since the last finish(), so nothing was summed over the ",
-                             m_dp.size(),
-                             " dp ranks; call arm(true) before the backward whose gradients to synchronise (arm(false) "
-                             "before the microbatches before it)");
+          return pmt::detail::str(
+              "arm() was not called since the last finish(), so nothing was summed over the ", m_dp.size(),
+              " dp ranks; call arm(true) before the backward whose gradients to synchronise (arm(false) "
+              "before the microbatches before it)");
         });
     m_arm_called = false;
     if (!m_armed) return;
@@ -242,8 +242,9 @@ class GradSync {
     std::size_t offset = 0;
     for (auto* p : b.params) {
       if (compressed()) {
-        detail::compress_bf16(exec, p->grad, Kokkos::subview(b.residual, std::make_pair(offset, offset + p->size())),
-                              Kokkos::subview(b.wire, std::make_pair(offset, offset + p->size())));
+        pmt::detail::compress_bf16(exec, p->grad,
+                                   Kokkos::subview(b.residual, std::make_pair(offset, offset + p->size())),
+                                   Kokkos::subview(b.wire, std::make_pair(offset, offset + p->size())));
       } else {
         Kokkos::deep_copy(exec, Kokkos::subview(b.buffer, std::make_pair(offset, offset + p->size())), p->grad);
       }
@@ -254,7 +255,8 @@ class GradSync {
     std::size_t offset = 0;
     for (auto* p : b.params) {
       if (compressed()) {
-        detail::decompress_bf16(exec, Kokkos::subview(b.wire, std::make_pair(offset, offset + p->size())), p->grad);
+        pmt::detail::decompress_bf16(exec, Kokkos::subview(b.wire, std::make_pair(offset, offset + p->size())),
+                                     p->grad);
       } else {
         Kokkos::deep_copy(exec, p->grad, Kokkos::subview(b.buffer, std::make_pair(offset, offset + p->size())));
       }

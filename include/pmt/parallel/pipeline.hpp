@@ -88,11 +88,11 @@ class PipelineRunner {
         m_me(mesh.world().rank()),
         m_stride(mesh.degree(Axis::dp) * mesh.degree(Axis::tp)),
         m_chunks(model.chunks()) {
-    detail::require<ConfigError>(model.stages() == m_pp.size() && model.stage() == m_pp.rank(),
-                                 "pmt::parallel::PipelineRunner", [&] {
-                                   return detail::str("the model is stage ", model.stage(), " of ", model.stages(),
-                                                      " but this rank is pp ", m_pp.rank(), " of ", m_pp.size());
-                                 });
+    pmt::detail::require<ConfigError>(
+        model.stages() == m_pp.size() && model.stage() == m_pp.rank(), "pmt::parallel::PipelineRunner", [&] {
+          return pmt::detail::str("the model is stage ", model.stage(), " of ", model.stages(), " but this rank is pp ",
+                                  m_pp.rank(), " of ", m_pp.size());
+        });
   }
 
   /// \brief The table of `kind` for m microbatches on this model's stages and chunks, checked by
@@ -126,8 +126,8 @@ class PipelineRunner {
   double run(const Exec& exec, ScheduleKind kind, const std::vector<Batch>& mbs, double normaliser,
              const BackwardHook& before_backward = {}) {
     const int m = static_cast<int>(mbs.size());
-    detail::require<ConfigError>(m >= 1, "pmt::parallel::PipelineRunner::run",
-                                 [&] { return std::string("no microbatch"); });
+    pmt::detail::require<ConfigError>(m >= 1, "pmt::parallel::PipelineRunner::run",
+                                      [&] { return std::string("no microbatch"); });
     // every microbatch's activation shapes on every stage before any message: a model that cannot
     // take one raises here on all ranks alike, not on one stage while the others wait for it
     for (const auto& mb : mbs)

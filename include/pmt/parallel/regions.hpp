@@ -78,8 +78,8 @@ Tensor<typename V::non_const_value_type, 2, Exec> scatter_to(const comm::Communi
   static_assert(V::rank == 2, "pmt::parallel::scatter_to: x must be (N, C)");
   const auto p = static_cast<std::size_t>(axis.size());
   if (p == 1) return x;
-  detail::require(x.extent(1) % p == 0, "pmt::parallel::scatter_to", [&] {
-    return detail::str("x is ", shape_str(x), "; its ", x.extent(1), " columns do not divide over ", p, " ranks");
+  pmt::detail::require(x.extent(1) % p == 0, "pmt::parallel::scatter_to", [&] {
+    return pmt::detail::str("x is ", shape_str(x), "; its ", x.extent(1), " columns do not divide over ", p, " ranks");
   });
   const std::size_t c = x.extent(1) / p, c0 = static_cast<std::size_t>(axis.rank()) * c;
   auto out = workspace_view<Tensor<T, 2, Exec>>("pmt::parallel::scatter_to", x.extent(0), c);
@@ -127,9 +127,9 @@ Tensor<typename V::non_const_value_type, 2, Exec> gather_from_backward(const com
 template <class B>
 std::size_t local_rows(const comm::Communicator<B>& axis, std::size_t N, const char* op) {
   const auto p = static_cast<std::size_t>(axis.size());
-  detail::require(N % p == 0, op, [&] {
-    return detail::str("sequence parallelism splits the ", N, " rows (B T tokens) over tp = ", p,
-                       ", which does not divide them; choose B T divisible by tp");
+  pmt::detail::require(N % p == 0, op, [&] {
+    return pmt::detail::str("sequence parallelism splits the ", N, " rows (B T tokens) over tp = ", p,
+                            ", which does not divide them; choose B T divisible by tp");
   });
   return N / p;
 }

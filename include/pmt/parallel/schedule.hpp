@@ -83,7 +83,7 @@ struct Schedule {
   int chunks = 1;  ///< model chunks per stage (virtual stages: stages * chunks)
 };
 
-namespace schedule_detail {
+namespace detail {
 
 inline void check_sizes(const char* op, int stages, int microbatches, int chunks = 1) {
   pmt::detail::require<ConfigError>(
@@ -118,21 +118,21 @@ inline std::vector<std::pair<int, int>> chunk_order(int p, int m, int v, bool ba
   return order;
 }
 
-}  // namespace schedule_detail
+}  // namespace detail
 
 /// \brief GPipe: every forward, then every backward (in the same microbatch order); with
 /// `chunks` > 1 every forward of chunk 0, then of chunk 1, ..., then the backwards in reverse.
 /// \throws pmt::ConfigError for stages, microbatches or chunks < 1, or chunks > 1 on one stage.
 inline Schedule gpipe(int stages, int microbatches, int chunks = 1) {
-  schedule_detail::check_sizes("pmt::parallel::gpipe", stages, microbatches, chunks);
+  detail::check_sizes("pmt::parallel::gpipe", stages, microbatches, chunks);
   Schedule sc{chunks == 1 ? std::string("gpipe") : pmt::detail::str("gpipe-", chunks, "chunks"), stages, microbatches,
               std::vector<std::vector<Action>>(static_cast<std::size_t>(stages)), chunks};
   for (int s = 0; s < stages; ++s) {
     auto& a = sc.per_stage[static_cast<std::size_t>(s)];
     for (int c = 0; c < chunks; ++c)
-      for (int i = 0; i < microbatches; ++i) schedule_detail::push_forward(a, s, stages, i, c, chunks);
+      for (int i = 0; i < microbatches; ++i) detail::push_forward(a, s, stages, i, c, chunks);
     for (int c = chunks - 1; c >= 0; --c)
-      for (int i = 0; i < microbatches; ++i) schedule_detail::push_backward(a, s, stages, i, c, chunks);
+      for (int i = 0; i < microbatches; ++i) detail::push_backward(a, s, stages, i, c, chunks);
   }
   return sc;
 }
@@ -141,7 +141,7 @@ inline Schedule gpipe(int stages, int microbatches, int chunks = 1) {
 /// \throws pmt::ConfigError for chunks < 2, stages < 2, or microbatches not a multiple of stages.
 inline Schedule interleaved_one_f_one_b(int stages, int microbatches, int chunks) {
   const char* op = "pmt::parallel::interleaved_one_f_one_b";
-  schedule_detail::check_sizes(op, stages, microbatches, chunks);
+  detail::check_sizes(op, stages, microbatches, chunks);
   pmt::detail::require<ConfigError>(chunks >= 2 && microbatches % stages == 0, op, [&] {
     return pmt::detail::str(microbatches, " microbatches on ", stages, " stages with ", chunks,
                             " chunks each: interleaving needs at least 2 chunks and a number of microbatches that is "
@@ -150,17 +150,17 @@ inline Schedule interleaved_one_f_one_b(int stages, int microbatches, int chunks
   });
   Schedule sc{pmt::detail::str("1f1b-interleaved-", chunks, "chunks"), stages, microbatches,
               std::vector<std::vector<Action>>(static_cast<std::size_t>(stages)), chunks};
-  const auto fwd  = schedule_detail::chunk_order(stages, microbatches, chunks, false);
-  const auto bwd  = schedule_detail::chunk_order(stages, microbatches, chunks, true);
+  const auto fwd  = detail::chunk_order(stages, microbatches, chunks, false);
+  const auto bwd  = detail::chunk_order(stages, microbatches, chunks, true);
   const int total = microbatches * chunks;
   for (int s = 0; s < stages; ++s) {
     auto& a          = sc.per_stage[static_cast<std::size_t>(s)];
     const int warmup = std::min(2 * (stages - s - 1) + (chunks - 1) * stages, total);
     const auto F     = [&](int k) {
-      schedule_detail::push_forward(a, s, stages, fwd[std::size_t(k)].second, fwd[std::size_t(k)].first, chunks);
+      detail::push_forward(a, s, stages, fwd[std::size_t(k)].second, fwd[std::size_t(k)].first, chunks);
     };
     const auto B = [&](int k) {
-      schedule_detail::push_backward(a, s, stages, bwd[std::size_t(k)].second, bwd[std::size_t(k)].first, chunks);
+      detail::push_backward(a, s, stages, bwd[std::size_t(k)].second, bwd[std::size_t(k)].first, chunks);
     };
     int f = 0, b = 0;
     for (; f < warmup; ++f) F(f);
@@ -176,19 +176,19 @@ inline Schedule interleaved_one_f_one_b(int stages, int microbatches, int chunks
 /// \throws pmt::ConfigError for stages or microbatches < 1 (and see interleaved_one_f_one_b).
 inline Schedule one_f_one_b(int stages, int microbatches, int chunks = 1) {
   if (chunks != 1) return interleaved_one_f_one_b(stages, microbatches, chunks);
-  schedule_detail::check_sizes("pmt::parallel::one_f_one_b", stages, microbatches);
+  detail::check_sizes("pmt::parallel::one_f_one_b", stages, microbatches);
   Schedule sc{"1f1b", stages, microbatches, std::vector<std::vector<Action>>(static_cast<std::size_t>(stages))};
   for (int s = 0; s < stages; ++s) {
     auto& a           = sc.per_stage[static_cast<std::size_t>(s)];
     const int warmup  = std::min(stages - s - 1, microbatches);
     int next_forward  = 0;
     int next_backward = 0;
-    for (; next_forward < warmup; ++next_forward) schedule_detail::push_forward(a, s, stages, next_forward);
+    for (; next_forward < warmup; ++next_forward) detail::push_forward(a, s, stages, next_forward);
     for (; next_forward < microbatches; ++next_forward, ++next_backward) {
-      schedule_detail::push_forward(a, s, stages, next_forward);
-      schedule_detail::push_backward(a, s, stages, next_backward);
+      detail::push_forward(a, s, stages, next_forward);
+      detail::push_backward(a, s, stages, next_backward);
     }
-    for (; next_backward < microbatches; ++next_backward) schedule_detail::push_backward(a, s, stages, next_backward);
+    for (; next_backward < microbatches; ++next_backward) detail::push_backward(a, s, stages, next_backward);
   }
   return sc;
 }

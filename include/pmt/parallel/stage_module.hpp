@@ -101,7 +101,7 @@ struct TiedParameter {
   int peer                  = 0;
 };
 
-namespace stage_detail {
+namespace detail {
 template <class...>
 using void_t = void;
 template <class M, class = void>
@@ -160,23 +160,23 @@ struct has_needed_hook<M, Exec,
                        void_t<decltype(std::declval<M&>().on_grads_needed(
                            std::function<void(const std::vector<Parameter<typename M::value_type, Exec>*>&)>()))>>
     : std::true_type {};
-}  // namespace stage_detail
+}  // namespace detail
 
 /// \brief Whether M calls a gradients-ready hook (the optional on_grads_ready member).
 template <class M, class Exec>
-inline constexpr bool has_grads_hook_v = stage_detail::has_grads_hook<M, Exec>::value;
+inline constexpr bool has_grads_hook_v = detail::has_grads_hook<M, Exec>::value;
 /// \brief Whether M announces gradients before writing them (the optional on_grads_needed member).
 template <class M, class Exec>
-inline constexpr bool has_needed_hook_v = stage_detail::has_needed_hook<M, Exec>::value;
+inline constexpr bool has_needed_hook_v = detail::has_needed_hook<M, Exec>::value;
 /// \brief Whether M lists parameters tied to another stage (the optional tied_parameters member).
 template <class M>
-inline constexpr bool has_tied_parameters_v = stage_detail::has_tied<M>::value;
+inline constexpr bool has_tied_parameters_v = detail::has_tied<M>::value;
 
 /// \brief True when M is a stage module for Exec; otherwise a compile error that names the first
 /// member missing (see the file comment for the contract). Use it as static_assert(check_stage_module<M, Exec>()).
 template <class M, class Exec>
 constexpr bool check_stage_module() {
-  constexpr bool types = stage_detail::has_types<M>::value;
+  constexpr bool types = detail::has_types<M>::value;
   static_assert(types,
                 "pmt stage module: the model lacks the member types value_type, Batch (one microbatch) and "
                 "Activation (Tensor<T, 2, Exec>) (see pmt/parallel/stage_module.hpp)");
@@ -184,18 +184,18 @@ constexpr bool check_stage_module() {
     static_assert(
         std::is_same_v<typename M::Activation, Tensor<typename M::value_type, 2, Exec>>,
         "pmt stage module: M::Activation must be Tensor<M::value_type, 2, Exec> of the Trainer's execution space");
-    static_assert(stage_detail::has_topology<M>::value,
+    static_assert(detail::has_topology<M>::value,
                   "pmt stage module: the model lacks int stage() const, int stages() const or int chunks() const");
-    static_assert(stage_detail::has_parameters<M, Exec>::value,
+    static_assert(detail::has_parameters<M, Exec>::value,
                   "pmt stage module: the model lacks std::vector<pmt::Parameter<T, Exec>*> parameters()");
-    static_assert(stage_detail::has_forward<M, Exec>::value,
+    static_assert(detail::has_forward<M, Exec>::value,
                   "pmt stage module: the model lacks Activation forward_chunk(const Exec&, int chunk, const Batch&, "
                   "const Activation& x_in, double normaliser, double* loss)");
     static_assert(
-        stage_detail::has_backward<M, Exec>::value,
+        detail::has_backward<M, Exec>::value,
         "pmt stage module: the model lacks Activation backward_chunk(const Exec&, int chunk, const Activation& dy)");
     static_assert(
-        stage_detail::has_extents<M>::value,
+        detail::has_extents<M>::value,
         "pmt stage module: the model lacks std::array<std::size_t, 2> input_extent(int chunk, const Batch&) const "
         "or output_extent(int chunk, const Batch&) const");
   }
@@ -213,11 +213,11 @@ void finalize_grads(const Exec& exec, const comm::Communicator<Backend>& pp, Mod
     if (pp.size() == 1) return;
     using T = typename Model::value_type;
     for (const auto& tied : model.tied_parameters()) {
-      detail::require<ConfigError>(
+      pmt::detail::require<ConfigError>(
           tied.param != nullptr && tied.peer >= 0 && tied.peer < pp.size() && tied.peer != pp.rank(),
           "pmt::parallel::finalize_grads", [&] {
-            return detail::str("a tied parameter names peer stage ", tied.peer, " on stage ", pp.rank(), " of ",
-                               pp.size(), "; expected another stage of the pipeline");
+            return pmt::detail::str("a tied parameter names peer stage ", tied.peer, " on stage ", pp.rank(), " of ",
+                                    pp.size(), "; expected another stage of the pipeline");
           });
       auto& mine = tied.param->grad;
       auto other = workspace_view<Tensor<T, 1, Exec>>("pmt::parallel::finalize_grads::peer", mine.size());

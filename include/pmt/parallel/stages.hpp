@@ -33,17 +33,17 @@ class StagePlan {
   /// \throws pmt::ConfigError unless the stages cover every layer exactly once, each non-empty.
   StagePlan(std::vector<std::size_t> bounds, std::size_t layers) : m_bounds(std::move(bounds)) {
     const char* op = "pmt::parallel::StagePlan";
-    detail::require<ConfigError>(m_bounds.size() >= 2, op,
-                                 [&] { return std::string("a plan needs at least one stage"); });
-    detail::require<ConfigError>(m_bounds.front() == 0 && m_bounds.back() == layers, op, [&] {
-      return detail::str("the stages cover layers [", m_bounds.front(), ", ", m_bounds.back(), ") but the model has ",
-                         layers, "; every layer must belong to exactly one stage");
+    pmt::detail::require<ConfigError>(m_bounds.size() >= 2, op,
+                                      [&] { return std::string("a plan needs at least one stage"); });
+    pmt::detail::require<ConfigError>(m_bounds.front() == 0 && m_bounds.back() == layers, op, [&] {
+      return pmt::detail::str("the stages cover layers [", m_bounds.front(), ", ", m_bounds.back(),
+                              ") but the model has ", layers, "; every layer must belong to exactly one stage");
     });
     for (std::size_t s = 0; s + 1 < m_bounds.size(); ++s)
-      detail::require<ConfigError>(m_bounds[s] < m_bounds[s + 1], op, [&] {
-        return detail::str("stage ", s, " would hold layers [", m_bounds[s], ", ", m_bounds[s + 1],
-                           "): every stage needs at least one layer, in order (", layers, " layers on ",
-                           m_bounds.size() - 1, " stages)");
+      pmt::detail::require<ConfigError>(m_bounds[s] < m_bounds[s + 1], op, [&] {
+        return pmt::detail::str("stage ", s, " would hold layers [", m_bounds[s], ", ", m_bounds[s + 1],
+                                "): every stage needs at least one layer, in order (", layers, " layers on ",
+                                m_bounds.size() - 1, " stages)");
       });
   }
 
@@ -62,7 +62,7 @@ class StagePlan {
   /// \brief "layers [0,3) [3,5) (uneven)".
   std::string describe() const {
     std::string out = "layers";
-    for (int s = 0; s < stages(); ++s) out += detail::str(" [", begin(s), ",", end(s), ")");
+    for (int s = 0; s < stages(); ++s) out += pmt::detail::str(" [", begin(s), ",", end(s), ")");
     return out + (even() ? "" : " (uneven)");
   }
   /// \brief Per stage: "stage s: layers [a,b), P params, F flop/token", one line each.
@@ -70,8 +70,8 @@ class StagePlan {
     std::string out;
     for (int s = 0; s < stages(); ++s) {
       LayerCost c = cost(s, costs, head, tail);
-      out += detail::str(s ? "\n" : "", "stage ", s, ": layers [", begin(s), ",", end(s), "), ", c.params, " params, ",
-                         c.flops, " flop/token");
+      out += pmt::detail::str(s ? "\n" : "", "stage ", s, ": layers [", begin(s), ",", end(s), "), ", c.params,
+                              " params, ", c.flops, " flop/token");
     }
     return out;
   }
@@ -94,11 +94,11 @@ class StagePlan {
 inline StagePlan explicit_stages(std::size_t layers, const std::vector<std::size_t>& counts) {
   std::vector<std::size_t> b{0};
   for (std::size_t c : counts) b.push_back(b.back() + c);
-  detail::require<ConfigError>(!counts.empty() && b.back() == layers, "pmt::parallel::explicit_stages", [&] {
+  pmt::detail::require<ConfigError>(!counts.empty() && b.back() == layers, "pmt::parallel::explicit_stages", [&] {
     std::string list;
     for (std::size_t c : counts) list += (list.empty() ? "" : " + ") + std::to_string(c);
-    return detail::str("stage sizes ", list.empty() ? "(none)" : list, " = ", b.back(), " but the model has ", layers,
-                       " layers");
+    return pmt::detail::str("stage sizes ", list.empty() ? "(none)" : list, " = ", b.back(), " but the model has ",
+                            layers, " layers");
   });
   return StagePlan(std::move(b), layers);
 }
@@ -109,10 +109,10 @@ inline StagePlan explicit_stages(std::size_t layers, const std::vector<std::size
 inline StagePlan balanced_stages(const std::vector<LayerCost>& costs, int stages, const LayerCost& head = {},
                                  const LayerCost& tail = {}) {
   const std::size_t L = costs.size();
-  detail::require<ConfigError>(
+  pmt::detail::require<ConfigError>(
       stages >= 1 && L >= static_cast<std::size_t>(stages), "pmt::parallel::balanced_stages", [&] {
-        return detail::str(L, " layers on ", stages,
-                           " pipeline stages: every stage needs at least one layer (use pp <= ", L, ")");
+        return pmt::detail::str(L, " layers on ", stages,
+                                " pipeline stages: every stage needs at least one layer (use pp <= ", L, ")");
       });
   const auto P = static_cast<std::size_t>(stages);
   std::vector<double> prefix(L + 1, 0.0);

@@ -40,8 +40,8 @@ class StaleSync {
  public:
   StaleSync(const comm::Communicator<Backend>& dp, std::vector<Parameter<T, Exec>*> params, int bound)
       : m_dp(dp), m_params(std::move(params)), m_bound(bound) {
-    detail::require<ConfigError>(bound >= 0, "pmt::parallel::StaleSync", [&] {
-      return detail::str("the staleness bound is ", bound, "; expected S >= 0 steps");
+    pmt::detail::require<ConfigError>(bound >= 0, "pmt::parallel::StaleSync", [&] {
+      return pmt::detail::str("the staleness bound is ", bound, "; expected S >= 0 steps");
     });
     std::size_t n = 0;
     for (auto* p : m_params) m_offset.push_back(n), n += p->size();

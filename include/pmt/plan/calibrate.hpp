@@ -72,7 +72,7 @@ struct CalibrateOptions {
   int ranks_per_node = 0;
 };
 
-namespace calibrate_detail {
+namespace detail {
 
 /// MemAvailable (bytes) of this machine, 0 when unknown.
 inline double mem_available() {
@@ -116,15 +116,15 @@ int spanned_nodes(const comm::Communicator<Backend>& world, std::string& why) {
   const int lo = int(max_over(world, double(local), comm::ReduceOp::Min)), hi = int(max_over(world, double(local)));
   if (hi >= world.size() || hi <= 0) return 0;  // one node (or the launcher does not say)
   if (lo != hi || world.size() % hi != 0) {
-    why = detail::str("the ranks span nodes with ", lo, " to ", hi, " ranks each: one link model for all");
+    why = pmt::detail::str("the ranks span nodes with ", lo, " to ", hi, " ranks each: one link model for all");
     return 0;
   }
   // consecutive blocks of `hi` ranks must share a host (mpiexec --map-by ppr:N:node, srun block)
   const auto node = world.split(world.rank() / hi, world.rank());
   const double id = host_id();
   if (max_over(world, double(max_over(node, id) != max_over(node, id, comm::ReduceOp::Min))) > 0) {
-    why =
-        detail::str("the ranks span nodes of ", hi, " but not in blocks of consecutive ranks: one link model for all");
+    why = pmt::detail::str("the ranks span nodes of ", hi,
+                           " but not in blocks of consecutive ranks: one link model for all");
     return 0;
   }
   return hi;
@@ -286,7 +286,7 @@ double model_on_mesh(const comm::Communicator<Backend>& world, const Exec& exec,
   return max_over(world, t / reps);
 }
 
-}  // namespace calibrate_detail
+}  // namespace detail
 
 /// \brief Bytes a rank's Kokkos keeps for the portable matmul kernel once the kernel ran on Exec:
 /// its team scratch (the packed panels of ops::detail's tiling). On host spaces every thread of
@@ -304,7 +304,8 @@ double portable_matmul_scratch_bytes(const Exec& exec = Exec()) {
   } else {
     if (ops::has_vendor_matmul_v<Exec, T> && ops::matmul_path() == ops::MatmulPath::Vendor) return 0.0;
     constexpr double copies = KOKKOS_VERSION < 40000 ? 2.0 : 1.0;
-    return double(exec.concurrency()) * (copies * double(detail::matmul_portable_scratch_bytes<Exec, T>()) + 12288.0);
+    return double(exec.concurrency()) *
+           (copies * double(pmt::detail::matmul_portable_scratch_bytes<Exec, T>()) + 12288.0);
   }
 }
 
@@ -312,7 +313,7 @@ double portable_matmul_scratch_bytes(const Exec& exec = Exec()) {
 template <class Backend, class Exec = Kokkos::DefaultHostExecutionSpace>
 Machine calibrate(const comm::Communicator<Backend>& world, const Problem& problem, const CalibrateOptions& o = {},
                   const Exec& exec = Exec()) {
-  using namespace calibrate_detail;
+  using namespace detail;
   const PrecisionScope products(problem.precision);  // blocks, model and GEMM timed in the planned precision
   Machine mc;
   mc.ranks                = world.size();
@@ -368,11 +369,11 @@ Machine calibrate(const comm::Communicator<Backend>& world, const Problem& probl
       const double whole = median(ms[key]);
       const double rest  = whole - double(L) * (block_table[key].first + block_table[key].second);
       head_table[key]    = std::max(0.05 * whole, rest);
-      mc.details +=
-          detail::str("b ", std::get<0>(key), " tp ", std::get<1>(key), std::get<2>(key) ? " sequence-parallel" : "",
-                      " (all ranks at once, median of ", fs[key].size(), "): block forward ",
-                      1e3 * block_table[key].first, " ms, backward ", 1e3 * block_table[key].second, " ms; a ", L,
-                      "-layer Gpt ", 1e3 * whole, " ms, the rest ", 1e3 * head_table[key], " ms\n");
+      mc.details += pmt::detail::str("b ", std::get<0>(key), " tp ", std::get<1>(key),
+                                     std::get<2>(key) ? " sequence-parallel" : "", " (all ranks at once, median of ",
+                                     fs[key].size(), "): block forward ", 1e3 * block_table[key].first,
+                                     " ms, backward ", 1e3 * block_table[key].second, " ms; a ", L, "-layer Gpt ",
+                                     1e3 * whole, " ms, the rest ", 1e3 * head_table[key], " ms\n");
     }
   }
   mc.block_seconds = [block_table](std::size_t b, int tp, bool seq) { return block_table.at({b, tp, seq}); };
@@ -396,8 +397,9 @@ Machine calibrate(const comm::Communicator<Backend>& world, const Problem& probl
       return std::vector<double>{timer.seconds()};
     })[0];
     mc.gemm_gflops = 2.0 * double(M) * double(N) * double(K) / t / 1e9;
-    mc.matmul = problem.precision == Precision::bf16 ? detail::str("bf16 products (", ops::bf16_matmul_isa<Exec>(), ")")
-                                                     : ops::matmul_path_summary();
+    mc.matmul      = problem.precision == Precision::bf16
+                         ? pmt::detail::str("bf16 products (", ops::bf16_matmul_isa<Exec>(), ")")
+                         : ops::matmul_path_summary();
   }
   // the optimizer per parameter: zero_grad, the squared norm and AdamW, with every rank at once
   // (a step's ranks update together and share the memory bandwidth) over as many values as a
@@ -405,7 +407,7 @@ Machine calibrate(const comm::Communicator<Backend>& world, const Problem& probl
   // seconds alone (times the share: estimate() divides by it)
   {
     const double P = problem.spec.empty()
-                         ? plan_detail::stage_parameters(c, parallel::explicit_stages(c.layers, {c.layers}), 0, 1)
+                         ? detail::stage_parameters(c, parallel::explicit_stages(c.layers, {c.layers}), 0, 1)
                          : problem.spec.parameters();
     const std::size_t n =
         std::clamp<std::size_t>(static_cast<std::size_t>(P), std::size_t(1) << 20, std::size_t(8) << 20);
@@ -504,16 +506,16 @@ Machine calibrate(const comm::Communicator<Backend>& world, const Problem& probl
       // the bytes beyond the first 256 KiB at the large-buffer rate (Machine::all_reduce)
       link.big_gbps     = ring * (large_bytes - big_bytes) / std::max(1e-9, large_s - big_s) / 1e9;
       link.sharded_gbps = ring * 4.0 * double(whole.size()) / (pair_s - 2 * lat) / 1e9;
-      mc.details += detail::str(what, ": 8 B ", 1e6 * lat, " us, 256 KiB ", 1e6 * big_s, " us (", link.gbps,
-                                " GB/s), 4 MiB ", 1e6 * large_s, " us (", link.big_gbps,
-                                " GB/s beyond 256 KiB); reduce-scatter + all-gather of 4 MiB ", 1e6 * pair_s, " us (",
-                                link.sharded_gbps, " GB/s as one all-reduce)\n");
+      mc.details += pmt::detail::str(what, ": 8 B ", 1e6 * lat, " us, 256 KiB ", 1e6 * big_s, " us (", link.gbps,
+                                     " GB/s), 4 MiB ", 1e6 * large_s, " us (", link.big_gbps,
+                                     " GB/s beyond 256 KiB); reduce-scatter + all-gather of 4 MiB ", 1e6 * pair_s,
+                                     " us (", link.sharded_gbps, " GB/s as one all-reduce)\n");
       return link;
     };
     for (int g = 2; g <= world.size(); ++g) {
       if (world.size() % g) continue;
       mc.links.push_back(time_link(world.split(world.rank() / g, world.rank()), g,
-                                   detail::str("all-reduce of ", g, " ranks amid compute")));
+                                   pmt::detail::str("all-reduce of ", g, " ranks amid compute")));
     }
     // 4. nodes: the link inside one (among a node's ranks: the measured group of that size) and
     //    the network (among the ranks of one local index on every node, every index at once, as
@@ -521,9 +523,9 @@ Machine calibrate(const comm::Communicator<Backend>& world, const Problem& probl
     //    latency and bandwidth of Machine::intra and Machine::inter
     std::string why;
     const int per_node = o.ranks_per_node > 0 ? o.ranks_per_node : spanned_nodes(world, why);
-    detail::require<ConfigError>(
+    pmt::detail::require<ConfigError>(
         per_node >= world.size() || world.size() % std::max(per_node, 1) == 0, "pmt::plan::calibrate",
-        [&] { return detail::str("nodes of ", per_node, " ranks do not divide ", world.size(), " ranks"); });
+        [&] { return pmt::detail::str("nodes of ", per_node, " ranks do not divide ", world.size(), " ranks"); });
     if (!why.empty()) mc.details += why + "\n";
     if (per_node > 0 && per_node < world.size()) {
       const int nodes     = world.size() / per_node;
@@ -532,17 +534,17 @@ Machine calibrate(const comm::Communicator<Backend>& world, const Problem& probl
       };
       mc.ranks_per_node = per_node;
       if (per_node > 1) mc.intra = per_step(*mc.link(per_node), per_node);
-      const auto across =
-          time_link(world.split(world.rank() % per_node, world.rank()), nodes,
-                    detail::str("all-reduce of ", nodes, " ranks on ", nodes, " nodes (every local index at once)"));
+      const auto across = time_link(
+          world.split(world.rank() % per_node, world.rank()), nodes,
+          pmt::detail::str("all-reduce of ", nodes, " ranks on ", nodes, " nodes (every local index at once)"));
       mc.inter = per_step(across, nodes);
       if (per_node == 1) mc.intra = mc.inter;  // never used: no group has two ranks on a node
     }
   }
   mc.memory_bytes = o.memory_bytes > 0 ? o.memory_bytes : mem_available() / local_ranks();
-  mc.source       = detail::str("calibrated: ", blocks.size(),
-                                " block and model shapes and AdamW with all ranks at once; a GEMM, triad, "
-                                      "launch on rank 0 alone");
+  mc.source       = pmt::detail::str("calibrated: ", blocks.size(),
+                                     " block and model shapes and AdamW with all ranks at once; a GEMM, triad, "
+                                           "launch on rank 0 alone");
   return mc;
 }
 

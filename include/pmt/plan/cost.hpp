@@ -27,7 +27,7 @@
 
 namespace pmt::plan {
 
-namespace plan_detail {
+namespace detail {
 
 /// Parameters of one rank of stage s (elements).
 inline double stage_parameters(const nn::GptConfig& c, const parallel::StagePlan& plan, int s, int tp) {
@@ -250,9 +250,9 @@ inline double simulate(parallel::ScheduleKind kind, int p, int m, const std::vec
   return now;  // not reached for a checked schedule
 }
 
-}  // namespace plan_detail
+}  // namespace detail
 
-namespace plan_detail {
+namespace detail {
 
 /// What one virtual stage costs and holds for one microbatch: the input of assemble(), from the
 /// Gpt's own count (gpt_stages) or from a ModelSpec (spec_stages).
@@ -442,6 +442,6 @@ inline double hop_bytes(const Problem& pr, const Layout& l, const parallel::Stag
   return pr.activation_value_bytes() * double(b) * pr.spec.rows_per_sample * most;
 }
 
-}  // namespace plan_detail
+}  // namespace detail
 
 }  // namespace pmt::plan

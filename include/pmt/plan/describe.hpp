@@ -32,7 +32,7 @@
 
 namespace pmt::plan {
 
-namespace describe_detail {
+namespace detail {
 template <class L>
 struct is_dropout : std::false_type {};
 template <class T, class Exec, class Placement, class Backend>
@@ -52,7 +52,7 @@ template <class... Layers>
 struct layer_types<nn::Chain<Layers...>> {
   using type = std::tuple<Layers...>;
 };
-}  // namespace describe_detail
+}  // namespace detail
 
 /// \brief The ModelSpec of a Chain built on a mesh of tp degree `tp` (see the file comment).
 /// `data_bytes_per_row`: what a rank holds of the data per row (default: the input and output
@@ -61,15 +61,15 @@ struct layer_types<nn::Chain<Layers...>> {
 template <class Net>
 ModelSpec describe(Net& net, int tp, std::string name = "chain", double data_bytes_per_row = -1) {
   using T = typename Net::value_type;
-  detail::require<ConfigError>(tp >= 1, "pmt::plan::describe",
-                               [&] { return detail::str("tp = ", tp, "; expected >= 1"); });
+  pmt::detail::require<ConfigError>(tp >= 1, "pmt::plan::describe",
+                                    [&] { return pmt::detail::str("tp = ", tp, "; expected >= 1"); });
   ModelSpec spec;
   spec.name               = std::move(name);
   const auto widths       = net.widths(net.input_width());
   const auto split        = Net::split_widths();
   const auto params       = net.layer_parameters();
   const auto global_width = [&](std::size_t i) { return double(widths[i]) * (split[i] ? tp : 1); };
-  describe_detail::each_type<typename describe_detail::layer_types<Net>::type>(
+  detail::each_type<typename detail::layer_types<Net>::type>(
       [&](auto I, auto* type) {
         using L = std::remove_pointer_t<decltype(type)>;
         LayerSpec y;
@@ -80,17 +80,18 @@ ModelSpec describe(Net& net, int tp, std::string name = "chain", double data_byt
           double n = 1, local = 1;
           for (std::size_t d = 0; d < p->local_shape.size(); ++d)
             n *= double(p->slice.extent[d]), local *= double(p->local_shape[d]);
-          detail::require<ConfigError>(p->tp_replicated ? local == n : local * tp == n, "pmt::plan::describe", [&] {
-            return detail::str("parameter ", p->name, " holds ", local, " of ", n, " elements here; with tp = ", tp,
-                               " a split one holds 1 / tp, a replicated one all: was the chain built on a mesh of tp ",
-                               tp, "?");
-          });
+          pmt::detail::require<ConfigError>(
+              p->tp_replicated ? local == n : local * tp == n, "pmt::plan::describe", [&] {
+                return pmt::detail::str(
+                    "parameter ", p->name, " holds ", local, " of ", n, " elements here; with tp = ", tp,
+                    " a split one holds 1 / tp, a replicated one all: was the chain built on a mesh of tp ", tp, "?");
+              });
           const double f = p->local_shape.size() >= 2 ? 2 * n : n;
           (p->tp_replicated ? y.replicated_parameters : y.parameters) += n;
           (p->tp_replicated ? y.replicated_flops : y.flops) += f;
         }
-        if constexpr (!describe_detail::is_dropout<L>::value) y.saved = y.input;
-        if constexpr (describe_detail::is_layernorm<L>::value) y.saved += 2;  // mean and 1 / std per row
+        if constexpr (!detail::is_dropout<L>::value) y.saved = y.input;
+        if constexpr (detail::is_layernorm<L>::value) y.saved += 2;  // mean and 1 / std per row
         if (y.parameters > 0 && y.input_split && !y.output_split)
           y.forward_reduce = y.output, y.divides = {std::size_t(y.input)};
         if (y.parameters > 0 && !y.input_split && y.output_split)

@@ -70,11 +70,11 @@ inline nn::GptOptions gpt_options(const Layout& l, int stage) {
   return nn::GptOptions{{}, l.chunks, l.recompute && here, l.sequence_parallel, l.recompute_attention && here};
 }
 
-static_assert(plan_detail::zero2_in_flight ==
+static_assert(detail::zero2_in_flight ==
                   optim::Zero2AdamW<float, Kokkos::DefaultHostExecutionSpace, comm::Self>::max_in_flight,
               "the planner's ZeRO-2 memory counts the optimizer's reduce-scatters in flight");
 
-namespace measure_detail {
+namespace detail {
 
 /// One layout, built: its mesh, model, optimizer, trainer and synthetic microbatches.
 template <class Backend, class Opt>
@@ -142,13 +142,13 @@ struct Run {
   void step() { trainer.step(microbatches, train::StepOptions{tokens, 1e-3, 1.0}); }
 };
 
-}  // namespace measure_detail
+}  // namespace detail
 
 /// \brief Spearman's rank correlation of a and b (ties get their average rank); 1 when either is
 /// constant or shorter than 2.
 inline double spearman(const std::vector<double>& a, const std::vector<double>& b) {
-  detail::require<ConfigError>(a.size() == b.size(), "pmt::plan::spearman", [&] {
-    return detail::str("the two series have ", a.size(), " and ", b.size(), " values");
+  pmt::detail::require<ConfigError>(a.size() == b.size(), "pmt::plan::spearman", [&] {
+    return pmt::detail::str("the two series have ", a.size(), " and ", b.size(), " values");
   });
   const auto ranks = [](const std::vector<double>& x) {
     std::vector<std::size_t> order(x.size());
@@ -181,34 +181,36 @@ template <class Backend>
 std::vector<Measured> measure(const comm::Communicator<Backend>& world, const Problem& pr,
                               const std::vector<Layout>& layouts, const MeasureOptions& o = {}) {
   using Exec = Kokkos::DefaultHostExecutionSpace;
-  detail::require<ConfigError>(pr.value_bytes == 4, "pmt::plan::measure", [&] {
-    return detail::str("measures float models; the problem has ", pr.value_bytes, "-byte values");
+  pmt::detail::require<ConfigError>(pr.value_bytes == 4, "pmt::plan::measure", [&] {
+    return pmt::detail::str("measures float models; the problem has ", pr.value_bytes, "-byte values");
   });
-  detail::require<ConfigError>(o.rounds >= 1 && o.timed_steps >= 1 && o.warmup_steps >= 0, "pmt::plan::measure", [&] {
-    return detail::str("rounds ", o.rounds, ", timed steps ", o.timed_steps, ", warm-up steps ", o.warmup_steps,
-                       ": need rounds, timed steps >= 1");
-  });
+  pmt::detail::require<ConfigError>(
+      o.rounds >= 1 && o.timed_steps >= 1 && o.warmup_steps >= 0, "pmt::plan::measure", [&] {
+        return pmt::detail::str("rounds ", o.rounds, ", timed steps ", o.timed_steps, ", warm-up steps ",
+                                o.warmup_steps, ": need rounds, timed steps >= 1");
+      });
   for (const auto& l : layouts) {
     const std::string why = why_invalid(pr, l, world.size());
-    detail::require<ConfigError>(why.empty(), "pmt::plan::measure", [&] { return l.describe() + ": " + why; });
-    detail::require<ConfigError>(l.sync.mode == DpMode::Sync || l.sync.mode == DpMode::Bf16, "pmt::plan::measure", [&] {
-      return l.describe() + ": measures the synchronous dp modes (sync, bf16) only; a step of " + l.sync.describe() +
-             " takes another time at each phase of its period";
-    });
+    pmt::detail::require<ConfigError>(why.empty(), "pmt::plan::measure", [&] { return l.describe() + ": " + why; });
+    pmt::detail::require<ConfigError>(
+        l.sync.mode == DpMode::Sync || l.sync.mode == DpMode::Bf16, "pmt::plan::measure", [&] {
+          return l.describe() + ": measures the synchronous dp modes (sync, bf16) only; a step of " +
+                 l.sync.describe() + " takes another time at each phase of its period";
+        });
   }
   std::vector<std::function<void()>> steps;
   std::vector<std::shared_ptr<void>> keep;  // the runs, alive until the end
   for (const auto& l : layouts) {
     if (l.zero == 2) {
-      auto r = std::make_shared<measure_detail::Run<Backend, optim::Zero2AdamW<float, Exec, Backend>>>(world, pr, l);
+      auto r = std::make_shared<detail::Run<Backend, optim::Zero2AdamW<float, Exec, Backend>>>(world, pr, l);
       steps.push_back([r] { r->step(); });
       keep.push_back(r);
     } else if (l.zero) {
-      auto r = std::make_shared<measure_detail::Run<Backend, optim::ZeroAdamW<float, Exec, Backend>>>(world, pr, l);
+      auto r = std::make_shared<detail::Run<Backend, optim::ZeroAdamW<float, Exec, Backend>>>(world, pr, l);
       steps.push_back([r] { r->step(); });
       keep.push_back(r);
     } else {
-      auto r = std::make_shared<measure_detail::Run<Backend, optim::AdamW<float, Exec>>>(world, pr, l);
+      auto r = std::make_shared<detail::Run<Backend, optim::AdamW<float, Exec>>>(world, pr, l);
       steps.push_back([r] { r->step(); });
       keep.push_back(r);
     }

@@ -117,7 +117,7 @@ inline parallel::StagePlan stage_plan(const Problem& pr, int virtual_stages) {
   return parallel::balanced_stages(costs, virtual_stages);
 }
 
-namespace plan_detail {
+namespace detail {
 
 /// optim::Zero2AdamW::max_in_flight (plan/measure.hpp checks that they agree).
 inline constexpr int zero2_in_flight = 2;
@@ -209,10 +209,10 @@ inline double peak_bytes_on(const Problem& pr, const Machine& mc, const Layout& 
                             const std::vector<int>& live, int* heaviest) {
   const std::size_t b = pr.batch / static_cast<std::size_t>(l.dp) / static_cast<std::size_t>(l.microbatches);
   const auto in =
-      pr.spec.empty() ? plan_detail::gpt_stages(pr, mc, l, stages, b) : plan_detail::spec_stages(pr, mc, l, stages, b);
+      pr.spec.empty() ? detail::gpt_stages(pr, mc, l, stages, b) : detail::spec_stages(pr, mc, l, stages, b);
   double most = 0;
   for (int s = 0; s < l.pp; ++s) {
-    const double here = plan_detail::stage_memory(pr, mc, l, in, s, live[static_cast<std::size_t>(s)]).total();
+    const double here = detail::stage_memory(pr, mc, l, in, s, live[static_cast<std::size_t>(s)]).total();
     if (here > most || s == 0) {
       most = here;
       if (heaviest) *heaviest = s;
@@ -232,10 +232,10 @@ inline Estimate estimate_on(const Problem& pr, const Machine& mc, const Layout& 
   const auto vstage = [p](int s, int k) { return static_cast<std::size_t>(k * p + s); };
   // messages a virtual stage receives and sends per microbatch and direction
   const auto hops_of = [VS](std::size_t vs) { return double(vs > 0) + double(vs + 1 < VS); };
-  const std::vector<plan_detail::StageInputs> in = pr.spec.empty() ? plan_detail::gpt_stages(pr, mc, l, e.stages, b)
-                                                                   : plan_detail::spec_stages(pr, mc, l, e.stages, b);
-  const double sb                                = double(pr.value_bytes);
-  const double hop_bytes                         = plan_detail::hop_bytes(pr, l, e.stages, b);
+  const std::vector<detail::StageInputs> in =
+      pr.spec.empty() ? detail::gpt_stages(pr, mc, l, e.stages, b) : detail::spec_stages(pr, mc, l, e.stages, b);
+  const double sb        = double(pr.value_bytes);
+  const double hop_bytes = detail::hop_bytes(pr, l, e.stages, b);
 
   // --- time: per-stage forward / backward of one microbatch, the schedule simulated -----------
   std::vector<double> tf(P_, 0.0), tb(P_, 0.0);  // per rank, its chunks together
@@ -253,8 +253,8 @@ inline Estimate estimate_on(const Problem& pr, const Machine& mc, const Layout& 
   for (std::size_t vs = 0; vs < VS; ++vs)
     work_f[vs] = in[vs].cost.forward, work_b[vs] = in[vs].cost.backward, wait[vs] = in[vs].cost.tp_comm;
   const double share    = std::clamp(mc.core_share, 1e-3, 1.0);
-  const double makespan = plan_detail::simulate(l.schedule, p, m, work_f, work_b, wait, hop, share * mc.ranks,
-                                                l.dp * l.tp, v, mc.ranks_per_node);
+  const double makespan = detail::simulate(l.schedule, p, m, work_f, work_b, wait, hop, share * mc.ranks, l.dp * l.tp,
+                                           v, mc.ranks_per_node);
   // the parts: the busiest stage's compute (at the cores' share when all ranks compute), its
   // communication; the rest of the simulated makespan is the bubble
   int busiest = 0;
@@ -303,7 +303,7 @@ inline Estimate estimate_on(const Problem& pr, const Machine& mc, const Layout& 
   double tail = 0, tail_dp = 0, tail_opt = 0;
   for (int s = 0; s < p; ++s) {
     const double P = rank_parameters(s);
-    e.memory.push_back(plan_detail::stage_memory(pr, mc, l, in, s, live[static_cast<std::size_t>(s)]));
+    e.memory.push_back(detail::stage_memory(pr, mc, l, in, s, live[static_cast<std::size_t>(s)]));
     const double shard = std::ceil(P / l.dp);
     // dp: the buckets' all-reduce overlaps the last backward except its last bucket; ZeRO's
     // reduce-scatter + all-gather (the same volume) do not overlap, and pack / unpack the values
@@ -372,7 +372,7 @@ class StagePlans {
   std::map<int, parallel::StagePlan> m_plans;
 };
 
-}  // namespace plan_detail
+}  // namespace detail
 
 /// \brief The peak bytes per rank of layout `l` (Estimate::peak_bytes) when its stages hold
 /// `live` live microbatches each: the memory model alone, without simulating the schedule. The
@@ -383,19 +383,19 @@ class StagePlans {
 inline double peak_bytes(const Problem& pr, const Machine& mc, const Layout& l, const std::vector<int>& live,
                          int* heaviest = nullptr) {
   const std::string why = why_invalid(pr, l, mc.ranks);
-  detail::require<ConfigError>(
+  pmt::detail::require<ConfigError>(
       why.empty() && live.size() == static_cast<std::size_t>(l.pp), "pmt::plan::peak_bytes", [&] {
-        return l.describe() + ": " + (why.empty() ? detail::str(live.size(), " live counts for pp ", l.pp) : why);
+        return l.describe() + ": " + (why.empty() ? pmt::detail::str(live.size(), " live counts for pp ", l.pp) : why);
       });
-  return plan_detail::peak_bytes_on(pr, mc, l, stage_plan(pr, l.pp * l.chunks), live, heaviest);
+  return detail::peak_bytes_on(pr, mc, l, stage_plan(pr, l.pp * l.chunks), live, heaviest);
 }
 
 /// \brief The prediction for one layout.
 /// \throws pmt::ConfigError when the layout cannot run the problem (why_invalid).
 inline Estimate estimate(const Problem& pr, const Machine& mc, const Layout& l) {
   const std::string why = why_invalid(pr, l, mc.ranks);
-  detail::require<ConfigError>(why.empty(), "pmt::plan::estimate", [&] { return l.describe() + ": " + why; });
-  return plan_detail::estimate_on(pr, mc, l, stage_plan(pr, l.pp * l.chunks));
+  pmt::detail::require<ConfigError>(why.empty(), "pmt::plan::estimate", [&] { return l.describe() + ": " + why; });
+  return detail::estimate_on(pr, mc, l, stage_plan(pr, l.pp * l.chunks));
 }
 
 }  // namespace pmt::plan

@@ -25,14 +25,14 @@
 
 namespace pmt::plan {
 
-namespace planner_detail {
+namespace detail {
 /// x with `digits` decimals.
 inline std::string fixed(double x, int digits = 1) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.*f", digits, x);
   return buf;
 }
-}  // namespace planner_detail
+}  // namespace detail
 
 /// \brief A layout that cannot run, and why.
 struct Rejection {
@@ -72,12 +72,12 @@ struct Plan {
 
   /// \throws pmt::ConfigError when no layout can run (the rejections say why).
   const Estimate& best() const {
-    detail::require<ConfigError>(!ranked.empty(), "pmt::plan::Plan::best", [&] {
+    pmt::detail::require<ConfigError>(!ranked.empty(), "pmt::plan::Plan::best", [&] {
       std::string why;
       for (std::size_t i = 0; i < rejected.size() && i < 8; ++i)
         why += "\n  " + rejected[i].layout.describe() + ": " + rejected[i].reason;
-      return detail::str("no layout of ", machine.ranks, " ranks runs this problem; ", rejected.size(),
-                         " rejected:", why);
+      return pmt::detail::str("no layout of ", machine.ranks, " ranks runs this problem; ", rejected.size(),
+                              " rejected:", why);
     });
     return ranked.front();
   }
@@ -85,7 +85,7 @@ struct Plan {
   /// \brief The top candidates (time and memory by part) and a summary of the rejections.
   std::string table(std::size_t top = 10) const {
     const auto mib  = [](double b) { return b / (1024.0 * 1024.0); };
-    std::string out = detail::str(
+    std::string out = pmt::detail::str(
         "rank  layout                                  step ms  compute   tp comm   pp comm    "
         "bubble   dp comm  optim   "
         "peak MiB (stage)  params+grads+optim  activations   sent MiB tp/pp/dp\n");
@@ -103,7 +103,7 @@ struct Plan {
                     m.live_microbatches, mib(e.bytes.tp), mib(e.bytes.pp), mib(e.bytes.dp));
       out += line;
     }
-    if (ranked.size() > top) out += detail::str("... and ", ranked.size() - top, " more that run\n");
+    if (ranked.size() > top) out += pmt::detail::str("... and ", ranked.size() - top, " more that run\n");
     if (!ranked.empty()) out += "why rank 1: " + explain() + "\n";
     // rejections: grouped by reason, each with an example
     std::map<std::string, std::vector<std::string>> by_reason;
@@ -112,9 +112,9 @@ struct Plan {
       if (key.rfind("needs ", 0) == 0) key = "does not fit in memory";
       by_reason[key].push_back(r.layout.describe() + (key == r.reason ? "" : ": " + r.reason));
     }
-    if (!rejected.empty()) out += detail::str("rejected: ", rejected.size(), " layouts\n");
+    if (!rejected.empty()) out += pmt::detail::str("rejected: ", rejected.size(), " layouts\n");
     for (const auto& [reason, which] : by_reason) {
-      out += detail::str("  ", which.size(), " x ", reason, "\n");
+      out += pmt::detail::str("  ", which.size(), " x ", reason, "\n");
       for (std::size_t i = 0; i < which.size() && i < 3; ++i) out += "      e.g. " + which[i] + "\n";
     }
     return out;
@@ -124,8 +124,9 @@ struct Plan {
   std::string explain() const {
     if (ranked.empty()) return "nothing runs";
     const auto& b = ranked.front();
-    using planner_detail::fixed;
-    std::string out = detail::str(b.layout.describe(), " is predicted at ", fixed(1e3 * b.step_seconds(), 2), " ms");
+    using detail::fixed;
+    std::string out =
+        pmt::detail::str(b.layout.describe(), " is predicted at ", fixed(1e3 * b.step_seconds(), 2), " ms");
     for (std::size_t i = 1; i < ranked.size(); ++i) {
       const auto& o = ranked[i];
       if (o.layout.dp == b.layout.dp && o.layout.tp == b.layout.tp && o.layout.pp == b.layout.pp) continue;
@@ -136,9 +137,9 @@ struct Plan {
       int k               = 0;
       for (int j = 1; j < 6; ++j)
         if (d[j] > d[k]) k = j;
-      out += detail::str("; the next other (dp, tp, pp), ", o.layout.describe(), ", takes ",
-                         fixed(1e3 * o.step_seconds(), 2), " ms (mostly more ", names[k], ": +", fixed(1e3 * d[k], 2),
-                         " ms)");
+      out += pmt::detail::str("; the next other (dp, tp, pp), ", o.layout.describe(), ", takes ",
+                              fixed(1e3 * o.step_seconds(), 2), " ms (mostly more ", names[k], ": +",
+                              fixed(1e3 * d[k], 2), " ms)");
       break;
     }
     return out;
@@ -147,13 +148,14 @@ struct Plan {
 
 /// \brief Every layout of the machine's ranks for the problem, predicted and ranked.
 inline Plan search(const Problem& pr, const Machine& mc, const SearchOptions& o = {}) {
-  detail::require<ConfigError>(mc.ranks >= 1, "pmt::plan::search",
-                               [&] { return detail::str("the machine has ", mc.ranks, " ranks; expected >= 1"); });
+  pmt::detail::require<ConfigError>(mc.ranks >= 1, "pmt::plan::search", [&] {
+    return pmt::detail::str("the machine has ", mc.ranks, " ranks; expected >= 1");
+  });
   Plan plan;
   plan.problem = pr;
   plan.machine = mc;
   const int R  = mc.ranks;
-  plan_detail::StagePlans stages(pr);
+  detail::StagePlans stages(pr);
   for (int tp = 1; tp <= R; ++tp) {
     if (R % tp) continue;
     for (int pp = 1; pp <= R / tp; ++pp) {
@@ -187,7 +189,7 @@ inline Plan search(const Problem& pr, const Machine& mc, const SearchOptions& o 
             Layout l{dp,   tp,     pp,    m, gpipe ? parallel::ScheduleKind::GPipe : parallel::ScheduleKind::OneFOneB,
                      zero, chunks, choice};
             if (chunks > 1 && !why_invalid(pr, l, R).empty()) continue;  // too few layers, or m not a multiple of pp
-            Estimate e = plan_detail::estimate_on(pr, mc, l, stages(pp * chunks));
+            Estimate e = detail::estimate_on(pr, mc, l, stages(pp * chunks));
             if (mc.memory_bytes > 0 && e.peak_bytes() > mc.memory_bytes) {
               // when (and only when) memory requires it, the least that fits, in this order:
               // sequence parallelism where tp > 1 (it recomputes nothing, and stays on in what
@@ -210,7 +212,7 @@ inline Plan search(const Problem& pr, const Machine& mc, const SearchOptions& o 
               for (const auto& t : tries) {
                 Layout r = with(t);
                 if (!why_invalid(pr, r, R).empty() ||
-                    plan_detail::peak_bytes_on(pr, mc, r, stages(pp * chunks), live, nullptr) > mc.memory_bytes)
+                    detail::peak_bytes_on(pr, mc, r, stages(pp * chunks), live, nullptr) > mc.memory_bytes)
                   continue;
                 // recomputation on the first stages only, as few as fit (1F1B: the first hold the
                 // most live microbatches)
@@ -218,21 +220,20 @@ inline Plan search(const Problem& pr, const Machine& mc, const SearchOptions& o 
                   for (int k = 1; k < pp; ++k) {
                     Layout fewer           = r;
                     fewer.recompute_stages = k;
-                    if (plan_detail::peak_bytes_on(pr, mc, fewer, stages(pp * chunks), live, nullptr) <=
-                        mc.memory_bytes) {
+                    if (detail::peak_bytes_on(pr, mc, fewer, stages(pp * chunks), live, nullptr) <= mc.memory_bytes) {
                       r = fewer;
                       break;
                     }
                   }
-                e = plan_detail::estimate_on(pr, mc, r, stages(pp * chunks)), l = r;
+                e = detail::estimate_on(pr, mc, r, stages(pp * chunks)), l = r;
                 break;
               }
             }
             if (mc.memory_bytes > 0 && e.peak_bytes() > mc.memory_bytes) {
               plan.rejected.push_back(
-                  {l, detail::str("needs ", planner_detail::fixed(e.peak_bytes() / 1048576.0), " MiB on stage ",
-                                  e.heaviest_stage(), " > ", planner_detail::fixed(mc.memory_bytes / 1048576.0),
-                                  " MiB per rank")});
+                  {l, pmt::detail::str("needs ", detail::fixed(e.peak_bytes() / 1048576.0), " MiB on stage ",
+                                       e.heaviest_stage(), " > ", detail::fixed(mc.memory_bytes / 1048576.0),
+                                       " MiB per rank")});
               continue;
             }
             if (zero == 1) zero1_fits = true;

@@ -155,22 +155,23 @@ struct Machine {
 /// \brief One line describing a machine's rates.
 inline std::string describe(const Machine& m) {
   char line[512];
-  std::snprintf(line, sizeof line,
-                "%d ranks; per rank alone: GEMM %.1f GFLOP/s, bandwidth %.1f GB/s, kernel "
-                "launch %.1f us; "
-                "core share %.2f; all-reduce %.2f GB/s + %.1f us (2 ranks), %.2f GB/s + %.1f us (all); "
-                "memory %s (%s)",
-                m.ranks, m.gemm_gflops, m.memory_gbps, 1e6 * m.kernel_seconds, m.core_share,
-                m.link(2) ? m.link(2)->gbps : m.link_gbps, 1e6 * (m.link(2) ? m.link(2)->latency : 2 * m.link_latency),
-                m.link(m.ranks) ? m.link(m.ranks)->gbps : m.link_gbps,
-                1e6 * (m.link(m.ranks) ? m.link(m.ranks)->latency : 2 * (m.ranks - 1) * m.link_latency),
-                m.memory_bytes > 0 ? detail::str(std::round(m.memory_bytes / 1048576.0), " MiB").c_str() : "unlimited",
-                m.source.c_str());
+  std::snprintf(
+      line, sizeof line,
+      "%d ranks; per rank alone: GEMM %.1f GFLOP/s, bandwidth %.1f GB/s, kernel "
+      "launch %.1f us; "
+      "core share %.2f; all-reduce %.2f GB/s + %.1f us (2 ranks), %.2f GB/s + %.1f us (all); "
+      "memory %s (%s)",
+      m.ranks, m.gemm_gflops, m.memory_gbps, 1e6 * m.kernel_seconds, m.core_share,
+      m.link(2) ? m.link(2)->gbps : m.link_gbps, 1e6 * (m.link(2) ? m.link(2)->latency : 2 * m.link_latency),
+      m.link(m.ranks) ? m.link(m.ranks)->gbps : m.link_gbps,
+      1e6 * (m.link(m.ranks) ? m.link(m.ranks)->latency : 2 * (m.ranks - 1) * m.link_latency),
+      m.memory_bytes > 0 ? pmt::detail::str(std::round(m.memory_bytes / 1048576.0), " MiB").c_str() : "unlimited",
+      m.source.c_str());
   std::string out(line);
   if (m.ranks_per_node > 0)
-    out +=
-        detail::str("; nodes of ", m.ranks_per_node, " ranks: inside ", m.intra.gbps, " GB/s + ", 1e6 * m.intra.latency,
-                    " us, between ", m.inter.gbps, " GB/s + ", 1e6 * m.inter.latency, " us per rank");
+    out += pmt::detail::str("; nodes of ", m.ranks_per_node, " ranks: inside ", m.intra.gbps, " GB/s + ",
+                            1e6 * m.intra.latency, " us, between ", m.inter.gbps, " GB/s + ", 1e6 * m.inter.latency,
+                            " us per rank");
   return m.matmul.empty() ? out : out + "; " + m.matmul;
 }
 
@@ -227,11 +228,11 @@ struct DpChoice {
       case DpMode::Bf16:
         return "bf16";
       case DpMode::LocalSgd:
-        return detail::str("local ", period);
+        return pmt::detail::str("local ", period);
       case DpMode::DiLoCo:
-        return detail::str("diloco ", period);
+        return pmt::detail::str("diloco ", period);
       case DpMode::Stale:
-        return detail::str("stale ", period);
+        return pmt::detail::str("stale ", period);
     }
     return "?";
   }
@@ -264,7 +265,7 @@ inline DpChoice parse_dp_choice(const std::string& text) {
   else
     throw ConfigError(
         "pmt::plan::parse_dp_choice",
-        detail::str(
+        pmt::detail::str(
             "'", text,
             "' is not a data-parallel mode; expected sync, bf16, local:H, diloco:H (H >= 1) or stale:S (S >= 0)"));
   return c;
@@ -297,18 +298,18 @@ struct Layout {
   /// ", local 8" ... for a data-parallel mode other than sync; ", recompute"; ", recompute
   /// attention"; ", seq" with sequence parallelism)
   std::string describe() const {
-    return detail::str("dp ", dp, " x tp ", tp, " x pp ", pp, ", m ", microbatches,
-                       pp > 1 ? std::string(", ") + parallel::schedule_name(schedule) : std::string(),
-                       chunks > 1 ? detail::str(" x", chunks) : std::string(),
-                       zero == 1   ? ", zero"
-                       : zero == 2 ? ", zero2"
-                                   : "",
-                       sync.mode != DpMode::Sync ? ", " + sync.describe() : std::string(),
-                       recompute ? ", recompute" : "", recompute_attention ? ", recompute attention" : "",
-                       recompute_stages > 0 && (recompute || recompute_attention)
-                           ? detail::str(" on stages < ", recompute_stages)
-                           : std::string(),
-                       sequence_parallel ? ", seq" : "");
+    return pmt::detail::str("dp ", dp, " x tp ", tp, " x pp ", pp, ", m ", microbatches,
+                            pp > 1 ? std::string(", ") + parallel::schedule_name(schedule) : std::string(),
+                            chunks > 1 ? pmt::detail::str(" x", chunks) : std::string(),
+                            zero == 1   ? ", zero"
+                            : zero == 2 ? ", zero2"
+                                        : "",
+                            sync.mode != DpMode::Sync ? ", " + sync.describe() : std::string(),
+                            recompute ? ", recompute" : "", recompute_attention ? ", recompute attention" : "",
+                            recompute_stages > 0 && (recompute || recompute_attention)
+                                ? pmt::detail::str(" on stages < ", recompute_stages)
+                                : std::string(),
+                            sequence_parallel ? ", seq" : "");
   }
   /// \brief The C++ policy type that fixes this layout's axes, data-parallel mode, schedule,
   /// sequence parallelism and recomputation, as a Trainer takes it (build the model with
@@ -326,26 +327,26 @@ struct Layout {
           add("pmt::DataParallel<>");
           break;
         case DpMode::LocalSgd:
-          add(detail::str("pmt::DataParallel<pmt::LocalSgd<", sync.period, ">>"));
+          add(pmt::detail::str("pmt::DataParallel<pmt::LocalSgd<", sync.period, ">>"));
           break;
         case DpMode::DiLoCo:
-          add(detail::str("pmt::DataParallel<pmt::DiLoCo<", sync.period, ">>"));
+          add(pmt::detail::str("pmt::DataParallel<pmt::DiLoCo<", sync.period, ">>"));
           break;
         case DpMode::Stale:
-          add(detail::str("pmt::DataParallel<pmt::BoundedStaleness<", sync.period, ">>"));
+          add(pmt::detail::str("pmt::DataParallel<pmt::BoundedStaleness<", sync.period, ">>"));
           break;
       }
     }
     if (tp > 1) add(sequence_parallel ? "pmt::TensorSplit<pmt::Sequence>" : "pmt::TensorSplit<>");
     if (pp > 1)
-      add(detail::str("pmt::Pipeline<", pp,
-                      schedule == parallel::ScheduleKind::GPipe ? std::string(", pmt::GPipe")
-                      : chunks > 1                              ? detail::str(", pmt::Interleaved<", chunks, ">")
-                                                                : std::string(),
-                      ">"));
+      add(pmt::detail::str("pmt::Pipeline<", pp,
+                           schedule == parallel::ScheduleKind::GPipe ? std::string(", pmt::GPipe")
+                           : chunks > 1 ? pmt::detail::str(", pmt::Interleaved<", chunks, ">")
+                                        : std::string(),
+                           ">"));
     if (recompute || recompute_attention)
-      add(detail::str("pmt::Recompute<", recompute ? "pmt::Full" : "pmt::Selective",
-                      recompute_stages > 0 ? detail::str(", ", recompute_stages) : std::string(), ">"));
+      add(pmt::detail::str("pmt::Recompute<", recompute ? "pmt::Full" : "pmt::Selective",
+                           recompute_stages > 0 ? pmt::detail::str(", ", recompute_stages) : std::string(), ">"));
     return "pmt::Hybrid<" + parts + ">";
   }
 };
@@ -356,7 +357,7 @@ struct Memory {
   double scratch  = 0;  ///< the portable matmul kernel's team scratch (Machine::matmul_scratch_bytes)
   double products = 0;  ///< bf16 products' operand copies (Machine::bf16_copy_bytes), one per shape
   /// The pipeline's send buffers. A run holds one per send in flight, as many as the receivers'
-  /// timing leaves: this counts what the runs measured hold (the Gpt: plan_detail::pipeline_sends
+  /// timing leaves: this counts what the runs measured hold (the Gpt: detail::pipeline_sends
   /// per stage with pp > 1; a ModelSpec: one output on every stage but the last).
   double sends          = 0;
   int live_microbatches = 0;  ///< (chunk, microbatch) pairs with several chunks per stage
@@ -411,39 +412,41 @@ inline std::string why_invalid(const Problem& pr, const Layout& l, int ranks) {
   const auto& c = pr.model;
   const auto tp = static_cast<std::size_t>(l.tp);
   if (l.dp < 1 || l.tp < 1 || l.pp < 1 || l.microbatches < 1 || l.chunks < 1)
-    return detail::str("dp ", l.dp, ", tp ", l.tp, ", pp ", l.pp, ", microbatches ", l.microbatches, ", chunks ",
-                       l.chunks, " must all be >= 1");
-  if (l.chunks > 1 && l.pp == 1) return detail::str(l.chunks, " model chunks per stage need pp > 1");
+    return pmt::detail::str("dp ", l.dp, ", tp ", l.tp, ", pp ", l.pp, ", microbatches ", l.microbatches, ", chunks ",
+                            l.chunks, " must all be >= 1");
+  if (l.chunks > 1 && l.pp == 1) return pmt::detail::str(l.chunks, " model chunks per stage need pp > 1");
   if (static_cast<long>(l.dp) * l.tp * l.pp != ranks)
-    return detail::str("dp ", l.dp, " x tp ", l.tp, " x pp ", l.pp, " = ", static_cast<long>(l.dp) * l.tp * l.pp,
-                       " is not ", ranks, " ranks");
+    return pmt::detail::str("dp ", l.dp, " x tp ", l.tp, " x pp ", l.pp, " = ", static_cast<long>(l.dp) * l.tp * l.pp,
+                            " is not ", ranks, " ranks");
   if (pr.spec.empty()) {
     if (c.heads == 0 || c.width % c.heads != 0)
-      return detail::str("width ", c.width, " is not divisible by heads ", c.heads);
-    if (c.heads % tp != 0) return detail::str("heads ", c.heads, " are not divisible by tp ", l.tp);
-    if (c.vocab % tp != 0) return detail::str("vocabulary ", c.vocab, " is not divisible by tp ", l.tp);
+      return pmt::detail::str("width ", c.width, " is not divisible by heads ", c.heads);
+    if (c.heads % tp != 0) return pmt::detail::str("heads ", c.heads, " are not divisible by tp ", l.tp);
+    if (c.vocab % tp != 0) return pmt::detail::str("vocabulary ", c.vocab, " is not divisible by tp ", l.tp);
   } else {
     for (const auto& y : pr.spec.layers)
       for (std::size_t d : y.divides)
-        if (d % tp != 0) return detail::str("layer ", y.name, ": ", d, " features are not divisible by tp ", l.tp);
+        if (d % tp != 0) return pmt::detail::str("layer ", y.name, ": ", d, " features are not divisible by tp ", l.tp);
   }
   const std::size_t layers = pr.spec.empty() ? c.layers : pr.spec.layers.size();
   if (layers < static_cast<std::size_t>(l.pp))
-    return detail::str(layers, " layers cannot fill pp ", l.pp, " stages (every stage needs a layer)");
+    return pmt::detail::str(layers, " layers cannot fill pp ", l.pp, " stages (every stage needs a layer)");
   if (layers < static_cast<std::size_t>(l.pp) * static_cast<std::size_t>(l.chunks))
-    return detail::str(layers, " layers cannot fill pp ", l.pp, " x ", l.chunks, " chunks (every chunk needs a layer)");
+    return pmt::detail::str(layers, " layers cannot fill pp ", l.pp, " x ", l.chunks,
+                            " chunks (every chunk needs a layer)");
   if (pr.batch % static_cast<std::size_t>(l.dp) != 0)
-    return detail::str("batch ", pr.batch, " is not divisible by dp ", l.dp);
+    return pmt::detail::str("batch ", pr.batch, " is not divisible by dp ", l.dp);
   const std::size_t local = pr.batch / static_cast<std::size_t>(l.dp);
   if (local % static_cast<std::size_t>(l.microbatches) != 0)
-    return detail::str(l.microbatches, " microbatches do not divide the ", local, " sequences per dp rank (batch ",
-                       pr.batch, " / dp ", l.dp, ")");
-  if (l.zero < 0 || l.zero > 2) return detail::str("ZeRO stage ", l.zero, " is not 0, 1 or 2");
-  if (l.zero && l.dp == 1) return detail::str("ZeRO-", l.zero, " shards over dp, and dp is 1");
+    return pmt::detail::str(l.microbatches, " microbatches do not divide the ", local, " sequences per dp rank (batch ",
+                            pr.batch, " / dp ", l.dp, ")");
+  if (l.zero < 0 || l.zero > 2) return pmt::detail::str("ZeRO stage ", l.zero, " is not 0, 1 or 2");
+  if (l.zero && l.dp == 1) return pmt::detail::str("ZeRO-", l.zero, " shards over dp, and dp is 1");
   if (l.recompute_stages < 0 || l.recompute_stages > l.pp)
-    return detail::str("recompute_stages ", l.recompute_stages, " is not in [0, pp ", l.pp, "]");
+    return pmt::detail::str("recompute_stages ", l.recompute_stages, " is not in [0, pp ", l.pp, "]");
   if (l.recompute_stages > 0 && !l.recompute && !l.recompute_attention)
-    return detail::str("recompute_stages ", l.recompute_stages, " names stages that recompute, and nothing recomputes");
+    return pmt::detail::str("recompute_stages ", l.recompute_stages,
+                            " names stages that recompute, and nothing recomputes");
   if (l.recompute_attention) {
     if (!pr.spec.empty())
       return "the attention's recomputation is the Gpt's (nn::GptOptions); a ModelSpec recomputes whole chunks";
@@ -456,14 +459,14 @@ inline std::string why_invalid(const Problem& pr, const Layout& l, int ranks) {
     if (l.tp == 1) return "sequence parallelism splits the tokens over tp, and tp is 1";
     const std::size_t tokens = local / static_cast<std::size_t>(l.microbatches) * c.context;
     if (tokens % tp != 0)
-      return detail::str("sequence parallelism splits a microbatch's ", tokens, " tokens over tp ", l.tp,
-                         ", which does not divide them");
+      return pmt::detail::str("sequence parallelism splits a microbatch's ", tokens, " tokens over tp ", l.tp,
+                              ", which does not divide them");
   }
-  if (l.sync.mode != DpMode::Sync && l.dp == 1) return detail::str("dp mode ", l.sync.describe(), " needs dp > 1");
+  if (l.sync.mode != DpMode::Sync && l.dp == 1) return pmt::detail::str("dp mode ", l.sync.describe(), " needs dp > 1");
   if (l.sync.mode != DpMode::Sync && l.zero)
-    return detail::str("dp mode ", l.sync.describe(), " does not combine with ZeRO-", l.zero);
+    return pmt::detail::str("dp mode ", l.sync.describe(), " does not combine with ZeRO-", l.zero);
   if (l.chunks > 1 && l.schedule == parallel::ScheduleKind::OneFOneB && l.microbatches % l.pp != 0)
-    return detail::str("interleaved 1F1B needs microbatches (", l.microbatches, ") a multiple of pp ", l.pp);
+    return pmt::detail::str("interleaved 1F1B needs microbatches (", l.microbatches, ") a multiple of pp ", l.pp);
   return "";
 }
 

@@ -71,12 +71,12 @@ struct Interleaved {
   static constexpr int chunks = Chunks;
 };
 
-namespace policy_detail {
+namespace detail {
 template <class S>
 inline constexpr bool is_interleaved_v = false;
 template <int V>
 inline constexpr bool is_interleaved_v<Interleaved<V>> = true;
-}  // namespace policy_detail
+}  // namespace detail
 
 /// \brief Pipeline parallelism over the pp axis with a static (Pipeline<2>) or run-time
 /// (Pipeline<>) number of stages.
@@ -84,7 +84,7 @@ template <int Stages = dynamic, class Schedule = OneFOneB>
 struct Pipeline {
   static_assert(Stages == dynamic || Stages >= 1, "pmt::Pipeline<Stages>: Stages must be >= 1 (or pmt::dynamic)");
   static_assert(std::is_same_v<Schedule, OneFOneB> || std::is_same_v<Schedule, GPipe> ||
-                    policy_detail::is_interleaved_v<Schedule>,
+                    detail::is_interleaved_v<Schedule>,
                 "pmt::Pipeline: the schedule must be pmt::OneFOneB, pmt::GPipe or pmt::Interleaved<Chunks>");
   static constexpr int stages = Stages;
   using schedule              = Schedule;

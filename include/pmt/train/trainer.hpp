@@ -111,7 +111,7 @@ struct trainer_policy<Hybrid<Ps...>> {
   };
   template <class S>
   static constexpr int chunks_of() {
-    if constexpr (policy_detail::is_interleaved_v<S>)
+    if constexpr (detail::is_interleaved_v<S>)
       return S::chunks;
     else
       return dynamic;
