@@ -359,7 +359,40 @@ Options parse(int argc, char* argv[]) {
   return o;
 }
 
-/// Checks what needs no communication; every rank reaches the same verdict.
+/// The checkpoint's description of the model (load refuses another).
+std::string model_description(const Options& o) {
+  return pmt::detail::str("gpt vocab=", pmt::io::TokenDataset::vocab_size, " context=", o.context, " layers=", o.layers,
+                          " width=", o.width, " heads=", o.heads);
+}
+
+/// The model the flags describe; its vocabulary is the dataset's.
+pmt::nn::GptConfig gpt_config(const Options& o) {
+  return {pmt::io::TokenDataset::vocab_size, static_cast<std::size_t>(o.context), static_cast<std::size_t>(o.layers),
+          static_cast<std::size_t>(o.width), static_cast<std::size_t>(o.heads),   static_cast<std::uint64_t>(o.seed)};
+}
+
+/// The layout the flags describe, as the planner states layouts.
+pmt::plan::Layout layout_of(const Options& o) {
+  pmt::plan::Layout l;
+  l.dp = o.dp, l.tp = o.tp, l.pp = o.pp, l.microbatches = o.microbatches, l.chunks = o.chunks;
+  l.schedule  = o.schedule == "gpipe" ? pmt::parallel::ScheduleKind::GPipe : pmt::parallel::ScheduleKind::OneFOneB;
+  l.zero      = o.zero ? o.zero_stage : 0;
+  l.recompute = o.recompute;
+  l.recompute_attention = o.recompute_attention && !o.recompute;  // the whole block recomputes it anyway
+  l.recompute_stages    = o.recompute_stages;
+  l.sequence_parallel   = o.sequence_parallel && o.tp > 1;  // with tp 1 there is nothing to split
+  using M               = pmt::plan::DpMode;
+  if (o.dp > 1)  // one replica: a data-parallel mode changes nothing
+    l.sync = o.local_sgd > 0        ? pmt::plan::DpChoice{M::LocalSgd, o.local_sgd}
+             : o.diloco > 0         ? pmt::plan::DpChoice{M::DiLoCo, o.diloco}
+             : o.staleness >= 0     ? pmt::plan::DpChoice{M::Stale, o.staleness}
+             : o.compress == "bf16" ? pmt::plan::DpChoice{M::Bf16, 0}
+                                    : pmt::plan::DpChoice{};
+  return l;
+}
+
+/// Checks what needs no communication; every rank reaches the same verdict. The layout's rules
+/// are the planner's (pmt::plan::why_invalid); what is checked here is the flags' own.
 void validate(Options& o, int ranks) {
   if (o.dp == 0) {
     if (ranks % (o.tp * o.pp) != 0)
@@ -371,42 +404,7 @@ void validate(Options& o, int ranks) {
     throw pmt::ConfigError(
         prog, pmt::detail::str("dp(", o.dp, ") * tp(", o.tp, ") * pp(", o.pp,
                                ") = ", static_cast<long>(o.dp) * o.tp * o.pp, " but there are ", ranks, " ranks"));
-  if (o.width % o.heads != 0)
-    throw pmt::ConfigError(prog, pmt::detail::str("--width ", o.width, " is not divisible by --heads ", o.heads));
-  if (o.heads % o.tp != 0)
-    throw pmt::ConfigError(
-        prog, pmt::detail::str("--heads ", o.heads, " is not divisible by tp = ", o.tp, " (heads are split over tp)"));
-  if (256 % o.tp != 0)
-    throw pmt::ConfigError(prog, pmt::detail::str("the vocabulary (256 bytes) is not divisible by tp = ", o.tp));
-  if (o.layers < o.pp)
-    throw pmt::ConfigError(prog,
-                           pmt::detail::str("--layers ", o.layers, " < pp = ", o.pp, ": every stage needs a layer"));
-  if (o.chunks > 1 && o.pp == 1) throw pmt::ConfigError(prog, pmt::detail::str("--chunks ", o.chunks, " needs pp > 1"));
-  if (o.layers < o.pp * o.chunks)
-    throw pmt::ConfigError(prog, pmt::detail::str("--layers ", o.layers, " < pp ", o.pp, " x chunks ", o.chunks,
-                                                  ": every chunk needs a layer"));
-  if (o.batch % o.dp != 0)
-    throw pmt::ConfigError(prog, pmt::detail::str("--batch ", o.batch, " is not divisible by dp = ", o.dp));
-  if (o.microbatches == 0) o.microbatches = o.pp > 1 ? std::min(2 * o.pp, o.batch / o.dp) : 1;
-  if ((o.batch / o.dp) % o.microbatches != 0)
-    throw pmt::ConfigError(prog,
-                           pmt::detail::str("--microbatches ", o.microbatches, " does not divide the ", o.batch / o.dp,
-                                            " sequences of each dp rank (batch ", o.batch, " / dp ", o.dp, ")"));
-  if (o.chunks > 1 && o.schedule == "1f1b" && o.microbatches % o.pp != 0)
-    throw pmt::ConfigError(
-        prog, pmt::detail::str("--chunks ", o.chunks, " with 1f1b (interleaved) needs microbatches a multiple of pp = ",
-                               o.pp, "; got ", o.microbatches));
-  if (o.sequence_parallel && o.tp > 1 && (o.batch / o.dp / o.microbatches) * o.context % o.tp != 0)
-    throw pmt::ConfigError(prog, pmt::detail::str("--sequence-parallel splits each microbatch's ",
-                                                  (o.batch / o.dp / o.microbatches) * o.context, " tokens over tp = ",
-                                                  o.tp, ", which does not divide them (sequences per microbatch ",
-                                                  o.batch / o.dp / o.microbatches, " x context ", o.context, ")"));
-  if (o.recompute_stages > 0 && (o.recompute_stages > o.pp || (!o.recompute && !o.recompute_attention)))
-    throw pmt::ConfigError(
-        prog, pmt::detail::str("--recompute-stages ", o.recompute_stages,
-                               o.recompute_stages > o.pp ? pmt::detail::str(" exceeds pp = ", o.pp)
-                                                         : std::string(" needs --recompute or --recompute-attention")));
-  if (o.zero && o.dp == 1) throw pmt::ConfigError(prog, "--zero shards the optimizer state over dp, and dp is 1");
+  if (o.microbatches == 0) o.microbatches = o.pp > 1 ? std::max(1, std::min(2 * o.pp, o.batch / o.dp)) : 1;
   if ((o.local_sgd > 0) + (o.diloco > 0) + (o.staleness >= 0) > 1)
     throw pmt::ConfigError(prog, "--local-sgd, --diloco and --staleness are three data-parallel modes: give one");
   if (o.staleness >= 0 && (o.zero || o.compress != "none"))
@@ -423,6 +421,13 @@ void validate(Options& o, int ranks) {
                                o.zero ? "--zero reduce-scatters instead" : "this run does not all-reduce gradients"));
   if (o.outer_given && o.diloco == 0)
     throw pmt::ConfigError(prog, "--outer-lr and --outer-momentum set DiLoCo's outer step: they need --diloco H");
+  pmt::plan::Problem problem;
+  problem.model                  = gpt_config(o);
+  problem.batch                  = static_cast<std::size_t>(o.batch);
+  const pmt::plan::Layout layout = layout_of(o);
+  if (const std::string why = pmt::plan::why_invalid(problem, layout, ranks); !why.empty())
+    throw pmt::ConfigError(prog, pmt::detail::str("the layout ", layout.describe(), " cannot train this model (",
+                                                  model_description(o), "): ", why));
 }
 
 /// Checks the checkpoint and output flags (before the preflight acts on them).
@@ -445,12 +450,7 @@ void choose_layout(Options& o, const Comm& world) {
     throw pmt::ConfigError(prog, "--auto chooses the layout; drop" + given);
   }
   pmt::plan::Problem problem;
-  problem.model     = {256,
-                       static_cast<std::size_t>(o.context),
-                       static_cast<std::size_t>(o.layers),
-                       static_cast<std::size_t>(o.width),
-                       static_cast<std::size_t>(o.heads),
-                       static_cast<std::uint64_t>(o.seed)};
+  problem.model     = gpt_config(o);
   problem.batch     = static_cast<std::size_t>(o.batch);
   problem.precision = pmt::parse_precision(o.precision);  // calibrated in the run's precision
   pmt::plan::SearchOptions so;
@@ -468,11 +468,6 @@ void choose_layout(Options& o, const Comm& world) {
   if (pmt::world_rank() == 0)
     std::printf("--auto: the planner's top 5 of %zu layouts (%s)\n%s\n", plan.ranked.size(),
                 pmt::plan::describe(plan.machine).c_str(), plan.table(5).c_str());
-}
-
-std::string model_description(const Options& o) {
-  return pmt::detail::str("gpt vocab=256 context=", o.context, " layers=", o.layers, " width=", o.width,
-                          " heads=", o.heads);
 }
 
 bool is_world_root_env() {  // before MPI is initialised
@@ -657,13 +652,8 @@ int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_p
   auto& memory    = pmt::obs::MemoryTracker::instance();  // Kokkos allocations: the peak per rank, in the report
   if (o.memory_report) memory.enable();
   pmt::Mesh<Backend> mesh(world, pmt::MeshShape{o.dp, o.tp, o.pp});
-  const std::size_t T = static_cast<std::size_t>(o.context);
-  const pmt::nn::GptConfig cfg{256,
-                               T,
-                               static_cast<std::size_t>(o.layers),
-                               static_cast<std::size_t>(o.width),
-                               static_cast<std::size_t>(o.heads),
-                               static_cast<std::uint64_t>(o.seed)};
+  const std::size_t T          = static_cast<std::size_t>(o.context);
+  const pmt::nn::GptConfig cfg = gpt_config(o);
   // recomputation on this rank's stage, unless --recompute-stages leaves it out
   const bool recomputes_here = o.recompute_stages == 0 || mesh.coord(pmt::Axis::pp) < o.recompute_stages;
   Model model(
@@ -750,9 +740,10 @@ int run(Options& o, const pmt::comm::Communicator<Backend>& world, std::unique_p
       }
     }
   }
-  // FLOPs per step (forward + backward): 6 per weight per token, plus attention's 6 L T C
-  const double C = o.width, L = o.layers, tokens = double(o.batch) * double(T);
-  const double flops = tokens * (6.0 * (12.0 * L * C * C + 256.0 * C) + 6.0 * L * double(T) * C);
+  // the model's FLOPs per step, forward and backward, as the planner and published runs count
+  // them (recomputation not counted: MFU is of the model's work)
+  const double tokens = double(o.batch) * double(T);
+  const double flops  = pmt::plan::gpt_step_flops(cfg, static_cast<std::size_t>(o.batch), /*recompute=*/false);
   pmt::comm::barrier(world);
   Kokkos::View<double, Kokkos::HostSpace> peak("peak");
   peak() = pmt::obs::measured_fp32_peak_gflops() * 1e9;  // all ranks at once: their share of the node

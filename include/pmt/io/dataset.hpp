@@ -27,6 +27,8 @@ namespace pmt::io {
 /// same global batch. \throws pmt::IoError for a missing, unreadable or too short file.
 class TokenDataset {
  public:
+  /// \brief The vocabulary: one token per byte value.
+  static constexpr std::size_t vocab_size = 256;
   /// \brief The most bytes a dataset reads by default (it is held in memory): 4 GiB.
   static constexpr std::uint64_t default_max_bytes = std::uint64_t(4) << 30;
 
