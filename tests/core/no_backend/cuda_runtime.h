@@ -1,5 +1,0 @@
-// SPDX-License-Identifier: Apache-2.0
-// Stands in for <cuda_runtime.h> while core/ and policy/ are compiled (tests/CMakeLists.txt): any include of
-// it is a layering error, since those layers need no communication or device backend.
-#error \
-    "pmt: a core/ or policy/ header includes <cuda_runtime.h>; backends are included only by the headers that implement them"
