@@ -3,7 +3,8 @@
 // - a mode written by a user against the concept alone (the example of docs/design.md: the
 //   gradients summed by one blocking all-reduce per parameter after backward) trains as
 //   Synchronous does, on dp = np and on dp x pp;
-// - each strategy's charge says what it shards and sends;
+// - each strategy's charge says what it shards and sends, and the planner costs each layout by
+//   the charge of the strategy the Trainer runs for it;
 // - every built-in strategy (all-reduce, all-reduce with bf16 compression, ZeRO-1, ZeRO-2,
 //   LocalSgd, DiLoCo, bounded staleness) and the user's resumes from a checkpoint of its
 //   state() bit for bit: the losses after the resume and the parameters at the end equal the
@@ -18,6 +19,7 @@
 #include "pmt/optim/optimizers.hpp"
 #include "pmt/optim/zero.hpp"
 #include "pmt/optim/zero2.hpp"
+#include "pmt/plan/model.hpp"
 #include "pmt/policy/hybrid.hpp"
 #include "pmt/train/strategy.hpp"
 #include "pmt/train/trainer.hpp"
@@ -182,6 +184,32 @@ TEST_CASE("the strategy's charge says what it shards and what it sends", "[train
   STATIC_REQUIRE(Trainer<Model, AdamW<Model>, Host, Backend, pmt::BoundedStaleness<1>>::Strategy::charge.delayed);
   STATIC_REQUIRE(Trainer<Model, AdamW<Model>, Host, Backend, BlockingAllReduce>::Strategy::charge.gradients ==
                  G::all_reduce);
+  // the planner costs a layout by the charge of the strategy the Trainer runs for it
+  const auto same = [](const pmt::train::DpCharge& a, const pmt::train::DpCharge& b) {
+    return a.shards_optimizer_state == b.shards_optimizer_state && a.shards_gradients == b.shards_gradients &&
+           a.shards_parameters == b.shards_parameters && a.gradients == b.gradients &&
+           a.averages_parameters == b.averages_parameters && a.delayed == b.delayed;
+  };
+  using M = pmt::plan::DpMode;
+  pmt::plan::Layout l;
+  l.dp = 2;
+  CHECK(same(pmt::plan::charge_of(l), Trainer<Model, AdamW<Model>, Host, Backend>::Strategy::charge));
+  l.sync = {M::Bf16, 1};  // compression rides on the all-reduce strategy
+  CHECK(same(pmt::plan::charge_of(l), Trainer<Model, AdamW<Model>, Host, Backend>::Strategy::charge));
+  l.sync = {M::LocalSgd, 4};
+  CHECK(same(pmt::plan::charge_of(l), Trainer<Model, AdamW<Model>, Host, Backend, pmt::LocalSgd<4>>::Strategy::charge));
+  l.sync = {M::DiLoCo, 4};
+  CHECK(same(pmt::plan::charge_of(l), Trainer<Model, AdamW<Model>, Host, Backend, pmt::DiLoCo<4>>::Strategy::charge));
+  l.sync = {M::Stale, 1};
+  CHECK(same(pmt::plan::charge_of(l),
+             Trainer<Model, AdamW<Model>, Host, Backend, pmt::BoundedStaleness<1>>::Strategy::charge));
+  l.sync = {};
+  l.zero = 1;
+  CHECK(same(pmt::plan::charge_of(l), Trainer<Model, Zero1<Model>, Host, Backend>::Strategy::charge));
+  l.zero = 2;
+  CHECK(same(pmt::plan::charge_of(l), Trainer<Model, Zero2<Model>, Host, Backend>::Strategy::charge));
+  l.dp = 1, l.zero = 0;  // one replica: nothing over dp
+  CHECK(same(pmt::plan::charge_of(l), pmt::train::DpCharge{}));
 }
 
 TEST_CASE("every data-parallel strategy resumes from its checkpoint bit for bit",

@@ -102,6 +102,10 @@
 #include "pmt/parallel/schedule.hpp"
 #include "pmt/parallel/stages.hpp"
 #include "pmt/plan/model_spec.hpp"
+#include "pmt/train/dp_all_reduce.hpp"
+#include "pmt/train/dp_local.hpp"
+#include "pmt/train/dp_stale.hpp"
+#include "pmt/train/dp_zero.hpp"
 
 namespace pmt::plan {
 
@@ -115,6 +119,26 @@ inline parallel::StagePlan stage_plan(const Problem& pr, int virtual_stages) {
     costs.push_back({n, n > 0 ? 2 * n : 1.0});  // as nn::StagedModel balances a Chain
   }
   return parallel::balanced_stages(costs, virtual_stages);
+}
+
+/// \brief What the strategy the Trainer runs for layout `l` says it does over dp
+/// (train::DpCharge, declared beside each strategy): the costs below branch on it. Compression
+/// (bf16), DiLoCo's outer state and the period are the mode's own figures on top.
+inline train::DpCharge charge_of(const Layout& l) {
+  if (l.dp <= 1) return {};  // one replica: nothing over dp
+  if (l.zero == 2) return train::zero2_charge;
+  if (l.zero == 1) return train::zero1_charge;
+  switch (l.sync.mode) {
+    case DpMode::LocalSgd:
+    case DpMode::DiLoCo:
+      return train::averaging_charge;
+    case DpMode::Stale:
+      return train::stale_charge;
+    case DpMode::Sync:
+    case DpMode::Bf16:
+      break;
+  }
+  return train::all_reduce_charge;
 }
 
 namespace detail {
@@ -137,8 +161,12 @@ inline Memory stage_memory(const Problem& pr, const Machine& mc, const Layout& l
   Memory mem;
   mem.parameters = mem.gradients = sb * P;
   const double shard             = std::ceil(P / l.dp);
-  mem.optimizer = l.zero == 1 ? sb * P + 4 * sb * shard + shard : l.zero == 2 ? 4 * sb * shard + shard : 2 * sb * P;
-  if (l.zero == 2) {
+  const train::DpCharge ch       = charge_of(l);
+  using G                        = train::DpCharge::Gradients;
+  mem.optimizer                  = !ch.shards_optimizer_state ? 2 * sb * P              // AdamW's m and v
+                                   : ch.shards_gradients      ? 4 * sb * shard + shard  // ZeRO-2: the shard's
+                                                              : sb * P + 4 * sb * shard + shard;
+  if (ch.shards_gradients) {
     // ZeRO-2 holds what a backward writes at once, what stays to the step, and up to
     // Zero2AdamW::max_in_flight buckets being reduce-scattered with the parts they receive
     double at_once = 0, held = 0, largest = 0;
@@ -159,23 +187,13 @@ inline Memory stage_memory(const Problem& pr, const Machine& mc, const Layout& l
         sb * std::max(std::min(P, at_once + held + (per_mb > 1 ? bucket : 0.0)) + flights * bucket * (1.0 + 1.0 / l.dp),
                       std::max(at_end * bucket, std::min(P, held + bucket)) * (1.0 + 1.0 / l.dp));
   }
-  mem.buckets = 0;
-  if (l.dp > 1 && !l.zero) switch (l.sync.mode) {
-      case DpMode::Sync:
-        mem.buckets = sb * P;
-        break;  // GradSync's buckets
-      case DpMode::Bf16:
-        mem.buckets = (2 + sb) * P;
-        break;  // bf16 wire + residual
-      case DpMode::LocalSgd:
-        break;  // nothing in flight
-      case DpMode::DiLoCo:
-        mem.buckets = 2 * sb * P;
-        break;  // anchor + momentum
-      case DpMode::Stale:
-        mem.buckets = (l.sync.period + 1) * sb * P;
-        break;  // S + 1 sums
-    }
+  mem.buckets = 0;  // what the strategy keeps beside the gradients
+  if (ch.gradients == G::all_reduce && ch.delayed)
+    mem.buckets = (l.sync.period + 1) * sb * P;  // S + 1 sums
+  else if (ch.gradients == G::all_reduce)
+    mem.buckets = l.sync.mode == DpMode::Bf16 ? (2 + sb) * P : sb * P;  // GradSync's buckets (bf16: wire + residual)
+  else if (ch.averages_parameters && l.sync.mode == DpMode::DiLoCo)
+    mem.buckets = 2 * sb * P;  // DiLoCo's anchor + momentum; local SGD keeps nothing in flight
   mem.data    = data_per_row * rows;
   mem.scratch = mc.matmul_scratch_bytes;
   if (pr.precision == Precision::bf16 && mc.bf16_copy_bytes > 0) {  // the chunks' blocks share shapes
@@ -276,23 +294,15 @@ inline Estimate estimate_on(const Problem& pr, const Machine& mc, const Layout& 
     for (int k = 0; k < v; ++k) P += in[vstage(s, k)].parameters;
     return P;
   };
-  if (l.dp > 1) {
+  if (const train::DpCharge ch = charge_of(l); l.dp > 1) {
+    using G        = train::DpCharge::Gradients;
     const double P = rank_parameters(busiest);
-    switch (l.sync.mode) {
-      case DpMode::Sync:
-        e.bytes.dp = sb * P * (l.zero == 2 ? m + 1 : l.zero ? 2 : 1);
-        break;  // ZeRO-2: a reduce-scatter per microbatch
-      case DpMode::Bf16:
-        e.bytes.dp = 2 * P;
-        break;
-      case DpMode::LocalSgd:
-      case DpMode::DiLoCo:
-        e.bytes.dp = sb * P / l.sync.period;
-        break;  // per step, amortised
-      case DpMode::Stale:
-        e.bytes.dp = sb * P;
-        break;
-    }
+    if (ch.gradients == G::reduce_scatter)
+      e.bytes.dp = sb * P * (ch.shards_gradients ? m + 1 : 2);  // ZeRO-2: a reduce-scatter per microbatch
+    else if (ch.gradients == G::all_reduce)
+      e.bytes.dp = l.sync.mode == DpMode::Bf16 ? 2 * P : sb * P;
+    else if (ch.averages_parameters)
+      e.bytes.dp = sb * P / l.sync.period;  // per step, amortised
   }
   if (e.time.bubble < 0) {  // ranks waiting elsewhere left the busiest more than its share
     e.time.compute += e.time.bubble;
@@ -301,6 +311,8 @@ inline Estimate estimate_on(const Problem& pr, const Machine& mc, const Layout& 
 
   // --- memory and the step's tail per stage --------------------------------------------------
   double tail = 0, tail_dp = 0, tail_opt = 0;
+  const train::DpCharge ch = charge_of(l);  // what the strategy does over dp
+  using G                  = train::DpCharge::Gradients;
   for (int s = 0; s < p; ++s) {
     const double P = rank_parameters(s);
     e.memory.push_back(detail::stage_memory(pr, mc, l, in, s, live[static_cast<std::size_t>(s)]));
@@ -309,7 +321,7 @@ inline Estimate estimate_on(const Problem& pr, const Machine& mc, const Layout& 
     // reduce-scatter + all-gather (the same volume) do not overlap, and pack / unpack the values
     double dp               = 0;
     const double grad_bytes = sb * P;
-    if (l.zero == 2) {
+    if (ch.shards_gradients) {
       // ZeRO-2: each microbatch's buckets reduce-scattered during its backward (the last bucket
       // exposed, the rest beyond the backward's time), the values all-gathered after the update;
       // buckets zeroed per microbatch, the values unpacked
@@ -317,9 +329,9 @@ inline Estimate estimate_on(const Problem& pr, const Machine& mc, const Layout& 
       const double buckets = std::max(1.0, std::ceil(grad_bytes / double(pr.bucket_bytes)));
       dp = m * (half / buckets + std::max(0.0, half * (buckets - 1) / buckets - tb[std::size_t(s)])) + half +
            mc.memory((m + 2) * grad_bytes) / share;
-    } else if (l.zero) {
+    } else if (ch.gradients == G::reduce_scatter) {  // ZeRO-1
       dp = mc.reduce_scatter_all_gather_on(grad_bytes, l.dp, l.tp) + mc.memory(4 * grad_bytes) / share;
-    } else if (l.dp > 1 && (l.sync.mode == DpMode::Sync || l.sync.mode == DpMode::Bf16)) {
+    } else if (ch.gradients == G::all_reduce && !ch.delayed) {
       // bf16: half the bytes on the wire; packing reads g and r and writes the wire and r,
       // unpacking reads the wire and writes g
       const bool half      = l.sync.mode == DpMode::Bf16;
@@ -328,13 +340,13 @@ inline Estimate estimate_on(const Problem& pr, const Machine& mc, const Layout& 
       const double ar      = mc.all_reduce_on(wire, l.dp, l.tp);
       dp                   = ar / buckets + std::max(0.0, ar * (buckets - 1) / buckets - tb[std::size_t(s)]) +
            mc.memory(half ? 4 * grad_bytes + 4 * P : 2 * grad_bytes) / share;
-    } else if (l.dp > 1 && l.sync.mode == DpMode::Stale) {
+    } else if (ch.gradients == G::all_reduce) {  // delayed: bounded staleness
       // the sum overlaps the S steps before it is applied (all of a step's compute and
       // communication but its own); what it does not fit into is exposed
       const double ar   = mc.all_reduce_on(grad_bytes, l.dp, l.tp);
       const double step = makespan + mc.memory(2 * grad_bytes) / share;
       dp                = std::max(0.0, ar - l.sync.period * step) + mc.memory(2 * grad_bytes) / share;
-    } else if (l.dp > 1) {
+    } else if (ch.averages_parameters) {
       // LocalSgd / DiLoCo: the parameters' average (blocking) every `period` steps, DiLoCo's
       // outer step reading x, anchor, momentum and writing them
       const double avg = mc.all_reduce_on(grad_bytes, l.dp, l.tp) +
@@ -343,12 +355,13 @@ inline Estimate estimate_on(const Problem& pr, const Machine& mc, const Layout& 
     }
     // zero_grad (write G), norm (read G), AdamW (read p g m v, write p m v) on what this rank
     // updates
-    const double updated = l.zero ? shard : P;
+    const double updated = ch.shards_optimizer_state ? shard : P;
     const double opt = (mc.optimizer_seconds_per_value > 0 ? mc.optimizer_seconds_per_value * (2 * P + 7 * updated) / 9
                                                            : mc.memory(sb * (2 * P + 7 * updated))) /
                            share +
                        mc.all_reduce_on(16, l.tp, 1) + mc.all_reduce_on(16, l.pp, l.tp * l.dp) +
-                       (l.zero ? mc.all_reduce_on(16, l.dp, l.tp) : 0.0) + 2 * double(P > 0) * 20 * mc.kernel_seconds;
+                       (ch.shards_optimizer_state ? mc.all_reduce_on(16, l.dp, l.tp) : 0.0) +
+                       2 * double(P > 0) * 20 * mc.kernel_seconds;
     if (dp + opt > tail) tail = dp + opt, tail_dp = dp, tail_opt = opt;
   }
   e.time.dp_comm   = tail_dp;

@@ -15,6 +15,9 @@
 
 namespace pmt::train {
 
+/// What the planner charges for AllReduceStrategy (plan::charge_of): gradients all-reduced every step.
+inline constexpr DpCharge all_reduce_charge{false, false, false, DpCharge::Gradients::all_reduce, false, false};
+
 /// \brief Synchronous data parallelism by bucketed all-reduce (see the file comment).
 template <class Model, class Optimizer, class Exec, class Backend>
 class AllReduceStrategy : public StrategyBase<Model, Optimizer, Exec, Backend> {
@@ -24,7 +27,7 @@ class AllReduceStrategy : public StrategyBase<Model, Optimizer, Exec, Backend> {
   using typename Base::Context;
   using typename Base::Params;
   using typename Base::T;
-  static constexpr DpCharge charge{false, false, false, DpCharge::Gradients::all_reduce, false, false};
+  static constexpr DpCharge charge = all_reduce_charge;
 
   explicit AllReduceStrategy(const Context& c)
       : Base(c), m_sync(c.mesh.comm(Axis::dp), c.model.parameters(), c.options.sync) {}

@@ -49,6 +49,10 @@ void outer_update(const Exec& exec, const V& x, const V& a, const V& m, typename
 
 namespace pmt::train {
 
+/// What the planner charges for LocalSgdStrategy (plan::charge_of): no gradient traffic; the
+/// replicas' parameters averaged every period.
+inline constexpr DpCharge averaging_charge{false, false, false, DpCharge::Gradients::none, true, false};
+
 /// \brief Local SGD with a period of H steps (pmt::dynamic: TrainerOptions::period).
 template <class Model, class Optimizer, class Exec, class Backend, int H>
 class LocalSgdStrategy : public StrategyBase<Model, Optimizer, Exec, Backend> {
@@ -59,7 +63,7 @@ class LocalSgdStrategy : public StrategyBase<Model, Optimizer, Exec, Backend> {
 
  public:
   using typename Base::Context;
-  static constexpr DpCharge charge{false, false, false, DpCharge::Gradients::none, true, false};
+  static constexpr DpCharge charge = averaging_charge;
 
   explicit LocalSgdStrategy(const Context& c) : Base(c), m_period(H == dynamic ? c.options.period : H) {
     Base::require_uncompressed(c.options, "averages parameters (LocalSgd/DiLoCo)");

@@ -16,6 +16,10 @@
 
 namespace pmt::train {
 
+/// What the planner charges for StaleStrategy (plan::charge_of): gradient sums all-reduced every
+/// step and applied some steps late.
+inline constexpr DpCharge stale_charge{false, false, false, DpCharge::Gradients::all_reduce, false, true};
+
 /// \brief Bounded staleness S (pmt::dynamic: TrainerOptions::staleness).
 template <class Model, class Optimizer, class Exec, class Backend, int S>
 class StaleStrategy : public StrategyBase<Model, Optimizer, Exec, Backend> {
@@ -28,7 +32,7 @@ class StaleStrategy : public StrategyBase<Model, Optimizer, Exec, Backend> {
   using typename Base::Context;
   using typename Base::Params;
   using typename Base::T;
-  static constexpr DpCharge charge{false, false, false, DpCharge::Gradients::all_reduce, false, true};
+  static constexpr DpCharge charge = stale_charge;
 
   explicit StaleStrategy(const Context& c)
       : Base(c), m_stale(c.mesh.comm(Axis::dp), c.model.parameters(), checked_bound(c.options)) {

@@ -21,6 +21,11 @@
 
 namespace pmt::train {
 
+/// What the planner charges for Zero1Strategy and Zero2Strategy (plan::charge_of): gradients
+/// reduce-scattered, the optimizer state (ZeRO-2: the gradients too) sharded over dp.
+inline constexpr DpCharge zero1_charge{true, false, false, DpCharge::Gradients::reduce_scatter, false, false};
+inline constexpr DpCharge zero2_charge{true, true, false, DpCharge::Gradients::reduce_scatter, false, false};
+
 /// \brief ZeRO-1 (see the file comment).
 template <class Model, class Optimizer, class Exec, class Backend>
 class Zero1Strategy : public StrategyBase<Model, Optimizer, Exec, Backend> {
@@ -28,7 +33,7 @@ class Zero1Strategy : public StrategyBase<Model, Optimizer, Exec, Backend> {
 
  public:
   using typename Base::Context;
-  static constexpr DpCharge charge{true, false, false, DpCharge::Gradients::reduce_scatter, false, false};
+  static constexpr DpCharge charge = zero1_charge;
 
   explicit Zero1Strategy(const Context& c) : Base(c) {
     Base::require_uncompressed(c.options, "has a ZeRO optimizer, which reduce-scatters itself");
@@ -51,7 +56,7 @@ class Zero2Strategy : public Zero1Strategy<Model, Optimizer, Exec, Backend> {
  public:
   using typename Base::Context;
   using typename Base::Params;
-  static constexpr DpCharge charge{true, true, false, DpCharge::Gradients::reduce_scatter, false, false};
+  static constexpr DpCharge charge = zero2_charge;
   // a model that names gradients before writing them lets ZeRO-2 hold each bucket only then; one
   // that does not keeps them all from zero_grad() to the step
   static constexpr bool wants_grads_needed =
