@@ -17,8 +17,11 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 using Host    = Kokkos::DefaultHostExecutionSpace;
 using Backend = pmt::test::World::backend;
@@ -185,4 +188,35 @@ TEST_CASE("Sgd checkpoints and weights-only checkpoints round-trip across layout
 
   pmt::comm::barrier(w);
   if (r == 0) std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("the checkpoint's file-system calls agree with std::filesystem and remove links, not their targets", "[io]") {
+  namespace fs = std::filesystem;
+  if (pmt::world_rank() != 0) return;  // no collective here: every rank may return alone
+  const fs::path root = fs::temp_directory_path() / ("pmt_fs_test_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  const std::string deep = (root / "a" / "b" / "c").string();
+  bool created           = false;
+  CHECK(pmt::io::detail::create_directories(deep, &created));
+  CHECK(created);
+  CHECK(fs::is_directory(deep));
+  CHECK(pmt::io::detail::create_directories((root / "a" / "c2").string()));
+  std::ofstream(root / "a" / "f.txt") << "12345";
+  const fs::path outside = fs::temp_directory_path() / ("pmt_fs_target_" + std::to_string(::getpid()));
+  fs::create_directories(outside);
+  std::ofstream(outside / "keep.txt") << "x";
+  fs::create_directory_symlink(outside, root / "a" / "link");
+  std::uint64_t size = 0;
+  CHECK((pmt::io::detail::file_size((root / "a" / "f.txt").string(), size) && size == 5));
+  CHECK(pmt::io::detail::is_regular_file((root / "a" / "f.txt").string()));
+  CHECK_FALSE(pmt::io::detail::is_regular_file((root / "a").string()));
+  CHECK(pmt::io::detail::is_directory((root / "a").string()));
+  auto names = pmt::io::detail::list_directory((root / "a").string());
+  std::sort(names.begin(), names.end());
+  CHECK(names == std::vector<std::string>{"b", "c2", "f.txt", "link"});
+  CHECK(pmt::io::detail::remove_all(root.string()));
+  CHECK_FALSE(fs::exists(root));
+  CHECK(fs::exists(outside / "keep.txt"));            // the link went, its target stayed
+  CHECK(pmt::io::detail::remove_all(root.string()));  // nothing there: nothing left
+  fs::remove_all(outside);
 }

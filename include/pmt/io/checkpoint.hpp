@@ -48,6 +48,7 @@
 #include "pmt/core/parameter.hpp"
 #include "pmt/io/checkpoint_files.hpp"
 #include "pmt/io/checkpoint_state.hpp"
+#include "pmt/io/file_system.hpp"
 #include "pmt/optim/optimizers.hpp"
 #include "pmt/optim/zero.hpp"
 #include "pmt/optim/zero2.hpp"
@@ -57,10 +58,10 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
-#include <filesystem>
 #include <string>
 #include <utility>
 #include <vector>
@@ -73,7 +74,6 @@ template <class Opt, class Backend>
 std::string save(const std::string& dir, const Mesh<Backend>& mesh, const Opt& opt, const CheckpointInfo& info) {
   using T                     = typename Opt::value_type;
   using Exec                  = typename Opt::execution_space;
-  namespace fs                = std::filesystem;
   const auto& world           = mesh.world();
   const int r                 = world.rank();
   const std::string final_dir = dir + "/" + detail::step_name(info.step);
@@ -82,12 +82,12 @@ std::string save(const std::string& dir, const Mesh<Backend>& mesh, const Opt& o
   try {
     detail::require_unique_names(opt.parameters());  // before anything is written
     if (r == 0) {
-      std::error_code ec;
-      fs::create_directories(dir, ec);
-      fs::remove_all(partial, ec);
-      errno = 0;
-      if (!fs::create_directories(partial, ec) || ec)
-        detail::io_fail("cannot create " + partial + " (" + ec.message() + ")");
+      detail::create_directories(dir);
+      detail::remove_all(partial);
+      bool created = false;
+      errno        = 0;
+      if (!detail::create_directories(partial, &created) || !created)
+        detail::io_fail("cannot create " + partial);  // with mkdir's reason
     }
   } catch (...) {  // whatever it is, the other ranks must not wait for this one
     err = std::current_exception();
@@ -170,10 +170,9 @@ std::string save(const std::string& dir, const Mesh<Backend>& mesh, const Opt& o
       const std::string text = m.str();
       detail::write_atomically(partial + "/MANIFEST", text + detail::manifest_checksum_line(text));
       detail::fsync_path(partial, true);
-      std::error_code ec;
-      if (fs::exists(final_dir, ec)) {  // the same step saved again: replace it
-        fs::remove_all(final_dir + ".old", ec);
-        fs::rename(final_dir, final_dir + ".old", ec);
+      if (detail::exists(final_dir)) {  // the same step saved again: replace it
+        detail::remove_all(final_dir + ".old");
+        std::rename(final_dir.c_str(), (final_dir + ".old").c_str());
       }
       errno = 0;
       if (std::rename(partial.c_str(), final_dir.c_str()) != 0)
@@ -181,7 +180,7 @@ std::string save(const std::string& dir, const Mesh<Backend>& mesh, const Opt& o
       detail::fsync_path(dir, true);
       detail::write_atomically(dir + "/LATEST", detail::step_name(info.step) + "\n");
       detail::fsync_path(dir, true);
-      fs::remove_all(final_dir + ".old", ec);
+      detail::remove_all(final_dir + ".old");
     }
   } catch (...) {  // whatever it is, the other ranks must not wait for this one
     err = std::current_exception();

@@ -9,6 +9,7 @@
 #include "pmt/comm/mesh.hpp"
 #include "pmt/core/error.hpp"
 #include "pmt/core/parameter.hpp"
+#include "pmt/io/file_system.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -20,7 +21,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -265,17 +265,16 @@ inline Manifest read_manifest(const std::string& step_dir) {
 /// A shard's bytes, after checking that it is a regular file of the manifest's size (before
 /// reading it) and that its CRC-32 matches.
 inline std::string read_shard_file(const std::string& step_dir, const Manifest& m, int q) {
-  namespace fs             = std::filesystem;
   const auto& [file, size] = m.shards[static_cast<std::size_t>(q)];
   const std::string path   = step_dir + "/" + file;
-  std::error_code ec;
-  if (!fs::is_regular_file(path, ec)) throw IoError("pmt::io::checkpoint", path + ": missing (or not a regular file)");
-  const auto on_disk = fs::file_size(path, ec);
-  if (ec || on_disk != size)
-    throw IoError("pmt::io::checkpoint",
-                  pmt::detail::str(path, ": damaged (",
-                                   ec ? std::string("its size cannot be read") : pmt::detail::str(on_disk, " bytes"),
-                                   ", the manifest says ", size, ")"));
+  if (!detail::is_regular_file(path)) throw IoError("pmt::io::checkpoint", path + ": missing (or not a regular file)");
+  std::uint64_t on_disk = 0;
+  const bool sized      = detail::file_size(path, on_disk);
+  if (!sized || on_disk != size)
+    throw IoError("pmt::io::checkpoint", pmt::detail::str(path, ": damaged (",
+                                                          !sized ? std::string("its size cannot be read")
+                                                                 : pmt::detail::str(on_disk, " bytes"),
+                                                          ", the manifest says ", size, ")"));
   const std::string bytes = read_file(path);
   if (bytes.size() != size || crc32(bytes.data(), bytes.size()) != m.crcs[static_cast<std::size_t>(q)])
     throw IoError("pmt::io::checkpoint", path + ": damaged (its size or CRC-32 differs from the manifest's)");
@@ -338,14 +337,10 @@ inline std::int64_t verify_checkpoint(const std::string& step_dir) {
 /// \brief The step directories under `dir` (step-N with a MANIFEST; .partial ones excluded),
 /// oldest first.
 inline std::vector<std::string> checkpoint_steps(const std::string& dir) {
-  namespace fs = std::filesystem;
   std::vector<std::string> out;
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return out;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
+  for (const auto& name : detail::list_directory(dir)) {
     if (name.size() == 13 && name.rfind("step-", 0) == 0 &&
-        name.find_first_not_of("0123456789", 5) == std::string::npos && fs::exists(e.path() / "MANIFEST", ec))
+        name.find_first_not_of("0123456789", 5) == std::string::npos && detail::exists(dir + "/" + name + "/MANIFEST"))
       out.push_back(name);
   }
   std::sort(out.begin(), out.end());  // fixed-width step numbers: name order is step order
@@ -359,9 +354,7 @@ inline std::vector<std::string> checkpoint_steps(const std::string& dir) {
 /// \throws pmt::IoError when LATEST names a damaged checkpoint, or when step directories exist
 /// but none verifies (naming the first problem of the newest).
 inline std::string resumable_checkpoint(const std::string& dir, std::string* note = nullptr) {
-  namespace fs = std::filesystem;
   std::string name, why;
-  std::error_code ec;
   {
     std::ifstream in(dir + "/LATEST");
     if (!in)
@@ -372,7 +365,7 @@ inline std::string resumable_checkpoint(const std::string& dir, std::string* not
   if (!name.empty()) {
     if (name.rfind("step-", 0) != 0 || name.find('/') != std::string::npos)
       why = "LATEST is damaged ('" + name.substr(0, 40) + "')";
-    else if (!fs::exists(dir + "/" + name + "/MANIFEST", ec))
+    else if (!detail::exists(dir + "/" + name + "/MANIFEST"))
       why = "LATEST names " + name + ", which is not a complete checkpoint";
     else {
       try {
@@ -417,38 +410,29 @@ inline std::string resumable_checkpoint(const std::string& dir, std::string* not
 /// directories, *.tmp files). Only for the directory's one writer (pmt::run::DirectoryLock).
 /// Returns the names removed.
 inline std::vector<std::string> remove_stale_partials(const std::string& dir) {
-  namespace fs = std::filesystem;
   std::vector<std::string> gone;
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return gone;
-  std::vector<fs::path> doomed;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
-    const auto ends        = [&](const std::string& tail) {
+  for (const auto& name : detail::list_directory(dir)) {
+    const auto ends = [&](const std::string& tail) {
       return name.size() > tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
     };
-    if (name.rfind("step-", 0) == 0 && (ends(".partial") || ends(".old") || ends(".tmp"))) doomed.push_back(e.path());
-    if (name == "LATEST.tmp") doomed.push_back(e.path());
+    if ((name.rfind("step-", 0) == 0 && (ends(".partial") || ends(".old") || ends(".tmp"))) || name == "LATEST.tmp")
+      gone.push_back(name);
   }
-  for (const auto& p : doomed) {
-    fs::remove_all(p, ec);
-    gone.push_back(p.filename().string());
-  }
+  std::sort(gone.begin(), gone.end());
+  for (const auto& name : gone) detail::remove_all(dir + "/" + name);
   return gone;
 }
 
 /// \brief Keeps the newest `keep` checkpoints under `dir` (and always the one LATEST names),
 /// removing older step directories. Returns the names removed.
 inline std::vector<std::string> prune_checkpoints(const std::string& dir, std::size_t keep) {
-  namespace fs = std::filesystem;
   std::vector<std::string> gone;
   const auto steps = checkpoint_steps(dir);
   std::string latest;
   std::ifstream(dir + "/LATEST") >> latest;
-  std::error_code ec;
   for (std::size_t i = 0; i + keep < steps.size(); ++i) {
     if (steps[i] == latest) continue;
-    fs::remove_all(dir + "/" + steps[i], ec);
+    detail::remove_all(dir + "/" + steps[i]);
     gone.push_back(steps[i]);
   }
   return gone;
