@@ -11,25 +11,20 @@
 // prediction as a shortlist, the measurement as the judge.
 // `--csv FILE` writes every ranked candidate, with its measured step when measured
 // (bench/plan_check.py compares them with train_gpt runs).
-#include <algorithm>
-#include <cerrno>
-#include <cstdio>
-#include <cstdlib>
 #include <pmt/plan/calibrate.hpp>
 #include <pmt/plan/measure.hpp>
+#include <pmt/run/cli.hpp>
+#include <pmt/run/command_line.hpp>
 #include <pmt/tools.hpp>
+
+#include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
 
 constexpr const char* prog = "pmt-plan";
-
-/// An error's message without the program's own name in front ("prog: error: what", once).
-std::string own(const std::string& message) {
-  const std::string mine = std::string(prog) + ": ";
-  return message.rfind(mine, 0) == 0 ? message.substr(mine.size()) : message;
-}
 
 struct Options {
   pmt::plan::Problem problem;
@@ -37,159 +32,140 @@ struct Options {
   double gemm_gflops = 0, memory_gbps = 10, link_gbps = 5, latency_us = 5, memory_mib = 0, bf16_copy_bytes = 0;
   int ranks_per_node = 0;  // 0: one link model for every pair of ranks
   double intra_gbps = 0, intra_latency_us = 2, inter_gbps = 0, inter_latency_us = 5;
-  bool no_zero = false, no_gpipe = false, no_recompute = false, no_sequence_parallel = false, help = false,
-       verbose = false;
-  std::string csv, rankfile;
+  bool no_zero = false, no_gpipe = false, no_recompute = false, no_sequence_parallel = false, verbose = false;
+  std::string csv, rankfile, precision = "fp32", dp_modes_text = "sync", measure_text;
   std::vector<pmt::plan::DpChoice> dp_modes = {pmt::plan::DpChoice{}};
 };
 
-const char* usage =
-    "usage: pmt-plan [flags]     (under mpiexec -n N: calibrate on the N ranks and plan for them)\n"
-    "model and batch (as train_gpt; vocabulary 256 bytes unless --vocab)\n"
-    "  --layers N (4)  --width N (128)  --heads N (4)  --context N (64)  --vocab N (256)  --batch "
-    "N (8)\n"
-    "a machine given by hand instead of calibrating (per rank)\n"
-    "  --ranks N  --gemm-gflops X  --memory-gbps X (10)  --link-gbps X (5)  --latency-us X (5)\n"
-    "  --precision fp32|bf16    the products' precision (train_gpt --precision): calibration and --measure\n"
-    "                           run them in it; by hand, --gemm-gflops is the rate in it (default fp32)\n"
-    "  --bf16-copy-bytes 0|2|4  by hand: bytes per operand element bf16 products copy (0 in-register\n"
-    "                           kernels, 2 cuBLAS's bf16 copies, 4 the rounded path; calibrating, measured)\n"
-    "  --memory-mib X           memory per rank (calibrated: MemAvailable / ranks on the node)\n"
-    "  --activation-bytes 2|4   bytes of an activation value (default 4, as pmt keeps them; 2 plans\n"
-    "                           for a runtime keeping bf16 activations, as GPU frameworks do)\n"
-    "  --ranks-per-node N       ranks on a node: collectives and sends are costed on the links they\n"
-    "                           cross (tp fastest in the rank order, then dp, then pp); calibrating,\n"
-    "                           both links are measured (by default when the launcher's ranks span nodes)\n"
-    "  --intra-gbps X  --intra-latency-us X (2)   the links inside a node (per rank)\n"
-    "  --inter-gbps X  --inter-latency-us X (5)   the network between nodes (per rank)\n"
-    "  --rankfile FILE          with --ranks-per-node: write an Open MPI rankfile placing the best\n"
-    "                           layout's tp groups inside nodes\n"
-    "search and output\n"
-    "  --no-zero  --no-gpipe    leave ZeRO (1 and 2) / GPipe out\n"
-    "  --no-recompute           never recompute activations (by default a layout that does not fit\n"
-    "                           in memory is tried again with the attention's recomputation, then\n"
-    "                           with per-block recomputation)\n"
-    "  --no-sequence-parallel   never split the tokens over tp (by default a layout with tp > 1 that\n"
-    "                           does not fit is tried again with sequence parallelism)\n"
-    "  --dp-modes LIST          data-parallel modes to consider with dp > 1 (default sync): a comma-\n"
-    "                           separated list of sync, bf16 (compressed gradients), local:H, diloco:H\n"
-    "                           (averages every H steps), stale:S (gradients applied S steps late);\n"
-    "                           all but sync change how the model trains\n"
-    "  --top N (10)             rows of the table\n"
-    "  --verbose                what the calibration measured, piece by piece\n"
-    "  --csv FILE               every ranked candidate: layout, predicted step ms and peak MiB per "
-    "stage\n"
-    "measure (under mpiexec, calibrated)\n"
-    "  --measure K|all          train the K best predicted candidates, interleaved, and compare\n"
-    "  --rounds N (10)          visits of each measured candidate (1 warm-up + 2 timed steps each)\n";
+/// The data-parallel modes of a comma-separated list ("sync,bf16,local:4").
+/// \throws pmt::ConfigError for a word that names none.
+std::vector<pmt::plan::DpChoice> dp_modes_of(const std::string& list) {
+  std::vector<pmt::plan::DpChoice> modes;
+  std::size_t at = 0;
+  while (at <= list.size()) {
+    const auto comma = list.find(',', at);
+    modes.push_back(
+        pmt::plan::parse_dp_choice(list.substr(at, comma == std::string::npos ? std::string::npos : comma - at)));
+    if (comma == std::string::npos) break;
+    at = comma + 1;
+  }
+  return modes;
+}
 
-Options parse(int argc, char* argv[]) {
+using pmt::run::integer;
+using pmt::run::number;
+using pmt::run::option;
+
+const auto positive = [](double x) { return x > 0; };
+
+/// The model and the machine, each flag declared once (CLI11: type, check, help).
+void declare_problem(CLI::App& app, Options& o) {
+  auto& m             = o.problem.model;
+  const std::string g = "Model and batch (as train_gpt; vocabulary 256 bytes unless --vocab)";
+  option(app, g, "--layers", m.layers, "transformer blocks", integer("--layers", 1))->capture_default_str();
+  option(app, g, "--width", m.width, "model width", integer("--width", 1))->capture_default_str();
+  option(app, g, "--heads", m.heads, "attention heads", integer("--heads", 1))->capture_default_str();
+  option(app, g, "--context", m.context, "tokens per sequence", integer("--context", 1))->capture_default_str();
+  option(app, g, "--vocab", m.vocab, "vocabulary", integer("--vocab", 1))->capture_default_str();
+  option(app, g, "--batch", o.problem.batch, "sequences per step", integer("--batch", 1))->capture_default_str();
+  const std::string h = "A machine given by hand instead of calibrating (per rank)";
+  option(app, h, "--ranks", o.ranks, "ranks of the machine", integer("--ranks", 1));
+  option(app, h, "--gemm-gflops", o.gemm_gflops, "matrix-product rate (in --precision)",
+         number("--gemm-gflops", positive, "expected a positive number"));
+  option(app, h, "--memory-gbps", o.memory_gbps, "memory bandwidth",
+         number("--memory-gbps", positive, "expected a positive number"))
+      ->capture_default_str();
+  option(app, h, "--link-gbps", o.link_gbps, "link bandwidth",
+         number("--link-gbps", positive, "expected a positive number"))
+      ->capture_default_str();
+  option(app, h, "--latency-us", o.latency_us, "link latency",
+         number("--latency-us", positive, "expected a positive number"))
+      ->capture_default_str();
+  option(app, h, "--precision", o.precision,
+         "the products' precision (train_gpt --precision): calibration and --measure run them in it; by hand, "
+         "--gemm-gflops is the rate in it",
+         pmt::run::parsed_by([](const std::string& v) { pmt::parse_precision(v, "--precision"); }))
+      ->capture_default_str();
+  option(app, h, "--bf16-copy-bytes", o.bf16_copy_bytes,
+         "by hand: bytes per operand element bf16 products copy (0 in-register kernels, 2 cuBLAS's bf16 copies, 4 the "
+         "rounded path; calibrating, measured)",
+         pmt::run::one_of("--bf16-copy-bytes", {"0", "2", "4"}));
+  option(app, h, "--memory-mib", o.memory_mib, "memory per rank (calibrated: MemAvailable / ranks on the node)",
+         number("--memory-mib", positive, "expected a positive number"));
+  option(app, h, "--activation-bytes", o.problem.activation_bytes,
+         "bytes of an activation value (default 4, as pmt keeps them; 2 plans for a runtime keeping bf16 "
+         "activations, as GPU frameworks do)",
+         pmt::run::one_of("--activation-bytes", {"2", "4"}));
+}
+
+void declare_nodes(CLI::App& app, Options& o) {
+  const std::string n = "Nodes";
+  option(app, n, "--ranks-per-node", o.ranks_per_node,
+         "ranks on a node: collectives and sends are costed on the links they cross (tp fastest in the rank order, "
+         "then dp, then pp); calibrating, both links are measured (by default when the ranks span nodes)",
+         integer("--ranks-per-node", 1));
+  option(app, n, "--intra-gbps", o.intra_gbps, "the links inside a node (per rank)",
+         number("--intra-gbps", positive, "expected a positive number"));
+  option(app, n, "--intra-latency-us", o.intra_latency_us, "their latency",
+         number("--intra-latency-us", positive, "expected a positive number"))
+      ->capture_default_str();
+  option(app, n, "--inter-gbps", o.inter_gbps, "the network between nodes (per rank)",
+         number("--inter-gbps", positive, "expected a positive number"));
+  option(app, n, "--inter-latency-us", o.inter_latency_us, "its latency",
+         number("--inter-latency-us", positive, "expected a positive number"))
+      ->capture_default_str();
+  option(app, n, "--rankfile", o.rankfile,
+         "with --ranks-per-node: write an Open MPI rankfile placing the best layout's tp groups inside nodes");
+}
+
+void declare_search(CLI::App& app, Options& o) {
+  const std::string s = "Search and output";
+  pmt::run::flag(app, s, "--no-zero", o.no_zero, "leave ZeRO (1 and 2) out");
+  pmt::run::flag(app, s, "--no-gpipe", o.no_gpipe, "leave GPipe out");
+  pmt::run::flag(app, s, "--no-recompute", o.no_recompute,
+                 "never recompute activations (by default a layout that does not fit is tried again with the "
+                 "attention's recomputation, then with per-block recomputation)");
+  pmt::run::flag(app, s, "--no-sequence-parallel", o.no_sequence_parallel,
+                 "never split the tokens over tp (by default a layout with tp > 1 that does not fit is tried again "
+                 "with sequence parallelism)");
+  option(app, s, "--dp-modes", o.dp_modes_text,
+         "data-parallel modes to consider with dp > 1: a comma-separated list of sync, bf16 (compressed gradients), "
+         "local:H, diloco:H (averages every H steps), stale:S (gradients applied S steps late); all but sync change "
+         "how the model trains",
+         pmt::run::parsed_by([](const std::string& v) { dp_modes_of(v); }))
+      ->capture_default_str();
+  option(app, s, "--top", o.top, "rows of the table", integer("--top", 1))->capture_default_str();
+  pmt::run::flag(app, s, "--verbose", o.verbose, "what the calibration measured, piece by piece");
+  option(app, s, "--csv", o.csv, "every ranked candidate: layout, predicted step ms and peak MiB per stage");
+  const std::string m = "Measure (under mpiexec, calibrated)";
+  option(app, m, "--measure", o.measure_text,
+         "train the K best predicted candidates (or all), interleaved, and compare",
+         [](const std::string& v) { return v == "all" ? std::string() : integer("--measure", 1)(v); });
+  option(app, m, "--rounds", o.rounds, "visits of each measured candidate (1 warm-up + 2 timed steps each)",
+         integer("--rounds", 1))
+      ->capture_default_str();
+}
+
+/// The flags of `args` (the words after the program's name; Kokkos' own taken out already);
+/// `help` receives the help text for --help.
+/// \throws pmt::ConfigError for a bad flag or flags that do not go together.
+Options parse(std::vector<std::string> args, std::string& help) {
   Options o;
   o.problem.model = {256, 64, 4, 128, 4, 1};
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a.rfind("--kokkos", 0) == 0) continue;
-    if (a == "--help" || a == "-h") {
-      o.help = true;
-      continue;
-    }
-    if (a == "--verbose") {
-      o.verbose = true;
-      continue;
-    }
-    if (a == "--no-zero" || a == "--no-gpipe" || a == "--no-recompute" || a == "--no-sequence-parallel") {
-      (a == "--no-zero"        ? o.no_zero
-       : a == "--no-gpipe"     ? o.no_gpipe
-       : a == "--no-recompute" ? o.no_recompute
-                               : o.no_sequence_parallel) = true;
-      continue;
-    }
-    if (i + 1 >= argc) throw pmt::ConfigError(prog, a + " needs a value (see --help)");
-    const std::string v = argv[++i];
-    char* end           = nullptr;
-    errno               = 0;
-    const double x      = std::strtod(v.c_str(), &end);
-    if (a == "--dp-modes") {
-      o.dp_modes.clear();
-      std::size_t at = 0;
-      while (at <= v.size()) {
-        const auto comma = v.find(',', at);
-        o.dp_modes.push_back(
-            pmt::plan::parse_dp_choice(v.substr(at, comma == std::string::npos ? std::string::npos : comma - at)));
-        if (comma == std::string::npos) break;
-        at = comma + 1;
-      }
-      continue;
-    }
-    if (a == "--csv" || a == "--rankfile") {
-      (a == "--csv" ? o.csv : o.rankfile) = v;
-      continue;
-    }
-    if (a == "--precision") {
-      o.problem.precision = pmt::parse_precision(v, "--precision");  // throws for another word
-      continue;
-    }
-    if (a == "--measure" && v == "all") {
-      o.measure = -1;
-      continue;
-    }
-    if (v.empty() || *end != '\0' || errno != 0 || !(x > 0))
-      throw pmt::ConfigError(prog, a + " " + v + ": expected a positive number");
-    const auto whole = [&] {
-      if (x != static_cast<double>(static_cast<long>(x)) || x > 1 << 30)
-        throw pmt::ConfigError(prog, a + " " + v + ": expected a positive integer");
-      return static_cast<std::size_t>(x);
-    };
-    auto& m = o.problem.model;
-    if (a == "--layers")
-      m.layers = whole();
-    else if (a == "--width")
-      m.width = whole();
-    else if (a == "--heads")
-      m.heads = whole();
-    else if (a == "--context")
-      m.context = whole();
-    else if (a == "--vocab")
-      m.vocab = whole();
-    else if (a == "--batch")
-      o.problem.batch = whole();
-    else if (a == "--ranks")
-      o.ranks = static_cast<int>(whole());
-    else if (a == "--top")
-      o.top = static_cast<int>(whole());
-    else if (a == "--measure")
-      o.measure = static_cast<int>(whole());
-    else if (a == "--rounds")
-      o.rounds = static_cast<int>(whole());
-    else if (a == "--gemm-gflops")
-      o.gemm_gflops = x;
-    else if (a == "--memory-gbps")
-      o.memory_gbps = x;
-    else if (a == "--link-gbps")
-      o.link_gbps = x;
-    else if (a == "--latency-us")
-      o.latency_us = x;
-    else if (a == "--memory-mib")
-      o.memory_mib = x;
-    else if (a == "--bf16-copy-bytes") {
-      if (x != 0 && x != 2 && x != 4) throw pmt::ConfigError(prog, "--bf16-copy-bytes " + v + ": expected 0, 2 or 4");
-      o.bf16_copy_bytes = x;
-    } else if (a == "--activation-bytes") {
-      if (x != 2 && x != 4) throw pmt::ConfigError(prog, "--activation-bytes " + v + ": expected 2 or 4");
-      o.problem.activation_bytes = whole();
-    } else if (a == "--ranks-per-node")
-      o.ranks_per_node = static_cast<int>(whole());
-    else if (a == "--intra-gbps")
-      o.intra_gbps = x;
-    else if (a == "--intra-latency-us")
-      o.intra_latency_us = x;
-    else if (a == "--inter-gbps")
-      o.inter_gbps = x;
-    else if (a == "--inter-latency-us")
-      o.inter_latency_us = x;
-    else
-      throw pmt::ConfigError(prog, "unknown flag " + a + " (see --help)");
-  }
+  CLI::App app(
+      "how should this GPT run on these ranks? (under mpiexec -n N: calibrate on the N ranks and plan for "
+      "them)",
+      prog);
+  declare_problem(app, o);
+  declare_nodes(app, o);
+  declare_search(app, o);
+  const auto flags = pmt::run::parse_flags(app, std::move(args));
+  if (!flags.error.empty()) throw pmt::ConfigError(prog, flags.error);
+  help = flags.help;
+  if (!help.empty()) return o;
+  o.problem.precision = pmt::parse_precision(o.precision, "--precision");
+  o.dp_modes          = dp_modes_of(o.dp_modes_text);
+  o.measure           = o.measure_text.empty() ? 0 : o.measure_text == "all" ? -1 : std::stoi(o.measure_text);
   if (o.ranks > 0 && o.gemm_gflops <= 0)
     throw pmt::ConfigError(prog,
                            "--ranks plans for a machine given by hand: give --gemm-gflops too (or run under "
@@ -221,17 +197,21 @@ Options parse(int argc, char* argv[]) {
 
 int main(int argc, char* argv[]) {
   Options o;
+  std::string help;
+  pmt::run::KokkosFlags kokkos(argv[0]);
   try {
-    o = parse(argc, argv);
+    std::vector<std::string> args(argv + 1, argv + argc);
+    kokkos.take(args, prog);
+    o = parse(std::move(args), help);
   } catch (const pmt::Error& e) {
-    std::fprintf(stderr, "%s: error: %s\n", prog, own(e.what()).c_str());
+    std::fprintf(stderr, "%s: error: %s\n", prog, pmt::run::without_program(e.what(), prog).c_str());
     return 1;
   }
-  if (o.help) {
-    std::fputs(usage, stdout);
+  if (!help.empty()) {
+    std::fputs(help.c_str(), stdout);
     return 0;
   }
-  pmt::ScopeGuard guard(argc, argv);
+  pmt::ScopeGuard guard(kokkos.argc(), kokkos.argv());
   const bool root = pmt::world_rank() == 0;
   try {
     using Backend = pmt::comm::default_backend_t<Kokkos::DefaultHostExecutionSpace>;
@@ -394,7 +374,7 @@ int main(int argc, char* argv[]) {
     }
     return plan.ranked.empty() ? 2 : 0;
   } catch (const pmt::Error& e) {
-    if (root) std::fprintf(stderr, "%s: error: %s\n", prog, own(e.what()).c_str());
+    if (root) std::fprintf(stderr, "%s: error: %s\n", prog, pmt::run::without_program(e.what(), prog).c_str());
     return 1;
   }
 }

@@ -3,7 +3,8 @@
 # Installs everything pmt's build, tests, examples and benchmarks need on Debian 12 (bookworm):
 #   - apt: g++, cmake, Open MPI, OpenBLAS (CBLAS; the OpenMP-threaded build too), Catch2 v3
 #     (from bookworm-backports), clang-format (the suite's format stage), Random123 (the
-#     reference test_random checks pmt's Philox against)
+#     reference test_random checks pmt's Philox against), CLI11 and nlohmann-json (the programs'
+#     flags and JSON: pmt/run/ and the examples; the library's other headers need neither)
 #   - Kokkos 3.4.01 with OpenMP + Serial, built from Debian's trilinos source package into a cache
 #     prefix (default ~/.cache/pmt/kokkos-3.4.01), unless Kokkos_ROOT points at a Kokkos already.
 #     PMT_KOKKOS_CHECKED=1 builds it with Kokkos' debug checks and View bounds checking instead,
@@ -18,7 +19,7 @@ if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 
 # ---------------------------------------------------------------------------------------------
 # apt packages
-APT_PKGS=(g++ make cmake pkg-config patch clang-format librandom123-dev openmpi-bin libopenmpi-dev libopenblas-dev libopenblas-openmp-dev dpkg-dev xz-utils unzip python3-pip
+APT_PKGS=(g++ make cmake pkg-config patch clang-format librandom123-dev libcli11-dev nlohmann-json3-dev openmpi-bin libopenmpi-dev libopenblas-dev libopenblas-openmp-dev dpkg-dev xz-utils unzip python3-pip
           iproute2 util-linux)  # ip, unshare, taskset: the tests' two emulated nodes (scripts/two_nodes.sh)
 need=()
 for p in "${APT_PKGS[@]}"; do

@@ -140,10 +140,9 @@ using pmt::test::losses;
 
 /// How many step lines of a metrics file name `step` (resumes must not repeat one).
 int step_lines(const std::string& metrics, int step) {
-  std::istringstream in(read(metrics));
-  std::string line;
   int n = 0;
-  while (std::getline(in, line)) n += line.rfind("{\"step\": " + std::to_string(step) + ", \"loss\"", 0) == 0;
+  for (const auto& line : pmt::run::MetricsLog::read(metrics))
+    n += line.value("step", -1) == step && line.contains("loss");
   return n;
 }
 

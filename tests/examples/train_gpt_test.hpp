@@ -4,6 +4,8 @@
 // test_train_gpt_safety.cpp): a scratch directory per test process and the losses of a metrics
 // file.
 
+#include <pmt/run/metrics.hpp>
+
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -33,15 +35,12 @@ inline std::string scratch(const std::string& tag, const std::string& name) {
   return (d.path / name).string();
 }
 
-/// "loss" of every step line of a metrics file, as printed (17 significant digits).
+/// "loss" of every step line of a metrics file, as written (the shortest text that reads back
+/// as the same double: equal texts are equal losses).
 inline std::map<int, std::string> losses(const std::string& metrics) {
-  std::ifstream in(metrics);
   std::map<int, std::string> out;
-  std::string line;
-  const std::regex re(R"re(\{"step": (\d+), "loss": ([^,]+),)re");
-  std::smatch m;
-  while (std::getline(in, line))
-    if (std::regex_search(line, m, re)) out[std::stoi(m[1])] = m[2];
+  for (const auto& line : pmt::run::MetricsLog::read(metrics))
+    if (line.contains("step") && line.contains("loss")) out[line["step"].get<int>()] = line["loss"].dump();
   return out;
 }
 
