@@ -11,6 +11,7 @@
 //   uninterrupted run's, on dp = np and, for compression and ZeRO-2, on dp x pp 2 (the tied LM
 //   head's copy on the last stage keeps its own error-feedback residual).
 #include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
 
 #include "../comm/comm_test.hpp"
 #include "pmt/comm/collectives.hpp"
@@ -229,5 +230,33 @@ TEST_CASE("every data-parallel strategy resumes from its checkpoint bit for bit"
   if (pmt::test::world().size() % 2 == 0) {  // the tied LM head's copy on the last stage keeps its own residual
     CHECK(resumes_bit_for_bit<float, pmt::Synchronous, AdamW>("bf16-pp", packed, 2));
     CHECK(resumes_bit_for_bit<float, pmt::Synchronous, Zero2>("zero2-pp", {}, 2));
+  }
+}
+
+TEST_CASE("a policy that does not fit the launch is refused with both numbers and the fix", "[train][strategy]") {
+  using Catch::Matchers::ContainsSubstring;
+  using Model   = pmt::nn::Gpt<double, Host, Backend>;
+  const auto& w = pmt::test::world();
+  const int n   = w.size();
+  const pmt::nn::GptConfig four{V, 8, /*layers=*/4, 32, 4, 23};
+  {  // every rank a pipeline stage, the policy fixed at 3 stages (np is 1, 2 or 4)
+    pmt::Mesh<Backend> mesh(w, pmt::MeshShape{1, 1, n});
+    Model model(mesh, four);
+    AdamW<Model> opt(model.parameters(), hyper);
+    using Policy = pmt::Hybrid<pmt::DataParallel<>, pmt::TensorSplit<>, pmt::Pipeline<3>>;
+    using Tr     = pmt::train::Trainer<Model, AdamW<Model>, Host, Backend, Policy>;
+    CHECK_THROWS_WITH(Tr(mesh, model, opt),
+                      ContainsSubstring("Pipeline<3> needs pp 3 but the mesh has pp " + std::to_string(n)) &&
+                          ContainsSubstring("launch 3 rank(s) (dp 1 x tp 1 x pp 3)"));
+  }
+  if (n > 1) {  // dp ranks, and no DataParallel in the policy
+    pmt::Mesh<Backend> mesh(w, pmt::MeshShape{n, 1, 1});
+    Model model(mesh, four);
+    AdamW<Model> opt(model.parameters(), hyper);
+    using Tr =
+        pmt::train::Trainer<Model, AdamW<Model>, Host, Backend, pmt::Hybrid<pmt::TensorSplit<>, pmt::Pipeline<>>>;
+    CHECK_THROWS_WITH(Tr(mesh, model, opt), ContainsSubstring("the mesh has dp " + std::to_string(n) +
+                                                              " but the policy has no DataParallel<>") &&
+                                                ContainsSubstring("launch 1 rank(s) so that dp is 1"));
   }
 }

@@ -359,6 +359,30 @@ class Trainer {
     }
   }
 
+  /// What does not fit between the policy's axes and the mesh the ranks were launched as, each
+  /// with both numbers and the fix ("" when they fit).
+  static std::string launch_mismatch(const MeshShape& s) {
+    const int ranks = s.dp * s.tp * s.pp;
+    std::string why;
+    const auto add  = [&](const std::string& one) { why += (why.empty() ? "" : "; ") + one; };
+    const auto axis = [&](bool has, int degree, const char* name, const char* policy_name) {
+      if (has || degree == 1) return;
+      add(detail::str("the mesh has ", name, " ", degree, " but the policy has no ", policy_name, ": add ", policy_name,
+                      " to the policy's Hybrid, or launch ", ranks / degree, " rank(s) so that ", name, " is 1"));
+    };
+    axis(policy::dp, s.dp, "dp", "DataParallel<>");
+    axis(policy::tp, s.tp, "tp", "TensorSplit<>");
+    axis(policy::pp, s.pp, "pp", "Pipeline<>");
+    if (policy::pp && policy::stages != dynamic && policy::stages != s.pp)
+      add(detail::str("the policy's Pipeline<", policy::stages, "> needs pp ", policy::stages, " but the mesh has pp ",
+                      s.pp, ": launch ", ranks / s.pp * policy::stages, " rank(s) (dp ", s.dp, " x tp ", s.tp, " x pp ",
+                      policy::stages, "), make the mesh's pp ", policy::stages, ", or use Pipeline<", s.pp,
+                      "> or Pipeline<> (any pp)"));
+    if (why.empty()) return why;
+    return detail::str("the ranks were launched as dp(", s.dp, ") x tp(", s.tp, ") x pp(", s.pp, ") = ", ranks,
+                       " rank(s), which the policy does not fit: ", why);
+  }
+
   static const Mesh<Backend>& checked(const Mesh<Backend>& mesh, const Model& model, const TrainerOptions& options) {
     detail::require<ConfigError>(
         options.precision == Precision::fp32 || std::is_same_v<typename Model::value_type, float>,
@@ -374,18 +398,8 @@ class Trainer {
     else
       (void)model;
     check_activations(mesh, model);
-    const auto s  = mesh.shape();
-    const bool ok = (policy::dp || s.dp == 1) && (policy::tp || s.tp == 1) && (policy::pp || s.pp == 1) &&
-                    (policy::stages == dynamic || !policy::pp || policy::stages == s.pp);
-    detail::require<ConfigError>(ok, "pmt::train::Trainer", [&] {
-      return detail::str("the mesh is dp(", s.dp, ") x tp(", s.tp, ") x pp(", s.pp, ") but the policy ",
-                         policy::dp ? "has" : "has no", " DataParallel, ", policy::tp ? "has" : "has no",
-                         " TensorSplit and ",
-                         policy::pp ? (policy::stages == dynamic ? std::string("Pipeline<> (any pp)")
-                                                                 : detail::str("Pipeline<", policy::stages, ">"))
-                                    : std::string("no Pipeline"),
-                         "; an axis without a policy must have degree 1");
-    });
+    const std::string why = launch_mismatch(mesh.shape());
+    detail::require<ConfigError>(why.empty(), "pmt::train::Trainer", [&] { return why; });
     return mesh;
   }
 
