@@ -120,8 +120,14 @@ inline void declare_model_and_training(CLI::App& app, Options& o) {
   option(app, t, "--seed", o.seed, "the model's and the data's seed", integer("--seed", 0))->capture_default_str();
   option(app, t, "--threads", o.threads,
          "OpenMP threads per rank (default: OMP_NUM_THREADS; when it is unset and several ranks share a node: "
-         "its cores / its ranks)",
-         integer("--threads", 1, pmt::run::max_threads()));
+         "its cores / its ranks; a count that would oversubscribe the node is capped to that, unless "
+         "PMT_OVERSUBSCRIBE=1)",
+         [](const std::string& v) {
+           const std::string bad = integer("--threads", 1, pmt::run::max_threads())(v);
+           return bad.empty()
+                      ? bad
+                      : bad + " (4 per core; this node has " + std::to_string(pmt::run::max_threads() / 4) + " cores)";
+         });
   option(app, t, "--on-nonfinite", o.on_nonfinite,
          "a nan or inf loss or gradient norm stops the run (exit 3), or skips that step's update (10 in a row stop "
          "it)",

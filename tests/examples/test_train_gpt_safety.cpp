@@ -508,7 +508,7 @@ TEST_CASE("hangs: the watchdog names a stopped rank; ranks with other flags get 
 
 TEST_CASE("small ones: threads, Kokkos flags, metrics on resume, --keep, leftovers, a device as data",
           "[examples][train_gpt][safety]") {
-  SECTION("--threads works; ranks sharing cores without OMP_NUM_THREADS get their share") {
+  SECTION("--threads works; ranks sharing cores get their share; a count beyond the node is capped or refused") {
     const auto one = run(small + "--steps 1 --threads 1");
     CHECK(one.rc == 0);
     CHECK_THAT(one.out, ContainsSubstring("1 thread(s) per rank"));
@@ -519,6 +519,22 @@ TEST_CASE("small ones: threads, Kokkos flags, metrics on resume, --keep, leftove
     CHECK_THAT(shared.out,
                ContainsSubstring("threads: " + std::to_string(each) + " per rank (OMP_NUM_THREADS unset: ") &&
                    ContainsSubstring(std::to_string(each) + " thread(s) per rank"));
+    if (cores >= 2) {  // OMP_NUM_THREADS = the node's cores on each of 4 ranks: capped to the share, and said
+      const std::string c = std::to_string(cores);
+      const auto capped   = run(small + "--steps 1", 4, "OMP_NUM_THREADS=" + c, /*threads=*/false);
+      CHECK(capped.rc == 0);
+      CHECK_THAT(capped.out, ContainsSubstring("threads: " + std::to_string(each) + " per rank instead of " + c +
+                                               " (OMP_NUM_THREADS): 4 ranks x " + c +
+                                               " threads would oversubscribe this node's " + c + " cores") &&
+                                 ContainsSubstring(std::to_string(each) + " thread(s) per rank"));
+      const auto kept = run(small + "--steps 1", 2, "OMP_NUM_THREADS=" + c + " PMT_OVERSUBSCRIBE=1", false);
+      CHECK(kept.rc == 0);
+      CHECK_THAT(kept.out, ContainsSubstring(c + " thread(s) per rank"));
+    }
+    const auto huge = run(small + "--steps 1 --threads 1073741824");
+    CHECK(huge.rc == 1);
+    CHECK_THAT(huge.out, ContainsSubstring("--threads 1073741824: expected an integer from 1 to ") &&
+                             ContainsSubstring("cores)"));
   }
   SECTION("a mistyped Kokkos flag is an error; a real one is passed on") {
     const auto typo = run(small + "--steps 1 --kokkos-disable-warning");
