@@ -49,7 +49,7 @@ Net make_net(const pmt::Mesh<Backend>& mesh) {
 }
 
 Model::Batch batch(int step, std::size_t i) {
-  Model::Batch b{pmt::Tensor<T, 2, Exec>("x", rows, d), pmt::Tensor<T, 2, Exec>("t", rows, 1), rows, i * rows};
+  Model::Batch b{pmt::Tensor<T, 2, Exec>("x", rows, d), pmt::Tensor<T, 2, Exec>("t", rows, 1), rows};
   pmt::GlobalSlice s;
   s.extent[0] = rows * microbatches, s.extent[1] = d, s.offset[0] = i * rows;
   pmt::fill_normal(Exec(), b.input, pmt::RngKey{12, static_cast<std::uint32_t>(step)}, 0.0, 1.0, s);

@@ -6,20 +6,22 @@
 //   mpiexec -n 4 ./01_custom_model --dp 2 --tp 2 [--pp P] [--gpipe] [--zero] [--steps 40] [--ckpt DIR] [--plan]
 //   (or -n 1, -n 2 --tp 2, -n 4 --pp 4, -n 8 --dp 2 --tp 2 --pp 2, ...)
 //
-// The model is a small regressor, x (N, 16) -> Linear<Col> -> Gelu -> Linear<Row> -> Gelu ->
-// Linear<Replicate> -> prediction (N, 1), trained with a mean squared error that this file writes
-// itself in Kokkos. nn::StagedModel turns the Chain and the loss into a model the Trainer runs
-// on any layout: with pp > 1 its five layers are cut into pp pipeline stages, and the Trainer
+// The model is a small regressor, x (N, 16) -> Linear<Col> -> Gelu -> Dropout -> Linear<Row> ->
+// Gelu -> Linear<Replicate> -> prediction (N, 1), trained with a mean squared error that this
+// file writes itself in Kokkos. nn::StagedModel turns the Chain and the loss into a model the
+// Trainer runs on any layout: with pp > 1 its six layers are cut into pp pipeline stages, and the Trainer
 // runs them with the 1F1B schedule (--gpipe: GPipe) over 4 microbatches per dp rank. Each step
 // draws a new global batch; every dp rank takes its rows of it. The program trains the layout it
 // was asked for and, on every rank, the same model on one rank over the whole batch, and compares
-// the losses and every parameter shard with the one-rank run. It exits with 1 when they differ
-// by more than 1e-10 (relative, double). With --ckpt DIR it also saves the layout's model and
-// optimizer state as a sharded checkpoint, loads it into a fresh one-rank model, trains one more
-// step there and compares that with the one-rank run. --zero trains the layout with ZeRO-1
-// (optim::ZeroAdamW) instead of AdamW. --plan first prints how the planner ranks every layout of
-// the job's ranks for this model (plan::describe reads the Chain; the machine's rates are the
-// planner's defaults here, pmt-plan --calibrate measures them).
+// the losses, every parameter shard and a validation loss (Trainer::evaluate: evaluation mode,
+// dropout off) with the one-rank run. It exits with 1 when they differ by more than 1e-10
+// (relative, double). The dropout masks need no code here: the Trainer keys them by the global
+// step and each row's index in the global batch, the same on every layout and after a resume. With --ckpt DIR it also
+// saves the layout's model and optimizer state as a sharded checkpoint, loads it into a fresh one-rank model, trains
+// one more step there and compares that with the one-rank run. --zero trains the layout with ZeRO-1 (optim::ZeroAdamW)
+// instead of AdamW. --plan first prints how the planner ranks every layout of the job's ranks for this model
+// (plan::describe reads the Chain; the machine's rates are the planner's defaults here, pmt-plan --calibrate measures
+// them).
 #include <pmt/pmt.hpp>
 #include <pmt/tools.hpp>  // the planner
 
@@ -39,12 +41,13 @@ using Backend = pmt::comm::default_backend_t<Exec>;
 template <class Policy>
 using Linear = pmt::nn::Linear<T, Policy, Exec, Backend>;
 using Gelu   = pmt::nn::Gelu<T, Exec>;
+using Drop   = pmt::nn::Dropout<T, Exec, pmt::Sharded, Backend>;  // after Col: on the tp shard's columns
 
 // The placements are checked when this type is instantiated: Col yields a tensor sharded over tp,
 // Gelu keeps it so, Row takes the shards and all-reduces its product into a replicated tensor.
 // Swapping the first two Linear layers, or putting a Col after a Col, does not compile
 // (tests/compile_fail/chain_col_after_col.cpp shows the message).
-using Net = pmt::nn::Chain<Linear<pmt::TensorSplit<pmt::Col>>, Gelu, Linear<pmt::TensorSplit<pmt::Row>>, Gelu,
+using Net = pmt::nn::Chain<Linear<pmt::TensorSplit<pmt::Col>>, Gelu, Drop, Linear<pmt::TensorSplit<pmt::Row>>, Gelu,
                            Linear<pmt::Replicate>>;
 
 constexpr std::size_t d = 16, hidden = 64;  // hidden must be divisible by tp
@@ -55,6 +58,7 @@ constexpr std::uint64_t seed = 2026;
 Net make_net(const pmt::Mesh<Backend>& mesh) {
   const pmt::nn::LinearOptions init{/*bias=*/true, /*init_std=*/0.2};
   return Net(Linear<pmt::TensorSplit<pmt::Col>>(mesh, d, hidden, pmt::RngKey{seed, 1}, init), Gelu(),
+             Drop(mesh, /*p=*/0.1, pmt::RngKey{seed, 4}),
              Linear<pmt::TensorSplit<pmt::Row>>(mesh, hidden, d, pmt::RngKey{seed, 2}, init), Gelu(),
              Linear<pmt::Replicate>(mesh, d, 1, pmt::RngKey{seed, 3}, init));
 }
@@ -137,18 +141,26 @@ struct Run {
       return Opt(model.parameters(), hyper);
   }
 
-  /// One step on this rank's rows of the global batch, in microbatches; returns the global loss.
-  /// The Trainer zeroes the gradients, runs forward and backward (through the pipeline stages
-  /// when pp > 1), sums the gradients over dp, clips by the global norm and updates.
-  double step(const Exec& exec, int step, std::size_t N, double lr) {
+  /// This dp rank's rows of step `step`'s global batch, in microbatches.
+  std::vector<Batch> rows(const Exec& exec, int step, std::size_t N) const {
     const int dp = mesh.degree(pmt::Axis::dp), dp_i = mesh.coord(pmt::Axis::dp);
     const std::size_t n = N / static_cast<std::size_t>(dp);  // main() checks that dp divides N
     const std::size_t m = std::min(microbatches, n), per = n / m;
     std::vector<Batch> mbs;
     for (std::size_t i = 0; i < m; ++i)
       mbs.push_back(batch(exec, step, N, static_cast<std::size_t>(dp_i) * n + i * per, per));
-    return trainer.step(mbs, {/*normaliser=*/double(N), lr, /*max_norm=*/1.0});
+    return mbs;
   }
+  /// One step on this rank's rows of the global batch; returns the global loss. The Trainer
+  /// zeroes the gradients, runs forward and backward (through the pipeline stages when pp > 1)
+  /// with the dropout masks keyed by the step and the global rows, sums the gradients over dp,
+  /// clips by the global norm and updates.
+  double step(const Exec& exec, int step, std::size_t N, double lr) {
+    return trainer.step(rows(exec, step, N), {/*normaliser=*/double(N), lr, /*max_norm=*/1.0});
+  }
+  /// The global loss of a held-out batch in evaluation mode (dropout off, no backward; a
+  /// pipeline runs forward only); the model does not change.
+  double validate(const Exec& exec, std::size_t N) { return trainer.evaluate(rows(exec, /*step=*/-1, N), double(N)); }
 };
 
 /// The largest relative difference between this rank's shard of each parameter (its stage's
@@ -236,14 +248,19 @@ int train(const pmt::comm::Communicator<Backend>& world, int argc, char* argv[])
       loss_diff = std::max(loss_diff, std::abs(a - b) / std::abs(b));
       if (root && (s % 10 == 0 || s + 1 == steps)) std::printf("step %3d  loss %.10f  (one rank: %.10f)\n", s, a, b);
     }
+    // A held-out batch in evaluation mode: dropout is off, so it scores the model itself.
+    const double val = layout.validate(exec, N), val_one = one.validate(exec, N);
+    if (root) std::printf("validation loss %.10f  (one rank: %.10f)\n", val, val_one);
     // Each rank checks its own shards; the job agrees on the worst.
-    Kokkos::View<double*, Kokkos::HostSpace> worst("worst", 2);
+    Kokkos::View<double*, Kokkos::HostSpace> worst("worst", 3);
     worst(0) = loss_diff, worst(1) = shard_difference(layout.model, one.model);
+    worst(2) = std::abs(val - val_one) / std::abs(val_one);
     pmt::comm::all_reduce(world, exec, worst, pmt::comm::ReduceOp::Max);
-    bool equal = worst(0) <= 1e-10 && worst(1) <= 1e-10;
+    bool equal = worst(0) <= 1e-10 && worst(1) <= 1e-10 && worst(2) <= 1e-10;
     if (root)
-      std::printf("largest relative difference from the one-rank run: losses %.2e, parameters %.2e: %s\n", worst(0),
-                  worst(1), equal ? "equal within 1e-10" : "DIFFERENT");
+      std::printf(
+          "largest relative difference from the one-rank run: losses %.2e, parameters %.2e, validation %.2e: %s\n",
+          worst(0), worst(1), worst(2), equal ? "equal within 1e-10" : "DIFFERENT");
 
     if (!ckpt.empty()) {
       // Every rank writes its shards (and AdamW's moments; ZeRO-1 gathers its parts of them first):
@@ -254,7 +271,7 @@ int train(const pmt::comm::Communicator<Backend>& world, int argc, char* argv[])
       const std::string saved = pmt::io::save_checkpoint(ckpt, layout.mesh, layout.opt, info);
       // A fresh model on one rank (initialised from another seed would do as well) takes them,
       // then trains one more step beside the one-rank run: equal only if the moments and the
-      // step count came back too.
+      // step count came back too (the step count also keys that step's dropout masks).
       Run<AdamW> resumed(pmt::Mesh<Backend>(world.split(world.rank(), 0), pmt::MeshShape{}));
       pmt::io::load_checkpoint(saved, resumed.mesh, resumed.opt, info.model);
       const double a = resumed.step(exec, steps, N, 3e-3), b = one.step(exec, steps, N, 3e-3);

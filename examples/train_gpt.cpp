@@ -152,13 +152,10 @@ class Run {
       const auto info = pmt::io::load_checkpoint(latest, mesh, opt, model_description(o), trainer.state());
       start           = static_cast<int>(info.step);
       check_saved_config(latest, info);
-      // the matmul paths the saved run took: the resumed run continues on them (bit for bit)
-      if (const auto it = info.extra.find("matmul_paths"); it != info.extra.end()) {
-        const auto paths = pmt::decode_measured_choices(it->second);
-        pmt::set_measured_choices(paths);
-        if (root() && !paths.empty())
+      // the checkpoint restored the measured choices (matmul paths) the saved run took
+      if (const auto it = info.extra.find("measured_choices"); it != info.extra.end() && root())
+        if (const auto paths = pmt::decode_measured_choices(it->second); !paths.empty())
           std::printf("matmul: the paths of %zu shape classes from the checkpoint\n", paths.size());
-      }
       // a layout-free fingerprint of the loaded parameters (the same model on any layout)
       const double fp = pmt::run::parameter_fingerprint(mesh, model.parameters());
       if (root())
@@ -360,7 +357,7 @@ class Run {
     pmt::io::CheckpointInfo info;
     info.step  = step;
     info.model = model_description(o);
-    info.extra = {{"data_position", std::to_string(step)}, {"matmul_paths", pmt::encode_measured_choices()}};
+    info.extra = {{"data_position", std::to_string(step)}};  // the measured choices go in by themselves
     for (const auto& [key, value] : run_config(o, data)) info.extra[key] = value;
     try {
       const std::string where = pmt::io::save_checkpoint(o.ckpt_dir, mesh, opt, info, trainer.state());
@@ -374,9 +371,11 @@ class Run {
     return step;
   }
 
-  /// A stop signal (agreed by all ranks) after `step`: a checkpoint, then exit 75.
+  /// A stop signal (agreed by all ranks) after `step`: a checkpoint, the trace of the steps run,
+  /// then exit 75.
   int stop(int sig, int step) {
     if (!o.ckpt_dir.empty() && saved_at != step + 1) saved_at = save(step + 1);
+    write_trace();
     if (root()) {
       std::printf(
           "stopped by %s after step %d: %s\n", pmt::run::signal_name(sig), step,
@@ -393,12 +392,17 @@ class Run {
   void finish() {
     validate(o.steps);
     if (!o.ckpt_dir.empty() && saved_at != o.steps && start < o.steps) saved_at = save(o.steps);
-    if (!o.trace.empty()) {
-      pmt::obs::write_trace(mesh, o.trace);
-      if (root()) std::printf("trace: %s\n", o.trace.c_str());
-    }
+    write_trace();
     report();
     sample();
+  }
+
+  /// --trace: every rank's events of the steps run (collective).
+  void write_trace() {
+    pmt::TraceRecorder::instance().enable(false);
+    if (o.trace.empty()) return;
+    pmt::obs::write_trace(mesh, o.trace);
+    if (root()) std::printf("trace: %s\n", o.trace.c_str());
   }
 
   void report() {

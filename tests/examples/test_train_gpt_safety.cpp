@@ -6,7 +6,8 @@
 //   - preflight: unwritable --metrics, --trace and --ckpt-dir fail before training;
 //     --ckpt-every without --ckpt-dir; the final checkpoint is written before the trace;
 //   - preemption: SIGTERM to one rank, SIGUSR1 to mpiexec (which forwards it): every rank stops
-//     at one step with a checkpoint (exit 75); a second signal ends the job at once;
+//     at one step with a checkpoint and a whole --trace (exit 75); a second signal ends the job
+//     at once;
 //   - one writer: a second run on a directory in use is refused; the lock of a killed run is
 //     taken over; a fresh run into old checkpoints needs --overwrite; --resume with LATEST
 //     missing, damaged or naming an incomplete step takes the newest step that verifies;
@@ -23,6 +24,8 @@
 
 #include "train_gpt_test.hpp"
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -32,6 +35,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <regex>
 #include <sstream>
@@ -297,7 +301,8 @@ TEST_CASE("preemption: a signal stops every rank at one step with a checkpoint; 
   for (const std::string target : {"one rank (SIGTERM)", "mpiexec (SIGUSR1, forwarded)"}) {
     DYNAMIC_SECTION(target) {
       const auto dir = tmp("preempt_" + std::to_string(target.size())), m = dir + ".json";
-      Job job(command(args + "--ckpt-dir " + dir + " --metrics " + m, 2, ""), dir + ".out");
+      const auto trace = dir + ".trace.json";
+      Job job(command(args + "--ckpt-dir " + dir + " --metrics " + m + " --trace " + trace, 2, ""), dir + ".out");
       REQUIRE(wait_for_step(m, 2));
       const auto t0 = clock_type::now();
       if (target[0] == 'o')
@@ -317,6 +322,12 @@ TEST_CASE("preemption: a signal stops every rank at one step with a checkpoint; 
       CHECK(match[2].str() == dir + "/" + latest(dir));
       CHECK(latest(dir) == step_name(last + 1));
       CHECK(!fs::exists(dir + "/LOCK"));  // released on the way out
+      // the trace of the steps run was written before the exit (every rank's events)
+      std::ifstream in(trace);
+      const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      CHECK_THAT(r.out, ContainsSubstring("trace: " + trace));
+      CHECK(nlohmann::json::accept(text));
+      CHECK_THAT(text, ContainsSubstring(R"("name":"step 0")") && ContainsSubstring("rank 1 (dp 1/2"));
       resumes_bit_for_bit(args, 2, dir, ref);
     }
   }

@@ -625,7 +625,7 @@ Net make_net(const pmt::Mesh<Backend>& mesh) {
 }
 
 Model::Batch batch(int step, std::size_t row0, std::size_t rows, std::size_t global) {
-  Model::Batch b{pmt::Tensor<T, 2, Host>("x", rows, d), pmt::Tensor<T, 2, Host>("t", rows, out), rows, row0};
+  Model::Batch b{pmt::Tensor<T, 2, Host>("x", rows, d), pmt::Tensor<T, 2, Host>("t", rows, out), rows};
   pmt::GlobalSlice s;
   s.extent[0] = global, s.extent[1] = d, s.offset[0] = row0;
   pmt::fill_normal(Host(), b.input, pmt::RngKey{4, static_cast<std::uint32_t>(step)}, 0.0, 1.0, s);

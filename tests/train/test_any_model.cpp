@@ -84,7 +84,6 @@ struct Task {
   static Batch batch(int step, std::size_t row0, std::size_t n) {
     Batch b;
     b.rows  = n;
-    b.row0  = row0;  // keys the dropout masks
     b.input = Act("x", n, d);
     pmt::GlobalSlice rows;
     rows.extent[0] = N_global, rows.extent[1] = d, rows.offset[0] = row0;
@@ -251,7 +250,8 @@ TEST_CASE("StagedModel: extents at the cuts, balanced plan, errors", "[train][an
   double loss = 0;
   CHECK_THROWS_WITH(whole.forward_chunk(Host(), 0, bad, Act(), 1.0, &loss),
                     Catch::Matchers::ContainsSubstring("the batch's input is (5, 8) for 4 rows; expected (4, 8)"));
-  // an MSE target of the wrong shape
+  // an MSE target of the wrong shape (a forward by hand: its random keys from a RandomScope)
+  const pmt::RandomScope keys(0, 0);
   auto wrong   = Task<false>::batch(0, 0, 5);
   wrong.target = Act("t", 5, 2);
   CHECK_THROWS_WITH(whole.forward_chunk(Host(), 0, wrong, Act(), 1.0, &loss),
@@ -266,14 +266,22 @@ TEST_CASE("evaluation mode keeps no activation; dropout drops at its rate and is
   Model model(one, make_net(one, 1), {}, {});
   const auto b = Task<false>::batch(0, 0, N_global);
   auto& mem    = pmt::obs::MemoryTracker::instance();
+  {
+    double unused = 0;
+    CHECK_THROWS_WITH(model.forward_chunk(Host(), 0, b, Act(), double(N_global), &unused),
+                      Catch::Matchers::ContainsSubstring("pmt::nn::Dropout::forward") &&
+                          Catch::Matchers::ContainsSubstring("pmt::RandomScope"));
+  }
   model.predict(Host(), b.input);  // the first products choose their matmul path (and keep its buffers)
   mem.enable();
   // predict (pmt::NoGrad inside): only the output (N, 1) outlives the call
   const auto before = mem.current_bytes();
   Act y             = model.predict(Host(), b.input);
   CHECK(mem.current_bytes() - before == y.size() * sizeof(T));
-  // the same forward with gradients on keeps every layer's input for the backward
-  double loss             = 0;
+  // the same forward with gradients on keeps every layer's input for the backward (run by hand,
+  // outside a Trainer: the random keys come from a RandomScope, and without one Dropout refuses)
+  double loss = 0;
+  const pmt::RandomScope keys(/*step=*/0, /*first global row=*/0);
   const auto before_train = mem.current_bytes();
   model.forward_chunk(Host(), 0, b, Act(), double(N_global), &loss);
   const auto kept = mem.current_bytes() - before_train;

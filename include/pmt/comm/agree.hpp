@@ -29,17 +29,40 @@
 namespace pmt::comm {
 
 /// \brief Collective over `world`: every rank learns whether any rank holds an error. A rank
-/// holding one rethrows it; the others raise pmt::IoError(op, "<what> failed on N other rank(s)
-/// (see their messages)"), so no rank goes on into a collective the others will not enter.
+/// holding one rethrows it; the others raise pmt::IoError(op, "<what> failed on N other rank(s);
+/// rank R: <R's message>"), R the lowest failing rank (its message cut at 2,000 characters), so
+/// no rank goes on into a collective the others will not enter and every rank can say why.
 template <class B>
 void agree_on_errors(const Communicator<B>& world, const std::exception_ptr& local_error, const char* op,
                      const std::string& what) {
-  Kokkos::View<int, Kokkos::HostSpace> failed("pmt::comm::agree_on_errors");
-  failed() = local_error ? 1 : 0;
-  all_reduce(world, Kokkos::DefaultHostExecutionSpace(), failed);
+  const auto host = Kokkos::DefaultHostExecutionSpace();
+  Kokkos::View<int*, Kokkos::HostSpace> failed("pmt::comm::agree_on_errors", 2);
+  failed(0) = local_error ? 1 : 0;
+  failed(1) = local_error ? -world.rank() : -world.size();  // max: minus the lowest failing rank
+  all_reduce(world, host, failed, ReduceOp::Max);
+  if (failed(0) == 0) return;  // every rank alike: nothing more to say
+  // how many failed, and the lowest failing rank's message, to every rank
+  Kokkos::View<int, Kokkos::HostSpace> count("pmt::comm::agree_on_errors::count");
+  count() = local_error ? 1 : 0;
+  all_reduce(world, host, count);
+  const int first           = -failed(1);
+  constexpr std::size_t cap = 2000;
+  Kokkos::View<std::int8_t*, Kokkos::HostSpace> text("pmt::comm::agree_on_errors::text", cap);
+  if (world.rank() == first) {
+    std::string message = "an exception that is not a std::exception";
+    try {
+      std::rethrow_exception(local_error);
+    } catch (const std::exception& e) {
+      message = e.what();
+    } catch (...) {
+    }
+    for (std::size_t i = 0; i < message.size() && i + 1 < cap; ++i) text(i) = static_cast<std::int8_t>(message[i]);
+  }
+  broadcast(world, host, text, first);
   if (local_error) std::rethrow_exception(local_error);
-  if (failed() > 0)
-    throw IoError(op, pmt::detail::str(what, " failed on ", failed(), " other rank(s) (see their messages)"));
+  std::string message;
+  for (std::size_t i = 0; i < cap && text(i) != 0; ++i) message += static_cast<char>(text(i));
+  throw IoError(op, pmt::detail::str(what, " failed on ", count(), " other rank(s); rank ", first, ": ", message));
 }
 
 /// \brief FNV-1a 64-bit hash of `text` (the same on every machine).

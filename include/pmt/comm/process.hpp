@@ -9,6 +9,7 @@
 #include "pmt/config.hpp"
 #include "pmt/core/environment.hpp"
 #include "pmt/core/error.hpp"
+#include "pmt/core/failure.hpp"
 #include "pmt/detail/cblas.hpp"
 #include "pmt/version.hpp"
 #if PMT_ENABLE_MPI
@@ -38,7 +39,9 @@ namespace pmt {
 /// It records this process' world rank for error messages and warns once (rank 0) when OpenBLAS
 /// runs generic kernels on a vector CPU or fewer threads than Kokkos, and when OMP_WAIT_POLICY is
 /// passive with several OpenMP threads. When the guard is destroyed while an exception is in
-/// flight in a multi-rank job, it calls MPI_Abort so the other ranks end instead of hanging.
+/// flight in a multi-rank job, or after this rank failed (core/failure.hpp: an error left a
+/// training step, which the program may have caught), it calls MPI_Abort so the other ranks end
+/// instead of hanging (end_job_if_failed).
 ///
 /// \code
 /// int main(int argc, char* argv[]) {
@@ -70,6 +73,7 @@ class ScopeGuard {
                    detail::process_context().rank);
       detail::mpi_abort_world();
     }
+    if (m_owns_mpi) end_job_if_failed();
 #endif
     if (m_owns_kokkos && Kokkos::is_initialized()) Kokkos::finalize();
 #if PMT_ENABLE_MPI
@@ -79,6 +83,20 @@ class ScopeGuard {
 
   ScopeGuard(const ScopeGuard&)            = delete;
   ScopeGuard& operator=(const ScopeGuard&) = delete;
+
+  /// \brief When this rank has failed (pmt::rank_failed()) in a job of several ranks: says so on
+  /// stderr, with the rank and the recorded reason, and ends the whole job (MPI_Abort, exit code
+  /// 1), because the other ranks may be waiting for it forever. Otherwise nothing. A program that
+  /// initialises MPI itself calls it before MPI_Finalize.
+  static void end_job_if_failed() {
+#if PMT_ENABLE_MPI
+    if (!rank_failed() || detail::process_context().size <= 1) return;
+    std::fprintf(stderr, "pmt: rank %d of %d failed (%s); the other ranks may wait for it forever: aborting the job\n",
+                 detail::process_context().rank, detail::process_context().size, failure_reason().c_str());
+    std::fflush(stderr);
+    detail::mpi_abort_world();
+#endif
+  }
 
  private:
   bool m_owns_mpi    = false;

@@ -3,16 +3,22 @@
 // Request: the handle of a non-blocking operation (iall_reduce, isend, irecv). It owns copies of
 // the Views the operation reads or writes, so they stay alive until the operation completes,
 // whatever the caller does with its own handles. wait() blocks; test() polls. A request destroyed
-// while pending waits first (MPI and NCCL forbid freeing buffers under a pending operation).
+// while pending waits first (MPI and NCCL forbid freeing buffers under a pending operation),
+// except when its rank has failed (core/failure.hpp) or an exception is unwinding the stack: the
+// peer it waits on may never come, so it abandons the operation instead, keeps its buffers alive
+// for the rest of the process and records the failure; the job then ends (pmt::ScopeGuard).
 
 #include "pmt/comm/stats.hpp"
 #include "pmt/core/error.hpp"
+#include "pmt/core/failure.hpp"
 
 #include <cstdio>
 #include <exception>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <utility>
+#include <vector>
 
 namespace pmt::comm {
 
@@ -71,12 +77,30 @@ class Request {
     m_keep.reset();
   }
   void finish_quietly() noexcept {
+    if (!done() && (std::uncaught_exceptions() > 0 || rank_failed())) {
+      abandon();
+      return;
+    }
     try {
       wait();
     } catch (const std::exception& e) {
       std::fprintf(stderr, "pmt::comm::Request: a pending request failed while being destroyed: %s\n", e.what());
       std::terminate();  // the buffers may still be in use: do not carry on
     }
+  }
+  /// Leaves the operation pending: its buffers stay alive until the process ends (a late message
+  /// may still land in them), and this rank is marked failed.
+  /// (Out of memory here, std::terminate ends the process, and with it the job.)
+  void abandon() noexcept {
+    note_failure("a pending non-blocking operation was abandoned while an error unwound the stack", false);
+    static std::mutex mu;
+    static auto* kept = new std::vector<std::shared_ptr<void>>();  // never freed: see above
+    {
+      const std::lock_guard<std::mutex> lock(mu);
+      kept->push_back(std::move(m_keep));
+    }
+    m_progress    = nullptr;
+    m_on_complete = nullptr;
   }
   void swap(Request& o) noexcept {
     std::swap(m_progress, o.m_progress);

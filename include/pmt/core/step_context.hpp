@@ -5,21 +5,22 @@
 //   grad       whether layers keep what their backward needs (false under NoGrad and in the
 //              first forward of activation recomputation, KeepNothing)
 //   random     the keys of layout-independent random draws: the global step and the global
-//              index of the current microbatch's first row (Dropout's masks)
+//              index of the current microbatch's first row (Dropout's masks), and whether
+//              anything set them (a training forward outside a Trainer step has no keys)
 //   precision  the precision of float products (fp32, or bf16 operands with fp32 sums)
 //   slot       the activation slot a layer saves into and reads from (one per microbatch in
 //              flight on a pipeline stage)
 //   progress   what pmt::progress() polls between blocks (the pipeline's pending messages)
 // Layers read it through pmt::step_context() and nothing else. The Trainer opens one StepScope
-// per step() and evaluate() with the mode, the step and the precision; the pipeline runner and the
-// staged model narrow it per microbatch (ActivationSlot, RandomRowScope, KeepNothing), and
-// comm::ProgressScope installs the poll. Each scope changes its fields of the calling thread's
-// context for its lifetime and restores them on exit, so scopes nest. Outside any scope the
-// context is the default: train mode, gradients kept, step 0, row 0, fp32, slot 0, no poll.
-// The context is per thread (a thread_local): it is the only thread-local that carries step
-// state in pmt. The others are caches (a cuBLAS handle, bf16 scratch), the ErrorContext tags of
-// error messages and the communication time counters (comm/stats.hpp): no layer reads them to
-// decide what it computes.
+// per step() and evaluate() with the mode, the step and the precision; the Trainer and the
+// pipeline runner narrow it per microbatch (ActivationSlot, RandomRowScope), the staged model per
+// chunk (KeepNothing, RandomScope to replay a recomputed forward), and comm::ProgressScope
+// installs the poll. A program that runs layers without a Trainer opens a RandomScope itself. Each scope changes its
+// fields of the calling thread's context for its lifetime and restores them on exit, so scopes nest. Outside any scope
+// the context is the default: train mode, gradients kept, no random keys, fp32, slot 0, no poll. The context is per
+// thread (a thread_local): it is the only thread-local that carries step state in pmt. The others are caches (a cuBLAS
+// handle, bf16 scratch), the ErrorContext tags of error messages and the communication time counters (comm/stats.hpp):
+// no layer reads them to decide what it computes.
 
 #include <cstddef>
 #include <cstdint>
@@ -35,11 +36,13 @@ enum class Precision { fp32, bf16 };
 enum class StepMode { train, eval };
 
 /// \brief What keys a random draw that must not depend on the layout (Dropout): the global
-/// step and the global index of the current microbatch's first row. The Trainer sets the step
-/// for each step() and nn::StagedModel the row for each microbatch.
+/// step and the global index of the current microbatch's first row. The Trainer sets both for
+/// each step() and microbatch (`keyed`); outside any RandomScope nothing is set, and a layer
+/// that draws refuses to guess.
 struct RandomContext {
   std::uint64_t step = 0;
   std::uint64_t row0 = 0;
+  bool keyed         = false;  ///< whether a Trainer step or a RandomScope set the keys
 };
 
 /// \brief The step a layer runs in (see the file comment).
@@ -126,32 +129,29 @@ class KeepNothing : detail::FieldScope<bool, &StepContext::grad> {
   KeepNothing() noexcept : FieldScope(false) {}
 };
 
-/// \brief Sets this thread's random step (and keeps the row) for the scope's lifetime.
-class RandomStepScope {
+/// \brief Sets this thread's random keys for the scope's lifetime (restores the previous ones on
+/// exit): what a Trainer step does, for a program that runs layers by hand. `step` is the global
+/// step, `row0` the global index of the batch's first row in the step's global batch; every
+/// layout that gives each row the same global index draws the same random numbers.
+class RandomScope : detail::FieldScope<RandomContext, &StepContext::random> {
  public:
-  explicit RandomStepScope(std::uint64_t step) noexcept : m_previous(detail::step_context.random.step) {
-    detail::step_context.random.step = step;
-  }
-  ~RandomStepScope() { detail::step_context.random.step = m_previous; }
-  RandomStepScope(const RandomStepScope&)            = delete;
-  RandomStepScope& operator=(const RandomStepScope&) = delete;
-
- private:
-  std::uint64_t m_previous;
+  RandomScope(std::uint64_t step, std::uint64_t row0) noexcept : FieldScope(RandomContext{step, row0, true}) {}
+  /// \brief Restores saved keys (a recomputed forward replays its first forward's).
+  explicit RandomScope(const RandomContext& keys) noexcept : FieldScope(keys) {}
 };
 
-/// \brief Sets this thread's first global row (and keeps the step) for the scope's lifetime.
-class RandomRowScope {
+/// \brief Sets this thread's first global row (keeps the step) for the scope's lifetime: the
+/// Trainer and the pipeline runner, per microbatch.
+class RandomRowScope : detail::FieldScope<RandomContext, &StepContext::random> {
  public:
-  explicit RandomRowScope(std::uint64_t row0) noexcept : m_previous(detail::step_context.random.row0) {
-    detail::step_context.random.row0 = row0;
-  }
-  ~RandomRowScope() { detail::step_context.random.row0 = m_previous; }
-  RandomRowScope(const RandomRowScope&)            = delete;
-  RandomRowScope& operator=(const RandomRowScope&) = delete;
+  explicit RandomRowScope(std::uint64_t row0) noexcept : FieldScope(with_row(row0)) {}
 
  private:
-  std::uint64_t m_previous;
+  static RandomContext with_row(std::uint64_t row0) noexcept {
+    RandomContext keys = detail::step_context.random;
+    keys.row0          = row0;
+    return keys;
+  }
 };
 
 /// \brief Whether layers save activations for a backward on this thread (false inside NoGrad

@@ -16,7 +16,8 @@
 //                                        a copy writes only its own values of per-rank states,
 //                                        "grad_residual@copy/NAME", read back on the same layout)
 //   DIR/step-00000006/MANIFEST          written by rank 0 last: format, step, layout, model
-//                                        description, extra fields (seed, data position), each
+//                                        description, extra fields (seed, data position, the
+//                                        measured choices: restored on load), each
 //                                        shard's size and CRC-32, and last its own checksum
 //   DIR/LATEST                          the name of the newest complete checkpoint
 //   DIR/LOCK                            "pid host" of the one run writing DIR (pmt::run::DirectoryLock,
@@ -45,6 +46,7 @@
 #include "pmt/comm/collectives.hpp"
 #include "pmt/comm/mesh.hpp"
 #include "pmt/core/error.hpp"
+#include "pmt/core/measured_choice.hpp"
 #include "pmt/core/parameter.hpp"
 #include "pmt/io/checkpoint_files.hpp"
 #include "pmt/io/checkpoint_state.hpp"
@@ -62,6 +64,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <initializer_list>
 #include <string>
 #include <utility>
 #include <vector>
@@ -69,6 +72,9 @@
 namespace pmt::io {
 
 namespace detail {
+
+/// The manifest's extra field holding the measured choices (core/measured_choice.hpp).
+inline constexpr const char* choices_field = "measured_choices";
 
 template <class Opt, class Backend>
 std::string save(const std::string& dir, const Mesh<Backend>& mesh, const Opt& opt, const CheckpointInfo& info) {
@@ -162,6 +168,9 @@ std::string save(const std::string& dir, const Mesh<Backend>& mesh, const Opt& o
         << world.size() << "\nelement " << sizeof(T) << "\noptimizer " << opt.kind() << "\nadam_steps " << opt.steps()
         << "\nmodel " << info.model << "\n";
       for (const auto& [k, v] : info.extra) m << "extra " << k << " " << v << "\n";
+      // the paths the run's measured choices took (matmul dispatch): a resumed run takes them too
+      if (info.extra.count(choices_field) == 0)
+        m << "extra " << choices_field << " " << encode_measured_choices() << "\n";
       for (int q = 0; q < world.size(); ++q) {
         char crc[16];
         std::snprintf(crc, sizeof crc, "%08x", static_cast<unsigned>(all(2 * q + 1)));
@@ -318,6 +327,13 @@ CheckpointInfo load(const std::string& step_dir, const Mesh<Backend>& mesh, Opt&
     }
     if (!kinds.empty()) opt.set_steps(adam_steps);
     if constexpr (detail::has_state_defaults_v<Opt>) opt.mark_loaded();
+    // the saved run's measured choices, so that this run computes as it did (bit for bit); a
+    // choice this process has made already stays (a choice never changes once made)
+    for (const char* field : {choices_field, "matmul_paths"})  // the second: older checkpoints
+      if (const auto it = info.extra.find(field); it != info.extra.end()) {
+        set_measured_choices(decode_measured_choices(it->second));
+        break;
+      }
   } catch (...) {  // whatever it is, the other ranks must not wait for this one
     err = std::current_exception();
   }

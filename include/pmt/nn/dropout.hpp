@@ -5,12 +5,15 @@
 // global step and the GLOBAL element index (global row r, global column c). The mask therefore
 // does not depend on the layout: a dp rank's rows, a tp rank's columns of a sharded tensor, a
 // pipeline stage and a microbatch all see the bits the one-rank run sees for the same element.
-// The step and the microbatch's first global row come from the thread's RandomContext
-// (core/random.hpp): the Trainer sets the step, nn::StagedModel the row (Samples::row0). The
+// The step and the microbatch's first global row come from the step context's random keys
+// (core/step_context.hpp): the Trainer sets both for every step and microbatch, from the global
+// step and the rows of the dp ranks before this one; a training forward without keys (layers run
+// by hand outside a pmt::RandomScope) raises pmt::ConfigError rather than guess. The
 // placement is part of the type and checked by Chain: Dropout<T, Exec, Sharded> after a Col
 // layer (columns offset by tp rank x local width), Replicated (the default) elsewhere.
 // Backward recomputes the mask from the saved (step, row0) instead of keeping it. Under
-// pmt::NoGrad (evaluation) and with p = 0 it is the identity. Communication: none.
+// pmt::NoGrad and in evaluation (Trainer::evaluate), and with p = 0, it is the identity.
+// Communication: none.
 
 #include "pmt/comm/backend.hpp"
 #include "pmt/comm/mesh.hpp"
@@ -28,6 +31,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -77,6 +81,12 @@ class Dropout {
     const StepContext& context = step_context();
     if (context.mode == StepMode::eval || m_p == 0) return x;  // evaluation: the identity
     const RandomContext ctx = context.random;
+    pmt::detail::require<ConfigError>(ctx.keyed, "pmt::nn::Dropout::forward", [] {
+      return std::string(
+          "a training forward without random keys: run it inside Trainer::step (which keys the masks by the "
+          "global step and each row's global index), open a pmt::RandomScope(step, first_global_row) around "
+          "it, or evaluate under pmt::NoGrad (Dropout is then the identity)");
+    });
     if (context.grad) *m_saved = {ctx.step, ctx.row0, x.extent(0), x.extent(1)};
     auto y = workspace_view<Tensor<T, 2, Exec>>("pmt::nn::Dropout::y", x.extent(0), x.extent(1));
     run(exec, x, y, ctx.step, ctx.row0, "pmt::nn::Dropout::forward");

@@ -350,6 +350,7 @@ class Gpt {
         vocab_parallel_cross_entropy(m_tp, exec, logits, targets, head.vocab_offset(),
                                      static_cast<std::int64_t>(m_cfg.vocab), normaliser, dlogits, ignore_index);
     if (loss != nullptr) *loss += l;
+    if (!step_context().grad) return Activation();  // evaluation: no backward follows
     // Backward of the head: dh = dlogits wte_shard (partial over the vocabulary: all-reduce, or
     // reduce-scatter to this rank's rows), d wte_shard += dlogits^T h.
     auto dh = workspace_view<Activation>("pmt::nn::Gpt::dh", N, C);

@@ -17,9 +17,9 @@
 // gradients of the layers other stages hold: construction briefly holds this tp shard of the
 // whole model, training only this stage's part. The tensor at a cut is sent as it is: a cut
 // after a Col layer sends this tp rank's shard (N, out/tp) to the same tp rank of the next stage.
-// Batch: parallel::Samples<Activation, Target>{input (N, in), target, N, row0}. The first stage
-// reads the input, the last the target; others may leave them empty, but `rows` is needed
-// everywhere, and `row0` (the global index of the first row) keys Dropout's mask.
+// Batch: parallel::Samples<Activation, Target>{input (N, in), target, N}. The first stage reads
+// the input, the last the target; others may leave them empty, but `rows` is needed everywhere
+// (the Trainer numbers the global batch's rows by it, and those numbers key Dropout's masks).
 // Gradient hooks: before each layer's backward (its gradients are written next: ZeRO-2 gives them
 // storage) and after it (final: data-parallel all-reduces overlap the rest).
 // StagedOptions::recompute: activation recomputation per chunk (a chunk's forward keeps only its
@@ -172,7 +172,6 @@ class StagedModel {
                                                    ")): ", first ? "the batch's input" : "x_in", " is ", shape_str(x),
                                                    " for ", mb.rows, " rows; expected (", want[0], ", ", want[1], ")");
                          });
-    const RandomRowScope rows(mb.row0);  // Dropout's mask follows the global rows
     const bool recompute = m_recompute && step_context().grad;
     Activation y;
     if (recompute) {  // keep the input and the random context; the backward runs this again
@@ -198,8 +197,7 @@ class StagedModel {
       pmt::detail::require(r.x.data() != nullptr, "pmt::nn::StagedModel::backward_chunk", [&] {
         return pmt::detail::str("stage ", m_stage, ", chunk ", k, ": no forward_chunk ran in this activation slot");
       });
-      const RandomStepScope step(r.random.step);
-      const RandomRowScope rows(r.random.row0);
+      const RandomScope keys(r.random);  // the first forward's step and rows: the same Dropout masks
       m_net.forward(exec, r.x, begin(k), end(k));
     }
     const std::size_t width = m_widths.at(end(k));  // of the chunk's output

@@ -4,8 +4,12 @@
 // pipeline stage of a model. Per action of the table, in order:
 //   RecvAct i / RecvGrad i  wait for the message; its receive was posted one receive ahead
 //                           (a receive of each kind is always in flight, overlapping compute)
-//   Forward i               model.forward_chunk in activation slot k (a free slot, taken now)
+//   Forward i               model.forward_chunk in activation slot k (a free slot, taken now),
+//                           with the random keys' first row set to microbatch i's global row
 //   Backward i              model.backward_chunk in the slot of i, which is then free again
+// Without gradients (the step context's grad off: evaluation) the runner takes the forward-only
+// table (parallel::forward_only) instead of the schedule asked for, and frees each slot as soon
+// as its forward has run.
 //   SendAct i / SendGrad i  non-blocking send from one of the runner's send buffers (the tensor
 //                           copied there; they stay from step to step); completed sends are
 //                           reaped as the run goes and all are waited for at the end
@@ -30,6 +34,7 @@
 #include "pmt/core/activation_slot.hpp"
 #include "pmt/core/error.hpp"
 #include "pmt/core/instrument.hpp"
+#include "pmt/core/step_context.hpp"
 #include "pmt/core/workspace.hpp"
 #include "pmt/parallel/schedule.hpp"
 #include "pmt/parallel/stage_module.hpp"
@@ -100,13 +105,21 @@ class PipelineRunner {
   /// it runs correctly but with GPipe's bubble and memory.
   /// \throws pmt::ConfigError from the builders (interleaved 1F1B: m a multiple of the stages)
   /// or the checker.
-  const Schedule& schedule(ScheduleKind kind, int m) {
-    const auto key = std::make_pair(static_cast<int>(kind), m);
+  const Schedule& schedule(ScheduleKind kind, int m) { return table(static_cast<int>(kind), m); }
+  /// \brief The forward-only table for m microbatches (evaluation), checked and cached likewise.
+  const Schedule& forward_schedule(int m) { return table(forward_key, m); }
+
+ private:
+  static constexpr int forward_key = -1;  // the tables' key of the forward-only pass
+  const Schedule& table(int kind_key, int m) {
+    const auto key = std::make_pair(kind_key, m);
     auto it        = m_tables.find(key);
     if (it == m_tables.end()) {
-      Schedule sc    = make_schedule(kind, m_model.stages(), m, m_chunks);
-      m_reports[key] = check(sc);
-      if (kind == ScheduleKind::OneFOneB && m < m_model.stages() && m_root)
+      const auto kind = static_cast<ScheduleKind>(kind_key);
+      Schedule sc     = kind_key == forward_key ? forward_only(m_model.stages(), m, m_chunks)
+                                                : make_schedule(kind, m_model.stages(), m, m_chunks);
+      m_reports[key]  = check(sc);
+      if (kind_key != forward_key && kind == ScheduleKind::OneFOneB && m < m_model.stages() && m_root)
         std::fprintf(stderr,
                      "pmt: warning: 1F1B with %d microbatches on %d pipeline stages has no steady phase: it runs "
                      "like GPipe (bubble %.0f%%); use at least %d microbatches\n",
@@ -115,6 +128,8 @@ class PipelineRunner {
     }
     return it->second;
   }
+
+ public:
   /// \brief The checker's report for a schedule built by schedule().
   const ScheduleReport& report(ScheduleKind kind, int m) {
     return (schedule(kind, m), m_reports.at({static_cast<int>(kind), m}));
@@ -123,8 +138,11 @@ class PipelineRunner {
   /// \brief Runs this stage's part of one step over the microbatches (every stage gets the same
   /// list: the first reads the input, the last the targets). Returns the sum of this
   /// stage's microbatch losses in microbatch order (non-zero on the last stage only).
+  /// `first_row` is the global index of the first microbatch's first row (rows_of numbers the
+  /// rest); without gradients (evaluation) it runs the forward-only table instead of `kind`'s.
   double run(const Exec& exec, ScheduleKind kind, const std::vector<Batch>& mbs, double normaliser,
-             const BackwardHook& before_backward = {}) {
+             const BackwardHook& before_backward = {}, std::uint64_t first_row = 0) {
+    m_started   = false;
     const int m = static_cast<int>(mbs.size());
     pmt::detail::require<ConfigError>(m >= 1, "pmt::parallel::PipelineRunner::run",
                                       [&] { return std::string("no microbatch"); });
@@ -132,8 +150,12 @@ class PipelineRunner {
     // take one raises here on all ranks alike, not on one stage while the others wait for it
     for (const auto& mb : mbs)
       for (int k = 0; k < m_chunks; ++k) (void)m_model.input_extent(k, mb), (void)m_model.output_extent(k, mb);
-    const auto& actions = schedule(kind, m).per_stage[static_cast<std::size_t>(m_model.stage())];
-    const auto M        = static_cast<std::size_t>(m);
+    const bool forward_only_pass = !step_context().grad;
+    const auto& actions          = (forward_only_pass ? forward_schedule(m) : schedule(kind, m))
+                              .per_stage[static_cast<std::size_t>(m_model.stage())];
+    std::vector<std::uint64_t> row0(mbs.size(), first_row);  // each microbatch's first global row
+    for (std::size_t i = 1; i < mbs.size(); ++i) row0[i] = row0[i - 1] + rows_of(m_model, mbs[i - 1]);
+    const auto M = static_cast<std::size_t>(m);
     const int s = m_model.stage(), p = m_model.stages();
     const int prev = (s + p - 1) % p, next = (s + 1) % p;  // the ring of stages (chunks wrap round)
     // buffers and slots per (chunk, microbatch): index chunk * M + mb
@@ -169,6 +191,7 @@ class PipelineRunner {
           return;
         }
     };
+    m_started = true;  // from here on an error may leave other stages waiting
     post(next_act, 0, Action::RecvAct);
     post(next_grad, 0, Action::RecvGrad);
     comm::ProgressScope progress([&] {
@@ -193,70 +216,80 @@ class PipelineRunner {
                (v > 1 ? " chunk " + std::to_string(a_.chunk) : "");
       };
     };
+    m_failed_at.clear();
     for (std::size_t k = 0; k < actions.size(); ++k) {
       const Action a     = actions[k];
       const auto i       = at(a);
       const auto& mb     = mbs[static_cast<std::size_t>(a.mb)];
       const double start = now();
-      switch (a.kind) {
-        case Action::RecvAct:
-        case Action::RecvGrad: {
-          // the sender of an activation is stage s-1, of a gradient stage s+1 (round the ring:
-          // the last stage's chunk c feeds the first stage's chunk c+1)
-          const bool act   = a.kind == Action::RecvAct;
-          const int sender = act ? a.chunk - (s == 0 ? 1 : 0) : a.chunk + (next == 0 ? 1 : 0);
-          const Instrument instrument("pmt::parallel::pipeline::recv", Track::P2P, label(a), -1,
-                                      flow(act, world_rank(act ? prev : next), sender, a.mb));
-          auto& p = act ? next_act : next_grad;
-          p.rq.wait();
-          post(p, k + 1, a.kind);
-          m_stats.recv_wait += now() - start;
-          break;
-        }
-        case Action::Forward: {
-          const Instrument instrument("pmt::parallel::pipeline::forward", Track::Compute, label(a));
-          if (free_slots.empty()) free_slots.push_back(slots++);
-          slot_of[i] = free_slots.back();
-          free_slots.pop_back();
-          m_stats.peak_live = std::max(m_stats.peak_live, ++live);
-          {
-            ActivationSlot slot(slot_of[i]);
-            out[i] = m_model.forward_chunk(exec, a.chunk, mb, in_act[i], normaliser, &losses[i]);
+      // an error raised by this action names it (pmt::Error's context), and failed_at() keeps it
+      const ErrorContext where(where_is(a));
+      try {
+        switch (a.kind) {
+          case Action::RecvAct:
+          case Action::RecvGrad: {
+            // the sender of an activation is stage s-1, of a gradient stage s+1 (round the ring:
+            // the last stage's chunk c feeds the first stage's chunk c+1)
+            const bool act   = a.kind == Action::RecvAct;
+            const int sender = act ? a.chunk - (s == 0 ? 1 : 0) : a.chunk + (next == 0 ? 1 : 0);
+            const Instrument instrument("pmt::parallel::pipeline::recv", Track::P2P, label(a), -1,
+                                        flow(act, world_rank(act ? prev : next), sender, a.mb));
+            auto& p = act ? next_act : next_grad;
+            p.rq.wait();
+            post(p, k + 1, a.kind);
+            m_stats.recv_wait += now() - start;
+            break;
           }
-          exec.fence();
-          in_act[i] = Activation();  // the stage's layers keep what they need in the slot
-          m_stats.compute += now() - start;
-          break;
-        }
-        case Action::Backward: {
-          const Instrument instrument("pmt::parallel::pipeline::backward", Track::Compute, label(a));
-          if (before_backward) before_backward(a.mb, k == last_backward[static_cast<std::size_t>(a.chunk)]);
-          {
-            ActivationSlot slot(slot_of[i]);
-            out[i] = m_model.backward_chunk(exec, a.chunk, in_grad[i]);
+          case Action::Forward: {
+            const Instrument instrument("pmt::parallel::pipeline::forward", Track::Compute, label(a));
+            if (free_slots.empty()) free_slots.push_back(slots++);
+            slot_of[i] = free_slots.back();
+            free_slots.pop_back();
+            m_stats.peak_live = std::max(m_stats.peak_live, ++live);
+            {
+              ActivationSlot slot(slot_of[i]);
+              const RandomRowScope rows(row0[static_cast<std::size_t>(a.mb)]);
+              out[i] = m_model.forward_chunk(exec, a.chunk, mb, in_act[i], normaliser, &losses[i]);
+            }
+            exec.fence();
+            in_act[i] = Activation();  // the stage's layers keep what they need in the slot
+            if (forward_only_pass) free_slots.push_back(slot_of[i]), --live;  // nothing kept for a backward
+            m_stats.compute += now() - start;
+            break;
           }
-          exec.fence();
-          in_grad[i] = Activation();
-          free_slots.push_back(slot_of[i]);
-          --live;
-          m_stats.compute += now() - start;
-          break;
+          case Action::Backward: {
+            const Instrument instrument("pmt::parallel::pipeline::backward", Track::Compute, label(a));
+            if (before_backward) before_backward(a.mb, k == last_backward[static_cast<std::size_t>(a.chunk)]);
+            {
+              ActivationSlot slot(slot_of[i]);
+              out[i] = m_model.backward_chunk(exec, a.chunk, in_grad[i]);
+            }
+            exec.fence();
+            in_grad[i] = Activation();
+            free_slots.push_back(slot_of[i]);
+            --live;
+            m_stats.compute += now() - start;
+            break;
+          }
+          case Action::SendAct:
+          case Action::SendGrad: {
+            const Instrument instrument("pmt::parallel::pipeline::send", Track::P2P, label(a),
+                                        flow(a.kind == Action::SendAct, m_me, a.chunk, a.mb));
+            // the tensor goes out from a send buffer of the runner's (see send_buffer), and its own
+            // memory returns to the workspace at once, whenever the receiver takes the message
+            SendBuffer& sb = send_buffer(out[i]);
+            Kokkos::deep_copy(exec, sb.buf, out[i]);
+            exec.fence();
+            sb.rq   = a.kind == Action::SendAct ? comm::isend(m_pp, exec, sb.buf, next, tag_act)
+                                                : comm::isend(m_pp, exec, sb.buf, prev, tag_grad);
+            sb.busy = true;
+            out[i]  = Activation();
+            break;
+          }
         }
-        case Action::SendAct:
-        case Action::SendGrad: {
-          const Instrument instrument("pmt::parallel::pipeline::send", Track::P2P, label(a),
-                                      flow(a.kind == Action::SendAct, m_me, a.chunk, a.mb));
-          // the tensor goes out from a send buffer of the runner's (see send_buffer), and its own
-          // memory returns to the workspace at once, whenever the receiver takes the message
-          SendBuffer& sb = send_buffer(out[i]);
-          Kokkos::deep_copy(exec, sb.buf, out[i]);
-          exec.fence();
-          sb.rq   = a.kind == Action::SendAct ? comm::isend(m_pp, exec, sb.buf, next, tag_act)
-                                              : comm::isend(m_pp, exec, sb.buf, prev, tag_grad);
-          sb.busy = true;
-          out[i]  = Activation();
-          break;
-        }
+      } catch (...) {
+        m_failed_at = where_is(a);
+        throw;
       }
       m_stats.events.push_back({a, start, now()});
       // reap completed sends so their buffers serve again as the run goes
@@ -273,8 +306,20 @@ class PipelineRunner {
 
   /// \brief What the last run measured on this rank.
   const PipelineStats& stats() const noexcept { return m_stats; }
+  /// \brief The action the last run failed in ("pipeline stage 1/4, forward of microbatch 3"),
+  /// "" when it did not fail.
+  const std::string& failed_at() const noexcept { return m_failed_at; }
+  /// \brief Whether the last run got past its checks (the extents of every microbatch, the
+  /// schedule) to its first message: an error before that is raised on every stage alike.
+  bool started() const noexcept { return m_started; }
 
  private:
+  std::string where_is(const Action& a) const {
+    return pmt::detail::str("pipeline stage ", m_model.stage(), "/", m_model.stages(), ", ", kind_name(a.kind),
+                            " of microbatch ", a.mb, m_chunks > 1 ? pmt::detail::str(" in chunk ", a.chunk) : "");
+  }
+  std::string m_failed_at;
+  bool m_started                = false;
   using clock                   = std::chrono::steady_clock;
   static constexpr int tag_act  = 11;
   static constexpr int tag_grad = 12;

@@ -80,7 +80,8 @@ struct Schedule {
   std::string name;
   int stages = 0, microbatches = 0;
   std::vector<std::vector<Action>> per_stage;
-  int chunks = 1;  ///< model chunks per stage (virtual stages: stages * chunks)
+  int chunks    = 1;     ///< model chunks per stage (virtual stages: stages * chunks)
+  bool backward = true;  ///< false: a forward-only pass (evaluation), no backward and no gradient
 };
 
 namespace detail {
@@ -134,6 +135,24 @@ inline Schedule gpipe(int stages, int microbatches, int chunks = 1) {
     for (int c = chunks - 1; c >= 0; --c)
       for (int i = 0; i < microbatches; ++i) detail::push_backward(a, s, stages, i, c, chunks);
   }
+  return sc;
+}
+
+/// \brief A forward-only pass (evaluation and inference): GPipe's forwards, chunk after chunk,
+/// and no backward; every activation slot is free again as soon as its forward has run.
+/// \throws pmt::ConfigError for stages, microbatches or chunks < 1, or chunks > 1 on one stage.
+inline Schedule forward_only(int stages, int microbatches, int chunks = 1) {
+  detail::check_sizes("pmt::parallel::forward_only", stages, microbatches, chunks);
+  Schedule sc{chunks == 1 ? std::string("forward-only") : pmt::detail::str("forward-only-", chunks, "chunks"),
+              stages,
+              microbatches,
+              std::vector<std::vector<Action>>(static_cast<std::size_t>(stages)),
+              chunks,
+              false};
+  for (int s = 0; s < stages; ++s)
+    for (int c = 0; c < chunks; ++c)
+      for (int i = 0; i < microbatches; ++i)
+        detail::push_forward(sc.per_stage[static_cast<std::size_t>(s)], s, stages, i, c, chunks);
   return sc;
 }
 
@@ -297,7 +316,7 @@ inline ScheduleReport check(const Schedule& sc, const std::vector<double>& t_for
             clock[s] += t_forward[s] / v;
             r.busy[s] += t_forward[s] / v;
             st             = 2;
-            r.peak_live[s] = std::max(r.peak_live[s], ++live[s]);
+            r.peak_live[s] = std::max(r.peak_live[s], sc.backward ? ++live[s] : 1);
             break;
           case Action::SendAct:
             if (last) fail(s, a, "the last stage has no next stage to send to");
@@ -306,6 +325,7 @@ inline ScheduleReport check(const Schedule& sc, const std::vector<double>& t_for
             sent[s][i] = true;
             break;
           case Action::RecvGrad: {
+            if (!sc.backward) fail(s, a, "a forward-only schedule moves no gradient");
             if (last) fail(s, a, "the last stage has no next stage to receive a gradient from");
             if (st != 2) fail(s, a, "received before its forward, or twice");
             if (!sent[s][i]) fail(s, a, "its activation was never sent");
@@ -321,6 +341,7 @@ inline ScheduleReport check(const Schedule& sc, const std::vector<double>& t_for
             break;
           }
           case Action::Backward:
+            if (!sc.backward) fail(s, a, "a forward-only schedule has no backward");
             if (st != (last ? 2 : 3))
               fail(s, a, last ? "backward before its forward, or twice" : "its gradient was not received first");
             clock[s] += t_backward[s] / v;
@@ -357,12 +378,17 @@ inline ScheduleReport check(const Schedule& sc, const std::vector<double>& t_for
     }
   for (std::size_t s = 0; s < P; ++s) {
     for (std::size_t i = 0; i < M * V; ++i) {
-      const int done = (s == 0 && i < M) ? 4 : 5;  // the first virtual stage sends no gradient
-      if (state[s][i] != done)
+      // the first virtual stage sends no gradient; a forward-only pass ends at the forward, sent on
+      // unless it is the last virtual stage's
+      const bool last_virtual = i / M + 1 == V && s + 1 == P;
+      const int done          = !sc.backward ? 2 : (s == 0 && i < M) ? 4 : 5;
+      if (state[s][i] != done || (!sc.backward && !last_virtual && !sent[s][i]))
         throw ConfigError(
-            op, pmt::detail::str(sc.name, ": stage ", s, " leaves microbatch ", i % M,
-                                 v > 1 ? pmt::detail::str(" of chunk ", i / M) : std::string(),
-                                 " unfinished (every stage must run each microbatch's forward and backward)"));
+            op,
+            pmt::detail::str(sc.name, ": stage ", s, " leaves microbatch ", i % M,
+                             v > 1 ? pmt::detail::str(" of chunk ", i / M) : std::string(),
+                             sc.backward ? " unfinished (every stage must run each microbatch's forward and backward)"
+                                         : " unfinished (every stage must run and send on each microbatch's forward)"));
     }
     if (!acts[s].empty() || !grads[s].empty())
       throw ConfigError(op, pmt::detail::str(sc.name, ": a message from or to stage ", s, " is never received"));

@@ -32,6 +32,8 @@
 //                               stage can post its receives before the sender has computed; they
 //                               may raise for a batch the model cannot take (the runner asks them
 //                               for every microbatch on every stage before any message)
+// A microbatch's rows (rows_of: Batch::rows, else Batch::B, else input_extent(0, batch)[0]) number
+// its samples in the step's global batch; the Trainer keys random draws by them.
 // Optional members (used when present):
 //   void on_grads_ready(std::function<void(const std::vector<Parameter*>&)>)
 //                               the model calls the hook during backward with parameters whose
@@ -82,16 +84,15 @@ struct Microbatch {
   std::size_t B = 0, T = 0;
 };
 
-/// \brief One microbatch of any other model: `rows` samples, their input (read by the first
-/// stage; may be left empty on others), their targets (read by the loss on the last stage) and
-/// the global index of the first row in the step's batch (`row0`: keys layout-independent
-/// random draws such as Dropout's mask; leave 0 without them).
+/// \brief One microbatch of any other model: `rows` samples (on every stage), their input (read
+/// by the first stage; may be left empty on others) and their targets (read by the loss on the
+/// last stage). The Trainer gives each row its index in the step's global batch (dp rank after dp
+/// rank, microbatch after microbatch), which keys layout-independent random draws (Dropout).
 template <class Input, class Target>
 struct Samples {
   Input input;
   Target target;
   std::size_t rows = 0;
-  std::size_t row0 = 0;
 };
 
 /// \brief A parameter whose copy on stage `peer` must receive the same gradient.
@@ -161,6 +162,34 @@ struct has_needed_hook<M, Exec,
                            std::function<void(const std::vector<Parameter<typename M::value_type, Exec>*>&)>()))>>
     : std::true_type {};
 }  // namespace detail
+
+namespace detail {
+template <class B, class = void>
+struct has_rows : std::false_type {};
+template <class B>
+struct has_rows<B, void_t<decltype(std::size_t(std::declval<const B&>().rows))>> : std::true_type {};
+template <class B, class = void>
+struct has_sequences : std::false_type {};
+template <class B>
+struct has_sequences<B, void_t<decltype(std::size_t(std::declval<const B&>().B))>> : std::true_type {};
+}  // namespace detail
+
+/// \brief The samples of one microbatch, the unit by which the Trainer numbers the step's global
+/// batch: Batch::rows (Samples), else Batch::B (a Microbatch's sequences), else the rows of the
+/// model's first input, input_extent(0, mb)[0].
+template <class Model>
+std::size_t rows_of(const Model& model, const typename Model::Batch& mb) {
+  using B = typename Model::Batch;
+  if constexpr (detail::has_rows<B>::value) {
+    (void)model;
+    return static_cast<std::size_t>(mb.rows);
+  } else if constexpr (detail::has_sequences<B>::value) {
+    (void)model;
+    return static_cast<std::size_t>(mb.B);
+  } else {
+    return model.input_extent(0, mb)[0];
+  }
+}
 
 /// \brief Whether M calls a gradients-ready hook (the optional on_grads_ready member).
 template <class M, class Exec>

@@ -29,6 +29,7 @@
 #include "pmt/comm/collectives.hpp"
 #include "pmt/comm/mesh.hpp"
 #include "pmt/core/error.hpp"
+#include "pmt/core/failure.hpp"
 #include "pmt/core/instrument.hpp"
 #include "pmt/core/parameter.hpp"
 #include "pmt/core/precision.hpp"
@@ -171,54 +172,44 @@ class Trainer {
   Trainer(const Trainer&)            = delete;  // the model's hook points at this object
   Trainer& operator=(const Trainer&) = delete;
 
-  /// \brief One step over this rank's microbatches; returns the global loss.
+  /// \brief One step over this rank's microbatches; returns the global loss. The step's random
+  /// keys (Dropout's masks) are the global step (StepOptions::step, else steps()) and each row's
+  /// index in the global batch (the dp ranks' rows in rank order, each rank's microbatches in
+  /// order), so every layout and a resumed run draw what the one-rank, uninterrupted run draws.
   /// \throws pmt::ConfigError for no microbatch or a non-positive normaliser.
   double step(const std::vector<Batch>& microbatches, const StepOptions& o) {
     check_batch("pmt::train::Trainer::step", microbatches, o.normaliser);
-    const Instrument instrument("pmt::train::Trainer::step");
-    const WorkspaceScope workspace;  // the step's memory: planned by the first step, reused by the next
-    const std::int64_t global_step = o.step >= 0 ? o.step : m_calls;
-    // the step's context, read by every layer: training, gradients kept, the step keying
-    // Dropout's masks, fp32 or bf16 float products
-    StepContext context;
-    context.mode        = StepMode::train;
-    context.grad        = true;
-    context.random.step = static_cast<std::uint64_t>(global_step);
-    context.precision   = m_precision;
-    const StepScope step_scope(context);
-    ++m_calls;
-    m_strategy.begin_step(global_step);
-    m_opt.zero_grad(m_exec);
-    const double share = m_strategy.share();  // replicas that train apart: each its share of the tokens
-    const double loss  = run_microbatches(microbatches, o.normaliser / share, /*dp_sync=*/true);
-    m_strategy.finish_grads();
-    const double total        = global_loss(loss / share);
-    const bool bad_loss       = o.skip_nonfinite && !std::isfinite(total);
-    const UpdateResult update = m_strategy.update(o, global_step, bad_loss);
-    m_applied                 = update.applied;
-    m_last_norm               = update.grad_norm;
-    m_last_skipped            = update.skipped;
-    m_strategy.end_step(global_step);
-    if (!m_agreed_step) m_agreed_step = (comm::agree_choices(m_mesh.world(), m_exec), true);
-    return total;
+    const std::int64_t global_step = o.step >= 0 ? o.step : steps();
+    try {
+      return run_step(microbatches, o, global_step);
+    } catch (...) {  // the other ranks may wait for this one forever: record it (core/failure.hpp)
+      if (!std::exchange(m_failed_alike, false))
+        note_failure(failure_of(std::current_exception(), "step", global_step));
+      throw;
+    }
   }
 
-  /// \brief The global loss of the microbatches without changing the model (validation): the same
-  /// forward and backward as step() (so any layout and schedule works), no gradient sync, no
-  /// optimizer step; the gradients are cleared afterwards.
+  /// \brief The number of the next step(): the steps this Trainer has run, counted from the
+  /// step a checkpoint restored (set_steps) or, for a Trainer that has not stepped yet, from the
+  /// optimizer's update count (an optimizer loaded from a checkpoint continues its run's count).
+  std::int64_t steps() const noexcept { return m_next_step >= 0 ? m_next_step : optimizer_steps(); }
+  /// \brief Continue at step `next` (a program that keeps its own step count, e.g. a checkpoint's
+  /// CheckpointInfo::step when its updates were skipped; StepOptions::step overrides per step).
+  void set_steps(std::int64_t next) noexcept { m_next_step = next < 0 ? 0 : next; }
+
+  /// \brief The global loss of the microbatches without changing the model (validation), in
+  /// evaluation mode on every layout: Dropout is the identity, no layer keeps activations, no
+  /// backward runs (a pipeline runs the forward-only schedule), nothing is synchronised over dp
+  /// and the optimizer does not step.
   double evaluate(const std::vector<Batch>& microbatches, double normaliser) {
     check_batch("pmt::train::Trainer::evaluate", microbatches, normaliser);
-    const WorkspaceScope workspace;
-    StepContext context = step_context();  // the caller's, with the Trainer's float products
-    context.precision   = m_precision;
-    const StepScope step_scope(context);
-    m_strategy.begin_eval();
-    const double loss = run_microbatches(microbatches, normaliser, /*dp_sync=*/false);
-    m_strategy.end_eval();
-    m_opt.zero_grad(m_exec);
-    const double total = global_loss(loss);
-    if (!m_agreed_eval) m_agreed_eval = (comm::agree_choices(m_mesh.world(), m_exec), true);
-    return total;
+    try {
+      return run_evaluation(microbatches, normaliser);
+    } catch (...) {  // as in step()
+      if (!std::exchange(m_failed_alike, false))
+        note_failure(failure_of(std::current_exception(), "evaluate", steps()));
+      throw;
+    }
   }
 
   /// \brief The state a checkpoint saves beside the optimizer's (io::save_checkpoint's last
@@ -258,27 +249,133 @@ class Trainer {
   }
 
  private:
+  double run_step(const std::vector<Batch>& microbatches, const StepOptions& o, std::int64_t global_step) {
+    const Instrument instrument("pmt::train::Trainer::step");
+    const WorkspaceScope workspace;  // the step's memory: planned by the first step, reused by the next
+    // the step's context, read by every layer: training, gradients kept, the step and this dp
+    // rank's first global row keying random draws, fp32 or bf16 float products
+    StepContext context;
+    context.mode         = StepMode::train;
+    context.grad         = true;
+    context.random.step  = static_cast<std::uint64_t>(global_step);
+    context.random.row0  = first_global_row(microbatches);
+    context.random.keyed = true;
+    context.precision    = m_precision;
+    const StepScope step_scope(context);
+    m_next_step = global_step + 1;
+    m_strategy.begin_step(global_step);
+    m_opt.zero_grad(m_exec);
+    const double share = m_strategy.share();  // replicas that train apart: each its share of the tokens
+    const double loss  = run_microbatches(microbatches, o.normaliser / share, /*dp_sync=*/true);
+    m_strategy.finish_grads();
+    const double total        = global_loss(loss / share);
+    const bool bad_loss       = o.skip_nonfinite && !std::isfinite(total);
+    const UpdateResult update = m_strategy.update(o, global_step, bad_loss);
+    m_applied                 = update.applied;
+    m_last_norm               = update.grad_norm;
+    m_last_skipped            = update.skipped;
+    m_strategy.end_step(global_step);
+    if (!m_agreed_step) m_agreed_step = (comm::agree_choices(m_mesh.world(), m_exec), true);
+    return total;
+  }
+
+  double run_evaluation(const std::vector<Batch>& microbatches, double normaliser) {
+    const Instrument instrument("pmt::train::Trainer::evaluate");
+    const WorkspaceScope workspace;
+    StepContext context = step_context();  // the caller's, in evaluation mode with the Trainer's float products
+    context.mode        = StepMode::eval;
+    context.grad        = false;
+    context.precision   = m_precision;
+    const StepScope step_scope(context);
+    m_strategy.begin_eval();
+    const double loss = run_microbatches(microbatches, normaliser, /*dp_sync=*/false);
+    m_strategy.end_eval();
+    m_opt.zero_grad(m_exec);  // a model that writes gradients in its forward leaves none behind
+    const double total = global_loss(loss);
+    if (!m_agreed_eval) m_agreed_eval = (comm::agree_choices(m_mesh.world(), m_exec), true);
+    return total;
+  }
+
+  /// What note_failure records for an exception that left step() or evaluate(): the rank and its
+  /// place in the mesh, the step, the pipeline action that failed, and the error's message.
+  std::string failure_of(const std::exception_ptr& error, const char* op, std::int64_t step) const {
+    std::string what = "an exception that is not a std::exception";
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    const std::string at = m_runner ? m_runner->failed_at() : std::string();
+    return detail::str("Trainer::", op, " of step ", step, " on ", m_mesh.where(), at.empty() ? "" : ", ", at, ": ",
+                       what);
+  }
+
   static void check_batch(const char* op, const std::vector<Batch>& microbatches, double normaliser) {
     detail::require<ConfigError>(!microbatches.empty() && normaliser > 0, op, [&] {
       return detail::str(microbatches.size(), " microbatches and normaliser ", normaliser,
                          "; expected at least one microbatch and a positive token count");
     });
   }
-  /// Forward and backward of every microbatch (the pipeline schedule with pp > 1); with dp_sync
-  /// the dp all-reduces start during the last microbatch's backward. Returns this rank's loss sum.
+  /// Forward and backward of every microbatch (the pipeline schedule with pp > 1; forward only
+  /// without gradients); with dp_sync the dp all-reduces start during the last microbatch's
+  /// backward. Each microbatch's forward runs with its first global row as the random row key.
+  /// Returns this rank's loss sum.
   double run_microbatches(const std::vector<Batch>& microbatches, double normaliser, bool dp_sync) {
-    if (m_runner)
-      return m_runner->run(m_exec, m_schedule, microbatches, normaliser,
-                           [this, dp_sync](int, bool last) { m_strategy.arm(dp_sync && last); });
-    double loss      = 0;
-    const int chunks = m_model.chunks();
+    const std::uint64_t first_row = step_context().random.row0;
+    if (m_runner) {
+      try {
+        return m_runner->run(
+            m_exec, m_schedule, microbatches, normaliser,
+            [this, dp_sync](int, bool last) { m_strategy.arm(dp_sync && last); }, first_row);
+      } catch (...) {  // the runner's checks raise on every stage alike: no rank is left waiting
+        m_failed_alike = !m_runner->started();
+        throw;
+      }
+    }
+    double loss         = 0;
+    const int chunks    = m_model.chunks();
+    const bool backward = step_context().grad;
+    std::uint64_t row0  = first_row;
     for (std::size_t i = 0; i < microbatches.size(); ++i) {
       m_strategy.arm(dp_sync && i + 1 == microbatches.size());
       typename Model::Activation x;
-      for (int k = 0; k < chunks; ++k) x = m_model.forward_chunk(m_exec, k, microbatches[i], x, normaliser, &loss);
-      for (int k = chunks - 1; k >= 0; --k) x = m_model.backward_chunk(m_exec, k, x);
+      {
+        const RandomRowScope rows(row0);
+        for (int k = 0; k < chunks; ++k) x = m_model.forward_chunk(m_exec, k, microbatches[i], x, normaliser, &loss);
+      }
+      if (backward)
+        for (int k = chunks - 1; k >= 0; --k) x = m_model.backward_chunk(m_exec, k, x);
+      row0 += parallel::rows_of(m_model, microbatches[i]);
     }
     return loss;
+  }
+  /// The global index of this dp rank's first row: the rows of the dp ranks before it (every rank
+  /// of a dp group holds the same rows; one small host all-reduce over dp when dp > 1).
+  std::uint64_t first_global_row(const std::vector<Batch>& microbatches) const {
+    const auto& dp = m_mesh.comm(Axis::dp);
+    if (dp.size() == 1) return 0;
+    std::uint64_t mine = 0;
+    for (const auto& mb : microbatches) mine += parallel::rows_of(m_model, mb);
+    auto counts = workspace_view<Kokkos::View<double*, Kokkos::HostSpace>>("pmt::train::rows",
+                                                                           static_cast<std::size_t>(dp.size()));
+    for (std::size_t r = 0; r < counts.size(); ++r) counts(r) = 0;
+    counts(static_cast<std::size_t>(dp.rank())) = static_cast<double>(mine);  // exact below 2^53 rows
+    comm::all_reduce_host_values(dp, m_exec, counts);
+    std::uint64_t before = 0;
+    for (int r = 0; r < dp.rank(); ++r) before += static_cast<std::uint64_t>(counts(static_cast<std::size_t>(r)));
+    return before;
+  }
+  /// The optimizer's update count (0 for an optimizer without steps()).
+  template <class O, class = void>
+  struct has_steps : std::false_type {};
+  template <class O>
+  struct has_steps<O, std::void_t<decltype(std::int64_t(std::declval<const O&>().steps()))>> : std::true_type {};
+  std::int64_t optimizer_steps() const noexcept {
+    if constexpr (has_steps<Optimizer>::value)
+      return static_cast<std::int64_t>(m_opt.steps());
+    else
+      return 0;
   }
   /// The sum over dp and pp of each rank's loss (only the last stage's is non-zero).
   double global_loss(double local) const {
@@ -412,10 +509,11 @@ class Trainer {
   parallel::ScheduleKind m_schedule;
   std::optional<parallel::PipelineRunner<Model, Exec, Backend>> m_runner;
   Precision m_precision;
-  double m_last_norm   = 0;
-  bool m_last_skipped  = false;
-  std::int64_t m_calls = 0;     // step() calls
-  bool m_applied       = true;  // the last step applied an update
+  double m_last_norm       = 0;
+  bool m_last_skipped      = false;
+  bool m_failed_alike      = false;  // the error in flight was raised on every rank alike
+  std::int64_t m_next_step = -1;     // the next step's number; -1: the optimizer's update count
+  bool m_applied           = true;   // the last step applied an update
   // whether the first step / evaluation has agreed the measured choices (matmul paths) over the
   // world: every rank takes the same paths from then on (core/measured_choice.hpp)
   bool m_agreed_step = false, m_agreed_eval = false;
