@@ -303,12 +303,14 @@ class Run {
         str("step ", step, ": loss ", loss, ", gradient norm ", trainer.last_grad_norm(),
             ranks.empty() ? std::string(" (no rank's own gradients hold nan or inf: the loss does)")
                           : " (non-finite gradients on rank(s) " + ranks + ")");
-    if (!o.skip_nonfinite || ++skipped_in_row >= 10)
+    if (!o.skip_nonfinite || ++skipped_in_row >= 10) {
+      write_trace();  // every rank stops here alike: the whole trace
       throw JobError{
           what + (o.skip_nonfinite ? "; 10 steps in a row were skipped" : "") +
               ": stopping; the update was not applied and nothing was saved" +
               (o.ckpt_dir.empty() ? std::string() : "; " + o.ckpt_dir + "/LATEST names the last good checkpoint"),
           true, exit_nonfinite};
+    }
     if (root()) std::printf("%s: update skipped (--on-nonfinite skip; %d in a row)\n", what.c_str(), skipped_in_row);
     metrics.write({{"step", step}, {"skipped", true}});
   }
@@ -531,5 +533,13 @@ int main(int argc, char* argv[]) {
   if (p.error.empty() && !p.options.matmul.empty())
     pmt::ops::set_matmul_path(pmt::ops::parse_matmul_path(p.options.matmul, "--matmul"));
   pmt::ScopeGuard guard(kokkos.argc(), kokkos.argv());  // Kokkos sees its own flags only
-  return pmt::run::run_job(prog, [&] { return job(p, argc, argv, threads_note); });
+  // an error on this rank alone: its own events go to TRACE.rank-R (the others cannot be reached)
+  const auto own_trace = [&] {
+    if (p.options.trace.empty()) return;
+    const int r = pmt::world_rank();
+    pmt::obs::write_rank_trace(p.options.trace + ".rank-" + std::to_string(r), r, "");
+    std::fprintf(stderr, "%s: rank %d's trace: %s.rank-%d\n", prog, r, p.options.trace.c_str(), r);
+  };
+  return pmt::run::run_job(
+      prog, [&] { return job(p, argc, argv, threads_note); }, own_trace);
 }

@@ -13,8 +13,8 @@
 //     missing, damaged or naming an incomplete step takes the newest step that verifies;
 //   - hardened loading: a manifest edited by hand, a crafted shard whose sizes overflow, a
 //     changed --seed on resume (refused unless --allow-changed-config);
-//   - numerics: a huge learning rate makes the loss nan: the run stops (exit 3) or skips steps,
-//     and no checkpoint holds nan;
+//   - numerics: a huge learning rate makes the loss nan: the run stops (exit 3, its --trace
+//     written) or skips steps, and no checkpoint holds nan;
 //   - hangs: a rank stopped with SIGSTOP: the watchdog names it (exit 4); ranks started with
 //     other flags (an MPMD launch) get one error;
 //   - small ones: --threads, the thread count picked for ranks sharing cores, --kokkos typos,
@@ -464,9 +464,17 @@ TEST_CASE("hardened loading: a hand-edited manifest, a crafted shard, a changed 
 TEST_CASE("numerics: a nan loss stops the run or skips steps; no checkpoint holds nan",
           "[examples][train_gpt][safety]") {
   const auto dir = tmp("nan");
-  const auto r   = run(small + "--steps 20 --lr 1e30 --warmup 0 --ckpt-every 1 --ckpt-dir " + dir, 2);
+  const auto r   = run(
+        small + "--steps 20 --lr 1e30 --warmup 0 --ckpt-every 1 --ckpt-dir " + dir + " --trace " + dir + ".trace.json",
+        2);
   CHECK(r.rc == 3);
   CHECK(r.seconds < 60);
+  {  // the stopped run's trace is written, every rank's
+    std::ifstream in(dir + ".trace.json");
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    CHECK(nlohmann::json::accept(text));
+    CHECK_THAT(text, ContainsSubstring(R"("name":"step 0")") && ContainsSubstring("rank 1 (dp 1/2"));
+  }
   std::smatch m;
   REQUIRE(std::regex_search(r.out, m, std::regex(R"(error: step (\d+): loss (-?nan|-?inf))")));
   const int bad = std::stoi(m[1]);

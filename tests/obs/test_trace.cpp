@@ -5,7 +5,8 @@
 // receive (4 activations and 4 gradients between the two stages; 12 and 12 with two chunks; flow
 // ids matched) and starts
 // before that receive ends on the aligned clocks; the JSON written for it parses (nlohmann-json). Also: with the
-// recorder off nothing is recorded.
+// recorder off nothing is recorded; a rank's own trace (write_rank_trace: what a rank that failed
+// alone keeps) parses and holds its compute events.
 #include <catch2/catch_test_macros.hpp>
 
 #include "../comm/comm_test.hpp"
@@ -17,6 +18,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstdio>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <string>
 #include <vector>
@@ -80,6 +84,14 @@ bool traced_step_matches(int chunks) {
          json.find("\"ph\":\"s\"") != std::string::npos &&
          json.find("rank 1 (dp 0/1, tp 0/1, pp 1/2)") != std::string::npos;
   }
+  // this rank alone, without the others
+  const std::string own = pmt::test::shared_temp_path(w, "pmt-rank-trace") + ".rank-" + std::to_string(w.rank());
+  pmt::obs::write_rank_trace(own, w.rank(), mesh.where());
+  std::ifstream in(own);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ok = ok && nlohmann::json::accept(text) && text.find("\"name\":\"" + expected.front() + "\"") != std::string::npos &&
+       text.find("rank " + std::to_string(w.rank()) + " (dp 0/1") != std::string::npos;
+  std::remove(own.c_str());
   rec.clear();
   return ok;
 }

@@ -196,6 +196,17 @@ inline std::string trace_json(const std::vector<RankTrace>& all) {
   return o.str();
 }
 
+/// \brief Writes this rank's own recorded events to `path`, without communicating: what a rank
+/// keeps when it cannot reach the others (an error on this rank alone). `where` names its place
+/// ("dp 0/2, tp 1/2, pp 0/1", or "").
+/// \throws pmt::IoError when the file cannot be written.
+inline void write_rank_trace(const std::string& path, int rank, const std::string& where) {
+  std::ofstream out(path);
+  out << trace_json({RankTrace{rank, where, TraceRecorder::instance().events()}});
+  pmt::detail::require<IoError>(static_cast<bool>(out), "pmt::obs::write_rank_trace",
+                                [&] { return path + ": cannot be written"; });
+}
+
 /// \brief Gathers the trace and writes it to `path` on rank 0. Collective.
 /// \throws pmt::IoError on rank 0 when the file cannot be written.
 template <class Backend>

@@ -33,6 +33,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -189,10 +190,12 @@ std::unique_ptr<Guards> preflight(const comm::Communicator<B>& world, const Pref
 }
 
 /// Runs a program's body (after the ScopeGuard): returns its exit code; a JobError's code (rank 0
-/// and the ranks holding its cause report it); for an error this rank alone raised, reports it
-/// and ends the whole job rather than leave the other ranks waiting in a collective.
-template <class F>
-int run_job(const char* program, F&& body) {
+/// and the ranks holding its cause report it); for an error this rank alone raised, reports it,
+/// runs `on_failure` (what this rank can still keep without the others, e.g. its own trace;
+/// what it throws is reported, not raised) and ends the whole job rather than leave the other
+/// ranks waiting in a collective.
+template <class F, class G = void (*)()>
+int run_job(const char* program, F&& body, G&& on_failure = nullptr) {
   const bool root = world_rank() == 0;
   try {
     return body();
@@ -203,6 +206,15 @@ int run_job(const char* program, F&& body) {
   } catch (const std::exception& e) {
     if (!root) std::this_thread::sleep_for(std::chrono::milliseconds(200));
     std::fprintf(stderr, "%s: error: %s\n", program, without_program(e.what(), program).c_str());
+    try {
+      if constexpr (std::is_pointer_v<std::decay_t<G>>) {
+        if (on_failure != nullptr) on_failure();
+      } else {
+        on_failure();
+      }
+    } catch (const std::exception& f) {
+      std::fprintf(stderr, "%s: %s\n", program, f.what());
+    }
 #if PMT_ENABLE_MPI
     if (world_size() > 1) pmt::detail::mpi_abort_world();
 #endif
