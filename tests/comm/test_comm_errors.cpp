@@ -137,3 +137,31 @@ TEST_CASE("Communicator<Self> refuses a recv that no send precedes instead of ha
                     StartsWith("pmt::comm::Communicator<Self>::recv: the message with tag 5 has 12 bytes but the "
                                "receive buffer has 16"));
 }
+
+#if PMT_ENABLE_MPI
+// Run by ctest with PMT_COMM_RULES=nccl on 2 ranks (comm_nccl_rules_np2): rank 0 sends 3 values
+// tagged 1, then 5 tagged 2; rank 1 receives tag 2 first. MPI's tags match them crosswise; under
+// NCCL's rules the first receive gets the first message, whose count differs: a pmt::CommError
+// naming both counts, and the next receive gets the second message.
+TEST_CASE("NCCL's matching rules: tags ignored, a message of another count refused", "[.nccl_rules][mpi]") {
+  const auto& c = pmt::test::world();
+  REQUIRE(pmt::comm::nccl_matching_rules());
+  REQUIRE(c.size() == 2);
+  Host exec;
+  Kokkos::View<double*, Kokkos::LayoutRight, Host::memory_space> three("three", 3), five("five", 5);
+  if (c.rank() == 0) {
+    Kokkos::deep_copy(three, 3.0);
+    Kokkos::deep_copy(five, 5.0);
+    auto a = pmt::comm::isend(c, exec, three, 1, /*tag=*/1);
+    auto b = pmt::comm::isend(c, exec, five, 1, /*tag=*/2);
+    a.wait();
+    b.wait();
+  } else {
+    CHECK_THROWS_WITH(pmt::comm::recv(c, exec, five, 0, /*tag=*/2),
+                      ContainsSubstring("a message of 3 elements from rank 0 matched a receive of 5 on rank 1 of 2") &&
+                          ContainsSubstring("NCCL's rules"));
+    pmt::comm::recv(c, exec, five, 0, /*tag=*/1);  // the tag is ignored: the second message, in order
+    CHECK(five(4) == 5.0);
+  }
+}
+#endif

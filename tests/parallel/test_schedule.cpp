@@ -5,7 +5,9 @@
 // stage and 1F1B min(p - s, m) on stage s. Hand-made broken tables are rejected with the reason.
 // With v model chunks per stage (m a multiple of p), interleaved 1F1B and chunked GPipe pass the
 // checker with bubble (p-1)/(v m + p-1); interleaved 1F1B keeps 2 (p-s-1) + (v-1) p + 1 (chunk,
-// microbatch) pairs alive on stage s, GPipe all m v.
+// microbatch) pairs alive on stage s, GPipe all m v. Every built table (forward-only ones too)
+// receives from each peer in the order the peer sends (NCCL's matching rule), and a hand-made
+// 2-stage interleaved table that is right under MPI's tags but not under NCCL's order is refused.
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
@@ -16,6 +18,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <vector>
 
 using namespace pmt::parallel;
 using Catch::Matchers::ContainsSubstring;
@@ -153,6 +156,45 @@ TEST_CASE("the checker rejects a crossing, a deadlock, a missing receive and an 
     CHECK_THROWS_AS(gpipe(0, 4), pmt::ConfigError);
     CHECK_THROWS_AS(one_f_one_b(2, 0), pmt::ConfigError);
   }
+}
+
+TEST_CASE("NCCL's rule: every table receives from a peer in the peer's issue order; a crossed one is refused",
+          "[pipeline][schedule][nccl]") {
+  int checked = 0;
+  for (int p = 1; p <= 6; ++p)
+    for (int v = 1; v <= 3; ++v)
+      for (int m = 1; m <= 8; ++m)
+        for (int k = 0; k < 3; ++k) {
+          if (v > 1 && (p < 2 || (k == 1 && m % p != 0))) continue;
+          const Schedule sc = k == 0 ? gpipe(p, m, v) : k == 1 ? one_f_one_b(p, m, v) : forward_only(p, m, v);
+          CHECK_NOTHROW(check(sc));  // check() holds the receives to each peer's issue order
+          ++checked;
+        }
+  CHECK(checked > 200);
+  // Stage 1 sends the gradient of microbatch 0 (chunk 1) before the activation of microbatch 1
+  // (chunk 0, round the ring to stage 0's chunk 1), but stage 0 receives that activation first:
+  // right by MPI's tags (one queue per kind), wrong under NCCL (one queue per pair).
+  using A = Action;
+  Schedule crossed{"crossed", 2, 2, std::vector<std::vector<Action>>(2), 2};
+  crossed.per_stage[0] = {{A::Forward, 0, 0},  {A::SendAct, 0, 0},  {A::Forward, 1, 0},  {A::SendAct, 1, 0},
+                          {A::RecvAct, 0, 1},  {A::Forward, 0, 1},  {A::SendAct, 0, 1},  {A::RecvAct, 1, 1},
+                          {A::Forward, 1, 1},  {A::SendAct, 1, 1},  {A::RecvGrad, 0, 1}, {A::Backward, 0, 1},
+                          {A::SendGrad, 0, 1}, {A::RecvGrad, 1, 1}, {A::Backward, 1, 1}, {A::SendGrad, 1, 1},
+                          {A::RecvGrad, 0, 0}, {A::Backward, 0, 0}, {A::RecvGrad, 1, 0}, {A::Backward, 1, 0}};
+  crossed.per_stage[1] = {{A::RecvAct, 0, 0},  {A::Forward, 0, 0},  {A::SendAct, 0, 0},  {A::RecvAct, 1, 0},
+                          {A::Forward, 1, 0},  {A::RecvAct, 0, 1},  {A::Forward, 0, 1},  {A::Backward, 0, 1},
+                          {A::SendGrad, 0, 1}, {A::SendAct, 1, 0},  {A::RecvAct, 1, 1},  {A::Forward, 1, 1},
+                          {A::Backward, 1, 1}, {A::SendGrad, 1, 1}, {A::RecvGrad, 0, 0}, {A::Backward, 0, 0},
+                          {A::SendGrad, 0, 0}, {A::RecvGrad, 1, 0}, {A::Backward, 1, 0}, {A::SendGrad, 1, 0}};
+  CHECK_THROWS_WITH(
+      check(crossed),
+      ContainsSubstring("stage 0, action 7 (recv-activation of microbatch 1 in chunk 1)") &&
+          ContainsSubstring("stage 1 sent the gradient of microbatch 0 (its chunk 1) to this stage first") &&
+          ContainsSubstring("NCCL matches the messages between two ranks in issue order"));
+  // a forward-only table moves no gradient
+  Schedule fwd = forward_only(2, 2);
+  fwd.per_stage[0].push_back({A::RecvGrad, 0, 0});
+  CHECK_THROWS_WITH(check(fwd), ContainsSubstring("a forward-only schedule moves no gradient"));
 }
 
 TEST_CASE("stage plans cover every layer exactly once", "[pipeline][stages]") {

@@ -6,6 +6,13 @@
 // pmt op, the MPI call, MPI's error string and the rank. The execution-space instance is fenced
 // before MPI touches the data. Buffers are host memory, or device memory with a CUDA-aware MPI
 // (build with PMT_CUDA_AWARE_MPI=1; pmt does not check the MPI library for it).
+// NCCL's rules on the CPU: with PMT_COMM_RULES=nccl in the environment (read once per process),
+// point-to-point messages follow NCCL's matching instead of MPI's: tags are ignored (every
+// send and receive uses one tag, so messages between a pair match in issue order, as NCCL
+// matches them per stream), and a receive must get exactly the element count it posted (NCCL has
+// no partial receives: a message matched out of order raises pmt::CommError naming both counts).
+// The exactness suites run in this mode too, so a schedule or layer that relied on tags fails
+// on the CPU rather than on a GPU.
 
 #include "pmt/config.hpp"
 
@@ -28,6 +35,7 @@
 #endif
 #include <mpi.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -153,9 +161,34 @@ inline std::string mpi_library_version() {
   return s.substr(0, s.find_first_of(",\n"));
 }
 
+/// What a receive posted: checked on completion under NCCL's rules (peer -1: a send, nothing
+/// checked).
+struct PostedReceive {
+  std::size_t count   = 0;
+  comm::DataType type = comm::DataType::UInt8;
+  int peer            = -1;
+};
+
 }  // namespace pmt::detail
 
 namespace pmt::comm {
+
+/// \brief Whether point-to-point messages follow NCCL's matching rules (PMT_COMM_RULES=nccl; see
+/// the file comment), read once per process.
+/// \throws pmt::ConfigError for another value than mpi or nccl.
+inline bool nccl_matching_rules() {
+  static const bool on = [] {
+    const char* v           = std::getenv("PMT_COMM_RULES");
+    const std::string rules = v ? v : "mpi";
+    pmt::detail::require<ConfigError>(rules == "mpi" || rules == "nccl", "pmt::comm::nccl_matching_rules", [&] {
+      return "PMT_COMM_RULES=" + rules +
+             "; expected mpi (MPI's tag matching, the default) or nccl (NCCL's: issue "
+             "order per pair, exact counts)";
+    });
+    return rules == "nccl";
+  }();
+  return on;
+}
 
 // ---------------------------------------------------------------------------------------------
 
@@ -268,15 +301,16 @@ class Communicator<Mpi> {
   void send_raw(const Exec& exec, const void* buf, std::size_t count, DataType t, int peer, int tag) const {
     detail::static_check_mpi_space<Exec>();
     exec.fence();
-    check(MPI_Send(buf, icount(count), detail::mpi_type(t), peer, tag, native()), "send", "MPI_Send");
+    check(MPI_Send(buf, icount(count), detail::mpi_type(t), peer, p2p_tag(tag), native()), "send", "MPI_Send");
   }
 
   template <class Exec>
   void recv_raw(const Exec& exec, void* buf, std::size_t count, DataType t, int peer, int tag) const {
     detail::static_check_mpi_space<Exec>();
     exec.fence();
-    check(MPI_Recv(buf, icount(count), detail::mpi_type(t), peer, tag, native(), MPI_STATUS_IGNORE), "recv",
-          "MPI_Recv");
+    MPI_Status status{};
+    check(MPI_Recv(buf, icount(count), detail::mpi_type(t), peer, p2p_tag(tag), native(), &status), "recv", "MPI_Recv");
+    check_count(status, count, t, peer, "recv");
   }
 
   template <class Exec>
@@ -310,7 +344,8 @@ class Communicator<Mpi> {
     detail::static_check_mpi_space<Exec>();
     exec.fence();
     auto req = std::make_shared<MPI_Request>(MPI_REQUEST_NULL);
-    check(MPI_Isend(buf, icount(count), detail::mpi_type(t), peer, tag, native(), req.get()), "isend", "MPI_Isend");
+    check(MPI_Isend(buf, icount(count), detail::mpi_type(t), peer, p2p_tag(tag), native(), req.get()), "isend",
+          "MPI_Isend");
     return make_request(req, "isend", std::move(keep), {});
   }
 
@@ -320,8 +355,9 @@ class Communicator<Mpi> {
     detail::static_check_mpi_space<Exec>();
     exec.fence();
     auto req = std::make_shared<MPI_Request>(MPI_REQUEST_NULL);
-    check(MPI_Irecv(buf, icount(count), detail::mpi_type(t), peer, tag, native(), req.get()), "irecv", "MPI_Irecv");
-    return make_request(req, "irecv", std::move(keep), {});
+    check(MPI_Irecv(buf, icount(count), detail::mpi_type(t), peer, p2p_tag(tag), native(), req.get()), "irecv",
+          "MPI_Irecv");
+    return make_request(req, "irecv", std::move(keep), {}, Expected{count, t, peer});
   }
 
   std::vector<detail::Fingerprint> gather_fingerprints(const detail::Fingerprint& f) const {
@@ -385,20 +421,43 @@ class Communicator<Mpi> {
     return static_cast<int>(count);
   }
 
+  using Expected = detail::PostedReceive;
   Request make_request(std::shared_ptr<MPI_Request> req, const char* op, std::shared_ptr<void> keep,
-                       std::function<void()> on_complete) const {
+                       std::function<void()> on_complete, Expected expected = {}) const {
     const int r = rank(), n = size();
     return Request(
-        [req, op, r, n](bool block) {
+        [req, op, r, n, expected](bool block) {
           int done = 0;
+          MPI_Status status{};
           if (block) {
-            detail::check_mpi(MPI_Wait(req.get(), MPI_STATUS_IGNORE), op, "MPI_Wait", r, n);
-            return true;
+            detail::check_mpi(MPI_Wait(req.get(), &status), op, "MPI_Wait", r, n);
+            done = 1;
+          } else {
+            detail::check_mpi(MPI_Test(req.get(), &done, &status), op, "MPI_Test", r, n);
           }
-          detail::check_mpi(MPI_Test(req.get(), &done, MPI_STATUS_IGNORE), op, "MPI_Test", r, n);
+          if (done != 0 && expected.peer >= 0)
+            check_count(status, expected.count, expected.type, expected.peer, op, r, n);
           return done != 0;
         },
         std::move(keep), std::move(on_complete));
+  }
+  /// The tag a point-to-point message travels with: its own (MPI's rules) or one for all (NCCL's).
+  static int p2p_tag(int tag) { return nccl_matching_rules() ? 0 : tag; }
+  void check_count(const MPI_Status& status, std::size_t count, DataType t, int peer, const char* op) const {
+    check_count(status, count, t, peer, op, rank(), size());
+  }
+  /// Under NCCL's rules: the message must hold exactly the count posted.
+  static void check_count(const MPI_Status& status, std::size_t count, DataType t, int peer, const char* op, int r,
+                          int n) {
+    if (!nccl_matching_rules()) return;
+    int got = 0;
+    MPI_Get_count(&status, detail::mpi_type(t), &got);
+    if (static_cast<std::size_t>(got) != count)
+      throw CommError(pmt::detail::str("pmt::comm::", op),
+                      pmt::detail::str("a message of ", got, " elements from rank ", peer, " matched a receive of ",
+                                       count, " on rank ", r, " of ", n,
+                                       " (NCCL's rules, PMT_COMM_RULES=nccl: messages between a pair match in issue "
+                                       "order, whatever their tags: the two ranks issue them in different orders)"));
   }
 
   std::shared_ptr<State> m_state;

@@ -172,28 +172,37 @@ class PipelineRunner {
                                            0);  // per chunk: its last backward's index
     for (std::size_t k = 0; k < actions.size(); ++k)
       if (actions[k].kind == Action::Backward) last_backward[static_cast<std::size_t>(actions[k].chunk)] = k;
+    // One receive in flight per peer stage, posted in table order. With two stages (prev == next)
+    // activations and gradients come from the same peer, and one receive serves both kinds: NCCL
+    // matches the messages between a pair in issue order whatever their tags, and check() proved
+    // that each stage receives from a peer in the order the peer sends.
     struct Pending {
       std::size_t at = static_cast<std::size_t>(-1);
       comm::Request rq;
     } next_act, next_grad;
-    const auto post = [&](Pending& p, std::size_t from, Action::Kind kind_) {
+    const bool one_peer = prev == next;
+    const auto takes    = [&](Action::Kind kind_, bool act_slot) {
+      return (kind_ == Action::RecvAct && (act_slot || one_peer)) ||
+             (kind_ == Action::RecvGrad && (!act_slot || one_peer));
+    };
+    const auto post = [&](Pending& p, std::size_t from, bool act_slot) {
       p.at = static_cast<std::size_t>(-1);
       for (std::size_t k = from; k < actions.size(); ++k)
-        if (actions[k].kind == kind_) {
+        if (takes(actions[k].kind, act_slot)) {
+          const bool act_ = actions[k].kind == Action::RecvAct;
           const auto& mb_ = mbs[static_cast<std::size_t>(actions[k].mb)];
-          auto& buf       = kind_ == Action::RecvAct ? in_act[at(actions[k])] : in_grad[at(actions[k])];
-          const auto e    = kind_ == Action::RecvAct ? m_model.input_extent(actions[k].chunk, mb_)
-                                                     : m_model.output_extent(actions[k].chunk, mb_);
-          buf             = workspace_view<Activation>("pmt::parallel::pipeline::recv", e[0], e[1]);
-          p.rq            = kind_ == Action::RecvAct ? comm::irecv(m_pp, exec, buf, prev, tag_act)
-                                                     : comm::irecv(m_pp, exec, buf, next, tag_grad);
-          p.at            = k;
+          auto& buf       = act_ ? in_act[at(actions[k])] : in_grad[at(actions[k])];
+          const auto e =
+              act_ ? m_model.input_extent(actions[k].chunk, mb_) : m_model.output_extent(actions[k].chunk, mb_);
+          buf  = workspace_view<Activation>("pmt::parallel::pipeline::recv", e[0], e[1]);
+          p.rq = act_ ? comm::irecv(m_pp, exec, buf, prev, tag_act) : comm::irecv(m_pp, exec, buf, next, tag_grad);
+          p.at = k;
           return;
         }
     };
     m_started = true;  // from here on an error may leave other stages waiting
-    post(next_act, 0, Action::RecvAct);
-    post(next_grad, 0, Action::RecvGrad);
+    post(next_act, 0, /*act_slot=*/true);
+    if (!one_peer) post(next_grad, 0, /*act_slot=*/false);
     comm::ProgressScope progress([&] {
       for (auto& b : m_send_buffers)
         if (b.busy && b.rq.test()) b.busy = false;
@@ -234,9 +243,12 @@ class PipelineRunner {
             const int sender = act ? a.chunk - (s == 0 ? 1 : 0) : a.chunk + (next == 0 ? 1 : 0);
             const Instrument instrument("pmt::parallel::pipeline::recv", Track::P2P, label(a), -1,
                                         flow(act, world_rank(act ? prev : next), sender, a.mb));
-            auto& p = act ? next_act : next_grad;
+            auto& p = act || one_peer ? next_act : next_grad;
+            pmt::detail::require<CommError>(p.at == k, "pmt::parallel::PipelineRunner::run", [&] {
+              return std::string("the receive in flight is not this action's (a schedule the checker should refuse)");
+            });
             p.rq.wait();
-            post(p, k + 1, a.kind);
+            post(p, k + 1, act || one_peer);
             m_stats.recv_wait += now() - start;
             break;
           }

@@ -14,13 +14,15 @@
 // time units, and proves: every action appears exactly where the data it needs exists (a forward
 // after its input arrived, a backward after its forward and its gradient), every send has its
 // receive in the same order on the other side, nothing is left unreceived, and no stage waits
-// forever. It reports the makespan, each stage's busy time, the bubble (the idle fraction of
-// stages x makespan; for GPipe and 1F1B with t_backward = 2 t_forward it is (p-1)/(m+p-1)) and
-// each stage's peak of microbatches whose forward is done and backward is not.
-// Model chunks (interleaving, Megatron's virtual pipeline stages): with v chunks, rank s holds the
-// v virtual stages s, p + s, ..., (v-1) p + s of a model cut into v p pieces; an action names its
-// chunk. Activations and gradients then go round the ring of ranks (the last rank's chunk c feeds
-// the first rank's chunk c + 1), each action costs 1/v of the stage's time, and:
+// forever; and that the receives from each peer stage come in the order that peer issues its
+// sends of both kinds together (NCCL's rule: messages between a pair match in issue order,
+// whatever their tags), so the runner is right under MPI's tag matching and NCCL's alike. A
+// forward-only table (forward_only: evaluation) moves no gradient. It reports the makespan, each stage's busy time, the
+// bubble (the idle fraction of stages x makespan; for GPipe and 1F1B with t_backward = 2 t_forward it is (p-1)/(m+p-1))
+// and each stage's peak of microbatches whose forward is done and backward is not. Model chunks (interleaving,
+// Megatron's virtual pipeline stages): with v chunks, rank s holds the v virtual stages s, p + s, ..., (v-1) p + s of a
+// model cut into v p pieces; an action names its chunk. Activations and gradients then go round the ring of ranks (the
+// last rank's chunk c feeds the first rank's chunk c + 1), each action costs 1/v of the stage's time, and:
 //   GPipe, v chunks:  every forward in (chunk, microbatch) order, then every backward in reverse.
 //   1F1B, v chunks:   interleaved 1F1B (Narayanan et al. 2021): microbatches in groups of p, a
 //                     group runs through chunk 0, 1, ..., v-1 (forward; backward v-1, ..., 0);
@@ -255,6 +257,13 @@ inline ScheduleReport check(const Schedule& sc, const std::vector<double>& t_for
   };
   // acts[s]: activations from stage s to (s+1) mod p; grads[s]: gradients into stage s from (s+1) mod p.
   std::vector<std::deque<Message>> acts(P), grads(P);
+  // pairs[src * P + dst]: every message from src to dst in issue order, both kinds (NCCL matches
+  // the messages between a pair in that order, whatever their tags)
+  struct Sent {
+    bool act;
+    int mb, chunk;
+  };
+  std::vector<std::deque<Sent>> pairs(P * P);
   std::vector<std::size_t> pc(P, 0);
   std::vector<double> clock(P, 0.0);
   // per stage, per (chunk, microbatch): 0 nothing, 1 input received, 2 forward done, 3 grad
@@ -279,6 +288,18 @@ inline ScheduleReport check(const Schedule& sc, const std::vector<double>& t_for
            pmt::detail::str("the next ", what, " from stage ", from, " is microbatch ", q.front().mb,
                             v > 1 ? pmt::detail::str(" of its chunk ", q.front().chunk) : std::string(),
                             " (sends and receives cross)"));
+  };
+  const auto issue_order = [&](std::size_t s, const Action& a, std::size_t from, bool act, int chunk) {
+    auto& q = pairs[from * P + s];
+    if (q.empty() || q.front().act != act || q.front().mb != a.mb || q.front().chunk != chunk)
+      fail(s, a,
+           q.empty() ? std::string("no message from stage ") + std::to_string(from)
+                     : pmt::detail::str("stage ", from, " sent ", q.front().act ? "the activation" : "the gradient",
+                                        " of microbatch ", q.front().mb,
+                                        v > 1 ? pmt::detail::str(" (its chunk ", q.front().chunk, ")") : std::string(),
+                                        " to this stage first: NCCL matches the messages between two ranks in issue "
+                                        "order, whatever their tags"));
+    q.pop_front();
   };
   bool progress = true;
   while (progress) {
@@ -305,6 +326,7 @@ inline ScheduleReport check(const Schedule& sc, const std::vector<double>& t_for
               break;
             }
             expect_front(s, a, q, s == 0 ? a.chunk - 1 : a.chunk, prev, "activation");
+            issue_order(s, a, prev, true, s == 0 ? a.chunk - 1 : a.chunk);
             clock[s] = std::max(clock[s], q.front().time);
             q.pop_front();
             st = 1;
@@ -322,6 +344,7 @@ inline ScheduleReport check(const Schedule& sc, const std::vector<double>& t_for
             if (last) fail(s, a, "the last stage has no next stage to send to");
             if (st < 2 || sent[s][i]) fail(s, a, "sent before its forward, or sent twice");
             acts[s].push_back({a.mb, a.chunk, clock[s]});
+            pairs[s * P + next].push_back({true, a.mb, a.chunk});
             sent[s][i] = true;
             break;
           case Action::RecvGrad: {
@@ -335,6 +358,7 @@ inline ScheduleReport check(const Schedule& sc, const std::vector<double>& t_for
               break;
             }
             expect_front(s, a, q, next == 0 ? a.chunk + 1 : a.chunk, next, "gradient");
+            issue_order(s, a, next, false, next == 0 ? a.chunk + 1 : a.chunk);
             clock[s] = std::max(clock[s], q.front().time);
             q.pop_front();
             st = 3;
@@ -353,6 +377,7 @@ inline ScheduleReport check(const Schedule& sc, const std::vector<double>& t_for
             if (first) fail(s, a, "the first stage has no previous stage to send a gradient to");
             if (st != 4) fail(s, a, "sent before its backward");
             grads[prev].push_back({a.mb, a.chunk, clock[s]});
+            pairs[s * P + prev].push_back({false, a.mb, a.chunk});
             st = 5;
             break;
           default:
