@@ -13,8 +13,9 @@
 // runs them with the 1F1B schedule (--gpipe: GPipe) over 4 microbatches per dp rank. Each step
 // draws a new global batch; every dp rank takes its rows of it. The program trains the layout it
 // was asked for and, on every rank, the same model on one rank over the whole batch, and compares
-// the losses, every parameter shard and a validation loss (Trainer::evaluate: evaluation mode,
-// dropout off) with the one-rank run. It exits with 1 when they differ by more than 1e-10
+// the losses, every parameter shard, a validation loss (Trainer::evaluate: evaluation mode,
+// dropout off) and the predictions for held-out inputs (StagedModel::predict, on every rank)
+// with the one-rank run. It exits with 1 when they differ by more than 1e-10
 // (relative, double). The dropout masks need no code here: the Trainer keys them by the global
 // step and each row's index in the global batch, the same on every layout and after a resume. With --ckpt DIR it also
 // saves the layout's model and optimizer state as a sharded checkpoint, loads it into a fresh one-rank model, trains
@@ -251,16 +252,26 @@ int train(const pmt::comm::Communicator<Backend>& world, int argc, char* argv[])
     // A held-out batch in evaluation mode: dropout is off, so it scores the model itself.
     const double val = layout.validate(exec, N), val_one = one.validate(exec, N);
     if (root) std::printf("validation loss %.10f  (one rank: %.10f)\n", val, val_one);
+    // Inference: every rank gets the model's output for the held-out inputs (a pipeline's stages
+    // hand each chunk's output on, and the last stage shares the result).
+    const auto held_out = batch(exec, /*step=*/-1, N, 0, N);
+    const auto y = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), layout.model.predict(exec, held_out.input));
+    const auto y_one =
+        Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), one.model.predict(exec, held_out.input));
+    double predict_diff = 0;
+    for (std::size_t i = 0; i < N; ++i)
+      predict_diff = std::max(predict_diff, std::abs(y(i, 0) - y_one(i, 0)) / std::max(std::abs(y_one(i, 0)), 1e-300));
     // Each rank checks its own shards; the job agrees on the worst.
-    Kokkos::View<double*, Kokkos::HostSpace> worst("worst", 3);
+    Kokkos::View<double*, Kokkos::HostSpace> worst("worst", 4);
     worst(0) = loss_diff, worst(1) = shard_difference(layout.model, one.model);
-    worst(2) = std::abs(val - val_one) / std::abs(val_one);
+    worst(2) = std::abs(val - val_one) / std::abs(val_one), worst(3) = predict_diff;
     pmt::comm::all_reduce(world, exec, worst, pmt::comm::ReduceOp::Max);
-    bool equal = worst(0) <= 1e-10 && worst(1) <= 1e-10 && worst(2) <= 1e-10;
+    bool equal = worst(0) <= 1e-10 && worst(1) <= 1e-10 && worst(2) <= 1e-10 && worst(3) <= 1e-10;
     if (root)
       std::printf(
-          "largest relative difference from the one-rank run: losses %.2e, parameters %.2e, validation %.2e: %s\n",
-          worst(0), worst(1), worst(2), equal ? "equal within 1e-10" : "DIFFERENT");
+          "largest relative difference from the one-rank run: losses %.2e, parameters %.2e, validation %.2e, "
+          "predictions %.2e: %s\n",
+          worst(0), worst(1), worst(2), worst(3), equal ? "equal within 1e-10" : "DIFFERENT");
 
     if (!ckpt.empty()) {
       // Every rank writes its shards (and AdamW's moments; ZeRO-1 gathers its parts of them first):

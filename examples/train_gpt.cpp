@@ -474,6 +474,15 @@ auto agreed(F&& f) {
   }
 }
 
+/// A rank that ends alone (an error only it raised, the watchdog): its own events go to
+/// TRACE.rank-R, as the others cannot be reached to gather them.
+void keep_own_trace(const std::string& trace) {
+  if (trace.empty()) return;
+  const int r = pmt::world_rank();
+  pmt::obs::write_rank_trace(trace + ".rank-" + std::to_string(r), r, "");
+  std::fprintf(stderr, "%s: rank %d's trace: %s.rank-%d\n", prog, r, trace.c_str(), r);
+}
+
 /// After Kokkos and MPI start: the ranks agree on the flags, then the preflight, the layout
 /// (--auto: the planner's), the data, and the run.
 int job(Parsed& p, int argc, char* argv[], const std::string& threads_note) {
@@ -499,7 +508,8 @@ int job(Parsed& p, int argc, char* argv[], const std::string& threads_note) {
                                                             "--ckpt-dir",
                                                             {{"--metrics", o.metrics}, {"--trace", o.trace}},
                                                             o.watchdog,
-                                                            exit_watchdog});
+                                                            exit_watchdog,
+                                                            [trace = o.trace] { keep_own_trace(trace); }});
   const auto data = agreed([&] {
     if (o.auto_plan) choose_layout(o, world);
     validate(o, world.size());
@@ -533,13 +543,6 @@ int main(int argc, char* argv[]) {
   if (p.error.empty() && !p.options.matmul.empty())
     pmt::ops::set_matmul_path(pmt::ops::parse_matmul_path(p.options.matmul, "--matmul"));
   pmt::ScopeGuard guard(kokkos.argc(), kokkos.argv());  // Kokkos sees its own flags only
-  // an error on this rank alone: its own events go to TRACE.rank-R (the others cannot be reached)
-  const auto own_trace = [&] {
-    if (p.options.trace.empty()) return;
-    const int r = pmt::world_rank();
-    pmt::obs::write_rank_trace(p.options.trace + ".rank-" + std::to_string(r), r, "");
-    std::fprintf(stderr, "%s: rank %d's trace: %s.rank-%d\n", prog, r, p.options.trace.c_str(), r);
-  };
   return pmt::run::run_job(
-      prog, [&] { return job(p, argc, argv, threads_note); }, own_trace);
+      prog, [&] { return job(p, argc, argv, threads_note); }, [&] { keep_own_trace(p.options.trace); });
 }

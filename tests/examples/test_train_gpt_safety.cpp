@@ -15,8 +15,8 @@
 //     changed --seed on resume (refused unless --allow-changed-config);
 //   - numerics: a huge learning rate makes the loss nan: the run stops (exit 3, its --trace
 //     written) or skips steps, and no checkpoint holds nan;
-//   - hangs: a rank stopped with SIGSTOP: the watchdog names it (exit 4); ranks started with
-//     other flags (an MPMD launch) get one error;
+//   - hangs: a rank stopped with SIGSTOP: the watchdog names it (exit 4) and the rank it ends
+//     keeps its own --trace; ranks started with other flags (an MPMD launch) get one error;
 //   - small ones: --threads, the thread count picked for ranks sharing cores, --kokkos typos,
 //     metrics after a resume, --keep, leftovers of an interrupted save, a device as data.
 #include <catch2/catch_test_macros.hpp>
@@ -497,7 +497,9 @@ TEST_CASE("hangs: the watchdog names a stopped rank; ranks with other flags get 
   const std::string args = small + "--steps 1500 --ckpt-every 500 ";
   const auto ref         = reference(args, 2, "hang_ref");
   const auto dir = tmp("hang"), m = dir + ".json";
-  Job job(command(args + "--watchdog 3 --ckpt-dir " + dir + " --metrics " + m, 2, ""), dir + ".out");
+  const auto trace = dir + ".trace.json";
+  Job job(command(args + "--watchdog 3 --ckpt-dir " + dir + " --metrics " + m + " --trace " + trace, 2, ""),
+          dir + ".out");
   REQUIRE(wait_for_step(m, 510));  // after the checkpoint of step 500
   const pid_t rank1 = rank_pid(dir, 1);
   const auto t0     = clock_type::now();
@@ -510,6 +512,13 @@ TEST_CASE("hangs: the watchdog names a stopped rank; ranks with other flags get 
   CHECK_THAT(r.out, ContainsSubstring("train_gpt: error: watchdog: rank 0 waited") &&
                         ContainsSubstring("never arrived: rank 1 (no heartbeat for") &&
                         ContainsSubstring("stopped or dead"));
+  {  // the rank the watchdog ended kept its own trace (the stopped one cannot be reached)
+    CHECK_THAT(r.out, ContainsSubstring("rank 0's trace: " + trace + ".rank-0"));
+    std::ifstream in(trace + ".rank-0");
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    CHECK(nlohmann::json::accept(text));
+    CHECK_THAT(text, ContainsSubstring(R"("name":"step 500")"));
+  }
   REQUIRE(!latest(dir).empty());
   // rank 0 ended at once: its lock stays, and the resumed run takes it over as stale
   wait_lock_holder_gone(dir);

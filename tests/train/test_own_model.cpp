@@ -6,6 +6,8 @@
 //     parameters over 20 steps (double, relative 1e-12);
 //   - Trainer::evaluate runs in evaluation mode on every layout (Dropout the identity, a
 //     forward-only pipeline): the one-rank value, the dropout-free loss, the same twice;
+//   - StagedModel::predict gives the one-rank output on every rank of every layout, pipelines
+//     with one and two chunks per stage included;
 //   - a run stopped after 4 steps, saved (save_checkpoint of the optimizer, as the tutorial
 //     does) and resumed in fresh objects, with the process's measured choices forgotten as in a
 //     new process, continues with the uninterrupted run's losses bit for bit, double and float.
@@ -69,9 +71,9 @@ struct Own {
                pmt::nn::Dropout<T, Host, pmt::Replicated, Backend>(m, 0.125, key(12)),
                Linear<pmt::Replicate>(m, d, 1, key(3), init));
   }
-  explicit Own(const pmt::Mesh<Backend>& m)
+  explicit Own(const pmt::Mesh<Backend>& m, int chunks = 1)
       : mesh(m),
-        model(mesh, net(mesh), {}, pmt::nn::StagedOptions{{}, 1, "own"}),
+        model(mesh, net(mesh), {}, pmt::nn::StagedOptions{{}, chunks, "own"}),
         opt(model.parameters(), pmt::optim::AdamWOptions{0.9, 0.95, 1e-8, 0.1}),
         trainer(mesh, model, opt) {}
 
@@ -147,6 +149,30 @@ TEST_CASE("a user's model with dropout, as the tutorial writes it, equals one ra
                               << worst_param << ", evaluation " << e1 << " (one rank " << ref_eval << ")");
         CHECK(pmt::test::all_ranks(named && worst_loss <= 1e-12 && worst_param <= 1e-12));
         CHECK(pmt::test::all_ranks(relative(e1, ref_eval) <= 1e-12 && e1 == e2));
+      }
+    }
+}
+
+TEST_CASE("predict gives the one-rank output on every rank of every layout", "[train][own_model][predict][mpi]") {
+  using O     = Own<double>;
+  const int n = pmt::test::world().size();
+  O one(alone());
+  const auto b   = O::batch(0, 0, N);
+  const auto ref = one.model.predict(Host(), b.input);
+  REQUIRE(ref.extent(0) == N);
+  for (int pp = 1; pp <= std::min(n, 4); pp *= 2)
+    for (int chunks = 1; chunks <= 2 && pp * chunks <= 7; ++chunks) {
+      const int tp = n / pp;
+      DYNAMIC_SECTION("tp " << tp << " x pp " << pp << ", " << chunks << " chunk(s) per stage") {
+        O mine(pmt::Mesh<Backend>(pmt::test::world(), pmt::MeshShape{1, tp, pp}), chunks);
+        const auto y = mine.model.predict(Host(), b.input), again = mine.model.predict(Host(), b.input);
+        double worst = y.extent(0) == N && y.extent(1) == 1 ? 0.0 : 1.0;
+        for (std::size_t i = 0; i < N && worst < 1; ++i) {
+          worst = std::max(worst, relative(y(i, 0), ref(i, 0)));
+          if (again(i, 0) != y(i, 0)) worst = 1;
+        }
+        UNSCOPED_INFO("rank " << pmt::test::world().rank() << ": worst relative difference " << worst);
+        CHECK(pmt::test::all_ranks(worst <= 1e-13));
       }
     }
 }

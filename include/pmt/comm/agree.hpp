@@ -15,6 +15,7 @@
 
 #include "pmt/comm/collectives.hpp"
 #include "pmt/core/error.hpp"
+#include "pmt/core/failure.hpp"
 #include "pmt/core/measured_choice.hpp"
 
 #include <Kokkos_Core.hpp>
@@ -49,13 +50,7 @@ void agree_on_errors(const Communicator<B>& world, const std::exception_ptr& loc
   constexpr std::size_t cap = 2000;
   Kokkos::View<std::int8_t*, Kokkos::HostSpace> text("pmt::comm::agree_on_errors::text", cap);
   if (world.rank() == first) {
-    std::string message = "an exception that is not a std::exception";
-    try {
-      std::rethrow_exception(local_error);
-    } catch (const std::exception& e) {
-      message = e.what();
-    } catch (...) {
-    }
+    const std::string message = pmt::detail::message_of(local_error);
     for (std::size_t i = 0; i < message.size() && i + 1 < cap; ++i) text(i) = static_cast<std::int8_t>(message[i]);
   }
   broadcast(world, host, text, first);

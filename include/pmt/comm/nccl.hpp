@@ -6,7 +6,9 @@
 // to them (no host synchronisation). Errors: ncclGetErrorString plus ncclGetLastError, as
 // pmt::CommError. synchronize() waits for a stream while polling ncclCommGetAsyncError, and on
 // an asynchronous error or after the timeout aborts the NCCL communicator and raises, instead of
-// hanging. Host-compiled against the CUDA toolkit's headers; runs where a CUDA device exists.
+// hanging. A communicator released after this rank failed (core/failure.hpp) is aborted
+// (ncclCommAbort), not destroyed: ncclCommDestroy would wait for operations whose peers never
+// come. Host-compiled against the CUDA toolkit's headers; runs where a CUDA device exists.
 
 #include "pmt/config.hpp"
 
@@ -16,6 +18,7 @@
 #include "pmt/comm/mpi.hpp"
 #include "pmt/comm/request.hpp"
 #include "pmt/core/error.hpp"
+#include "pmt/core/failure.hpp"
 #include "pmt/core/tensor.hpp"
 
 #include <Kokkos_Core.hpp>
@@ -232,8 +235,11 @@ class Communicator<Nccl> {
  private:
   struct State {
     explicit State(const Communicator<Mpi>& b) : bootstrap(b) {}
-    ~State() {
-      if (comm) ncclCommDestroy(comm);
+    ~State() {  // after a failure (core/failure.hpp) peers may never complete what is pending: abort
+      if (comm && rank_failed())
+        ncclCommAbort(comm);
+      else if (comm)
+        ncclCommDestroy(comm);
     }
     Communicator<Mpi> bootstrap;
     ncclComm_t comm = nullptr;

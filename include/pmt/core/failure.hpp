@@ -12,6 +12,7 @@
 // alike (comm::agree_on_errors: checkpoints, the Trainer's checks) leaves no rank waiting and is
 // not recorded.
 
+#include <exception>
 #include <mutex>
 #include <string>
 
@@ -26,6 +27,17 @@ struct FailureRecord {
 inline FailureRecord& failure_record() {
   static FailureRecord r;
   return r;
+}
+
+/// The message of a caught exception: what() of a std::exception, else a sentence saying so.
+inline std::string message_of(const std::exception_ptr& error) {
+  try {
+    if (error) std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+  }
+  return "an exception that is not a std::exception";
 }
 }  // namespace detail
 

@@ -15,6 +15,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -61,13 +62,23 @@ class TraceRecorder {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
   }
   void record(TraceEvent e) {
-    if (m_enabled) m_events.push_back(std::move(e));
+    if (!m_enabled) return;
+    const std::lock_guard<std::mutex> lock(m_mu);
+    m_events.push_back(std::move(e));
   }
-  const std::vector<TraceEvent>& events() const noexcept { return m_events; }
-  void clear() { m_events.clear(); }
+  /// The events so far, a copy (another thread, e.g. a watchdog's, may read while the run records).
+  std::vector<TraceEvent> events() const {
+    const std::lock_guard<std::mutex> lock(m_mu);
+    return m_events;
+  }
+  void clear() {
+    const std::lock_guard<std::mutex> lock(m_mu);
+    m_events.clear();
+  }
 
  private:
   bool m_enabled = false;
+  mutable std::mutex m_mu;
   std::vector<TraceEvent> m_events;
 };
 

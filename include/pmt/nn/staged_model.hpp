@@ -30,6 +30,7 @@
 #include "pmt/comm/mesh.hpp"
 #include "pmt/core/activation_slot.hpp"
 #include "pmt/core/error.hpp"
+#include "pmt/core/failure.hpp"
 #include "pmt/core/instrument.hpp"
 #include "pmt/core/parameter.hpp"
 #include "pmt/core/random.hpp"
@@ -38,6 +39,7 @@
 #include "pmt/core/workspace.hpp"
 #include "pmt/nn/chain.hpp"
 #include "pmt/nn/module.hpp"
+#include "pmt/parallel/regions.hpp"
 #include "pmt/parallel/stage_module.hpp"
 #include "pmt/parallel/stages.hpp"
 #include "pmt/policy/hybrid.hpp"
@@ -113,9 +115,11 @@ class StagedModel {
   StagedModel(const Mesh<Backend>& mesh, Net net, Loss loss = Loss(), StagedOptions options = {})
       : m_net(std::move(net)),
         m_loss(std::move(loss)),
+        m_pp(mesh.comm(Axis::pp)),
         m_stage(mesh.coord(Axis::pp)),
         m_stages(mesh.degree(Axis::pp)),
         m_chunks(options.chunks),
+        m_group(mesh.degree(Axis::tp) * mesh.degree(Axis::pp)),
         m_recompute(options.recompute) {
     constexpr const char* op = "pmt::nn::StagedModel";
     const std::size_t L      = Net::size();
@@ -211,16 +215,23 @@ class StagedModel {
     Activation dx = m_net.backward(exec, d, begin(k), end(k), m_hook, m_needed);
     return first_chunk(k) ? Activation() : dx;
   }
-  /// \brief Inference through the whole chain (pp = 1) in evaluation mode (pmt::NoGrad: no
-  /// activation is kept, Dropout is the identity): the output (N, out), no loss.
-  /// \throws pmt::ConfigError with pp > 1.
+  /// \brief Inference through the whole chain in evaluation mode (pmt::NoGrad: no activation is
+  /// kept, Dropout is the identity): the output (N, out), no loss, on every rank. Collective over
+  /// the mesh's pp and tp axes: every rank calls it with the same x (N, in) (only stage 0 reads
+  /// its values); the virtual stages run in order, each handing its output to the next stage's
+  /// rank, and the last stage's output is shared with the other stages. On one rank: the chain.
+  /// An error on one rank is recorded (pmt::note_failure) before it leaves, as in Trainer::step:
+  /// the other ranks wait for this one, and pmt::ScopeGuard ends the job.
   Activation predict(const Exec& exec, const Activation& x) {
-    pmt::detail::require<ConfigError>(m_stages == 1, "pmt::nn::StagedModel::predict", [&] {
-      return pmt::detail::str("this rank holds pipeline stage ", m_stage, " of ", m_stages,
-                              "; predict runs the whole chain on pp = 1");
-    });
     const NoGrad eval;
-    return m_net.forward(exec, x, 0, Net::size());
+    try {
+      return predict_stages(exec, x);
+    } catch (...) {
+      if (m_group > 1)
+        note_failure(pmt::detail::str("pmt::nn::StagedModel::predict on pipeline stage ", m_stage, " of ", m_stages,
+                                      ": ", pmt::detail::message_of(std::current_exception())));
+      throw;
+    }
   }
 
   std::array<std::size_t, 2> input_extent(int k, const Batch& mb) const { return {mb.rows, m_widths.at(begin(k))}; }
@@ -255,9 +266,33 @@ class StagedModel {
   Loss& loss() noexcept { return m_loss; }
 
  private:
+  Activation predict_stages(const Exec& exec, const Activation& x) {
+    constexpr const char* op = "pmt::nn::StagedModel::predict";
+    const std::size_t rows   = x.extent(0);
+    pmt::detail::require(x.extent(1) == m_widths.front(), op, [&] {
+      return pmt::detail::str("stage ", m_stage, "/", m_stages, ": x is ", shape_str(x), "; expected (N, ",
+                              m_widths.front(), ") on every rank");
+    });
+    const int V  = m_stages * m_chunks;
+    Activation h = x;
+    for (int v = 0; v < V; ++v) {
+      const int owner = v % m_stages, k = v / m_stages;
+      if (owner != m_stage) continue;
+      const int prev = (v + m_stages - 1) % m_stages, next = (v + 1) % m_stages;
+      if (v > 0 && prev != m_stage) h = parallel::take_over<T>(m_pp, exec, rows, m_widths.at(begin(k)), prev);
+      h = m_net.forward(exec, h, begin(k), end(k));
+      if (v + 1 < V && next != m_stage) parallel::hand_on(m_pp, exec, h, next);
+    }
+    if (m_stages == 1) return h;
+    if (m_stage != m_stages - 1) h = Activation("pmt::nn::StagedModel::predict", rows, m_widths.back());
+    return parallel::share_from(m_pp, exec, h, m_stages - 1);
+  }
+
   Net m_net;
   Loss m_loss;
+  comm::Communicator<Backend> m_pp;  // the pipeline axis (predict's hand-offs)
   int m_stage, m_stages, m_chunks;
+  int m_group;  // the ranks one predict spans (tp x pp)
   parallel::StagePlan m_plan;
   std::vector<std::size_t> m_widths;  // the local width entering layer l (m_widths[L]: the output)
   Saved<Activation> m_dy;             // the loss gradient of the last chunk, per activation slot

@@ -29,6 +29,9 @@
 // a program that runs a layer over MPI or NCCL includes comm/mpi.hpp or comm/nccl.hpp (pmt.hpp
 // does), where Communicator<Mpi> and Communicator<Nccl> are defined. A communicator of one rank communicates nothing:
 // every region is then the identity (scatter_to and gather_from return x itself).
+// Inference across pipeline stages (forward only, so no conjugate): hand_on sends this stage's
+// output to the stage that goes on with it, take_over receives it there, share_from gives every
+// rank of the axis the last stage's result (blocking; tag 0, so NCCL's matching rule holds).
 
 #include "pmt/comm/backend.hpp"
 #include "pmt/comm/collectives.hpp"
@@ -174,6 +177,27 @@ Tensor<typename V::non_const_value_type, 2, Exec> split_rows(const comm::Communi
   auto out             = workspace_view<Tensor<T, 2, Exec>>("pmt::parallel::split_rows", n, x.extent(1));
   Kokkos::deep_copy(exec, out, Kokkos::subview(x, std::make_pair(r0, r0 + n), Kokkos::ALL));
   return out;
+}
+
+/// \brief Inference hand-off: this rank's output x to rank `to` of the axis (blocking).
+template <class B, class Exec, class V>
+void hand_on(const comm::Communicator<B>& axis, const Exec& exec, const V& x, int to) {
+  comm::send(axis, exec, x, to);
+}
+/// \brief Inference hand-off: the (rows, cols) tensor rank `from` of the axis hands on (blocking).
+template <class T, class B, class Exec>
+Tensor<T, 2, Exec> take_over(const comm::Communicator<B>& axis, const Exec& exec, std::size_t rows, std::size_t cols,
+                             int from) {
+  Tensor<T, 2, Exec> x("pmt::parallel::take_over", rows, cols);
+  comm::recv(axis, exec, x, from);
+  return x;
+}
+/// \brief Inference result: rank `root`'s x on every rank of the axis; the others pass a tensor
+/// of its shape, which is filled (x itself is returned).
+template <class B, class Exec, class V>
+V share_from(const comm::Communicator<B>& axis, const Exec& exec, const V& x, int root) {
+  if (axis.size() > 1) comm::broadcast(axis, exec, x, root);
+  return x;
 }
 
 }  // namespace pmt::parallel

@@ -30,6 +30,7 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -82,6 +83,9 @@ struct PreflightOptions {
   std::vector<std::pair<std::string, std::string>> outputs;  ///< (flag, file) the root writes
   double watchdog_s = 0;                                     ///< 0: no watchdog
   int watchdog_exit = 4;                                     ///< the watchdog's exit code
+  /// Run on the watchdog's thread when it ends this rank, before the exit (what the rank can
+  /// keep on its own, e.g. its trace: obs::write_rank_trace); what it throws is ignored.
+  std::function<void()> on_watchdog;
 };
 
 /// \brief What keeps a run safe while it lasts: the run directory's lock (rank 0), the watchdog
@@ -173,15 +177,22 @@ std::unique_ptr<Guards> preflight(const comm::Communicator<B>& world, const Pref
   if (!beats.empty()) {
     const std::string program = o.program;
     const int code            = o.watchdog_exit;
+    const auto keep           = o.on_watchdog;
     g->watchdog               = std::make_unique<Watchdog>(
         WatchdogOptions{o.watchdog_s, beats, world.rank(), world.size(), 0},
-        [program, code](const std::string& report, bool reporter) {
+        [program, code, keep](const std::string& report, bool reporter) {
           if (reporter) {
             std::fprintf(stderr, "%s: error: %s\n", program.c_str(), report.c_str());
             std::fflush(stderr);
-          } else {
-            std::this_thread::sleep_for(std::chrono::seconds(3));  // the reporter's message first
           }
+          if (keep) try {
+              keep();
+            } catch (const std::exception& e) {
+              std::fprintf(stderr, "%s: %s\n", program.c_str(), e.what());
+            } catch (...) {
+            }
+          if (!reporter) std::this_thread::sleep_for(std::chrono::seconds(3));  // the reporter's message first
+          std::fflush(stderr);
           std::_Exit(code);
         });
   }

@@ -299,14 +299,8 @@ class Trainer {
   /// What note_failure records for an exception that left step() or evaluate(): the rank and its
   /// place in the mesh, the step, the pipeline action that failed, and the error's message.
   std::string failure_of(const std::exception_ptr& error, const char* op, std::int64_t step) const {
-    std::string what = "an exception that is not a std::exception";
-    try {
-      std::rethrow_exception(error);
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-    }
-    const std::string at = m_runner ? m_runner->failed_at() : std::string();
+    const std::string what = detail::message_of(error);
+    const std::string at   = m_runner ? m_runner->failed_at() : std::string();
     return detail::str("Trainer::", op, " of step ", step, " on ", m_mesh.where(), at.empty() ? "" : ", ", at, ": ",
                        what);
   }
