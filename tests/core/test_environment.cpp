@@ -25,6 +25,29 @@ TEST_CASE("ScopeGuard initialised Kokkos and recorded the world", "[core][enviro
 #endif
 }
 
+TEST_CASE("each rank of a node takes its own GPU unless the launch names one", "[core][environment][mpi]") {
+  // the rule a CUDA build's ScopeGuard applies before Kokkos starts (KOKKOS_DEVICE_ID)
+  CHECK(pmt::device_for_local_rank(0, 4) == 0);
+  CHECK(pmt::device_for_local_rank(3, 4) == 3);
+  CHECK(pmt::device_for_local_rank(5, 4) == 1);  // more ranks than GPUs: shared in turn
+  CHECK(pmt::device_for_local_rank(2, 0) == -1);
+  const char* none[]  = {"prog", "--steps", "3", nullptr};
+  const char* id[]    = {"prog", "--kokkos-device-id=1", nullptr};
+  const char* by[]    = {"prog", "--kokkos-map-device-id-by", "random", nullptr};
+  const char* other[] = {"prog", "--kokkos-device-idx=1", nullptr};
+  const bool env      = std::getenv("KOKKOS_DEVICE_ID") != nullptr || std::getenv("KOKKOS_NUM_DEVICES") != nullptr;
+  CHECK(pmt::kokkos_device_named(3, none) == env);
+  CHECK(pmt::kokkos_device_named(2, id));
+  CHECK(pmt::kokkos_device_named(3, by));
+  CHECK(pmt::kokkos_device_named(2, other) == env);
+#if PMT_ENABLE_MPI
+  // one node here: the node-local rank is the world rank
+  const auto [local, on_node] = pmt::detail::node_local_rank();
+  CHECK(local == pmt::world_rank());
+  CHECK(on_node == pmt::world_size());
+#endif
+}
+
 TEST_CASE("OMP_WAIT_POLICY=passive with several threads is warned about, nothing else", "[core][environment]") {
   CHECK(pmt::detail::wait_policy_warning(nullptr, 2).empty());
   CHECK(pmt::detail::wait_policy_warning("active", 2).empty());

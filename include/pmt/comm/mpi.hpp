@@ -144,6 +144,18 @@ inline bool mpi_initialize(int& argc, char**& argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &process_context().size);
   return !ready;
 }
+/// This rank's index among the ranks of its node (MPI_Comm_split_type of `world` with
+/// MPI_COMM_TYPE_SHARED) and how many ranks share the node.
+inline std::pair<int, int> node_local_rank(MPI_Comm world = MPI_COMM_WORLD) {
+  MPI_Comm node = MPI_COMM_NULL;
+  int rank = 0, size = 1;
+  if (MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) != MPI_SUCCESS)
+    throw CommError("pmt::detail::node_local_rank", "MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) failed");
+  MPI_Comm_rank(node, &rank);
+  MPI_Comm_size(node, &size);
+  MPI_Comm_free(&node);
+  return {rank, size};
+}
 /// MPI_Finalize unless MPI is finalized already.
 inline void mpi_finalize() {
   int finalized = 0;

@@ -24,6 +24,7 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <stdlib.h>  // setenv
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -38,7 +39,9 @@ namespace pmt {
 /// On x86 it flushes denormals to zero first (see the file comment; PMT_DENORMALS=keep does not).
 /// It records this process' world rank for error messages and warns once (rank 0) when OpenBLAS
 /// runs generic kernels on a vector CPU or fewer threads than Kokkos, and when OMP_WAIT_POLICY is
-/// passive with several OpenMP threads. When the guard is destroyed while an exception is in
+/// passive with several OpenMP threads. In a build with CUDA each rank of a node takes its own
+/// GPU (its node-local rank modulo the node's GPUs) unless --kokkos-device-id or KOKKOS_DEVICE_ID
+/// says otherwise. When the guard is destroyed while an exception is in
 /// flight in a multi-rank job, or after this rank failed (core/failure.hpp: an error left a
 /// training step, which the program may have caught), it calls MPI_Abort so the other ranks end
 /// instead of hanging (end_job_if_failed).
@@ -59,6 +62,9 @@ class ScopeGuard {
     if (!Kokkos::is_initialized()) {
       const char* denormals = std::getenv("PMT_DENORMALS");
       if (!denormals || std::string(denormals) != "keep") flush_denormals();  // Kokkos' threads inherit it
+#if PMT_ENABLE_MPI && PMT_ENABLE_CUDA && defined(KOKKOS_ENABLE_CUDA)
+      pick_device(argc, argv);
+#endif
       Kokkos::initialize(argc, argv);
       m_owns_kokkos = true;
     }
@@ -99,6 +105,18 @@ class ScopeGuard {
   }
 
  private:
+#if PMT_ENABLE_MPI && PMT_ENABLE_CUDA && defined(KOKKOS_ENABLE_CUDA)
+  /// A GPU build: the ranks of a node spread over its GPUs by node-local rank (an MPI
+  /// shared-memory split; device_for_local_rank), given to Kokkos as KOKKOS_DEVICE_ID, unless the
+  /// command line or the environment already names the device (kokkos_device_named).
+  static void pick_device(int argc, char** argv) {
+    if (kokkos_device_named(argc, argv)) return;
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess) return;
+    const int device = device_for_local_rank(detail::node_local_rank().first, devices);
+    if (device >= 0) ::setenv("KOKKOS_DEVICE_ID", std::to_string(device).c_str(), 0);
+  }
+#endif
   bool m_owns_mpi    = false;
   bool m_owns_kokkos = false;
   int m_uncaught     = 0;

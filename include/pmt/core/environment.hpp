@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <initializer_list>
 #include <string>
 #include <type_traits>
 
@@ -162,5 +163,26 @@ inline bool denormals_flushed() noexcept {
 /// \brief This process' rank in the world (0 without MPI) and the world size (1 without MPI).
 inline int world_rank() noexcept { return detail::process_context().rank; }
 inline int world_size() noexcept { return detail::process_context().size; }
+
+/// \brief The GPU a rank takes on its node: its node-local rank modulo the node's devices, so the
+/// ranks of a node spread over its GPUs in rank order; -1 when there is no device.
+inline int device_for_local_rank(int local_rank, int devices) noexcept {
+  return devices > 0 && local_rank >= 0 ? local_rank % devices : -1;
+}
+
+/// \brief Whether the command line or the environment already says which device Kokkos takes
+/// (--kokkos-device-id, --kokkos-map-device-id-by, --kokkos-num-devices and their old spellings;
+/// KOKKOS_DEVICE_ID, KOKKOS_NUM_DEVICES): then pmt leaves the choice to Kokkos.
+inline bool kokkos_device_named(int argc, const char* const* argv) {
+  for (const char* env : {"KOKKOS_DEVICE_ID", "KOKKOS_NUM_DEVICES"})
+    if (std::getenv(env) != nullptr) return true;
+  for (int i = 1; i < argc && argv[i] != nullptr; ++i) {
+    const std::string a = argv[i];
+    for (const char* flag : {"--kokkos-device-id", "--kokkos-map-device-id-by", "--kokkos-num-devices",
+                             "--kokkos-ndevices", "--kokkos-device", "--device-id", "--num-devices", "--ndevices"})
+      if (a == flag || a.rfind(std::string(flag) + "=", 0) == 0) return true;
+  }
+  return false;
+}
 
 }  // namespace pmt
