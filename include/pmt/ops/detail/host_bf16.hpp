@@ -67,7 +67,10 @@ struct alignas(64) TileConfig {
 PMT_AMX_TARGET inline void configure() {
   TileConfig cfg;
   for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64, cfg.rows[t] = 16;
-  _tile_loadconfig(&cfg);
+  // ldtilecfg itself, with the whole configuration as its operand: _tile_loadconfig names only
+  // its first 8 bytes, and GCC at -O2 may then leave the rest unwritten (an illegal instruction
+  // at the first tile operation)
+  __asm__ volatile("ldtilecfg %0" ::"m"(cfg));
 }
 
 PMT_AMX_TARGET inline void release() { _tile_release(); }
