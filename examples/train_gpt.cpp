@@ -35,22 +35,28 @@
 namespace {
 
 using namespace train_gpt;
-using Exec    = Kokkos::DefaultHostExecutionSpace;
-using Backend = pmt::comm::default_backend_t<Exec>;
-using World   = pmt::comm::Communicator<Backend>;
-using Model   = pmt::nn::Gpt<float, Exec, Backend>;
-using AdamW   = pmt::optim::AdamW<float, Exec>;
-using Zero    = pmt::optim::ZeroAdamW<float, Exec, Backend>;
-using Zero2   = pmt::optim::Zero2AdamW<float, Exec, Backend>;
-using Ids     = Model::Ids;
+using Host  = Kokkos::DefaultHostExecutionSpace;
+using World = pmt::comm::Communicator<pmt::comm::default_backend_t<Host>>;  // the job's ranks, host values
 using pmt::detail::str;
 using pmt::run::JobError;
 
 /// Exit codes besides 0 (done) and 1 (bad input, I/O error); a second signal N exits 128 + N.
 constexpr int exit_nonfinite = 3, exit_watchdog = 4, exit_preempted = 75;
 
+/// The types of a run whose ranks compute on Exec and talk over Backend (--device, --comm).
+template <class Exec_, class Backend_>
+struct On {
+  using Exec    = Exec_;
+  using Backend = Backend_;
+  using Model   = pmt::nn::Gpt<float, Exec, Backend>;
+  using AdamW   = pmt::optim::AdamW<float, Exec>;
+  using Zero    = pmt::optim::ZeroAdamW<float, Exec, Backend>;
+  using Zero2   = pmt::optim::Zero2AdamW<float, Exec, Backend>;
+};
+
 /// The model the flags describe, over the mesh (recomputation on this rank's stage, unless
 /// --recompute-stages leaves it out).
+template <class Model, class Backend>
 Model build_model(const Options& o, const pmt::Mesh<Backend>& mesh) {
   const bool here = o.recompute_stages == 0 || mesh.coord(pmt::Axis::pp) < o.recompute_stages;
   return Model(
@@ -59,22 +65,24 @@ Model build_model(const Options& o, const pmt::Mesh<Backend>& mesh) {
 }
 
 /// AdamW, or ZeRO-1/2's sharded AdamW.
-template <class Opt>
-Opt build_optimizer(const Options& o, const pmt::Mesh<Backend>& mesh, Model& model) {
+template <class S, class Opt>
+Opt build_optimizer(const Options& o, const pmt::Mesh<typename S::Backend>& mesh, typename S::Model& model) {
   const pmt::optim::AdamWOptions hyper{0.9, 0.95, 1e-8, 0.1};
-  const auto pp = o.pp > 1 ? std::optional<World>(mesh.comm(pmt::Axis::pp)) : std::nullopt;
-  if constexpr (std::is_same_v<Opt, Zero>)
+  using Comm    = pmt::comm::Communicator<typename S::Backend>;
+  const auto pp = o.pp > 1 ? std::optional<Comm>(mesh.comm(pmt::Axis::pp)) : std::nullopt;
+  if constexpr (std::is_same_v<Opt, typename S::Zero>)
     return Opt(model.parameters(), hyper, mesh.comm(pmt::Axis::dp), mesh.comm(pmt::Axis::tp), pp);
-  else if constexpr (std::is_same_v<Opt, Zero2>)
+  else if constexpr (std::is_same_v<Opt, typename S::Zero2>)
     return Opt(model.parameters(), hyper, mesh.comm(pmt::Axis::dp), mesh.comm(pmt::Axis::tp), pp,
                model.tied_parameters());
   else
     return Opt(model.parameters(), hyper);
 }
 
+template <class S>
 pmt::train::TrainerOptions trainer_options(const Options& o) {
   pmt::train::TrainerOptions t(pmt::parallel::GradSyncOptions{
-      pmt::parallel::GradSync<float, Exec, Backend>::default_bucket_bytes,
+      pmt::parallel::GradSync<float, typename S::Exec, typename S::Backend>::default_bucket_bytes,
       o.compress == "bf16" ? pmt::parallel::GradCompression::bf16 : pmt::parallel::GradCompression::none});
   t.period    = std::max(o.local_sgd, o.diloco);
   t.staleness = std::max(o.staleness, 0);
@@ -92,11 +100,17 @@ std::string dp_traffic(const Options& o) {
   return str("gradients every step, ", o.compress == "bf16" ? "bf16 with error feedback" : "fp32");
 }
 
-/// One training run with optimizer Opt (AdamW, ZeroAdamW, Zero2AdamW) and data-parallel mode
-/// Mode (Synchronous, LocalSgd<>, DiLoCo<>, BoundedStaleness<>).
-template <class Opt, class Mode>
+/// One training run on S's space and backend (On<Exec, Backend>) with optimizer Opt (AdamW,
+/// ZeroAdamW, Zero2AdamW) and data-parallel mode Mode (Synchronous, LocalSgd<>, DiLoCo<>,
+/// BoundedStaleness<>). The program's own host values (the checkpoint to resume, the peak, the
+/// non-finite report) travel over the job's world; the model's over the mesh's backend.
+template <class S, class Opt, class Mode>
 class Run {
  public:
+  using Exec    = typename S::Exec;
+  using Backend = typename S::Backend;
+  using Model   = typename S::Model;
+  using Ids     = typename Model::Ids;
   using Policy  = pmt::Hybrid<pmt::DataParallel<Mode>, pmt::TensorSplit<>, pmt::Pipeline<>>;
   using Trainer = pmt::train::Trainer<Model, Opt, Exec, Backend, Policy>;
 
@@ -105,10 +119,10 @@ class Run {
         world(world),
         data(data),
         guards(guards),
-        mesh(world, pmt::MeshShape{o.dp, o.tp, o.pp}),
-        model(build_model(o, mesh)),
-        opt(build_optimizer<Opt>(o, mesh, model)),
-        trainer(mesh, model, opt, Exec(), trainer_options(o)) {
+        mesh(pmt::run::communicator_for<Backend>(world), pmt::MeshShape{o.dp, o.tp, o.pp}),
+        model(build_model<Model>(o, mesh)),
+        opt(build_optimizer<S, Opt>(o, mesh, model)),
+        trainer(mesh, model, opt, Exec(), trainer_options<S>(o)) {
     trainer.set_schedule(o.schedule == "gpipe" ? pmt::parallel::ScheduleKind::GPipe
                                                : pmt::parallel::ScheduleKind::OneFOneB);
     const std::size_t B_local = static_cast<std::size_t>(o.batch / o.dp);
@@ -180,7 +194,7 @@ class Run {
         err = std::current_exception();
       }
     pmt::run::agree_errors(world, err, prog, "finding the checkpoint to resume");
-    pmt::comm::broadcast(world, Exec(), pick, 0);
+    pmt::comm::broadcast(world, Host(), pick, 0);
     return pick() < 0 ? std::string() : pmt::io::checkpoint_step_dir(o.ckpt_dir, static_cast<std::int64_t>(pick()));
   }
 
@@ -201,16 +215,18 @@ class Run {
       std::printf("resuming with a changed configuration (--allow-changed-config): %s\n", changed.c_str());
   }
 
-  /// Collective: the measured fp32 peak of all ranks (all at once: each its share of the node).
+  /// Collective: the peak of all ranks: on host ranks the measured fp32 FMA peak (all at once:
+  /// each its share of the node), on GPU ranks the device's from its properties (bf16 tensor
+  /// cores for --precision bf16, else fp32).
   void measure_peak() {
     pmt::comm::barrier(world);
     Kokkos::View<double, Kokkos::HostSpace> p("peak");
-    p() = pmt::obs::measured_fp32_peak_gflops() * 1e9;
-    pmt::comm::all_reduce(world, Exec(), p);
+    p() = pmt::obs::peak_gflops<Exec>(o.precision == "bf16") * 1e9;
+    pmt::comm::all_reduce(world, Host(), p);
     peak = p();
     // Ranks that share cores time their products whenever the scheduler gives them the cores, so
     // a product's share of "peak / ranks" would mean nothing there.
-    cores_shared = pmt::plan::detail::compute_share(world, Exec().concurrency()) < 1.0;
+    cores_shared = pmt::plan::detail::compute_share(world, Host().concurrency()) < 1.0;
   }
 
   void banner() const {
@@ -222,15 +238,15 @@ class Run {
             model.sequence_parallel() ? ", sequence-parallel" : "");
     std::printf(
         "pmt train_gpt: %d ranks = dp %d x tp %d x pp %d (%s%s, %d microbatches%s); GPT %d layers, width %d, %d heads, "
-        "context %zu; batch %d; %d thread(s) per rank\n",
+        "context %zu; batch %d; %s\n",
         world.size(), o.dp, o.tp, o.pp, o.schedule.c_str(),
         o.chunks > 1 ? str(", ", o.chunks, " chunks per stage").c_str() : "", o.microbatches, extras.c_str(), o.layers,
-        o.width, o.heads, T(), o.batch, Exec().concurrency());
+        o.width, o.heads, T(), o.batch, pmt::run::placement_description<Exec, Backend>().c_str());
     std::printf("data: %s, %zu bytes (%zu train, %zu validation)\n", data.path().c_str(), data.size(),
                 data.train_size(), data.val_size());
     if (o.pp > 1) std::printf("stages: %s\n", model.plan().describe().c_str());
-    std::printf("measured fp32 peak of all ranks: %.1f GFLOP/s (%s); %s\n", peak / 1e9,
-                pmt::obs::peak_isa_description().c_str(),
+    std::printf("%s peak of all ranks: %.1f GFLOP/s (%s); %s\n", pmt::obs::peak_kind<Exec>(o.precision == "bf16"),
+                peak / 1e9, pmt::obs::peak_source<Exec>().c_str(),
                 pmt::ops::matmul_path() == pmt::ops::MatmulPath::Auto
                     ? "matmul auto: vendor BLAS or portable kernel, timed per shape class in the first step and agreed "
                       "over the ranks"
@@ -295,7 +311,7 @@ class Run {
       auto g = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), p->grad);
       for (std::size_t i = 0; i < g.size() && mine(0) == 0; ++i) mine(0) = std::isfinite(g(i)) ? 0.0 : 1.0;
     }
-    pmt::comm::all_gather(world, Exec(), mine, all);
+    pmt::comm::all_gather(world, Host(), mine, all);
     std::string ranks;
     for (int q = 0; q < world.size(); ++q)
       if (all(q) != 0) ranks += (ranks.empty() ? "" : ", ") + std::to_string(q);
@@ -437,7 +453,7 @@ class Run {
   }
 
   Options& o;
-  const World& world;
+  const World& world;  // the job's ranks, for host values
   const pmt::io::TokenDataset& data;
   pmt::run::Guards& guards;
   pmt::Mesh<Backend> mesh;
@@ -453,15 +469,24 @@ class Run {
   pmt::run::MetricsLog metrics;
 };
 
-/// The run the flags name: the optimizer and the data-parallel mode, as types.
+/// The run the flags name on S's space and backend: the optimizer and the data-parallel mode, as types.
+template <class S>
+int train_on(Options& o, const World& world, const pmt::io::TokenDataset& data, pmt::run::Guards& guards) {
+  using AdamW = typename S::AdamW;
+  if (o.zero && o.zero_stage == 2) return Run<S, typename S::Zero2, pmt::Synchronous>(o, world, data, guards)();
+  if (o.zero) return Run<S, typename S::Zero, pmt::Synchronous>(o, world, data, guards)();
+  if (o.local_sgd > 0) return Run<S, AdamW, pmt::LocalSgd<>>(o, world, data, guards)();
+  if (o.diloco > 0) return Run<S, AdamW, pmt::DiLoCo<>>(o, world, data, guards)();
+  if (o.staleness >= 0) return Run<S, AdamW, pmt::BoundedStaleness<>>(o, world, data, guards)();
+  return Run<S, AdamW, pmt::Synchronous>(o, world, data, guards)();
+}
+
+/// The run on the space and backend --device and --comm name.
 int train(Options& o, const World& world, const pmt::io::TokenDataset& data, pmt::run::Guards& guards) {
   if (o.memory_report()) pmt::obs::MemoryTracker::instance().enable();  // Kokkos allocations: the peak per rank
-  if (o.zero && o.zero_stage == 2) return Run<Zero2, pmt::Synchronous>(o, world, data, guards)();
-  if (o.zero) return Run<Zero, pmt::Synchronous>(o, world, data, guards)();
-  if (o.local_sgd > 0) return Run<AdamW, pmt::LocalSgd<>>(o, world, data, guards)();
-  if (o.diloco > 0) return Run<AdamW, pmt::DiLoCo<>>(o, world, data, guards)();
-  if (o.staleness >= 0) return Run<AdamW, pmt::BoundedStaleness<>>(o, world, data, guards)();
-  return Run<AdamW, pmt::Synchronous>(o, world, data, guards)();
+  return pmt::run::with_placement(prog, o.device, o.comm, [&](auto exec, auto backend) {
+    return train_on<On<typename decltype(exec)::type, typename decltype(backend)::type>>(o, world, data, guards);
+  });
 }
 
 /// A pmt::Error raised alike on every rank, as the job's error.
@@ -498,6 +523,7 @@ int job(Parsed& p, int argc, char* argv[], const std::string& threads_note) {
   if (world.rank() == 0 && !threads_note.empty()) std::printf("%s\n", threads_note.c_str());
   agreed([&] {
     pmt::ops::matmul_path();  // a bad PMT_MATMUL fails here, alike on every rank
+    pmt::run::check_placement(prog, o.device, o.comm);
     validate_outputs(o);
   });
   const auto guards =

@@ -37,6 +37,7 @@ struct Options {
   std::string compress     = "none";  // dp gradients on the wire: none or bf16 (error feedback)
   std::string precision    = "fp32";  // the model's products: fp32, or bf16 operands with fp32 sums
   std::string on_nonfinite = "stop";
+  std::string device = "default", comm = "auto";  // where ranks compute, how they talk (pmt/run/placement.hpp)
   int local_sgd = 0, diloco = 0;  // a period: parameters averaged (and DiLoCo's outer step) every so many steps
   int staleness   = -1;           // >= 0: bounded staleness, gradient sums applied this many steps late
   double outer_lr = 0.7, outer_momentum = 0.9;
@@ -141,6 +142,14 @@ inline void declare_model_and_training(CLI::App& app, Options& o) {
   option(app, t, "--precision", o.precision,
          "the model's products: fp32, or bf16 mixed precision (bf16 operands, fp32 sums, parameters and state)",
          parsed_by([](const std::string& v) { pmt::parse_precision(v, "--precision"); }))
+      ->capture_default_str();
+  option(app, t, "--device", o.device,
+         "where each rank computes: default (Kokkos' default space: a GPU per rank when Kokkos has CUDA) or host",
+         one_of("--device", {"default", "host"}))
+      ->capture_default_str();
+  option(app, t, "--comm", o.comm,
+         "how ranks talk: auto (NCCL between GPU ranks when built with it, MPI between host ranks), mpi or nccl",
+         one_of("--comm", {"auto", "mpi", "nccl"}))
       ->capture_default_str();
   option(app, t, "--matmul", o.matmul,
          "the matmul path: auto (default, or PMT_MATMUL) times the vendor BLAS and pmt's kernel per shape class and "

@@ -6,7 +6,8 @@
 // constructed), the run directory lock (run/lock.hpp) and the layout-free parameter fingerprint
 // (run/fingerprint.hpp), a job's preflight, agreed errors and exit codes (run/job.hpp), Kokkos'
 // flags and the ranks' agreement on the command line (run/command_line.hpp), the threads per
-// rank (run/threads.hpp) and the per-rank report (run/report.hpp). No header of pmt.hpp includes
+// rank (run/threads.hpp), the per-rank report (run/report.hpp) and where ranks compute and how
+// they talk (run/placement.hpp: --device, --comm). No header of pmt.hpp includes
 // any of them. run/metrics.hpp (JSON lines) needs nlohmann-json and is included on its own.
 
 #include "pmt/pmt.hpp"
@@ -15,6 +16,7 @@
 #include "pmt/run/fingerprint.hpp"
 #include "pmt/run/job.hpp"
 #include "pmt/run/lock.hpp"
+#include "pmt/run/placement.hpp"
 #include "pmt/run/preemption.hpp"
 #include "pmt/run/report.hpp"
 #include "pmt/run/threads.hpp"

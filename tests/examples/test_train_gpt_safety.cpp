@@ -587,6 +587,20 @@ TEST_CASE("small ones: threads, Kokkos flags, metrics on resume, --keep, leftove
     CHECK(!fs::exists(dir + "/step-00000007.partial"));
     for (int s = 0; s < 6; ++s) CHECK(step_lines(m, s) == 1);
   }
+  SECTION("where ranks compute (--device, --comm) is in the banner; what the build cannot run is refused") {
+    // this build's Kokkos has no GPU backend: --device default is its default host space
+    const auto host = run(small + "--steps 1 --device host --comm mpi", 2);
+    CHECK(host.rc == 0);
+    CHECK_THAT(host.out, ContainsSubstring("thread(s) per rank on Kokkos::") && ContainsSubstring(", MPI\n"));
+    const auto nccl = run(small + "--steps 1 --comm nccl", 2);
+    CHECK(nccl.rc == 1);
+    CHECK(nccl.seconds < 30);
+    CHECK_THAT(nccl.out, ContainsSubstring("--comm nccl cannot connect host ranks") &&
+                             ContainsSubstring("it can: mpi; NCCL needs GPU ranks"));
+    const auto bad = run(small + "--steps 1 --device gpu");
+    CHECK(bad.rc == 1);
+    CHECK_THAT(bad.out, ContainsSubstring("--device"));
+  }
   SECTION("a device is refused as data") {
     const auto r = run(small + "--steps 1 --data /dev/zero");
     CHECK(r.rc == 1);

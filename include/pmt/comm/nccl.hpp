@@ -8,7 +8,10 @@
 // an asynchronous error or after the timeout aborts the NCCL communicator and raises, instead of
 // hanging. A communicator released after this rank failed (core/failure.hpp) is aborted
 // (ncclCommAbort), not destroyed: ncclCommDestroy would wait for operations whose peers never
-// come. Host-compiled against the CUDA toolkit's headers; runs where a CUDA device exists.
+// come. Called with a host execution space (host values: a loss, agreed errors, checkpoint
+// metadata), an operation runs over that bootstrap MPI communicator instead, since NCCL reads
+// device memory only; the two never share a buffer, so their orders do not interact.
+// Host-compiled against the CUDA toolkit's headers; runs where a CUDA device exists.
 
 #include "pmt/config.hpp"
 
@@ -175,58 +178,103 @@ class Communicator<Nccl> {
   template <class Exec>
   void all_reduce_raw(const Exec& exec, const void* send, void* recv, std::size_t count, DataType t,
                       ReduceOp op) const {
-    check(ncclAllReduce(send, recv, count, detail::nccl_type(t), detail::nccl_op(op), native(),
-                        detail::cuda_stream_of(exec)),
-          "all_reduce", "ncclAllReduce");
+    if constexpr (is_host_space_v<Exec>) {
+      return m_state->bootstrap.all_reduce_raw(exec, send, recv, count, t, op);
+    } else {
+      check(ncclAllReduce(send, recv, count, detail::nccl_type(t), detail::nccl_op(op), native(),
+                          detail::cuda_stream_of(exec)),
+            "all_reduce", "ncclAllReduce");
+    }
   }
   template <class Exec>
   void reduce_scatter_raw(const Exec& exec, const void* send, void* recv, std::size_t recv_count, DataType t,
                           ReduceOp op) const {
-    check(ncclReduceScatter(send, recv, recv_count, detail::nccl_type(t), detail::nccl_op(op), native(),
-                            detail::cuda_stream_of(exec)),
-          "reduce_scatter", "ncclReduceScatter");
+    if constexpr (is_host_space_v<Exec>) {
+      return m_state->bootstrap.reduce_scatter_raw(exec, send, recv, recv_count, t, op);
+    } else {
+      check(ncclReduceScatter(send, recv, recv_count, detail::nccl_type(t), detail::nccl_op(op), native(),
+                              detail::cuda_stream_of(exec)),
+            "reduce_scatter", "ncclReduceScatter");
+    }
   }
   template <class Exec>
   void all_gather_raw(const Exec& exec, const void* send, void* recv, std::size_t send_count, DataType t) const {
-    check(ncclAllGather(send, recv, send_count, detail::nccl_type(t), native(), detail::cuda_stream_of(exec)),
-          "all_gather", "ncclAllGather");
+    if constexpr (is_host_space_v<Exec>) {
+      return m_state->bootstrap.all_gather_raw(exec, send, recv, send_count, t);
+    } else {
+      check(ncclAllGather(send, recv, send_count, detail::nccl_type(t), native(), detail::cuda_stream_of(exec)),
+            "all_gather", "ncclAllGather");
+    }
   }
   template <class Exec>
   void broadcast_raw(const Exec& exec, void* buf, std::size_t count, DataType t, int root) const {
-    check(ncclBroadcast(buf, buf, count, detail::nccl_type(t), root, native(), detail::cuda_stream_of(exec)),
-          "broadcast", "ncclBroadcast");
+    if constexpr (is_host_space_v<Exec>) {
+      return m_state->bootstrap.broadcast_raw(exec, buf, count, t, root);
+    } else {
+      check(ncclBroadcast(buf, buf, count, detail::nccl_type(t), root, native(), detail::cuda_stream_of(exec)),
+            "broadcast", "ncclBroadcast");
+    }
   }
   template <class Exec>
-  void send_raw(const Exec& exec, const void* buf, std::size_t count, DataType t, int peer, int /*tag*/) const {
-    check(ncclSend(buf, count, detail::nccl_type(t), peer, native(), detail::cuda_stream_of(exec)), "send", "ncclSend");
+  void send_raw(const Exec& exec, const void* buf, std::size_t count, DataType t, int peer, int tag) const {
+    if constexpr (is_host_space_v<Exec>) {
+      return m_state->bootstrap.send_raw(exec, buf, count, t, peer, tag);
+    } else {
+      (void)tag;  // NCCL matches a pair's messages in issue order
+      check(ncclSend(buf, count, detail::nccl_type(t), peer, native(), detail::cuda_stream_of(exec)), "send",
+            "ncclSend");
+    }
   }
   template <class Exec>
-  void recv_raw(const Exec& exec, void* buf, std::size_t count, DataType t, int peer, int /*tag*/) const {
-    check(ncclRecv(buf, count, detail::nccl_type(t), peer, native(), detail::cuda_stream_of(exec)), "recv", "ncclRecv");
+  void recv_raw(const Exec& exec, void* buf, std::size_t count, DataType t, int peer, int tag) const {
+    if constexpr (is_host_space_v<Exec>) {
+      return m_state->bootstrap.recv_raw(exec, buf, count, t, peer, tag);
+    } else {
+      (void)tag;
+      check(ncclRecv(buf, count, detail::nccl_type(t), peer, native(), detail::cuda_stream_of(exec)), "recv",
+            "ncclRecv");
+    }
   }
   template <class Exec>
   Request iall_reduce_raw(const Exec& exec, const void* send, void* recv, std::size_t count, DataType t, ReduceOp op,
                           std::shared_ptr<void> keep, std::function<void()> on_complete) const {
-    all_reduce_raw(exec, send, recv, count, t, op);
-    return event_request(detail::cuda_stream_of(exec), "iall_reduce", std::move(keep), std::move(on_complete));
+    if constexpr (is_host_space_v<Exec>) {
+      return m_state->bootstrap.iall_reduce_raw(exec, send, recv, count, t, op, std::move(keep),
+                                                std::move(on_complete));
+    } else {
+      all_reduce_raw(exec, send, recv, count, t, op);
+      return event_request(detail::cuda_stream_of(exec), "iall_reduce", std::move(keep), std::move(on_complete));
+    }
   }
   template <class Exec>
   Request ireduce_scatter_raw(const Exec& exec, const void* send, void* recv, std::size_t recv_count, DataType t,
                               ReduceOp op, std::shared_ptr<void> keep) const {
-    reduce_scatter_raw(exec, send, recv, recv_count, t, op);
-    return event_request(detail::cuda_stream_of(exec), "ireduce_scatter", std::move(keep), {});
+    if constexpr (is_host_space_v<Exec>) {
+      return m_state->bootstrap.ireduce_scatter_raw(exec, send, recv, recv_count, t, op, std::move(keep));
+    } else {
+      reduce_scatter_raw(exec, send, recv, recv_count, t, op);
+      return event_request(detail::cuda_stream_of(exec), "ireduce_scatter", std::move(keep), {});
+    }
   }
   template <class Exec>
   Request isend_raw(const Exec& exec, const void* buf, std::size_t count, DataType t, int peer, int tag,
                     std::shared_ptr<void> keep) const {
-    send_raw(exec, buf, count, t, peer, tag);
-    return event_request(detail::cuda_stream_of(exec), "isend", std::move(keep), {});
+    if constexpr (is_host_space_v<Exec>) {
+      return m_state->bootstrap.isend_raw(exec, buf, count, t, peer, tag, std::move(keep));
+    } else {
+      send_raw(exec, buf, count, t, peer, tag);
+      return event_request(detail::cuda_stream_of(exec), "isend", std::move(keep), {});
+    }
   }
   template <class Exec>
   Request irecv_raw(const Exec& exec, void* buf, std::size_t count, DataType t, int peer, int tag,
                     std::shared_ptr<void> keep) const {
-    recv_raw(exec, buf, count, t, peer, tag);
-    return event_request(detail::cuda_stream_of(exec), "irecv", std::move(keep), {});
+    if constexpr (is_host_space_v<Exec>) {
+      return m_state->bootstrap.irecv_raw(exec, buf, count, t, peer, tag, std::move(keep));
+    } else {
+      recv_raw(exec, buf, count, t, peer, tag);
+      return event_request(detail::cuda_stream_of(exec), "irecv", std::move(keep), {});
+    }
   }
   std::vector<detail::Fingerprint> gather_fingerprints(const detail::Fingerprint& f) const {
     return m_state->bootstrap.gather_fingerprints(f);

@@ -12,12 +12,14 @@ namespace pmt::detail::math {
 using Kokkos::cos;
 using Kokkos::exp;
 using Kokkos::log;
+using Kokkos::sin;
 using Kokkos::sqrt;
 using Kokkos::tanh;
 #else
 using Kokkos::Experimental::cos;
 using Kokkos::Experimental::exp;
 using Kokkos::Experimental::log;
+using Kokkos::Experimental::sin;
 using Kokkos::Experimental::sqrt;
 using Kokkos::Experimental::tanh;
 #endif

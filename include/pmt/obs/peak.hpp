@@ -9,6 +9,13 @@
 // shared by several ranks, measure on all ranks at once and add up.
 // The GNU vectors are written `v = {}; v += scalar` rather than `{} + scalar`: CUDA 13's front
 // end (cudafe++) crashes on a 64-byte vector plus a scalar in an initialiser.
+// On a GPU (peak_gflops<Kokkos::Cuda>) the peak is the device's, from its properties:
+// multiprocessors x boost clock x the per-clock rate of its compute capability
+// (pmt/detail/cuda_runtime.hpp), for bf16 tensor cores or fp32 lanes.
+
+#include "pmt/config.hpp"
+#include "pmt/core/tensor.hpp"
+#include "pmt/detail/cuda_runtime.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -112,6 +119,49 @@ inline double measured_fp32_peak_gflops(long iters = 5'000'000) {
 inline std::string peak_isa_description() {
   const PeakIsa p = peak_isa();
   return std::string(p.name) + ", " + std::to_string(p.lanes) + " fp32 lanes";
+}
+
+/// \brief This rank's peak in GFLOP/s on Exec: on a host space the measured fp32 FMA peak (every
+/// rank of a node measuring at once gets its share), on a GPU the device's (bf16 tensor cores
+/// when `bf16` and the device has them, else fp32 lanes; pmt::detail::cuda_device_peak_gflops).
+template <class Exec>
+double peak_gflops(bool bf16) {
+  if constexpr (is_host_space_v<Exec>) {
+    (void)bf16;
+    return measured_fp32_peak_gflops();
+  } else {
+#if PMT_ENABLE_CUDA
+    const double tensor = bf16 ? pmt::detail::cuda_device_peak_gflops(true) : 0.0;
+    return tensor > 0 ? tensor : pmt::detail::cuda_device_peak_gflops(false);
+#else
+    (void)bf16;
+    return 0.0;
+#endif
+  }
+}
+
+/// \brief What peak_gflops<Exec>(bf16) counts: "measured fp32", "GPU bf16 tensor-core" or "GPU fp32".
+template <class Exec>
+const char* peak_kind(bool bf16) {
+  if constexpr (is_host_space_v<Exec>) {
+    (void)bf16;
+    return "measured fp32";
+  } else {
+#if PMT_ENABLE_CUDA
+    if (bf16 && pmt::detail::cuda_device_peak_gflops(true) > 0) return "GPU bf16 tensor-core";
+#endif
+    (void)bf16;
+    return "GPU fp32";
+  }
+}
+
+/// \brief Where peak_gflops<Exec> comes from, for a banner.
+template <class Exec>
+std::string peak_source() {
+  if constexpr (is_host_space_v<Exec>)
+    return peak_isa_description();
+  else
+    return "multiprocessors x boost clock x the per-clock rate of the device's compute capability";
 }
 
 }  // namespace pmt::obs
