@@ -15,6 +15,7 @@
 #include <pmt/plan/measure.hpp>
 #include <pmt/run/cli.hpp>
 #include <pmt/run/command_line.hpp>
+#include <pmt/run/placement.hpp>
 #include <pmt/tools.hpp>
 
 #include <cstdio>
@@ -34,6 +35,7 @@ struct Options {
   double intra_gbps = 0, intra_latency_us = 2, inter_gbps = 0, inter_latency_us = 5;
   bool no_zero = false, no_gpipe = false, no_recompute = false, no_sequence_parallel = false, verbose = false;
   std::string csv, rankfile, precision = "fp32", dp_modes_text = "sync", measure_text;
+  std::string device = "default", comm = "auto";  // where the calibration computes (pmt/run/placement.hpp)
   std::vector<pmt::plan::DpChoice> dp_modes = {pmt::plan::DpChoice{}};
 };
 
@@ -141,6 +143,13 @@ void declare_search(CLI::App& app, Options& o) {
   option(app, m, "--measure", o.measure_text,
          "train the K best predicted candidates (or all), interleaved, and compare",
          [](const std::string& v) { return v == "all" ? std::string() : integer("--measure", 1)(v); });
+  option(app, m, "--device", o.device,
+         "where the calibration times the blocks: default (Kokkos' default space: the GPU in a CUDA build) or host",
+         pmt::run::one_of("--device", {"default", "host"}))
+      ->capture_default_str();
+  option(app, m, "--comm", o.comm, "how the calibrated ranks talk: auto (NCCL between GPUs), mpi or nccl",
+         pmt::run::one_of("--comm", {"auto", "mpi", "nccl"}))
+      ->capture_default_str();
   option(app, m, "--rounds", o.rounds, "visits of each measured candidate (1 warm-up + 2 timed steps each)",
          integer("--rounds", 1))
       ->capture_default_str();
@@ -239,7 +248,11 @@ int main(int argc, char* argv[]) {
       pmt::plan::CalibrateOptions co;
       co.memory_bytes   = o.memory_mib * 1048576.0;
       co.ranks_per_node = o.ranks_per_node;
-      machine           = pmt::plan::calibrate(world, o.problem, co);
+      machine           = pmt::run::with_placement(prog, o.device, o.comm, [&](auto exec, auto backend) {
+        using Exec = typename decltype(exec)::type;
+        return pmt::plan::calibrate(pmt::run::communicator_for<typename decltype(backend)::type>(world), o.problem, co,
+                                              Exec());
+      });
     }
     pmt::plan::SearchOptions so;
     so.allow_zero              = !o.no_zero;

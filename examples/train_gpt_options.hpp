@@ -358,7 +358,8 @@ inline void validate_outputs(const Options& o) {
     throw pmt::ConfigError(prog, "--overwrite starts afresh and --resume continues: give one");
 }
 
-/// --auto: the planner's best layout for this model on these ranks (collective: it calibrates).
+/// --auto: the planner's best layout for this model on these ranks (collective: it calibrates on
+/// the space and over the backend --device and --comm name).
 template <class Comm>
 void choose_layout(Options& o, const Comm& world) {
   if (!o.layout_flags.empty()) {
@@ -366,8 +367,13 @@ void choose_layout(Options& o, const Comm& world) {
     for (const auto& f : o.layout_flags) given += " " + f;
     throw pmt::ConfigError(prog, "--auto chooses the layout; drop" + given);
   }
-  const auto problem = problem_of(o);  // calibrated in the run's precision
-  const auto plan    = pmt::plan::search(problem, pmt::plan::calibrate(world, problem), pmt::plan::SearchOptions{});
+  const auto problem = problem_of(o);  // calibrated in the run's precision, where the run computes
+  const auto machine = pmt::run::with_placement(prog, o.device, o.comm, [&](auto exec, auto backend) {
+    using Exec = typename decltype(exec)::type;
+    return pmt::plan::calibrate(pmt::run::communicator_for<typename decltype(backend)::type>(world), problem,
+                                pmt::plan::CalibrateOptions{}, Exec());
+  });
+  const auto plan    = pmt::plan::search(problem, machine, pmt::plan::SearchOptions{});
   if (pmt::world_rank() == 0 && !plan.machine.advice.empty())
     std::printf("--auto: note: %s\n", plan.machine.advice.c_str());
   const auto& b = plan.best().layout;  // raises, with the rejections, when nothing runs

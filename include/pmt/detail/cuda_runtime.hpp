@@ -9,6 +9,7 @@
 #if PMT_ENABLE_CUDA
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <string>
 
 namespace pmt::detail {
@@ -19,6 +20,12 @@ inline std::string cuda_device_report() {
   const cudaError_t status = cudaGetDeviceCount(&devices);
   if (status == cudaSuccess) return std::to_string(devices) + " device(s)";
   return std::string("runtime linked, no usable device: ") + cudaGetErrorString(status);
+}
+
+/// The current device's free memory in bytes (cudaMemGetInfo), 0 when no device answers.
+inline double cuda_device_free_bytes() {
+  std::size_t free = 0, total = 0;
+  return cudaMemGetInfo(&free, &total) == cudaSuccess ? double(free) : 0.0;
 }
 
 /// The current device's name, "device D: NAME", or why there is none.

@@ -20,7 +20,8 @@
 //     consecutive ranks) or CalibrateOptions::ranks_per_node says so: the link inside a node
 //     (all-reduces among a node's ranks) and the network (among the ranks of the same local index
 //     on every node, all at once), for Machine::intra and Machine::inter;
-//   - the memory per rank: MemAvailable of /proc/meminfo over the ranks of this node (or given).
+//   - the memory per rank: MemAvailable of /proc/meminfo over the ranks of this node (or given);
+//     on a GPU, the device's free memory.
 // Collective: every rank calls it with the same problem; every rank returns the same Machine
 // (Machine::details lists what each piece took). 5-10 s for train_gpt's default model.
 //   auto machine = pmt::plan::calibrate(world, problem);
@@ -49,6 +50,7 @@
 #include "pmt/core/precision.hpp"
 #include "pmt/core/tensor.hpp"
 #include "pmt/core/workspace.hpp"
+#include "pmt/detail/cuda_runtime.hpp"
 #include "pmt/nn/gpt.hpp"
 #include "pmt/nn/layernorm.hpp"
 #include "pmt/ops/detail/matmul_kokkos.hpp"
@@ -542,9 +544,13 @@ Machine calibrate(const comm::Communicator<Backend>& world, const Problem& probl
     }
   }
   mc.memory_bytes = o.memory_bytes > 0 ? o.memory_bytes : mem_available() / local_ranks();
-  mc.source       = pmt::detail::str("calibrated: ", blocks.size(),
-                                     " block and model shapes and AdamW with all ranks at once; a GEMM, triad, "
-                                           "launch on rank 0 alone");
+#if PMT_ENABLE_CUDA
+  if constexpr (!is_host_space_v<Exec>)  // a GPU rank holds its model in its device's memory
+    if (o.memory_bytes <= 0) mc.memory_bytes = pmt::detail::cuda_device_free_bytes();
+#endif
+  mc.source = pmt::detail::str("calibrated: ", blocks.size(),
+                               " block and model shapes and AdamW with all ranks at once; a GEMM, triad, "
+                               "launch on rank 0 alone");
   return mc;
 }
 
