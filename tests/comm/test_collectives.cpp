@@ -105,9 +105,13 @@ bool check_send_recv(const C& c, std::size_t m) {
   // blocking ring without deadlock: even ranks send first. On one rank a blocking send to itself
   // waits for a receive (MPI's rendezvous for large messages), so the receive is posted first.
   if (p == 1) {
-    auto pending = pmt::comm::irecv(c, exec, in, prev, 7);
-    pmt::comm::send(c, exec, out, next, 7);
+    pmt::comm::Request pending, sent;
+    pmt::comm::group(c, exec, [&] {
+      pending = pmt::comm::irecv(c, exec, in, prev, 7);
+      sent    = pmt::comm::isend(c, exec, out, next, 7);
+    });
     pending.wait();
+    sent.wait();
   } else if (r % 2 == 0) {
     pmt::comm::send(c, exec, out, next, 7);
     pmt::comm::recv(c, exec, in, prev, 7);
@@ -117,10 +121,14 @@ bool check_send_recv(const C& c, std::size_t m) {
   }
   bool ok = true;
   for (std::size_t j = 0; j < m; ++j) ok = ok && in(j) == T(prev * 1000) + T(j % 11);
-  // non-blocking ring, polled with test()
+  // non-blocking ring, polled with test(): one group (a receive issued alone first would hold a
+  // stream-ordered rank, NCCL's, before its send)
   Vec<T> in2("in2", m);
-  auto rr = pmt::comm::irecv(c, exec, in2, prev, 8);
-  auto rs = pmt::comm::isend(c, exec, out, next, 8);
+  pmt::comm::Request rr, rs;
+  pmt::comm::group(c, exec, [&] {
+    rr = pmt::comm::irecv(c, exec, in2, prev, 8);
+    rs = pmt::comm::isend(c, exec, out, next, 8);
+  });
   while (!rr.test()) {
   }
   rs.wait();

@@ -7,6 +7,9 @@
 #include "comm_test.hpp"
 #include "pmt/comm/nccl.hpp"
 
+#include <chrono>
+#include <thread>
+
 using Catch::Matchers::ContainsSubstring;
 using Catch::Matchers::StartsWith;
 using pmt::comm::ReduceOp;
@@ -164,4 +167,57 @@ TEST_CASE("NCCL's matching rules: tags ignored, a message of another count refus
     CHECK(five(4) == 5.0);
   }
 }
+
+// Run with PMT_COMM_RULES=nccl on 2 ranks (comm_nccl_rules_np2): NCCL's stream order. A send
+// outside a group holds the stream until its receiver took it (rank 1 posts its receive 0.3 s
+// late: rank 0's isend returns no earlier), where MPI's eager protocol would return at once.
+TEST_CASE("NCCL's stream order: a send outside a group completes when its receiver took it", "[.nccl_rules][mpi]") {
+  const auto& c = pmt::test::world();
+  REQUIRE(pmt::comm::nccl_matching_rules());
+  REQUIRE(c.size() == 2);
+  Host exec;
+  Kokkos::View<double*, Kokkos::LayoutRight, Host::memory_space> x("x", 2);
+  pmt::comm::barrier(c);
+  const auto t0 = std::chrono::steady_clock::now();
+  if (c.rank() == 0) {
+    Kokkos::deep_copy(x, 7.0);
+    auto sq = pmt::comm::isend(c, exec, x, 1);
+    CHECK(sq.test());  // completed where it was issued
+    CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() >= 0.25);
+  } else {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    pmt::comm::recv(c, exec, x, 0);
+    CHECK(x(1) == 7.0);
+  }
+}
 #endif
+
+TEST_CASE("comm::group: a ring exchange posted as one group; a blocking operation inside one is refused",
+          "[comm][mpi]") {
+  const auto& c = pmt::test::world();
+  Host exec;
+  const int n = c.size(), r = c.rank();
+  Kokkos::View<double*, Kokkos::LayoutRight, Host::memory_space> mine("mine", 4), theirs("theirs", 4);
+  Kokkos::deep_copy(mine, static_cast<double>(r));
+  pmt::comm::Request rq, sq;
+  // receive first, then send: outside a group this waits forever under stream order (NCCL)
+  pmt::comm::group(c, exec, [&] {
+    rq = pmt::comm::irecv(c, exec, theirs, (r + n - 1) % n, /*tag=*/3);
+    sq = pmt::comm::isend(c, exec, mine, (r + 1) % n, 3);
+  });
+  rq.wait();
+  sq.wait();
+  CHECK(theirs(3) == static_cast<double>((r + n - 1) % n));
+  // refused on every rank alike, before any message
+  CHECK_THROWS_WITH(
+      pmt::comm::group(c, exec, [&] { pmt::comm::send(c, exec, mine, (r + 1) % n); }),
+      ContainsSubstring("pmt::comm::send") && ContainsSubstring("a blocking operation inside a group (comm::group)"));
+  // the group closed on the error: a later exchange runs
+  pmt::comm::group(c, exec, [&] {
+    rq = pmt::comm::irecv(c, exec, theirs, (r + 1) % n, 4);
+    sq = pmt::comm::isend(c, exec, mine, (r + n - 1) % n, 4);
+  });
+  rq.wait();
+  sq.wait();
+  CHECK(theirs(0) == static_cast<double>((r + 1) % n));
+}

@@ -197,6 +197,37 @@ TEST_CASE("NCCL's rule: every table receives from a peer in the peer's issue ord
   CHECK_THROWS_WITH(check(fwd), ContainsSubstring("a forward-only schedule moves no gradient"));
 }
 
+TEST_CASE(
+    "NCCL's stream order: a table whose sends would wait for receives posted later is refused; the "
+    "builders move those receives up and keep the bubble",
+    "[pipeline][schedule][nccl]") {
+  // chunked GPipe as written (every chunk-0 forward first) relies on buffered sends: stage 1's
+  // chunk-0 outputs go round the ring to stage 0, which takes them only after its own chunk-0
+  // forwards; under NCCL's stream order stage 1's first send then waits for stage 0 while stage 0
+  // waits for stage 1 to take its later activations
+  using A     = Action;
+  const int p = 2, m = 4, v = 2;
+  Schedule raw{"chunked gpipe as written", p, m, std::vector<std::vector<Action>>(p), v};
+  for (int s = 0; s < p; ++s) {
+    for (int c = 0; c < v; ++c)
+      for (int i = 0; i < m; ++i) pmt::parallel::detail::push_forward(raw.per_stage[std::size_t(s)], s, p, i, c, v);
+    for (int c = v - 1; c >= 0; --c)
+      for (int i = 0; i < m; ++i) pmt::parallel::detail::push_backward(raw.per_stage[std::size_t(s)], s, p, i, c, v);
+  }
+  CHECK_THROWS_WITH(check(raw), ContainsSubstring("deadlock under NCCL's stream order") &&
+                                    ContainsSubstring("stage 0 at send-activation of microbatch 2 in chunk 0") &&
+                                    ContainsSubstring("stage 1 at send-activation of microbatch 0 in chunk 0"));
+  // the builder's table: stage 0 takes chunk 1's first input in the group of its third send
+  const Schedule built = gpipe(p, m, v);
+  const auto& s0       = built.per_stage[0];
+  const auto third     = std::find(s0.begin(), s0.end(), A{A::SendAct, 2, 0});
+  REQUIRE(third != s0.end());
+  REQUIRE(third + 1 != s0.end());
+  CHECK(*(third + 1) == A{A::RecvAct, 0, 1});
+  const auto r = check(built);
+  CHECK(std::abs(r.bubble - ScheduleReport::theory(p, m, v)) < 1e-12);
+}
+
 TEST_CASE("stage plans cover every layer exactly once", "[pipeline][stages]") {
   const auto p = explicit_stages(5, {3, 2});
   CHECK(p.stages() == 2);

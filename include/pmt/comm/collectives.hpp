@@ -231,6 +231,32 @@ void broadcast(const Communicator<B>& c, const Exec& exec, const V& buf, int roo
   c.broadcast_raw(exec, buf.data(), buf.size(), data_type_of<T>(), root);
 }
 
+/// \brief Runs `f`, which issues non-blocking operations on `c`, as one group: they are posted
+/// together (ncclGroupStart / End on NCCL) and, where operations are stream-ordered
+/// (c.stream_ordered<Exec>(): NCCL on a GPU, the MPI backend under PMT_COMM_RULES=nccl),
+/// complete together at its end. An exchange between two ranks is a group of a receive and a send
+/// on each; without the group a stream-ordered receive issued first would wait forever.
+/// \code
+/// pmt::comm::Request rq, sq;
+/// pmt::comm::group(pp, exec, [&] {
+///   rq = pmt::comm::irecv(pp, exec, theirs, peer);
+///   sq = pmt::comm::isend(pp, exec, mine, peer);
+/// });
+/// rq.wait(), sq.wait();
+/// \endcode
+/// \throws pmt::CommError from the backend, or for a blocking send or receive inside the group.
+template <class B, class Exec, class F>
+void group(const Communicator<B>& c, const Exec& exec, F&& f) {
+  c.group_start();
+  try {
+    f();
+  } catch (...) {
+    c.group_cancel();  // closes the group without waiting for peers that may never come
+    throw;
+  }
+  c.group_end(exec);
+}
+
 /// \brief Blocking send of buf to rank `peer` with `tag`.
 template <class B, class Exec, class V>
 void send(const Communicator<B>& c, const Exec& exec, const V& buf, int peer, int tag = 0) {

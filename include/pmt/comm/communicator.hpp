@@ -9,6 +9,11 @@
 // irecv_raw, and
 // gather_fingerprints (debug mode). Each raw op takes the execution-space instance first and is
 // ordered with it: Self copies on the instance, Mpi fences it first, Nccl enqueues on its stream.
+// Groups: group_start() / group_end(exec) (or group_cancel() on an error) bracket operations posted together (NCCL's
+// ncclGroupStart / End; comm::group in comm/collectives.hpp), and stream_ordered<Exec>() says
+// whether an operation outside a group holds everything issued after it until it completes (NCCL
+// on a GPU stream, and the MPI backend under PMT_COMM_RULES=nccl): a send must then be grouped
+// with the receive that pairs with it, and a receive is issued where its data is needed, not ahead.
 // Copies of a communicator share one underlying communicator.
 
 #include "pmt/comm/backend.hpp"
@@ -124,6 +129,15 @@ class Communicator<Self> {
   void set_debug(bool on) const noexcept { m_state->debug.enabled = on; }
   std::uint64_t next_sequence() const noexcept { return m_state->debug.next++; }
   std::string name() const { return "pmt::comm::Communicator<Self>"; }
+  /// \brief Point-to-point operations are not stream-ordered: a receive completes when waited for.
+  template <class Exec>
+  bool stream_ordered() const noexcept {
+    return false;
+  }
+  void group_start() const noexcept {}
+  void group_cancel() const noexcept {}
+  template <class Exec>
+  void group_end(const Exec&) const noexcept {}
 
   template <class Exec>
   void all_reduce_raw(const Exec& exec, const void* send, void* recv, std::size_t count, DataType t, ReduceOp) const {

@@ -11,8 +11,15 @@
 // send and receive uses one tag, so messages between a pair match in issue order, as NCCL
 // matches them per stream), and a receive must get exactly the element count it posted (NCCL has
 // no partial receives: a message matched out of order raises pmt::CommError naming both counts).
-// The exactness suites run in this mode too, so a schedule or layer that relied on tags fails
-// on the CPU rather than on a GPU.
+// The mode also models NCCL's stream order: a point-to-point operation or non-blocking
+// collective issued outside a group completes where it is issued (a kernel on the one CUDA
+// stream holds every later one: a receive until its message came, a send until its receiver
+// took it, since sends are posted synchronously, MPI_Issend / MPI_Ssend), and the operations of
+// a group (group_start / group_end, comm::group; ncclGroupStart / End) are posted together and
+// complete together at its end. The exactness suites run in this mode too, so a schedule or
+// layer that relied on tags, on buffered sends or on receives posted ahead of compute fails (or
+// hangs under ctest's timeout) on the CPU rather than on a GPU. Outside that mode a group only
+// refuses blocking sends and receives inside it; MPI progresses non-blocking operations alone.
 
 #include "pmt/config.hpp"
 
@@ -181,6 +188,15 @@ struct PostedReceive {
   int peer            = -1;
 };
 
+/// A non-blocking MPI operation and what completing it checks; shared by its Request and, under
+/// NCCL's rules, by the group it was issued in.
+struct MpiOperation {
+  MPI_Request request = MPI_REQUEST_NULL;
+  bool done           = false;
+  const char* op      = "";
+  PostedReceive expected;
+};
+
 }  // namespace pmt::detail
 
 namespace pmt::comm {
@@ -232,6 +248,31 @@ class Communicator<Mpi> {
   void set_debug(bool on) const noexcept { m_state->debug.enabled = on; }
   std::uint64_t next_sequence() const noexcept { return m_state->debug.next++; }
   std::string name() const { return "pmt::comm::Communicator<Mpi>"; }
+
+  /// \brief Whether point-to-point operations are ordered as on one CUDA stream (NCCL's rules,
+  /// see the file comment): callers then issue a send with the receive it pairs with in a group.
+  template <class Exec>
+  bool stream_ordered() const noexcept {
+    return nccl_matching_rules();
+  }
+  /// \brief Opens a group (nested groups count): see the file comment.
+  void group_start() const noexcept { ++m_state->group_depth; }
+  /// \brief Closes a group after an error without waiting for its operations (their Requests
+  /// abandon them while the error unwinds).
+  void group_cancel() const noexcept {
+    if (m_state->group_depth > 0 && --m_state->group_depth == 0) m_state->grouped.clear();
+  }
+  /// \brief Closes a group; the outermost close completes its operations under NCCL's rules.
+  /// \throws pmt::CommError from an operation of the group (all are completed or abandoned).
+  template <class Exec>
+  void group_end(const Exec& /*exec*/) const {
+    detail::require<CommError>(m_state->group_depth > 0, "pmt::comm::group_end",
+                               [] { return std::string("no group is open (group_start first)"); });
+    if (--m_state->group_depth > 0) return;
+    auto ops = std::move(m_state->grouped);
+    m_state->grouped.clear();
+    for (auto& o : ops) complete(*o, true, rank(), size());
+  }
 
   /// \brief Ranks with the same color form a new communicator, ordered by key (MPI_Comm_split).
   Communicator split(int color, int key) const {
@@ -313,13 +354,18 @@ class Communicator<Mpi> {
   void send_raw(const Exec& exec, const void* buf, std::size_t count, DataType t, int peer, int tag) const {
     detail::static_check_mpi_space<Exec>();
     exec.fence();
-    check(MPI_Send(buf, icount(count), detail::mpi_type(t), peer, p2p_tag(tag), native()), "send", "MPI_Send");
+    refuse_in_group("send");
+    if (nccl_matching_rules())  // a ncclSend outside a group holds the stream until its receiver takes it
+      check(MPI_Ssend(buf, icount(count), detail::mpi_type(t), peer, p2p_tag(tag), native()), "send", "MPI_Ssend");
+    else
+      check(MPI_Send(buf, icount(count), detail::mpi_type(t), peer, p2p_tag(tag), native()), "send", "MPI_Send");
   }
 
   template <class Exec>
   void recv_raw(const Exec& exec, void* buf, std::size_t count, DataType t, int peer, int tag) const {
     detail::static_check_mpi_space<Exec>();
     exec.fence();
+    refuse_in_group("recv");
     MPI_Status status{};
     check(MPI_Recv(buf, icount(count), detail::mpi_type(t), peer, p2p_tag(tag), native(), &status), "recv", "MPI_Recv");
     check_count(status, count, t, peer, "recv");
@@ -330,11 +376,11 @@ class Communicator<Mpi> {
                           std::shared_ptr<void> keep, std::function<void()> on_complete) const {
     detail::static_check_mpi_space<Exec>();
     exec.fence();
-    auto req = std::make_shared<MPI_Request>(MPI_REQUEST_NULL);
+    auto o = operation("iall_reduce");
     check(MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, icount(count), detail::mpi_type(t),
-                         detail::mpi_op(op, t), native(), req.get()),
+                         detail::mpi_op(op, t), native(), &o->request),
           "iall_reduce", "MPI_Iallreduce");
-    return make_request(req, "iall_reduce", std::move(keep), std::move(on_complete));
+    return issued(o, std::move(keep), std::move(on_complete));
   }
 
   /// Non-blocking MPI_Reduce_scatter_block (out of place).
@@ -343,11 +389,11 @@ class Communicator<Mpi> {
                               ReduceOp op, std::shared_ptr<void> keep) const {
     detail::static_check_mpi_space<Exec>();
     exec.fence();
-    auto req = std::make_shared<MPI_Request>(MPI_REQUEST_NULL);
+    auto o = operation("ireduce_scatter");
     check(MPI_Ireduce_scatter_block(send, recv, icount(recv_count), detail::mpi_type(t), detail::mpi_op(op, t),
-                                    native(), req.get()),
+                                    native(), &o->request),
           "ireduce_scatter", "MPI_Ireduce_scatter_block");
-    return make_request(req, "ireduce_scatter", std::move(keep), {});
+    return issued(o, std::move(keep), {});
   }
 
   template <class Exec>
@@ -355,10 +401,14 @@ class Communicator<Mpi> {
                     std::shared_ptr<void> keep) const {
     detail::static_check_mpi_space<Exec>();
     exec.fence();
-    auto req = std::make_shared<MPI_Request>(MPI_REQUEST_NULL);
-    check(MPI_Isend(buf, icount(count), detail::mpi_type(t), peer, p2p_tag(tag), native(), req.get()), "isend",
-          "MPI_Isend");
-    return make_request(req, "isend", std::move(keep), {});
+    auto o = operation("isend");
+    if (nccl_matching_rules())  // synchronous: complete once the receiver took it (see the file comment)
+      check(MPI_Issend(buf, icount(count), detail::mpi_type(t), peer, p2p_tag(tag), native(), &o->request), "isend",
+            "MPI_Issend");
+    else
+      check(MPI_Isend(buf, icount(count), detail::mpi_type(t), peer, p2p_tag(tag), native(), &o->request), "isend",
+            "MPI_Isend");
+    return issued(o, std::move(keep), {});
   }
 
   template <class Exec>
@@ -366,10 +416,11 @@ class Communicator<Mpi> {
                     std::shared_ptr<void> keep) const {
     detail::static_check_mpi_space<Exec>();
     exec.fence();
-    auto req = std::make_shared<MPI_Request>(MPI_REQUEST_NULL);
-    check(MPI_Irecv(buf, icount(count), detail::mpi_type(t), peer, p2p_tag(tag), native(), req.get()), "irecv",
+    auto o      = operation("irecv");
+    o->expected = Expected{count, t, peer};
+    check(MPI_Irecv(buf, icount(count), detail::mpi_type(t), peer, p2p_tag(tag), native(), &o->request), "irecv",
           "MPI_Irecv");
-    return make_request(req, "irecv", std::move(keep), {}, Expected{count, t, peer});
+    return issued(o, std::move(keep), {});
   }
 
   std::vector<detail::Fingerprint> gather_fingerprints(const detail::Fingerprint& f) const {
@@ -407,6 +458,8 @@ class Communicator<Mpi> {
     MPI_Comm comm = MPI_COMM_NULL;
     int rank = 0, size = 1;
     detail::CommDebugState debug;
+    int group_depth = 0;
+    std::vector<std::shared_ptr<detail::MpiOperation>> grouped;  // NCCL's rules: completed at the group's end
     ~State() {
       int finalized = 0;
       MPI_Finalized(&finalized);
@@ -433,25 +486,49 @@ class Communicator<Mpi> {
     return static_cast<int>(count);
   }
 
-  using Expected = detail::PostedReceive;
-  Request make_request(std::shared_ptr<MPI_Request> req, const char* op, std::shared_ptr<void> keep,
-                       std::function<void()> on_complete, Expected expected = {}) const {
+  using Expected  = detail::PostedReceive;
+  using Operation = detail::MpiOperation;
+  std::shared_ptr<Operation> operation(const char* op) const {
+    auto o = std::make_shared<Operation>();
+    o->op  = op;
+    return o;
+  }
+  /// A posted operation's Request. Under NCCL's rules it completes here (outside a group: the
+  /// stream's order) or at its group's end; outside them MPI progresses it until waited for.
+  Request issued(const std::shared_ptr<Operation>& o, std::shared_ptr<void> keep,
+                 std::function<void()> on_complete) const {
+    if (nccl_matching_rules()) {
+      if (m_state->group_depth > 0)
+        m_state->grouped.push_back(o);
+      else
+        complete(*o, true, rank(), size());
+    }
     const int r = rank(), n = size();
-    return Request(
-        [req, op, r, n, expected](bool block) {
-          int done = 0;
-          MPI_Status status{};
-          if (block) {
-            detail::check_mpi(MPI_Wait(req.get(), &status), op, "MPI_Wait", r, n);
-            done = 1;
-          } else {
-            detail::check_mpi(MPI_Test(req.get(), &done, &status), op, "MPI_Test", r, n);
-          }
-          if (done != 0 && expected.peer >= 0)
-            check_count(status, expected.count, expected.type, expected.peer, op, r, n);
-          return done != 0;
-        },
-        std::move(keep), std::move(on_complete));
+    return Request([o, r, n](bool block) { return complete(*o, block, r, n); }, std::move(keep),
+                   std::move(on_complete));
+  }
+  /// Completes (block) or polls an operation once; its receive count is checked on completion.
+  static bool complete(Operation& o, bool block, int r, int n) {
+    if (o.done) return true;
+    int done = 0;
+    MPI_Status status{};
+    if (block) {
+      detail::check_mpi(MPI_Wait(&o.request, &status), o.op, "MPI_Wait", r, n);
+      done = 1;
+    } else {
+      detail::check_mpi(MPI_Test(&o.request, &done, &status), o.op, "MPI_Test", r, n);
+    }
+    if (done == 0) return false;
+    o.done = true;
+    if (o.expected.peer >= 0) check_count(status, o.expected.count, o.expected.type, o.expected.peer, o.op, r, n);
+    return true;
+  }
+  void refuse_in_group(const char* op) const {
+    detail::require<CommError>(m_state->group_depth == 0, pmt::detail::str("pmt::comm::", op).c_str(), [] {
+      return std::string(
+          "a blocking operation inside a group (comm::group) would wait before the group is posted; "
+          "use the non-blocking form");
+    });
   }
   /// The tag a point-to-point message travels with: its own (MPI's rules) or one for all (NCCL's).
   static int p2p_tag(int tag) { return nccl_matching_rules() ? 0 : tag; }

@@ -34,6 +34,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace pmt::detail {
@@ -158,6 +159,46 @@ class Communicator<Nccl> {
   void set_debug(bool on) const noexcept { m_state->bootstrap.set_debug(on); }
   std::uint64_t next_sequence() const noexcept { return m_state->bootstrap.next_sequence(); }
   std::string name() const { return "pmt::comm::Communicator<Nccl>"; }
+
+  /// \brief Device operations are kernels on one CUDA stream, in issue order (see
+  /// comm/communicator.hpp); host ones go over the MPI bootstrap.
+  template <class Exec>
+  bool stream_ordered() const noexcept {
+    if constexpr (is_host_space_v<Exec>)
+      return m_state->bootstrap.template stream_ordered<Exec>();
+    else
+      return true;
+  }
+  /// \brief ncclGroupStart (and a group of the bootstrap, for host operations).
+  void group_start() const {
+    check(ncclGroupStart(), "group_start", "ncclGroupStart");
+    m_state->bootstrap.group_start();
+    ++m_state->group_depth;
+  }
+  /// \brief Closes a group after an error (ncclGroupEnd, its result ignored: the error raised is
+  /// the one to report; a failed rank aborts the communicator).
+  void group_cancel() const noexcept {
+    if (m_state->group_depth > 0) {
+      --m_state->group_depth;
+      (void)ncclGroupEnd();
+      if (m_state->group_depth == 0) m_state->group_events.clear();
+    }
+    m_state->bootstrap.group_cancel();
+  }
+  /// \brief ncclGroupEnd: the group's operations are enqueued together; the completion events of
+  /// its non-blocking operations are recorded after them.
+  template <class Exec>
+  void group_end(const Exec& exec) const {
+    --m_state->group_depth;
+    check(ncclGroupEnd(), "group_end", "ncclGroupEnd");
+    if (m_state->group_depth == 0) {
+      auto events = std::move(m_state->group_events);
+      m_state->group_events.clear();
+      for (const auto& [ev, stream] : events)
+        detail::check_cuda(cudaEventRecord(ev.get(), stream), "group_end", "cudaEventRecord");
+    }
+    m_state->bootstrap.group_end(exec);
+  }
 
   /// \brief Ranks with the same color form a new NCCL communicator, ordered by key.
   Communicator split(int color, int key) const {
@@ -291,6 +332,9 @@ class Communicator<Nccl> {
     }
     Communicator<Mpi> bootstrap;
     ncclComm_t comm = nullptr;
+    int group_depth = 0;
+    // events of a group's non-blocking operations, recorded at its end (after ncclGroupEnd)
+    std::vector<std::pair<std::shared_ptr<CUevent_st>, cudaStream_t>> group_events;
   };
 
   Communicator(const Communicator<Mpi>& bootstrap, std::nullptr_t) : m_state(std::make_shared<State>(bootstrap)) {}
@@ -333,7 +377,10 @@ class Communicator<Nccl> {
     cudaEvent_t ev = nullptr;
     detail::check_cuda(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), op, "cudaEventCreate");
     auto event = std::shared_ptr<CUevent_st>(ev, [](cudaEvent_t e) { cudaEventDestroy(e); });
-    detail::check_cuda(cudaEventRecord(ev, stream), op, "cudaEventRecord");
+    if (m_state->group_depth > 0)  // in a group: the operation is enqueued at ncclGroupEnd
+      m_state->group_events.emplace_back(event, stream);
+    else
+      detail::check_cuda(cudaEventRecord(ev, stream), op, "cudaEventRecord");
     auto self = *this;
     return Request(
         [self, event, op](bool block) {

@@ -166,8 +166,11 @@ class Zero2AdamW {
       if (b.peer < 0) continue;
       auto mine  = Kokkos::subview(m_g, std::make_pair(b.shard_at, b.shard_at + b.shard));
       auto other = workspace_view<Tensor<T, 1, Exec>>("pmt::optim::Zero2AdamW::peer", b.shard);
-      auto rq    = comm::irecv(*m_pp, exec, other, b.peer, /*tag=*/7);
-      auto sq    = comm::isend(*m_pp, exec, mine, b.peer, 7);
+      comm::Request rq, sq;  // one group: an exchange (NCCL's stream order, comm::group)
+      comm::group(*m_pp, exec, [&] {
+        rq = comm::irecv(*m_pp, exec, other, b.peer, /*tag=*/7);
+        sq = comm::isend(*m_pp, exec, mine, b.peer, 7);
+      });
       rq.wait();
       sq.wait();
       ops::add(exec, mine, other, mine);  // g + g' on one stage, g' + g on the other: the same bits

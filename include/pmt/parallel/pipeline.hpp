@@ -3,7 +3,8 @@
 // PipelineRunner: executes a checked schedule table (parallel/schedule.hpp) on this rank's
 // pipeline stage of a model. Per action of the table, in order:
 //   RecvAct i / RecvGrad i  wait for the message; its receive was posted one receive ahead
-//                           (a receive of each kind is always in flight, overlapping compute)
+//                           (a receive of each kind is always in flight, overlapping compute),
+//                           unless point-to-point is stream-ordered (below)
 //   Forward i               model.forward_chunk in activation slot k (a free slot, taken now),
 //                           with the random keys' first row set to microbatch i's global row
 //   Backward i              model.backward_chunk in the slot of i, which is then free again
@@ -13,6 +14,12 @@
 //   SendAct i / SendGrad i  non-blocking send from one of the runner's send buffers (the tensor
 //                           copied there; they stay from step to step); completed sends are
 //                           reaped as the run goes and all are waited for at the end
+// Stream-ordered point-to-point (the communicator's stream_ordered<Exec>(): NCCL on a GPU, where
+// a receive holds the stream until its message came and a send until its receiver took it; the
+// MPI backend under PMT_COMM_RULES=nccl models it on the CPU): nothing is posted ahead; each run
+// of consecutive send/receive actions of the table is issued as one group (comm::group, as
+// Megatron's send_forward_recv_backward pairs them) and its receives are waited for at once.
+// check() proves every table it accepts free of deadlock under that rule too.
 // While a forward or backward computes, the model's calls to pmt::progress() poll the pending
 // sends and receives, so a large message (MPI's rendezvous protocol) moves during the compute
 // instead of after it.
@@ -200,9 +207,16 @@ class PipelineRunner {
           return;
         }
     };
-    m_started = true;  // from here on an error may leave other stages waiting
-    post(next_act, 0, /*act_slot=*/true);
-    if (!one_peer) post(next_grad, 0, /*act_slot=*/false);
+    // Stream-ordered point-to-point (NCCL on a GPU; MPI under PMT_COMM_RULES=nccl): a receive
+    // holds the stream until its message came and a send until its receiver took it, so nothing
+    // is posted ahead; each run of consecutive send/receive actions of the table is one group,
+    // issued at its first action (check() proved the tables free of deadlock under that rule).
+    const bool ordered = m_pp.template stream_ordered<Exec>();
+    m_started          = true;  // from here on an error may leave other stages waiting
+    if (!ordered) {
+      post(next_act, 0, /*act_slot=*/true);
+      if (!one_peer) post(next_grad, 0, /*act_slot=*/false);
+    }
     comm::ProgressScope progress([&] {
       for (auto& b : m_send_buffers)
         if (b.busy && b.rq.test()) b.busy = false;
@@ -234,6 +248,10 @@ class PipelineRunner {
       // an error raised by this action names it (pmt::Error's context), and failed_at() keeps it
       const ErrorContext where(where_is(a));
       try {
+        if (ordered && is_message(a.kind)) {
+          k = run_group(exec, actions, k, mbs, in_act, in_grad, out, flow, world_rank, label, now);
+          continue;
+        }
         switch (a.kind) {
           case Action::RecvAct:
           case Action::RecvGrad: {
@@ -304,9 +322,7 @@ class PipelineRunner {
         throw;
       }
       m_stats.events.push_back({a, start, now()});
-      // reap completed sends so their buffers serve again as the run goes
-      for (auto& b : m_send_buffers)
-        if (b.busy && b.rq.test()) b.busy = false;
+      reap_sends();  // completed sends' buffers serve again as the run goes
     }
     for (auto& b : m_send_buffers)
       if (b.busy) b.rq.wait(), b.busy = false;
@@ -318,6 +334,73 @@ class PipelineRunner {
 
   /// \brief What the last run measured on this rank.
   const PipelineStats& stats() const noexcept { return m_stats; }
+
+ private:
+  static bool is_message(Action::Kind k) {
+    return k == Action::SendAct || k == Action::SendGrad || k == Action::RecvAct || k == Action::RecvGrad;
+  }
+  void reap_sends() {
+    for (auto& b : m_send_buffers)
+      if (b.busy && b.rq.test()) b.busy = false;
+  }
+  /// Stream-ordered point-to-point: the run of send/receive actions from `first` on, issued as
+  /// one group (comm::group), then its receives waited for. Returns the run's last index.
+  template <class Flow, class WorldRank, class Label, class Now>
+  std::size_t run_group(const Exec& exec, const std::vector<Action>& actions, std::size_t first,
+                        const std::vector<Batch>& mbs, std::vector<Activation>& in_act,
+                        std::vector<Activation>& in_grad, std::vector<Activation>& out, const Flow& flow,
+                        const WorldRank& world_rank, const Label& label, const Now& now) {
+    const int s = m_model.stage(), p = m_model.stages();
+    const int prev = (s + p - 1) % p, next = (s + 1) % p;
+    const auto M  = mbs.size();
+    const auto at = [M](const Action& a_) {
+      return static_cast<std::size_t>(a_.chunk) * M + static_cast<std::size_t>(a_.mb);
+    };
+    std::size_t last = first;
+    while (last + 1 < actions.size() && is_message(actions[last + 1].kind)) ++last;
+    const double start = now();
+    std::vector<std::pair<std::size_t, comm::Request>> receives;  // (action index, its receive)
+    comm::group(m_pp, exec, [&] {
+      for (std::size_t k = first; k <= last; ++k) {
+        const Action& a = actions[k];
+        const auto i    = at(a);
+        if (a.kind == Action::SendAct || a.kind == Action::SendGrad) {
+          const Instrument instrument("pmt::parallel::pipeline::send", Track::P2P, label(a),
+                                      flow(a.kind == Action::SendAct, m_me, a.chunk, a.mb));
+          SendBuffer& sb = send_buffer(out[i]);
+          Kokkos::deep_copy(exec, sb.buf, out[i]);
+          exec.fence();
+          sb.rq   = a.kind == Action::SendAct ? comm::isend(m_pp, exec, sb.buf, next, tag_act)
+                                              : comm::isend(m_pp, exec, sb.buf, prev, tag_grad);
+          sb.busy = true;
+          out[i]  = Activation();
+        } else {
+          const bool act_ = a.kind == Action::RecvAct;
+          const auto& mb_ = mbs[static_cast<std::size_t>(a.mb)];
+          auto& buf       = act_ ? in_act[i] : in_grad[i];
+          const auto e    = act_ ? m_model.input_extent(a.chunk, mb_) : m_model.output_extent(a.chunk, mb_);
+          buf             = workspace_view<Activation>("pmt::parallel::pipeline::recv", e[0], e[1]);
+          receives.emplace_back(
+              k, act_ ? comm::irecv(m_pp, exec, buf, prev, tag_act) : comm::irecv(m_pp, exec, buf, next, tag_grad));
+        }
+      }
+    });
+    for (auto& [k, rq] : receives) {
+      const Action& a  = actions[k];
+      const bool act   = a.kind == Action::RecvAct;
+      const int sender = act ? a.chunk - (s == 0 ? 1 : 0) : a.chunk + (next == 0 ? 1 : 0);
+      const Instrument instrument("pmt::parallel::pipeline::recv", Track::P2P, label(a), -1,
+                                  flow(act, world_rank(act ? prev : next), sender, a.mb));
+      rq.wait();
+    }
+    const double end = now();
+    m_stats.recv_wait += receives.empty() ? 0.0 : end - start;
+    for (std::size_t k = first; k <= last; ++k) m_stats.events.push_back({actions[k], start, end});
+    reap_sends();
+    return last;
+  }
+
+ public:
   /// \brief The action the last run failed in ("pipeline stage 1/4, forward of microbatch 3"),
   /// "" when it did not fail.
   const std::string& failed_at() const noexcept { return m_failed_at; }

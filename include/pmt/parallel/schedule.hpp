@@ -16,7 +16,11 @@
 // receive in the same order on the other side, nothing is left unreceived, and no stage waits
 // forever; and that the receives from each peer stage come in the order that peer issues its
 // sends of both kinds together (NCCL's rule: messages between a pair match in issue order,
-// whatever their tags), so the runner is right under MPI's tag matching and NCCL's alike. A
+// whatever their tags), so the runner is right under MPI's tag matching and NCCL's alike; and
+// that the table cannot deadlock under NCCL's stream order either: there each run of
+// consecutive send/receive actions of a stage is one group, posted together, and a group
+// completes only when every one of its messages is matched by a posted operation of the peer
+// (sends are not buffered; a stage does nothing else until its group completes). A
 // forward-only table (forward_only: evaluation) moves no gradient. It reports the makespan, each stage's busy time, the
 // bubble (the idle fraction of stages x makespan; for GPipe and 1F1B with t_backward = 2 t_forward it is (p-1)/(m+p-1))
 // and each stage's peak of microbatches whose forward is done and backward is not. Model chunks (interleaving,
@@ -121,6 +125,146 @@ inline std::vector<std::pair<int, int>> chunk_order(int p, int m, int v, bool ba
   return order;
 }
 
+/// NCCL's stream order over a table whose messages check() matches in issue order per pair (per
+/// ordered pair of stages (from, to), the k-th send of `from` to `to` is the k-th receive of `to`
+/// from `from`): each run of consecutive sends and receives of a stage is one group, posted
+/// together; a group completes once each of its sends has its receive posted and each receive its
+/// send; a stage does nothing else until then. With `pair` false, a table that deadlocks raises
+/// pmt::ConfigError naming where every stage waits. With `pair` true, where a send waits for a
+/// receive its peer has not posted, that receive (with the peer's earlier ones from the same
+/// stage) moves up into the group the peer waits in: the peer then holds the message until the
+/// action that needs it, as MPI's buffering would have; a table still deadlocked raises.
+inline void stream_order(Schedule& sc, const char* op, bool pair) {
+  const auto P = static_cast<std::size_t>(sc.stages);
+  if (P < 2) return;
+  const auto sends   = [](Action::Kind k) { return k == Action::SendAct || k == Action::SendGrad; };
+  const auto moves   = [&](Action::Kind k) { return sends(k) || k == Action::RecvAct || k == Action::RecvGrad; };
+  const auto peer_of = [&](std::size_t s, Action::Kind k) {
+    return (k == Action::SendAct || k == Action::RecvGrad) ? (s + 1) % P : (s + P - 1) % P;
+  };
+  // posted[from * P + to]: sends from `from` to `to` posted so far; taken[to * P + from]: receives
+  std::vector<std::size_t> posted(P * P, 0), taken(P * P, 0), pc(P, 0), group_end(P, 0);
+  std::vector<bool> in_group(P, false);
+  // index[s][e]: the message's place in its pair (set when its group is posted)
+  std::vector<std::vector<std::size_t>> index(P);
+  for (std::size_t s = 0; s < P; ++s) index[s].assign(sc.per_stage[s].size(), 0);
+  // when[s][e]: the action's start in MPI's model (buffered sends; forward 1, backward 2, each
+  // chunk's 1/v), to choose which receive to move up when several would break a deadlock
+  std::vector<std::vector<double>> when(P);
+  if (pair) {
+    const double v = sc.chunks;
+    std::vector<std::vector<double>> sent_at(P * P);  // per (from, to): each send's time
+    std::vector<std::size_t> at(P, 0), got(P * P, 0);
+    std::vector<double> clock(P, 0.0);
+    for (std::size_t s = 0; s < P; ++s) when[s].assign(sc.per_stage[s].size(), 1e300);
+    for (bool more = true; more;) {
+      more = false;
+      for (std::size_t s = 0; s < P; ++s)
+        for (auto& list = sc.per_stage[s]; at[s] < list.size(); ++at[s], more = true) {
+          const Action& a = list[at[s]];
+          if (moves(a.kind) && !sends(a.kind)) {
+            const std::size_t q = peer_of(s, a.kind);
+            if (got[s * P + q] >= sent_at[q * P + s].size()) break;
+            clock[s] = std::max(clock[s], sent_at[q * P + s][got[s * P + q]++]);
+          }
+          when[s][at[s]] = clock[s];
+          if (sends(a.kind)) sent_at[s * P + peer_of(s, a.kind)].push_back(clock[s]);
+          if (a.kind == Action::Forward) clock[s] += 1.0 / v;
+          if (a.kind == Action::Backward) clock[s] += 2.0 / v;
+        }
+    }
+  }
+  const auto waits = [&] {
+    std::string w;
+    for (std::size_t t = 0; t < P; ++t)
+      if (pc[t] < sc.per_stage[t].size()) {
+        const Action& a = sc.per_stage[t][pc[t]];
+        w += pmt::detail::str(w.empty() ? "" : "; ", "stage ", t, " at ", kind_name(a.kind), " of microbatch ", a.mb,
+                              sc.chunks > 1 ? pmt::detail::str(" in chunk ", a.chunk) : std::string());
+      }
+    return w;
+  };
+  const auto deadlock = [&] {
+    throw ConfigError(op, pmt::detail::str(sc.name, " (", sc.stages, " stages, ", sc.microbatches,
+                                           " microbatches): deadlock under NCCL's stream order (each run of sends "
+                                           "and receives one group, sends not buffered): ",
+                                           waits(), "; group each send with the receive it waits for"));
+  };
+  for (;;) {
+    bool progress = true;
+    while (progress) {
+      progress = false;
+      for (std::size_t s = 0; s < P; ++s) {
+        const auto& list = sc.per_stage[s];
+        while (pc[s] < list.size()) {
+          if (!moves(list[pc[s]].kind)) {  // compute: always runs
+            ++pc[s];
+            progress = true;
+            continue;
+          }
+          if (!in_group[s]) {  // post the whole run of sends and receives
+            std::size_t e = pc[s];
+            for (; e < list.size() && moves(list[e].kind); ++e) {
+              const std::size_t q = peer_of(s, list[e].kind);
+              index[s][e]         = sends(list[e].kind) ? posted[s * P + q]++ : taken[s * P + q]++;
+            }
+            group_end[s] = e;
+            in_group[s]  = true;
+            progress     = true;
+          }
+          bool complete = true;
+          for (std::size_t e = pc[s]; e < group_end[s] && complete; ++e) {
+            const std::size_t q = peer_of(s, list[e].kind);
+            complete = sends(list[e].kind) ? taken[q * P + s] > index[s][e] : posted[q * P + s] > index[s][e];
+          }
+          if (!complete) break;
+          pc[s]       = group_end[s];
+          in_group[s] = false;
+          progress    = true;
+        }
+      }
+    }
+    bool done = true;
+    for (std::size_t s = 0; s < P; ++s) done = done && pc[s] == sc.per_stage[s].size();
+    if (done) return;
+    if (!pair) deadlock();
+    // a send that waits for its receive: move the receive up into the group its peer waits in;
+    // of several, the one whose message MPI's model sends earliest against when the peer waits
+    std::size_t from = P, at = 0;
+    double best = 0;
+    for (std::size_t s = 0; s < P; ++s) {
+      if (!in_group[s]) continue;
+      for (std::size_t e = pc[s]; e < group_end[s]; ++e) {
+        const std::size_t q = peer_of(s, sc.per_stage[s][e].kind);
+        if (!sends(sc.per_stage[s][e].kind) || taken[q * P + s] > index[s][e] || !in_group[q]) continue;
+        const double late = when[s][e] - when[q][pc[q]];
+        if (from == P || late < best) from = s, at = e, best = late;
+      }
+    }
+    if (from == P) deadlock();
+    const std::size_t s = from, q = peer_of(s, sc.per_stage[s][at].kind);
+    auto& list             = sc.per_stage[q];
+    const std::size_t need = index[s][at] + 1 - taken[q * P + s];
+    std::vector<Action> up, rest;
+    std::vector<double> up_when, rest_when;
+    for (std::size_t j = group_end[q]; j < list.size(); ++j) {
+      const bool take =
+          !sends(list[j].kind) && moves(list[j].kind) && peer_of(q, list[j].kind) == s && up.size() < need;
+      (take ? up : rest).push_back(list[j]);
+      (take ? up_when : rest_when).push_back(when[q][j]);
+    }
+    if (up.size() < need) deadlock();
+    list.resize(group_end[q]);
+    list.insert(list.end(), up.begin(), up.end());
+    list.insert(list.end(), rest.begin(), rest.end());
+    when[q].resize(group_end[q]);
+    when[q].insert(when[q].end(), up_when.begin(), up_when.end());
+    when[q].insert(when[q].end(), rest_when.begin(), rest_when.end());
+    index[q].resize(list.size(), 0);
+    for (std::size_t j = 0; j < need; ++j) index[q][group_end[q] + j] = taken[q * P + s]++;
+    group_end[q] += need;
+  }
+}
 }  // namespace detail
 
 /// \brief GPipe: every forward, then every backward (in the same microbatch order); with
@@ -137,6 +281,7 @@ inline Schedule gpipe(int stages, int microbatches, int chunks = 1) {
     for (int c = chunks - 1; c >= 0; --c)
       for (int i = 0; i < microbatches; ++i) detail::push_backward(a, s, stages, i, c, chunks);
   }
+  detail::stream_order(sc, "pmt::parallel::gpipe", /*pair=*/true);
   return sc;
 }
 
@@ -155,6 +300,7 @@ inline Schedule forward_only(int stages, int microbatches, int chunks = 1) {
     for (int c = 0; c < chunks; ++c)
       for (int i = 0; i < microbatches; ++i)
         detail::push_forward(sc.per_stage[static_cast<std::size_t>(s)], s, stages, i, c, chunks);
+  detail::stream_order(sc, "pmt::parallel::forward_only", /*pair=*/true);
   return sc;
 }
 
@@ -188,6 +334,7 @@ inline Schedule interleaved_one_f_one_b(int stages, int microbatches, int chunks
     for (; f < total; ++f, ++b) F(f), B(b);
     for (; b < total; ++b) B(b);
   }
+  detail::stream_order(sc, op, /*pair=*/true);
   return sc;
 }
 
@@ -417,6 +564,10 @@ inline ScheduleReport check(const Schedule& sc, const std::vector<double>& t_for
     }
     if (!acts[s].empty() || !grads[s].empty())
       throw ConfigError(op, pmt::detail::str(sc.name, ": a message from or to stage ", s, " is never received"));
+  }
+  {
+    Schedule copy = sc;
+    detail::stream_order(copy, op, /*pair=*/false);
   }
   double busy = 0;
   for (std::size_t s = 0; s < P; ++s) {

@@ -250,8 +250,11 @@ void finalize_grads(const Exec& exec, const comm::Communicator<Backend>& pp, Mod
           });
       auto& mine = tied.param->grad;
       auto other = workspace_view<Tensor<T, 1, Exec>>("pmt::parallel::finalize_grads::peer", mine.size());
-      auto rq    = comm::irecv(pp, exec, other, tied.peer, /*tag=*/7);
-      auto sq    = comm::isend(pp, exec, mine, tied.peer, 7);
+      comm::Request rq, sq;  // one group: an exchange (NCCL's stream order, comm::group)
+      comm::group(pp, exec, [&] {
+        rq = comm::irecv(pp, exec, other, tied.peer, /*tag=*/7);
+        sq = comm::isend(pp, exec, mine, tied.peer, 7);
+      });
       rq.wait();
       sq.wait();
       ops::add(exec, mine, other, mine);
