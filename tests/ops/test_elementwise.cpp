@@ -339,3 +339,34 @@ TEMPLATE_TEST_CASE("multi-tensor zero, scale, squared norms, AdamW and SGD equal
     multi_tensor_checks<TestType>();
   }
 }
+
+TEST_CASE("the multi-tensor device form copies its tables once: later steps over the same tensors copy none",
+          "[ops][optimizer][multi_tensor]") {
+  using V = pmt::Tensor<float, 1, Host>;
+  Host exec;
+  const ForceTable force;
+  std::vector<V> p, g, m, v;
+  for (std::size_t n : {5, 9000, 17}) {
+    for (auto* xs : {&p, &g, &m, &v}) xs->emplace_back(std::string("x"), n);
+    pmt::test::fill_random(p.back(), 1), pmt::test::fill_random(g.back(), 2);
+  }
+  pmt::ops::AdamWParams h{1e-3, 0.9, 0.95, 1e-8, 0.1, 1};
+  auto& uploads     = pmt::detail::multi_tensor_uploads();
+  const auto before = uploads;
+  pmt::ops::adamw_update_all(exec, p, g, m, v, h);
+  const auto first_step = uploads - before;
+  CHECK(first_step >= 1);
+  CHECK(first_step <= 5);  // the chunk table and four pointer tables, at most
+  for (int step = 2; step <= 4; ++step) {
+    h.step = step;
+    pmt::ops::adamw_update_all(exec, p, g, m, v, h);
+    pmt::ops::zero_all(exec, g);
+  }
+  CHECK(uploads - before == first_step);  // zero_all's tables of g are the update's
+  // other tensors: their pointer and chunk tables are copied (a table is its contents)
+  std::vector<V> q{V(std::string("q"), 7)};
+  pmt::ops::zero_all(exec, q);
+  CHECK(uploads - before == first_step + 2);
+  exec.fence();
+  CHECK(q[0](6) == 0.0f);
+}

@@ -8,8 +8,9 @@
 //   has a dozen or more parameter tensors per block, many of them small (biases, LayerNorm
 //   weights), so these launches add up: at width 256 the step ran about 320 of them.
 //   On device spaces the elementwise ones (zero, scale, AdamW, SGD) are ONE launch too: the chunk
-//   table and the tensors' pointers go to the device (one small copy each), a team per chunk
-//   (for_each_chunk_table). The squared norms call ops::squared_norm_value per tensor there.
+//   table and the tensors' pointers are in device memory (copied there by the first call that
+//   needs them and kept: DeviceTables), a team per chunk (for_each_chunk_table). The squared norms call
+//   ops::squared_norm_value per tensor there.
 // Results are bitwise those of the one-tensor ops on any space: the updates are elementwise with
 // the same arithmetic (ops/update.hpp's element functions), and each tensor's squared norm is
 // summed in reduce_chunk chunks by detail::reduce_span, the chunk partials in order, as
@@ -20,7 +21,6 @@
 
 #include "pmt/core/error.hpp"
 #include "pmt/core/tensor.hpp"
-#include "pmt/core/workspace.hpp"
 #include "pmt/ops/elementwise.hpp"
 #include "pmt/ops/reduction.hpp"
 #include "pmt/ops/update.hpp"
@@ -29,6 +29,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
+#include <map>
+#include <mutex>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -76,27 +79,80 @@ inline bool& multi_tensor_force_table() {
   return force;
 }
 
-/// `ptrs` as a View of Exec's memory space (copied there; the copy is done when this returns).
-template <class Exec, class T>
-Kokkos::View<TensorPtr<T>*, typename Exec::memory_space> pointer_table(const std::vector<T*>& ptrs) {
-  auto d = workspace_view<Kokkos::View<TensorPtr<T>*, typename Exec::memory_space>>("pmt::ops::multi_tensor::pointers",
-                                                                                    ptrs.size());
-  auto h = Kokkos::create_mirror_view(d);
-  for (std::size_t i = 0; i < ptrs.size(); ++i) h(i) = TensorPtr<T>{ptrs[i]};
-  Kokkos::deep_copy(d, h);
-  return d;
+/// Test hook: how many tables (chunk or pointer tables) the multi-tensor ops have copied to an
+/// execution space's memory; a step whose tensors did not change copies none.
+inline std::uint64_t& multi_tensor_uploads() {
+  static std::uint64_t n = 0;
+  return n;
 }
 
-/// f(tensor, i) for every element i of every chunk, as ONE launch on Exec: the chunk table goes
-/// to Exec's memory, a team per chunk, its threads over the chunk's elements. No fence.
+/// The tables the multi-tensor ops read on Exec (which chunk of which tensor; the tensors'
+/// pointers), kept in Exec's memory from call to call, keyed by their contents: the parameters,
+/// gradients and optimizer states of a run keep their memory, so after the first step no table
+/// is copied again (on a GPU: no host-to-device copy per step). A table is a pure function of
+/// its key, so a hit is always right. At most `capacity` tables per element type (the oldest
+/// goes); Kokkos::finalize frees them (a finalize hook).
+template <class Mem, class E>
+class DeviceTables {
+ public:
+  static constexpr std::size_t capacity = 64;
+  static Kokkos::View<E*, Mem> get(const char* label, const std::vector<E>& values) {
+    static_assert(std::is_trivially_copyable_v<E>);
+    auto& self = instance();
+    const std::lock_guard<std::mutex> lock(self.m_mutex);
+    std::string key(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(E));
+    const auto it = self.m_tables.find(key);
+    if (it != self.m_tables.end()) return it->second;
+    if (!self.m_hooked) {  // the Views must go before Kokkos does
+      Kokkos::push_finalize_hook([] {
+        auto& s = instance();
+        const std::lock_guard<std::mutex> l(s.m_mutex);
+        s.m_tables.clear();
+        s.m_order.clear();
+        s.m_hooked = false;
+      });
+      self.m_hooked = true;
+    }
+    if (self.m_order.size() >= capacity) {
+      self.m_tables.erase(self.m_order.front());
+      self.m_order.pop_front();
+    }
+    Kokkos::View<E*, Mem> d(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), values.size());
+    auto h = Kokkos::create_mirror_view(d);
+    for (std::size_t i = 0; i < values.size(); ++i) h(i) = values[i];
+    Kokkos::deep_copy(d, h);  // done when this returns
+    ++multi_tensor_uploads();
+    self.m_order.push_back(key);
+    self.m_tables.emplace(std::move(key), d);
+    return d;
+  }
+
+ private:
+  static DeviceTables& instance() {
+    static DeviceTables t;
+    return t;
+  }
+  std::mutex m_mutex;
+  std::map<std::string, Kokkos::View<E*, Mem>> m_tables;
+  std::deque<std::string> m_order;  // insertion order, for eviction
+  bool m_hooked = false;
+};
+
+/// `ptrs` as a View of Exec's memory space (see DeviceTables).
+template <class Exec, class T>
+Kokkos::View<TensorPtr<T>*, typename Exec::memory_space> pointer_table(const std::vector<T*>& ptrs) {
+  std::vector<TensorPtr<T>> values(ptrs.size());
+  for (std::size_t i = 0; i < ptrs.size(); ++i) values[i] = TensorPtr<T>{ptrs[i]};
+  return DeviceTables<typename Exec::memory_space, TensorPtr<T>>::get("pmt::ops::multi_tensor::pointers", values);
+}
+
+/// f(tensor, i) for every element i of every chunk, as ONE launch on Exec: the chunk table is in
+/// Exec's memory (DeviceTables), a team per chunk, its threads over the chunk's elements. No fence.
 template <class Exec, class F>
 void for_each_chunk_table(const Exec& exec, const char* label, const std::vector<TensorChunk>& chunks, const F& f) {
   if (chunks.empty()) return;
-  auto table = workspace_view<Kokkos::View<TensorChunk*, typename Exec::memory_space>>("pmt::ops::multi_tensor::chunks",
-                                                                                       chunks.size());
-  auto h     = Kokkos::create_mirror_view(table);
-  for (std::size_t i = 0; i < chunks.size(); ++i) h(i) = chunks[i];
-  Kokkos::deep_copy(table, h);
+  const auto table =
+      DeviceTables<typename Exec::memory_space, TensorChunk>::get("pmt::ops::multi_tensor::chunks", chunks);
   using Policy   = Kokkos::TeamPolicy<Exec>;
   const int team = is_host_space_v<Exec> ? 1 : 256;
   Kokkos::parallel_for(
