@@ -363,10 +363,15 @@ TEST_CASE("the multi-tensor device form copies its tables once: later steps over
     pmt::ops::zero_all(exec, g);
   }
   CHECK(uploads - before == first_step);  // zero_all's tables of g are the update's
+  // the norms (clipping) in one launch: their chunk table (norm-sized chunks) once, g's pointers kept
+  const auto norms = pmt::ops::squared_norms(exec, g);
+  CHECK(uploads - before == first_step + 1);
+  CHECK(pmt::ops::squared_norms(exec, g) == norms);
+  CHECK(uploads - before == first_step + 1);
   // other tensors: their pointer and chunk tables are copied (a table is its contents)
   std::vector<V> q{V(std::string("q"), 7)};
   pmt::ops::zero_all(exec, q);
-  CHECK(uploads - before == first_step + 2);
+  CHECK(uploads - before == first_step + 3);
   exec.fence();
   CHECK(q[0](6) == 0.0f);
 }

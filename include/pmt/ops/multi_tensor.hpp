@@ -9,8 +9,8 @@
 //   weights), so these launches add up: at width 256 the step ran about 320 of them.
 //   On device spaces the elementwise ones (zero, scale, AdamW, SGD) are ONE launch too: the chunk
 //   table and the tensors' pointers are in device memory (copied there by the first call that
-//   needs them and kept: DeviceTables), a team per chunk (for_each_chunk_table). The squared norms call
-//   ops::squared_norm_value per tensor there.
+//   needs them and kept: DeviceTables), a team per chunk (for_each_chunk_table). The squared norms are one
+//   launch there too (a chunk's partial per thread) and one copy of the partials to the host.
 // Results are bitwise those of the one-tensor ops on any space: the updates are elementwise with
 // the same arithmetic (ops/update.hpp's element functions), and each tensor's squared norm is
 // summed in reduce_chunk chunks by detail::reduce_span, the chunk partials in order, as
@@ -258,10 +258,28 @@ std::vector<double> squared_norms(const Exec& exec, const std::vector<V>& xs) {
   using P                = typename V::pointer_type;
   const std::vector<P> p = detail::tensor_data<Exec>(xs);
   std::vector<double> out(xs.size(), 0.0);
+  // squared_norm's chunks (reduce_chunk elements), so that the partials and their order match
+  const std::vector<detail::TensorChunk> chunks = detail::tensor_chunks(detail::tensor_sizes(xs), detail::reduce_chunk);
+  if (chunks.empty()) return out;
+  if (detail::multi_tensor_table<Exec>()) {
+    // devices: one launch, a chunk's partial per thread (reduce_span, as squared_norm's), and
+    // one copy of the partials to the host, summed there per tensor in chunk order
+    using Mem          = typename Exec::memory_space;
+    const auto P       = detail::pointer_table<Exec>(p);
+    const auto table   = detail::DeviceTables<Mem, detail::TensorChunk>::get("pmt::ops::multi_tensor::chunks", chunks);
+    const auto partial = workspace_view<Kokkos::View<double*, Kokkos::LayoutRight, Mem>>(
+        "pmt::ops::squared_norms::partial", chunks.size());
+    Kokkos::parallel_for(
+        "pmt::ops::squared_norms", Kokkos::RangePolicy<Exec>(exec, 0, static_cast<std::int64_t>(chunks.size())),
+        KOKKOS_LAMBDA(std::int64_t i) {
+          const detail::TensorChunk c = table(i);
+          partial(i)                  = detail::reduce_span<detail::ReduceKind::SumSquares>(P(c.tensor).p, c.lo, c.hi);
+        });
+    const auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), partial);  // fences
+    for (std::size_t c = 0; c < chunks.size(); ++c) out[chunks[c].tensor] += host(c);
+    return out;
+  }
   if constexpr (is_host_space_v<Exec>) {
-    // squared_norm's chunks (reduce_chunk elements), so that the partials and their order match
-    const std::vector<detail::TensorChunk> chunks =
-        detail::tensor_chunks(detail::tensor_sizes(xs), detail::reduce_chunk);
     std::vector<double> partial(chunks.size());
     const P* pp                      = p.data();
     double* part                     = partial.data();
@@ -270,9 +288,6 @@ std::vector<double> squared_norms(const Exec& exec, const std::vector<V>& xs) {
       part[&c - first] = detail::reduce_span<detail::ReduceKind::SumSquares>(pp[c.tensor], c.lo, c.hi);
     });
     for (std::size_t c = 0; c < chunks.size(); ++c) out[chunks[c].tensor] += partial[c];
-  } else {
-    (void)p;
-    for (std::size_t i = 0; i < xs.size(); ++i) out[i] = squared_norm_value(exec, xs[i]);
   }
   return out;
 }
