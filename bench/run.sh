@@ -53,3 +53,6 @@ echo
 python3 "$root/bench/plan_check.py" "$build" 4 "${PMT_BENCH_REPS_PLAN:-3}" 8
 echo
 python3 "$root/bench/plan_check.py" "$build" 2 "${PMT_BENCH_REPS_PLAN:-3}" 8
+echo
+# Asynchronous checkpoints: the step while a 150 MB checkpoint is written, the snapshot against a copy in memory
+"$build/bench/bench_checkpoint"

@@ -141,6 +141,7 @@ class Run {
     const auto t0 = std::chrono::steady_clock::now();
     for (int step = start; step < o.steps; ++step) {
       if (!train_step(step, t0)) continue;
+      poll_save();
       if (o.val_every > 0 && (step + 1) % o.val_every == 0 && step + 1 < o.steps) validate(step + 1);
       if (!o.ckpt_dir.empty() && o.ckpt_every > 0 && (step + 1) % o.ckpt_every == 0) saved_at = save(step + 1);
       if (const int sig = pmt::run::agree_stop(world)) return stop(sig, step);
@@ -320,7 +321,8 @@ class Run {
             ranks.empty() ? std::string(" (no rank's own gradients hold nan or inf: the loss does)")
                           : " (non-finite gradients on rank(s) " + ranks + ")");
     if (!o.skip_nonfinite || ++skipped_in_row >= 10) {
-      write_trace();  // every rank stops here alike: the whole trace
+      finish_save();  // every rank stops here alike: a save in flight is whole first, then the whole trace
+      write_trace();
       throw JobError{
           what + (o.skip_nonfinite ? "; 10 steps in a row were skipped" : "") +
               ": stopping; the update was not applied and nothing was saved" +
@@ -370,29 +372,67 @@ class Run {
     metrics.write({{"step", step}, {"val_loss", loss}});
   }
 
-  /// A checkpoint of the state after `step` steps (collective); --keep prunes older ones.
-  int save(int step) {
+  /// A checkpoint of the state after `step` steps (collective). --async-save (the default): the
+  /// state is copied to host memory and written in the background, finished by a later
+  /// poll_save() or by finish_save(); `wait` finishes it at once. --keep prunes older ones.
+  int save(int step, bool wait = false) {
     pmt::io::CheckpointInfo info;
     info.step  = step;
     info.model = model_description(o);
     info.extra = {{"data_position", std::to_string(step)}};  // the measured choices go in by themselves
     for (const auto& [key, value] : run_config(o, data)) info.extra[key] = value;
     try {
-      const std::string where = pmt::io::save_checkpoint(o.ckpt_dir, mesh, opt, info, trainer.state());
-      if (root()) std::printf("checkpoint: %s\n", where.c_str());
+      if (!o.async_save) {
+        saved(pmt::io::save_checkpoint(o.ckpt_dir, mesh, opt, info, trainer.state()));
+        return step;
+      }
+      saver.save(o.ckpt_dir, opt, info, trainer.state());
+      if (root())
+        std::printf("checkpoint: step %d copied in %.3f s, writing in the background\n", step,
+                    saver.blocking_seconds());
+      if (wait) finish_save();
     } catch (const pmt::IoError& e) {
-      throw JobError{e.what(), false};  // save_checkpoint raises on every rank
+      throw JobError{e.what(), false};  // a save raises on every rank
     }
+    return step;
+  }
+
+  /// Each step boundary: finishes a background save once every rank has written its shard.
+  void poll_save() {
+    try {
+      if (const std::string where = saver.poll(); !where.empty()) saved(where);
+    } catch (const pmt::IoError& e) {
+      throw JobError{e.what(), false};  // raised on every rank
+    }
+  }
+
+  /// Waits for a background save in flight and finishes it (LATEST names it).
+  void finish_save() {
+    try {
+      if (const std::string where = saver.wait(); !where.empty()) saved(where);
+    } catch (const pmt::IoError& e) {
+      throw JobError{e.what(), false};  // raised on every rank
+    }
+  }
+
+  /// A checkpoint is whole and LATEST names it: say so, and prune (--keep).
+  void saved(const std::string& where) {
+    if (root() && o.async_save)
+      std::printf("checkpoint: %s (written in the background in %.3f s)\n", where.c_str(), saver.writing_seconds());
+    else if (root())
+      std::printf("checkpoint: %s\n", where.c_str());
     if (root() && o.keep > 0)
       for (const auto& g : pmt::io::prune_checkpoints(o.ckpt_dir, static_cast<std::size_t>(o.keep)))
         std::printf("checkpoint: removed %s/%s (--keep %d)\n", o.ckpt_dir.c_str(), g.c_str(), o.keep);
-    return step;
   }
 
   /// A stop signal (agreed by all ranks) after `step`: a checkpoint, the trace of the steps run,
   /// then exit 75.
   int stop(int sig, int step) {
-    if (!o.ckpt_dir.empty() && saved_at != step + 1) saved_at = save(step + 1);
+    if (saver.in_flight() && root())
+      std::printf("stopping: first finishing the checkpoint being written in the background\n");
+    finish_save();  // a save in flight first: LATEST names it before anything else happens
+    if (!o.ckpt_dir.empty() && saved_at != step + 1) saved_at = save(step + 1, true);
     write_trace();
     if (root()) {
       std::printf(
@@ -409,7 +449,8 @@ class Run {
   /// report and a sample.
   void finish() {
     validate(o.steps);
-    if (!o.ckpt_dir.empty() && saved_at != o.steps && start < o.steps) saved_at = save(o.steps);
+    finish_save();
+    if (!o.ckpt_dir.empty() && saved_at != o.steps && start < o.steps) saved_at = save(o.steps, true);
     write_trace();
     report();
     sample();
@@ -460,6 +501,7 @@ class Run {
   Model model;
   Opt opt;
   Trainer trainer;
+  pmt::io::AsyncCheckpointer<Backend> saver{mesh};  // a save in flight when the run fails stays .partial
   std::vector<pmt::train::Microbatch<Ids>> mbs;
   std::size_t per = 0, first = 0;
   int start = 0, saved_at = -1, skipped_in_row = 0;

@@ -30,7 +30,7 @@ struct Options {
   bool resume = false, zero = false, zero2 = false, auto_plan = false, no_memory_report = false;
   int zero_stage = 1;  // with zero: 1 (optimizer state sharded) or 2 (gradients too)
   bool overwrite = false, allow_changed_config = false, skip_nonfinite = false, recompute = false;
-  bool sequence_parallel = false, recompute_attention = false;
+  bool sequence_parallel = false, recompute_attention = false, async_save = true;
   int recompute_stages = 0;  // with --recompute or --recompute-attention: the first this many stages (0: all)
   std::vector<std::string> layout_flags;  // --dp, --tp, ... as given (--auto chooses them)
   std::string schedule = "1f1b", data = PMT_DEFAULT_DATA_DIR, ckpt_dir, metrics, trace, matmul;
@@ -181,6 +181,10 @@ inline void declare_data_and_outputs(CLI::App& app, Options& o) {
                "resume although --seed, --data, --lr, --warmup or --steps differ from the saved run's")
       ->group(c);
   option(app, c, "--keep", o.keep, "keep the newest N checkpoints (default: all)", integer("--keep", 1));
+  app.add_flag("--async-save,!--no-async-save", o.async_save,
+               "write checkpoints in the background: a save holds the step only while it copies the state to host "
+               "memory (default); --no-async-save writes them before the next step")
+      ->group(c);
   const std::string out = "Output";
   option(app, out, "--metrics", o.metrics, "JSON lines: every step's and validation's figures")->type_name("FILE");
   app.add_flag("--no-memory-report", o.no_memory_report,

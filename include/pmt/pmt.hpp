@@ -70,6 +70,7 @@
 
 #include "pmt/comm/stats.hpp"
 #include "pmt/io/checkpoint.hpp"
+#include "pmt/io/checkpoint_async.hpp"
 #include "pmt/nn/gpt_config.hpp"
 #include "pmt/obs/memory.hpp"
 #include "pmt/obs/trace.hpp"

@@ -5,7 +5,8 @@
 //     the matmul path chosen by measurement and with each path pinned;
 //   - 6 steps straight vs 3 + resume 3: the same losses and checkpoint (bit for bit: the losses
 //     as printed with 17 digits, the shards' CRC-32s), the measured matmul paths carried by the
-//     checkpoint; two runs pinned to one path repeat each other bit for bit;
+//     checkpoint; two runs pinned to one path repeat each other bit for bit; the first saves in
+//     the background (the default), the resumed one with --no-async-save, to the same bytes;
 //   - a crash in the middle of a save (the PMT_CHECKPOINT_TEST_ABORT hook) leaves the previous
 //     checkpoint loadable, and the resumed run continues like an uninterrupted one; a flipped
 //     byte in a shard is refused with the file's name;
@@ -207,17 +208,23 @@ TEST_CASE("3 steps + resume 3 equals 6 steps, bit for bit", "[examples][train_gp
   // The 6-step run with a checkpoint at step 3 is the uninterrupted run; a resumed run continues it
   // from that checkpoint bit for bit, the matmul paths its first step measured included (they are
   // in the manifest). Two runs of their own measure and may choose other paths: pinned, they agree.
+  // The first run saves in the background (the default), the resumed one with --no-async-save:
+  // their final shards are the same bytes.
   const std::string layout = "--tp 2 --pp 2 --microbatches 2 ";
   const auto straight = tmp("straight"), split = tmp("split");
-  REQUIRE(
-      run(small + layout + "--steps 6 --ckpt-every 3 --ckpt-dir " + split + " --metrics " + split + ".json", 4).rc ==
-      0);
+  const auto first =
+      run(small + layout + "--steps 6 --ckpt-every 3 --ckpt-dir " + split + " --metrics " + split + ".json", 4);
+  REQUIRE(first.rc == 0);
+  CHECK_THAT(first.out, ContainsSubstring("checkpoint: step 3 copied in") &&
+                            ContainsSubstring("step-00000003 (written in the background in"));
   fs::rename(split + "/step-00000006", split + "-step6");
   { std::ofstream(split + "/LATEST") << "step-00000003\n"; }
-  const auto r = run(small + layout + "--steps 6 --resume --ckpt-dir " + split + " --metrics " + split + "2.json", 4);
+  const auto r = run(
+      small + layout + "--steps 6 --resume --no-async-save --ckpt-dir " + split + " --metrics " + split + "2.json", 4);
   REQUIRE(r.rc == 0);
   CHECK_THAT(r.out, ContainsSubstring("resumed from") && ContainsSubstring("step 3") &&
-                        ContainsSubstring("shape classes from the checkpoint"));
+                        ContainsSubstring("shape classes from the checkpoint") &&
+                        !ContainsSubstring("in the background"));
   const auto a = losses(split + ".json"), b = losses(split + "2.json");
   REQUIRE(b.size() == 3);
   for (const auto& [step, l] : b) CHECK(l == a.at(step));

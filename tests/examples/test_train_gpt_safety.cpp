@@ -7,7 +7,8 @@
 //     --ckpt-every without --ckpt-dir; the final checkpoint is written before the trace;
 //   - preemption: SIGTERM to one rank, SIGUSR1 to mpiexec (which forwards it): every rank stops
 //     at one step with a checkpoint and a whole --trace (exit 75); a second signal ends the job
-//     at once;
+//     at once; a signal while a save is written in the background finishes that save first; a
+//     rank killed then leaves LATEST naming the checkpoint before;
 //   - one writer: a second run on a directory in use is refused; the lock of a killed run is
 //     taken over; a fresh run into old checkpoints needs --overwrite; --resume with LATEST
 //     missing, damaged or naming an incomplete step takes the newest step that verifies;
@@ -330,6 +331,42 @@ TEST_CASE("preemption: a signal stops every rank at one step with a checkpoint; 
       CHECK_THAT(text, ContainsSubstring(R"("name":"step 0")") && ContainsSubstring("rank 1 (dp 1/2"));
       resumes_bit_for_bit(args, 2, dir, ref);
     }
+  }
+  SECTION("a signal while a save is written in the background: that save is finished first") {
+    // rank 1's writer holds the save of step 500 for 3 s (PMT_CHECKPOINT_TEST_SLOW); the signal
+    // comes meanwhile
+    const auto dir = tmp("preempt_in_flight"), m = dir + ".json";
+    Job job(command(args + "--ckpt-dir " + dir + " --metrics " + m, 2, "PMT_CHECKPOINT_TEST_SLOW=1:500"), dir + ".out");
+    REQUIRE(wait_for_step(m, 502));
+    kill(rank_pid(dir, 1), SIGTERM);
+    const auto r = job.wait();
+    CHECK(r.rc == 75);
+    std::smatch match;
+    REQUIRE(std::regex_search(r.out, match, std::regex(R"(stopped by SIGTERM after step (\d+): saved)")));
+    const int last = std::stoi(match[1]);
+    // the signal came while rank 1 still wrote: the stop finished that save, then saved its own
+    const auto waiting  = r.out.find("stopping: first finishing the checkpoint being written in the background");
+    const auto finished = r.out.find("step-00000500 (written in the background");
+    CHECK(waiting != std::string::npos);
+    CHECK(finished != std::string::npos);
+    CHECK(waiting < finished);
+    CHECK(finished < r.out.find("stopped by SIGTERM"));
+    CHECK(latest(dir) == step_name(last + 1));
+    CHECK(fs::exists(dir + "/" + step_name(500) + "/MANIFEST"));  // whole: renamed from .partial after its manifest
+    resumes_bit_for_bit(args, 2, dir, ref);
+  }
+  SECTION("a rank killed while a save is written in the background: LATEST keeps the one before") {
+    const auto dir = tmp("kill_in_flight"), m = dir + ".json";
+    Job job(command(args + "--ckpt-dir " + dir + " --metrics " + m, 2, "PMT_CHECKPOINT_TEST_SLOW=1:1000"),
+            dir + ".out");
+    REQUIRE(wait_for_step(m, 1002));
+    kill(rank_pid(dir, 1), SIGKILL);
+    const auto r = job.wait();
+    CHECK(r.rc != 0);
+    CHECK(latest(dir) == step_name(500));
+    CHECK(fs::exists(dir + "/" + step_name(1000) + ".partial"));
+    wait_lock_holder_gone(dir);
+    resumes_bit_for_bit(args, 2, dir, ref);
   }
   SECTION("a second signal ends the job at once; the last checkpoint stays good") {
     const auto dir = tmp("preempt_twice"), m = dir + ".json";

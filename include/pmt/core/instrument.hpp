@@ -23,9 +23,12 @@
 namespace pmt {
 
 /// \brief Where an event sits in the timeline of its rank.
-enum class Track : int { Compute = 0, P2P = 1, Collective = 2, Optimizer = 3 };
+enum class Track : int { Compute = 0, P2P = 1, Collective = 2, Optimizer = 3, Checkpoint = 4 };
 
-/// \brief "compute", "p2p", "collective" or "optimizer".
+/// \brief How many tracks there are.
+inline constexpr int track_count = 5;
+
+/// \brief "compute", "p2p", "collectives", "optimizer" or "checkpoint".
 inline const char* track_name(Track t) {
   switch (t) {
     case Track::Compute:
@@ -36,6 +39,8 @@ inline const char* track_name(Track t) {
       return "collectives";
     case Track::Optimizer:
       return "optimizer";
+    case Track::Checkpoint:
+      return "checkpoint";
   }
   return "?";
 }

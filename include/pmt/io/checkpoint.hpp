@@ -57,15 +57,26 @@
 
 #include <Kokkos_Core.hpp>
 
+#if defined(__SSE2__) && !defined(__CUDACC__)
+#define PMT_CHECKPOINT_STREAM_STORES 1
+#include <emmintrin.h>
+#endif
+
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <initializer_list>
+#include <sstream>
 #include <string>
+#include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -76,39 +87,141 @@ namespace detail {
 /// The manifest's extra field holding the measured choices (core/measured_choice.hpp).
 inline constexpr const char* choices_field = "measured_choices";
 
+/// One save between its stages: snapshot (collective, at the step boundary: the step directory
+/// made, this rank's shard serialized into memory, rank 0's manifest text), write_shard (file
+/// input/output only: this rank's shard written and synced, its size and CRC-32; a background
+/// thread may run it) and finish (collective: the shards' sizes and CRCs gathered, rank 0's
+/// manifest, the rename to step-N and LATEST). `bytes` keeps its capacity from save to save.
+struct SaveJob {
+  std::string dir, final_dir, partial;
+  std::int64_t step = 0;
+  ShardBuffer bytes;               // this rank's shard
+  std::string manifest;            // rank 0: the manifest up to its shard lines
+  bool crash            = false;   // the test hook: abort halfway through the shard
+  bool slow             = false;   // the test hook: wait 3 s before writing the shard
+  std::uint64_t meta[2] = {0, 0};  // the shard's bytes and CRC-32, once written
+  /// Before the shard is written: the refusal of its first nan or inf, or an empty string.
+  std::function<std::string(const char* shard)> refusal;
+};
+
+/// The index of the first of `n` values of T at `p` (not necessarily aligned) that is nan or
+/// inf; n when all are finite. float and double: an exponent test over blocks, then the exact
+/// index only in a block that holds one.
+template <class T>
+std::size_t first_nonfinite(const char* p, std::size_t n) {
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    using U              = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
+    constexpr U exponent = sizeof(T) == 4 ? U(0x7f800000u) : U(0x7ff0000000000000ull);
+    for (std::size_t b = 0; b < n; b += 4096) {
+      const std::size_t e = std::min(n, b + 4096);
+      unsigned bad        = 0;
+      for (std::size_t i = b; i < e; ++i) {
+        U u;
+        std::memcpy(&u, p + i * sizeof(T), sizeof(T));
+        bad |= (u & exponent) == exponent;
+      }
+      if (bad != 0)
+        for (std::size_t i = b; i < e; ++i) {
+          U u;
+          std::memcpy(&u, p + i * sizeof(T), sizeof(T));
+          if ((u & exponent) == exponent) return i;
+        }
+    }
+  } else {
+    for (std::size_t i = 0; i < n; ++i) {
+      T v;
+      std::memcpy(&v, p + i * sizeof(T), sizeof(T));
+      if (!std::isfinite(static_cast<double>(v))) return i;
+    }
+  }
+  return n;
+}
+
+/// Copies `bytes` bytes to `dst`, which nothing reads soon: with non-temporal stores where the
+/// compiler offers SSE2 (the destination's cache lines are not read first, a third less memory
+/// traffic than memcpy), else memcpy.
+inline void stream_copy(char* dst, const char* src, std::size_t bytes) {
+#if defined(PMT_CHECKPOINT_STREAM_STORES)
+  std::size_t k = std::min(bytes, (16 - reinterpret_cast<std::uintptr_t>(dst) % 16) % 16);
+  std::memcpy(dst, src, k);  // up to the first 16-byte boundary of dst
+  for (; k + 64 <= bytes; k += 64) {
+    const __m128i a0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + k));
+    const __m128i a1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + k + 16));
+    const __m128i a2 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + k + 32));
+    const __m128i a3 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + k + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + k), a0);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + k + 16), a1);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + k + 32), a2);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + k + 48), a3);
+  }
+  std::memcpy(dst + k, src + k, bytes - k);
+  _mm_sfence();  // the streamed stores are visible to the thread that writes the file
+#else
+  std::memcpy(dst, src, bytes);
+#endif
+}
+
+/// Copies `n` values of T from host memory to `dst` (not necessarily aligned): up to 256 KiB
+/// with memcpy, beyond in chunks of 256 KiB streamed (stream_copy) over the host's threads.
+template <class T>
+void copy_to(char* dst, const T* src, std::size_t n) {
+  constexpr std::size_t chunk = std::size_t(256) << 10;  // bytes
+  const std::size_t bytes     = n * sizeof(T);
+  const auto* from            = reinterpret_cast<const char*>(src);
+  if (bytes <= chunk) {
+    std::memcpy(dst, from, bytes);
+    return;
+  }
+  Kokkos::parallel_for("pmt::io::checkpoint::snapshot",
+                       Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(0, (bytes + chunk - 1) / chunk),
+                       [=](std::size_t c) {
+                         const std::size_t b = c * chunk;
+                         stream_copy(dst + b, from + b, std::min(bytes, b + chunk) - b);
+                       });
+  Kokkos::DefaultHostExecutionSpace().fence();
+}
+
+/// The first stage of a save (collective over the world): rank 0 makes DIR/step-N.partial; each
+/// rank serializes its parameters and states into job.bytes (one copy of the state: the part of
+/// a save that must happen at the step boundary); rank 0 writes the manifest's text but for the
+/// shard lines. Every rank raises alike when any rank fails.
 template <class Opt, class Backend>
-std::string save(const std::string& dir, const Mesh<Backend>& mesh, const Opt& opt, const CheckpointInfo& info) {
-  using T                     = typename Opt::value_type;
-  using Exec                  = typename Opt::execution_space;
-  const auto& world           = mesh.world();
-  const int r                 = world.rank();
-  const std::string final_dir = dir + "/" + detail::step_name(info.step);
-  const std::string partial   = final_dir + ".partial";
+void snapshot(SaveJob& job, const std::string& dir, const Mesh<Backend>& mesh, const Opt& opt,
+              const CheckpointInfo& info) {
+  using T           = typename Opt::value_type;
+  const auto& world = mesh.world();
+  const int r       = world.rank();
+  job.dir           = dir;
+  job.step          = info.step;
+  job.final_dir     = dir + "/" + detail::step_name(info.step);
+  job.partial       = job.final_dir + ".partial";
+  job.meta[0] = job.meta[1] = 0;
   std::exception_ptr err;
   try {
     detail::require_unique_names(opt.parameters());  // before anything is written
     if (r == 0) {
       detail::create_directories(dir);
-      detail::remove_all(partial);
+      detail::remove_all(job.partial);
       bool created = false;
       errno        = 0;
-      if (!detail::create_directories(partial, &created) || !created)
-        detail::io_fail("cannot create " + partial);  // with mkdir's reason
+      if (!detail::create_directories(job.partial, &created) || !created)
+        detail::io_fail("cannot create " + job.partial);  // with mkdir's reason
     }
   } catch (...) {  // whatever it is, the other ranks must not wait for this one
     err = std::current_exception();
   }
-  comm::agree_on_errors(world, err, "pmt::io::checkpoint", "creating " + partial);
-  // this rank's shard
-  std::uint64_t meta[2] = {0, 0};  // bytes, crc
+  comm::agree_on_errors(world, err, "pmt::io::checkpoint", "creating " + job.partial);
   try {
-    std::string bytes                    = "PMTSHRD1";
+    ShardBuffer& bytes = job.bytes;
+    bytes.clear();  // its capacity stays: a second save of the same model allocates nothing
+    bytes.append("PMTSHRD1", 8);
     const auto& ps                       = opt.parameters();
     const std::vector<std::string> kinds = opt.states();
     std::vector<std::size_t> index;
-    using Entry = std::pair<std::string, Tensor<T, 1, Exec>>;
+    using Entry = std::pair<std::string, Tensor<T, 1, typename Opt::execution_space>>;
     std::vector<std::vector<Entry>> records;  // per parameter: its value, then each state it has
     std::uint32_t count = 0;
+    std::size_t total   = 8 + sizeof count;
     for (std::size_t i = 0; i < ps.size(); ++i) {
       // a pipeline copy (the tied LM head on the last stage): the owning stage writes its value
       // and states; the copy writes only its own values of per-rank states
@@ -120,16 +233,24 @@ std::string save(const std::string& dir, const Mesh<Backend>& mesh, const Opt& o
       if (entries.empty()) continue;
       index.push_back(i);
       count += static_cast<std::uint32_t>(entries.size());
+      for (const auto& [prefix, view] : entries)
+        total += 4 + prefix.size() + ps[i]->name.size() + 4 + 6 * 8 + 8 + view.size() * sizeof(T);
       records.push_back(std::move(entries));
     }
+    bytes.reserve(total);
     detail::put(bytes, count);
+    struct Span {
+      std::string name;
+      std::size_t at, count;  // where its values start in the shard, how many
+    };
+    std::vector<Span> spans;
     for (std::size_t j = 0; j < index.size(); ++j) {
       const auto& p = *ps[index[j]];
       const auto sh = detail::shape_of(p);
       for (const auto& [prefix, view] : records[j]) {
         const std::string name = prefix + p.name;
         detail::put(bytes, static_cast<std::uint32_t>(name.size()));
-        bytes += name;
+        bytes.append(name);
         detail::put(bytes, static_cast<std::uint32_t>(sizeof(T)));
         for (int d = 0; d < 3; ++d) {
           const auto* a = d == 0 ? sh.g : d == 1 ? sh.o : sh.l;  // global, offset, local
@@ -137,30 +258,35 @@ std::string save(const std::string& dir, const Mesh<Backend>& mesh, const Opt& o
           detail::put(bytes, a[1]);
         }
         detail::put(bytes, static_cast<std::uint64_t>(view.size() * sizeof(T)));
-        auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), view);
-        for (std::size_t e = 0; e < host.size(); ++e)  // a checkpoint never holds nan or inf
-          if (!std::isfinite(static_cast<double>(host(e))))
-            throw IoError("pmt::io::checkpoint",
-                          pmt::detail::str("refusing to save step ", info.step, ": ", name, " holds ",
-                                           static_cast<double>(host(e)), " at element ", e, " on rank ", r,
-                                           "; LATEST keeps naming the last good checkpoint"));
-        bytes.append(reinterpret_cast<const char*>(host.data()), host.size() * sizeof(T));
+        spans.push_back({name, bytes.size(), view.size()});
+        char* at    = bytes.extend(view.size() * sizeof(T));
+        using Space = typename std::decay_t<decltype(view)>::memory_space;
+        if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, Space>::accessible) {
+          copy_to(at, view.data(), view.size());
+        } else {
+          const auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), view);
+          copy_to(at, host.data(), host.size());
+        }
       }
     }
+    // a checkpoint never holds nan or inf: write_shard looks before it writes (off the step's path)
+    job.refusal = [spans = std::move(spans), step = info.step, r](const char* shard) -> std::string {
+      for (const auto& sp : spans)
+        if (const std::size_t e = first_nonfinite<T>(shard + sp.at, sp.count); e < sp.count) {
+          T v;
+          std::memcpy(&v, shard + sp.at + e * sizeof(T), sizeof(T));
+          return pmt::detail::str("refusing to save step ", step, ": ", sp.name, " holds ", static_cast<double>(v),
+                                  " at element ", e, " on rank ", r, "; LATEST keeps naming the last good checkpoint");
+        }
+      return {};
+    };
     // test hook "RANK:STEP": that rank aborts halfway through its shard of that step
     const char* hook = std::getenv("PMT_CHECKPOINT_TEST_ABORT");
-    const bool crash = hook != nullptr && std::string(hook) == std::to_string(r) + ":" + std::to_string(info.step);
-    detail::write_atomically(partial + "/" + detail::shard_name(r), bytes, crash);
-    meta[0] = bytes.size();
-    meta[1] = detail::crc32(bytes.data(), bytes.size());
-  } catch (...) {  // whatever it is, the other ranks must not wait for this one
-    err = std::current_exception();
-  }
-  comm::agree_on_errors(world, err, "pmt::io::checkpoint", "writing a shard");
-  Kokkos::View<std::uint64_t*, Kokkos::HostSpace> mine(meta, 2);
-  Kokkos::View<std::uint64_t*, Kokkos::HostSpace> all("pmt::io::shards", 2 * static_cast<std::size_t>(world.size()));
-  comm::all_gather(world, Kokkos::DefaultHostExecutionSpace(), mine, all);
-  try {
+    job.crash        = hook != nullptr && std::string(hook) == std::to_string(r) + ":" + std::to_string(info.step);
+    // test hook "RANK:STEP": that rank's writer waits 3 s before its shard of that step (a save in
+    // flight when a signal or a kill comes)
+    const char* slow = std::getenv("PMT_CHECKPOINT_TEST_SLOW");
+    job.slow         = slow != nullptr && std::string(slow) == std::to_string(r) + ":" + std::to_string(info.step);
     if (r == 0) {
       const auto s = mesh.shape();
       std::ostringstream m;
@@ -171,31 +297,80 @@ std::string save(const std::string& dir, const Mesh<Backend>& mesh, const Opt& o
       // the paths the run's measured choices took (matmul dispatch): a resumed run takes them too
       if (info.extra.count(choices_field) == 0)
         m << "extra " << choices_field << " " << encode_measured_choices() << "\n";
+      job.manifest = m.str();
+    }
+  } catch (...) {  // whatever it is, the other ranks must not wait for this one
+    err = std::current_exception();
+  }
+  comm::agree_on_errors(world, err, "pmt::io::checkpoint", "writing a shard");
+}
+
+/// The second stage: this rank's shard refused if it holds nan or inf, else written atomically
+/// (temporary file, fsync, rename) into the step's .partial directory, its size and CRC-32
+/// kept. The snapshot's bytes and the file system only: no collective, no Kokkos, so that a
+/// background thread may run it.
+inline void write_shard(SaveJob& job, int rank) {
+  if (job.slow) std::this_thread::sleep_for(std::chrono::seconds(3));
+  if (job.refusal)
+    if (std::string why = job.refusal(job.bytes.data()); !why.empty()) throw IoError("pmt::io::checkpoint", why);
+  job.meta[0] = job.bytes.size();
+  job.meta[1] = detail::crc32(job.bytes.data(), job.bytes.size());
+  detail::write_atomically(job.partial + "/" + detail::shard_name(rank), job.bytes.data(), job.bytes.size(), job.crash);
+}
+
+/// The last stage (collective): every rank learns whether any shard failed (`err`: this rank's
+/// write_shard error); rank 0 writes MANIFEST with each shard's size and CRC-32, syncs, renames
+/// step-N.partial to step-N and replaces LATEST. Returns the step directory.
+template <class Backend>
+std::string finish(SaveJob& job, const Mesh<Backend>& mesh, std::exception_ptr err) {
+  const auto& world = mesh.world();
+  comm::agree_on_errors(world, err, "pmt::io::checkpoint", "writing a shard");
+  Kokkos::View<std::uint64_t*, Kokkos::HostSpace> mine(job.meta, 2);
+  Kokkos::View<std::uint64_t*, Kokkos::HostSpace> all("pmt::io::shards", 2 * static_cast<std::size_t>(world.size()));
+  comm::all_gather(world, Kokkos::DefaultHostExecutionSpace(), mine, all);
+  try {
+    if (world.rank() == 0) {
+      std::string text = job.manifest;
       for (int q = 0; q < world.size(); ++q) {
         char crc[16];
         std::snprintf(crc, sizeof crc, "%08x", static_cast<unsigned>(all(2 * q + 1)));
-        m << "shard " << detail::shard_name(q) << " " << all(2 * q) << " " << crc << "\n";
+        text += pmt::detail::str("shard ", detail::shard_name(q), " ", all(2 * q), " ", crc, "\n");
       }
-      const std::string text = m.str();
-      detail::write_atomically(partial + "/MANIFEST", text + detail::manifest_checksum_line(text));
-      detail::fsync_path(partial, true);
-      if (detail::exists(final_dir)) {  // the same step saved again: replace it
-        detail::remove_all(final_dir + ".old");
-        std::rename(final_dir.c_str(), (final_dir + ".old").c_str());
+      const std::string& dir = job.dir;
+      const std::string& fin = job.final_dir;
+      detail::write_atomically(job.partial + "/MANIFEST", text + detail::manifest_checksum_line(text));
+      detail::fsync_path(job.partial, true);
+      if (detail::exists(fin)) {  // the same step saved again: replace it
+        detail::remove_all(fin + ".old");
+        std::rename(fin.c_str(), (fin + ".old").c_str());
       }
       errno = 0;
-      if (std::rename(partial.c_str(), final_dir.c_str()) != 0)
-        detail::io_fail("cannot rename " + partial + " to " + final_dir);
+      if (std::rename(job.partial.c_str(), fin.c_str()) != 0)
+        detail::io_fail("cannot rename " + job.partial + " to " + fin);
       detail::fsync_path(dir, true);
-      detail::write_atomically(dir + "/LATEST", detail::step_name(info.step) + "\n");
+      detail::write_atomically(dir + "/LATEST", detail::step_name(job.step) + "\n");
       detail::fsync_path(dir, true);
-      detail::remove_all(final_dir + ".old");
+      detail::remove_all(fin + ".old");
     }
   } catch (...) {  // whatever it is, the other ranks must not wait for this one
     err = std::current_exception();
   }
   comm::agree_on_errors(world, err, "pmt::io::checkpoint", "writing the manifest");
-  return final_dir;
+  return job.final_dir;
+}
+
+/// A blocking save: the three stages one after the other.
+template <class Opt, class Backend>
+std::string save(const std::string& dir, const Mesh<Backend>& mesh, const Opt& opt, const CheckpointInfo& info) {
+  SaveJob job;
+  snapshot(job, dir, mesh, opt, info);
+  std::exception_ptr err;
+  try {
+    write_shard(job, mesh.world().rank());
+  } catch (...) {  // whatever it is, the other ranks must not wait for this one
+    err = std::current_exception();
+  }
+  return finish(job, mesh, err);
 }
 
 template <class Opt, class Backend>
@@ -341,6 +516,31 @@ CheckpointInfo load(const std::string& step_dir, const Mesh<Backend>& mesh, Opt&
   return info;
 }
 
+/// The checkpoint's view of an optimizer's state with a Trainer's named states appended, handed
+/// to `f` (saving). ZeRO-1/2: their moments are all-gathered over dp first (collective).
+template <class T, class Exec, class F>
+decltype(auto) with_saved_state(const optim::AdamW<T, Exec>& opt, const ParameterStates<T, Exec>& extra, F&& f) {
+  const AdamWState<T, Exec> state(opt);
+  return f(WithStates<const decltype(state)>(state, extra));
+}
+template <class T, class Exec, class F>
+decltype(auto) with_saved_state(const optim::Sgd<T, Exec>& opt, const ParameterStates<T, Exec>& extra, F&& f) {
+  const SgdState<T, Exec> state(opt);
+  return f(WithStates<const decltype(state)>(state, extra));
+}
+template <class T, class Exec, class Backend, class F>
+decltype(auto) with_saved_state(const optim::ZeroAdamW<T, Exec, Backend>& opt, const ParameterStates<T, Exec>& extra,
+                                F&& f) {
+  const ZeroAsAdamW<optim::ZeroAdamW<T, Exec, Backend>, T, Exec> state(opt, Exec());
+  return f(WithStates<const decltype(state)>(state, extra));
+}
+template <class T, class Exec, class Backend, class F>
+decltype(auto) with_saved_state(const optim::Zero2AdamW<T, Exec, Backend>& opt, const ParameterStates<T, Exec>& extra,
+                                F&& f) {
+  const ZeroAsAdamW<optim::Zero2AdamW<T, Exec, Backend>, T, Exec> state(opt, Exec());
+  return f(WithStates<const decltype(state)>(state, extra));
+}
+
 }  // namespace detail
 
 /// \brief Saves the parameters of `opt` and its moments as step `info.step` under `dir`
@@ -352,16 +552,14 @@ CheckpointInfo load(const std::string& step_dir, const Mesh<Backend>& mesh, Opt&
 template <class T, class Exec, class Backend>
 std::string save_checkpoint(const std::string& dir, const Mesh<Backend>& mesh, const optim::AdamW<T, Exec>& opt,
                             const CheckpointInfo& info, const ParameterStates<T, Exec>& extra = {}) {
-  const detail::AdamWState<T, Exec> state(opt);
-  return detail::save(dir, mesh, detail::WithStates<const decltype(state)>(state, extra), info);
+  return detail::with_saved_state(opt, extra, [&](const auto& s) { return detail::save(dir, mesh, s, info); });
 }
 
 /// \brief Sgd: the parameters and the momentum buffers ("optimizer sgd").
 template <class T, class Exec, class Backend>
 std::string save_checkpoint(const std::string& dir, const Mesh<Backend>& mesh, const optim::Sgd<T, Exec>& opt,
                             const CheckpointInfo& info, const ParameterStates<T, Exec>& extra = {}) {
-  const detail::SgdState<T, Exec> state(opt);
-  return detail::save(dir, mesh, detail::WithStates<const decltype(state)>(state, extra), info);
+  return detail::with_saved_state(opt, extra, [&](const auto& s) { return detail::save(dir, mesh, s, info); });
 }
 
 /// \brief The weights only, no optimizer state ("optimizer none"): for inference, evaluation or
@@ -379,8 +577,7 @@ template <class T, class Exec, class Backend>
 std::string save_checkpoint(const std::string& dir, const Mesh<Backend>& mesh,
                             const optim::ZeroAdamW<T, Exec, Backend>& opt, const CheckpointInfo& info,
                             const ParameterStates<T, Exec>& extra = {}) {
-  const detail::ZeroAsAdamW<optim::ZeroAdamW<T, Exec, Backend>, T, Exec> state(opt, Exec());
-  return detail::save(dir, mesh, detail::WithStates<const decltype(state)>(state, extra), info);
+  return detail::with_saved_state(opt, extra, [&](const auto& s) { return detail::save(dir, mesh, s, info); });
 }
 
 /// \brief Loads the checkpoint in `step_dir` (e.g. latest_checkpoint(dir)) into the parameters
@@ -434,8 +631,7 @@ template <class T, class Exec, class Backend>
 std::string save_checkpoint(const std::string& dir, const Mesh<Backend>& mesh,
                             const optim::Zero2AdamW<T, Exec, Backend>& opt, const CheckpointInfo& info,
                             const ParameterStates<T, Exec>& extra = {}) {
-  const detail::ZeroAsAdamW<optim::Zero2AdamW<T, Exec, Backend>, T, Exec> state(opt, Exec());
-  return detail::save(dir, mesh, detail::WithStates<const decltype(state)>(state, extra), info);
+  return detail::with_saved_state(opt, extra, [&](const auto& s) { return detail::save(dir, mesh, s, info); });
 }
 
 /// \brief Zero2AdamW (ZeRO-2): loads a checkpoint of AdamW, ZeroAdamW or Zero2AdamW and of any dp

@@ -24,6 +24,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -48,18 +49,29 @@ struct CheckpointInfo {
 namespace detail {
 
 inline std::uint32_t crc32(const void* data, std::size_t n, std::uint32_t crc = 0) {
-  static const auto table = [] {
-    std::array<std::uint32_t, 256> t{};
+  // slicing by 8: eight tables, eight bytes per round (about 5x the byte-at-a-time loop)
+  static const auto t = [] {
+    std::array<std::array<std::uint32_t, 256>, 8> t{};
     for (std::uint32_t i = 0; i < 256; ++i) {
       std::uint32_t c = i;
       for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-      t[i] = c;
+      t[0][i] = c;
     }
+    for (std::size_t k = 1; k < 8; ++k)
+      for (std::size_t i = 0; i < 256; ++i) t[k][i] = (t[k - 1][i] >> 8) ^ t[0][t[k - 1][i] & 0xFFu];
     return t;
   }();
-  crc           = ~crc;
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (std::size_t i = 0; i < n; ++i) crc = table[(crc ^ p[i]) & 0xFFu] ^ (crc >> 8);
+  crc             = ~crc;
+  const auto* p   = static_cast<const unsigned char*>(data);
+  const auto word = [](const unsigned char* q) {  // four bytes, the first lowest (any byte order)
+    return std::uint32_t(q[0]) | std::uint32_t(q[1]) << 8 | std::uint32_t(q[2]) << 16 | std::uint32_t(q[3]) << 24;
+  };
+  for (; n >= 8; p += 8, n -= 8) {
+    const std::uint32_t lo = word(p) ^ crc, hi = word(p + 4);
+    crc = t[7][lo & 0xFFu] ^ t[6][(lo >> 8) & 0xFFu] ^ t[5][(lo >> 16) & 0xFFu] ^ t[4][lo >> 24] ^ t[3][hi & 0xFFu] ^
+          t[2][(hi >> 8) & 0xFFu] ^ t[1][(hi >> 16) & 0xFFu] ^ t[0][hi >> 24];
+  }
+  for (; n > 0; ++p, --n) crc = t[0][(crc ^ *p) & 0xFFu] ^ (crc >> 8);
   return ~crc;
 }
 
@@ -75,17 +87,17 @@ inline void fsync_path(const std::string& path, bool directory) {
   if (rc != 0) io_fail("cannot sync " + path);
 }
 
-/// Writes bytes to path.tmp, fsyncs, renames to path. `abort_half` is the test hook: abort()
-/// after writing half of the bytes (a crash during the save).
-inline void write_atomically(const std::string& path, const std::string& bytes, bool abort_half = false) {
+/// Writes `size` bytes to path.tmp, fsyncs, renames to path. `abort_half` is the test hook:
+/// abort() after writing half of the bytes (a crash during the save).
+inline void write_atomically(const std::string& path, const char* data, std::size_t size, bool abort_half = false) {
   const std::string tmp = path + ".tmp";
   errno                 = 0;
   const int fd          = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) io_fail("cannot create " + tmp);
   std::size_t done        = 0;
-  const std::size_t limit = abort_half ? bytes.size() / 2 : bytes.size();
+  const std::size_t limit = abort_half ? size / 2 : size;
   while (done < limit) {
-    const ssize_t w = ::write(fd, bytes.data() + done, limit - done);
+    const ssize_t w = ::write(fd, data + done, limit - done);
     if (w < 0) {
       ::close(fd);
       io_fail("cannot write " + tmp);
@@ -105,6 +117,42 @@ inline void write_atomically(const std::string& path, const std::string& bytes, 
   if (std::rename(tmp.c_str(), path.c_str()) != 0) io_fail("cannot rename " + tmp + " to " + path);
 }
 
+/// The same for a string.
+inline void write_atomically(const std::string& path, const std::string& bytes, bool abort_half = false) {
+  write_atomically(path, bytes.data(), bytes.size(), abort_half);
+}
+
+/// A growable byte buffer that leaves what it grows into unset (a shard's snapshot writes every
+/// byte once; std::string would zero it first) and keeps its capacity when cleared.
+class ShardBuffer {
+ public:
+  void clear() noexcept { m_size = 0; }
+  std::size_t size() const noexcept { return m_size; }
+  const char* data() const noexcept { return m_data.get(); }
+  void reserve(std::size_t n) {
+    if (n <= m_capacity) return;
+    std::unique_ptr<char[]> grown(new char[n]);  // default-initialized: not zeroed
+    if (m_size > 0) std::memcpy(grown.get(), m_data.get(), m_size);
+    m_data     = std::move(grown);
+    m_capacity = n;
+  }
+  /// The next `n` bytes, to be written by the caller.
+  char* extend(std::size_t n) {
+    if (m_size + n > m_capacity) reserve(std::max(m_size + n, 2 * m_capacity));
+    char* at = m_data.get() + m_size;
+    m_size += n;
+    return at;
+  }
+  void append(const void* p, std::size_t n) {
+    if (n > 0) std::memcpy(extend(n), p, n);
+  }
+  void append(const std::string& s) { append(s.data(), s.size()); }
+
+ private:
+  std::unique_ptr<char[]> m_data;
+  std::size_t m_size = 0, m_capacity = 0;
+};
+
 inline std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw IoError("pmt::io::checkpoint", path + ": cannot be read (missing file?)");
@@ -114,6 +162,10 @@ inline std::string read_file(const std::string& path) {
 template <class V>
 void put(std::string& out, const V& v) {
   out.append(reinterpret_cast<const char*>(&v), sizeof(V));
+}
+template <class V>
+void put(ShardBuffer& out, const V& v) {
+  out.append(&v, sizeof(V));
 }
 
 struct Record {

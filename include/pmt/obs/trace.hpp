@@ -169,7 +169,7 @@ inline std::string trace_json(const std::vector<RankTrace>& all) {
     sep();
     o << "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":" << r.rank << ",\"args\":{\"name\":\"rank " << r.rank << " ("
       << detail::escape(r.where) << ")\"}}";
-    for (int t = 0; t < 4; ++t) {
+    for (int t = 0; t < track_count; ++t) {
       sep();
       o << "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":" << r.rank << ",\"tid\":" << t << ",\"args\":{\"name\":\""
         << track_name(static_cast<Track>(t)) << "\"}}";
