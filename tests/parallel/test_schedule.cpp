@@ -215,8 +215,8 @@ TEST_CASE(
       for (int i = 0; i < m; ++i) pmt::parallel::detail::push_backward(raw.per_stage[std::size_t(s)], s, p, i, c, v);
   }
   CHECK_THROWS_WITH(check(raw), ContainsSubstring("deadlock under NCCL's stream order") &&
-                                    ContainsSubstring("stage 0 at send-activation of microbatch 2 in chunk 0") &&
-                                    ContainsSubstring("stage 1 at send-activation of microbatch 0 in chunk 0"));
+                                    ContainsSubstring("stage 0 waits at send-activation of microbatch 2 in chunk 0") &&
+                                    ContainsSubstring("stage 1 waits at send-activation of microbatch 0 in chunk 0"));
   // the builder's table: stage 0 takes chunk 1's first input in the group of its third send
   const Schedule built = gpipe(p, m, v);
   const auto& s0       = built.per_stage[0];

@@ -196,14 +196,10 @@ class PipelineRunner {
       p.at = static_cast<std::size_t>(-1);
       for (std::size_t k = from; k < actions.size(); ++k)
         if (takes(actions[k].kind, act_slot)) {
-          const bool act_ = actions[k].kind == Action::RecvAct;
-          const auto& mb_ = mbs[static_cast<std::size_t>(actions[k].mb)];
-          auto& buf       = act_ ? in_act[at(actions[k])] : in_grad[at(actions[k])];
-          const auto e =
-              act_ ? m_model.input_extent(actions[k].chunk, mb_) : m_model.output_extent(actions[k].chunk, mb_);
-          buf  = workspace_view<Activation>("pmt::parallel::pipeline::recv", e[0], e[1]);
-          p.rq = act_ ? comm::irecv(m_pp, exec, buf, prev, tag_act) : comm::irecv(m_pp, exec, buf, next, tag_grad);
-          p.at = k;
+          const Action& a_ = actions[k];
+          p.rq             = issue_recv(exec, a_, mbs[static_cast<std::size_t>(a_.mb)],
+                            a_.kind == Action::RecvAct ? in_act[at(a_)] : in_grad[at(a_)]);
+          p.at             = k;
           return;
         }
     };
@@ -255,12 +251,10 @@ class PipelineRunner {
         switch (a.kind) {
           case Action::RecvAct:
           case Action::RecvGrad: {
-            // the sender of an activation is stage s-1, of a gradient stage s+1 (round the ring:
-            // the last stage's chunk c feeds the first stage's chunk c+1)
-            const bool act   = a.kind == Action::RecvAct;
-            const int sender = act ? a.chunk - (s == 0 ? 1 : 0) : a.chunk + (next == 0 ? 1 : 0);
+            // the sender of an activation is stage s-1, of a gradient stage s+1 (its chunk: sender_chunk)
+            const bool act = a.kind == Action::RecvAct;
             const Instrument instrument("pmt::parallel::pipeline::recv", Track::P2P, label(a), -1,
-                                        flow(act, world_rank(act ? prev : next), sender, a.mb));
+                                        flow(act, world_rank(act ? prev : next), sender_chunk(a), a.mb));
             auto& p = act || one_peer ? next_act : next_grad;
             pmt::detail::require<CommError>(p.at == k, "pmt::parallel::PipelineRunner::run", [&] {
               return std::string("the receive in flight is not this action's (a schedule the checker should refuse)");
@@ -305,15 +299,7 @@ class PipelineRunner {
           case Action::SendGrad: {
             const Instrument instrument("pmt::parallel::pipeline::send", Track::P2P, label(a),
                                         flow(a.kind == Action::SendAct, m_me, a.chunk, a.mb));
-            // the tensor goes out from a send buffer of the runner's (see send_buffer), and its own
-            // memory returns to the workspace at once, whenever the receiver takes the message
-            SendBuffer& sb = send_buffer(out[i]);
-            Kokkos::deep_copy(exec, sb.buf, out[i]);
-            exec.fence();
-            sb.rq   = a.kind == Action::SendAct ? comm::isend(m_pp, exec, sb.buf, next, tag_act)
-                                                : comm::isend(m_pp, exec, sb.buf, prev, tag_grad);
-            sb.busy = true;
-            out[i]  = Activation();
+            issue_send(exec, a, out[i]);
             break;
           }
         }
@@ -343,6 +329,39 @@ class PipelineRunner {
     for (auto& b : m_send_buffers)
       if (b.busy && b.rq.test()) b.busy = false;
   }
+  /// The ring of stages: the previous stage and the next (chunks wrap round).
+  std::pair<int, int> neighbours() const {
+    const int s = m_model.stage(), p = m_model.stages();
+    return {(s + p - 1) % p, (s + 1) % p};
+  }
+  /// The chunk a received message was sent from: an activation comes from stage s-1's chunk, a
+  /// gradient from stage s+1's; round the ring the last stage's chunk c feeds the first's c+1.
+  int sender_chunk(const Action& a) const {
+    const int next = neighbours().second;
+    return a.kind == Action::RecvAct ? a.chunk - (m_model.stage() == 0 ? 1 : 0) : a.chunk + (next == 0 ? 1 : 0);
+  }
+  /// Sends `x` for action `a` (an activation to the next stage, a gradient to the previous) from a
+  /// send buffer of the runner's (see send_buffer); x's own memory returns to the workspace at
+  /// once, whenever the receiver takes the message.
+  void issue_send(const Exec& exec, const Action& a, Activation& x) {
+    const auto [prev, next] = neighbours();
+    SendBuffer& sb          = send_buffer(x);
+    Kokkos::deep_copy(exec, sb.buf, x);
+    exec.fence();
+    sb.rq   = a.kind == Action::SendAct ? comm::isend(m_pp, exec, sb.buf, next, tag_act)
+                                        : comm::isend(m_pp, exec, sb.buf, prev, tag_grad);
+    sb.busy = true;
+    x       = Activation();
+  }
+  /// Posts the receive of action `a` (an activation from the previous stage, a gradient from the
+  /// next) into `buf`, a workspace buffer of the message's shape for microbatch `mb`.
+  comm::Request issue_recv(const Exec& exec, const Action& a, const Batch& mb, Activation& buf) {
+    const auto [prev, next] = neighbours();
+    const bool act          = a.kind == Action::RecvAct;
+    const auto e            = act ? m_model.input_extent(a.chunk, mb) : m_model.output_extent(a.chunk, mb);
+    buf                     = workspace_view<Activation>("pmt::parallel::pipeline::recv", e[0], e[1]);
+    return act ? comm::irecv(m_pp, exec, buf, prev, tag_act) : comm::irecv(m_pp, exec, buf, next, tag_grad);
+  }
   /// Stream-ordered point-to-point: the run of send/receive actions from `first` on, issued as
   /// one group (comm::group), then its receives waited for. Returns the run's last index.
   template <class Flow, class WorldRank, class Label, class Now>
@@ -350,10 +369,9 @@ class PipelineRunner {
                         const std::vector<Batch>& mbs, std::vector<Activation>& in_act,
                         std::vector<Activation>& in_grad, std::vector<Activation>& out, const Flow& flow,
                         const WorldRank& world_rank, const Label& label, const Now& now) {
-    const int s = m_model.stage(), p = m_model.stages();
-    const int prev = (s + p - 1) % p, next = (s + 1) % p;
-    const auto M  = mbs.size();
-    const auto at = [M](const Action& a_) {
+    const auto [prev, next] = neighbours();
+    const auto M            = mbs.size();
+    const auto at           = [M](const Action& a_) {
       return static_cast<std::size_t>(a_.chunk) * M + static_cast<std::size_t>(a_.mb);
     };
     std::size_t last = first;
@@ -367,30 +385,18 @@ class PipelineRunner {
         if (a.kind == Action::SendAct || a.kind == Action::SendGrad) {
           const Instrument instrument("pmt::parallel::pipeline::send", Track::P2P, label(a),
                                       flow(a.kind == Action::SendAct, m_me, a.chunk, a.mb));
-          SendBuffer& sb = send_buffer(out[i]);
-          Kokkos::deep_copy(exec, sb.buf, out[i]);
-          exec.fence();
-          sb.rq   = a.kind == Action::SendAct ? comm::isend(m_pp, exec, sb.buf, next, tag_act)
-                                              : comm::isend(m_pp, exec, sb.buf, prev, tag_grad);
-          sb.busy = true;
-          out[i]  = Activation();
+          issue_send(exec, a, out[i]);
         } else {
-          const bool act_ = a.kind == Action::RecvAct;
-          const auto& mb_ = mbs[static_cast<std::size_t>(a.mb)];
-          auto& buf       = act_ ? in_act[i] : in_grad[i];
-          const auto e    = act_ ? m_model.input_extent(a.chunk, mb_) : m_model.output_extent(a.chunk, mb_);
-          buf             = workspace_view<Activation>("pmt::parallel::pipeline::recv", e[0], e[1]);
-          receives.emplace_back(
-              k, act_ ? comm::irecv(m_pp, exec, buf, prev, tag_act) : comm::irecv(m_pp, exec, buf, next, tag_grad));
+          receives.emplace_back(k, issue_recv(exec, a, mbs[static_cast<std::size_t>(a.mb)],
+                                              a.kind == Action::RecvAct ? in_act[i] : in_grad[i]));
         }
       }
     });
     for (auto& [k, rq] : receives) {
-      const Action& a  = actions[k];
-      const bool act   = a.kind == Action::RecvAct;
-      const int sender = act ? a.chunk - (s == 0 ? 1 : 0) : a.chunk + (next == 0 ? 1 : 0);
+      const Action& a = actions[k];
+      const bool act  = a.kind == Action::RecvAct;
       const Instrument instrument("pmt::parallel::pipeline::recv", Track::P2P, label(a), -1,
-                                  flow(act, world_rank(act ? prev : next), sender, a.mb));
+                                  flow(act, world_rank(act ? prev : next), sender_chunk(a), a.mb));
       rq.wait();
     }
     const double end = now();

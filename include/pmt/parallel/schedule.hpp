@@ -134,6 +134,19 @@ inline std::vector<std::pair<int, int>> chunk_order(int p, int m, int v, bool ba
 /// receive its peer has not posted, that receive (with the peer's earlier ones from the same
 /// stage) moves up into the group the peer waits in: the peer then holds the message until the
 /// action that needs it, as MPI's buffering would have; a table still deadlocked raises.
+/// Where each unfinished stage waits, `pc[s]` its next action: "stage 0 waits at recv-gradient
+/// of microbatch 3; stage 1 waits at ..." (the deadlock messages of check and stream_order).
+inline std::string waiting_stages(const Schedule& sc, const std::vector<std::size_t>& pc) {
+  std::string w;
+  for (std::size_t t = 0; t < sc.per_stage.size(); ++t)
+    if (pc[t] < sc.per_stage[t].size()) {
+      const Action& a = sc.per_stage[t][pc[t]];
+      w += pmt::detail::str(w.empty() ? "" : "; ", "stage ", t, " waits at ", kind_name(a.kind), " of microbatch ",
+                            a.mb, sc.chunks > 1 ? pmt::detail::str(" in chunk ", a.chunk) : std::string());
+    }
+  return w;
+}
+
 inline void stream_order(Schedule& sc, const char* op, bool pair) {
   const auto P = static_cast<std::size_t>(sc.stages);
   if (P < 2) return;
@@ -174,21 +187,11 @@ inline void stream_order(Schedule& sc, const char* op, bool pair) {
         }
     }
   }
-  const auto waits = [&] {
-    std::string w;
-    for (std::size_t t = 0; t < P; ++t)
-      if (pc[t] < sc.per_stage[t].size()) {
-        const Action& a = sc.per_stage[t][pc[t]];
-        w += pmt::detail::str(w.empty() ? "" : "; ", "stage ", t, " at ", kind_name(a.kind), " of microbatch ", a.mb,
-                              sc.chunks > 1 ? pmt::detail::str(" in chunk ", a.chunk) : std::string());
-      }
-    return w;
-  };
   const auto deadlock = [&] {
     throw ConfigError(op, pmt::detail::str(sc.name, " (", sc.stages, " stages, ", sc.microbatches,
                                            " microbatches): deadlock under NCCL's stream order (each run of sends "
                                            "and receives one group, sends not buffered): ",
-                                           waits(), "; group each send with the receive it waits for"));
+                                           waiting_stages(sc, pc), "; group each send with the receive it waits for"));
   };
   for (;;) {
     bool progress = true;
@@ -537,17 +540,7 @@ inline ScheduleReport check(const Schedule& sc, const std::vector<double>& t_for
     }
   }
   for (std::size_t s = 0; s < P; ++s)
-    if (pc[s] < sc.per_stage[s].size()) {
-      std::string waits;
-      for (std::size_t t = 0; t < P; ++t)
-        if (pc[t] < sc.per_stage[t].size()) {
-          const Action& w = sc.per_stage[t][pc[t]];
-          waits += pmt::detail::str(waits.empty() ? "" : "; ", "stage ", t, " waits at ", kind_name(w.kind),
-                                    " of microbatch ", w.mb,
-                                    v > 1 ? pmt::detail::str(" in chunk ", w.chunk) : std::string());
-        }
-      fail(s, sc.per_stage[s][pc[s]], "deadlock: " + waits);
-    }
+    if (pc[s] < sc.per_stage[s].size()) fail(s, sc.per_stage[s][pc[s]], "deadlock: " + detail::waiting_stages(sc, pc));
   for (std::size_t s = 0; s < P; ++s) {
     for (std::size_t i = 0; i < M * V; ++i) {
       // the first virtual stage sends no gradient; a forward-only pass ends at the forward, sent on
