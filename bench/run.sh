@@ -56,3 +56,8 @@ python3 "$root/bench/plan_check.py" "$build" 2 "${PMT_BENCH_REPS_PLAN:-3}" 8
 echo
 # Asynchronous checkpoints: the step while a 150 MB checkpoint is written, the snapshot against a copy in memory
 "$build/bench/bench_checkpoint"
+echo
+# ZeRO-3: per-rank memory at dp 4 against plain data parallelism and the planner, step time at dp 2 against ZeRO-1
+env -u OMP_PLACES OMP_NUM_THREADS=1 OMP_PROC_BIND=false mpiexec -n 4 --oversubscribe --bind-to none "$build/bench/bench_zero3" memory
+echo
+env -u OMP_PLACES OMP_NUM_THREADS=1 OMP_PROC_BIND=false mpiexec -n 2 --bind-to none "$build/bench/bench_zero3" time "${PMT_BENCH_STEPS_ZERO3:-4}"

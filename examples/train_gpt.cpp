@@ -52,6 +52,7 @@ struct On {
   using AdamW   = pmt::optim::AdamW<float, Exec>;
   using Zero    = pmt::optim::ZeroAdamW<float, Exec, Backend>;
   using Zero2   = pmt::optim::Zero2AdamW<float, Exec, Backend>;
+  using Zero3   = pmt::optim::Zero3AdamW<float, Exec, Backend>;
 };
 
 /// The model the flags describe, over the mesh (recomputation on this rank's stage, unless
@@ -64,7 +65,7 @@ Model build_model(const Options& o, const pmt::Mesh<Backend>& mesh) {
       pmt::nn::GptOptions{{}, o.chunks, o.recompute && here, o.sequence_parallel, o.recompute_attention && here});
 }
 
-/// AdamW, or ZeRO-1/2's sharded AdamW.
+/// AdamW, or ZeRO-1/2/3's sharded AdamW.
 template <class S, class Opt>
 Opt build_optimizer(const Options& o, const pmt::Mesh<typename S::Backend>& mesh, typename S::Model& model) {
   const pmt::optim::AdamWOptions hyper{0.9, 0.95, 1e-8, 0.1};
@@ -72,6 +73,9 @@ Opt build_optimizer(const Options& o, const pmt::Mesh<typename S::Backend>& mesh
   const auto pp = o.pp > 1 ? std::optional<Comm>(mesh.comm(pmt::Axis::pp)) : std::nullopt;
   if constexpr (std::is_same_v<Opt, typename S::Zero>)
     return Opt(model.parameters(), hyper, mesh.comm(pmt::Axis::dp), mesh.comm(pmt::Axis::tp), pp);
+  else if constexpr (std::is_same_v<Opt, typename S::Zero3>)
+    return Opt(model.parameters(), hyper, mesh.comm(pmt::Axis::dp), mesh.comm(pmt::Axis::tp), pp,
+               model.tied_parameters(), pmt::optim::Zero3Options{static_cast<std::size_t>(o.prefetch), o.shard_size});
   else if constexpr (std::is_same_v<Opt, typename S::Zero2>)
     return Opt(model.parameters(), hyper, mesh.comm(pmt::Axis::dp), mesh.comm(pmt::Axis::tp), pp,
                model.tied_parameters());
@@ -101,7 +105,7 @@ std::string dp_traffic(const Options& o) {
 }
 
 /// One training run on S's space and backend (On<Exec, Backend>) with optimizer Opt (AdamW,
-/// ZeroAdamW, Zero2AdamW) and data-parallel mode Mode (Synchronous, LocalSgd<>, DiLoCo<>,
+/// ZeroAdamW, Zero2AdamW, Zero3AdamW) and data-parallel mode Mode (Synchronous, LocalSgd<>, DiLoCo<>,
 /// BoundedStaleness<>). The program's own host values (the checkpoint to resume, the peak, the
 /// non-finite report) travel over the job's world; the model's over the mesh's backend.
 template <class S, class Opt, class Mode>
@@ -153,6 +157,21 @@ class Run {
 
  private:
   bool root() const { return world.rank() == 0; }
+  /// f() with every parameter's values whole: ZeRO-3 gathers them for its time (collective over
+  /// dp), the other optimizers hold them anyway.
+  template <class F>
+  auto with_values(F&& f) {
+    if constexpr (pmt::optim::shards_params_v<Opt>) {
+      struct Whole {
+        Opt& opt;
+        explicit Whole(Opt& o) : opt(o) { opt.gather_all(); }
+        ~Whole() { opt.release_all(); }
+      } whole(opt);
+      return f();
+    } else {
+      return f();
+    }
+  }
   std::size_t T() const { return static_cast<std::size_t>(o.context); }
   double tokens() const { return double(o.batch) * double(T()); }
 
@@ -172,7 +191,7 @@ class Run {
         if (const auto paths = pmt::decode_measured_choices(it->second); !paths.empty())
           std::printf("matmul: the paths of %zu shape classes from the checkpoint\n", paths.size());
       // a layout-free fingerprint of the loaded parameters (the same model on any layout)
-      const double fp = pmt::run::parameter_fingerprint(mesh, model.parameters());
+      const double fp = with_values([&] { return pmt::run::parameter_fingerprint(mesh, model.parameters()); });
       if (root())
         std::printf("resumed from %s: step %d, saved with dp %d x tp %d x pp %d, parameter fingerprint %.15e\n",
                     latest.c_str(), start, info.layout.dp, info.layout.tp, info.layout.pp, fp);
@@ -231,12 +250,16 @@ class Run {
   }
 
   void banner() const {
-    const std::string extras =
-        str(o.recompute ? ", activations recomputed per block" : "",
-            o.recompute_attention && !o.recompute ? ", attention recomputed" : "",
-            o.recompute_stages > 0 && (o.recompute || o.recompute_attention) ? str(" on stages < ", o.recompute_stages)
-                                                                             : std::string(),
-            model.sequence_parallel() ? ", sequence-parallel" : "");
+    const std::string extras = str(
+        o.recompute ? ", activations recomputed per block" : "",
+        o.recompute_attention && !o.recompute ? ", attention recomputed" : "",
+        o.recompute_stages > 0 && (o.recompute || o.recompute_attention) ? str(" on stages < ", o.recompute_stages)
+                                                                         : std::string(),
+        model.sequence_parallel() ? ", sequence-parallel" : "", o.zero ? str(", ZeRO-", o.zero_stage) : std::string(),
+        o.zero && o.zero_stage == 3 && o.shard_size > 0 && o.shard_size < o.dp
+            ? str(" sharded in groups of ", o.shard_size)
+            : std::string(),
+        o.zero && o.zero_stage == 3 ? str(", prefetch ", o.prefetch) : std::string());
     std::printf(
         "pmt train_gpt: %d ranks = dp %d x tp %d x pp %d (%s%s, %d microbatches%s); GPT %d layers, width %d, %d heads, "
         "context %zu; batch %d; %s\n",
@@ -485,8 +508,10 @@ class Run {
     auto hi = Kokkos::create_mirror_view(ids), ht = Kokkos::create_mirror_view(tgt);
     data.val_batch(0, 1, hi, ht);
     for (std::size_t t = 0; t < std::min<std::size_t>(T() / 2, 24); ++t) prompt += static_cast<char>(hi(t));
-    const std::string text =
-        pmt::train::sample_text(mesh, model, prompt, 160, 0.8, pmt::RngKey{static_cast<std::uint64_t>(o.seed), 4242});
+    const std::string text = with_values([&] {
+      return pmt::train::sample_text(mesh, model, prompt, 160, 0.8,
+                                     pmt::RngKey{static_cast<std::uint64_t>(o.seed), 4242});
+    });
     if (!root()) return;
     std::string shown;
     for (char ch : text) shown += (ch == '\n' || (ch >= 32 && ch < 127)) ? ch : '?';
@@ -515,6 +540,7 @@ class Run {
 template <class S>
 int train_on(Options& o, const World& world, const pmt::io::TokenDataset& data, pmt::run::Guards& guards) {
   using AdamW = typename S::AdamW;
+  if (o.zero && o.zero_stage == 3) return Run<S, typename S::Zero3, pmt::Synchronous>(o, world, data, guards)();
   if (o.zero && o.zero_stage == 2) return Run<S, typename S::Zero2, pmt::Synchronous>(o, world, data, guards)();
   if (o.zero) return Run<S, typename S::Zero, pmt::Synchronous>(o, world, data, guards)();
   if (o.local_sgd > 0) return Run<S, AdamW, pmt::LocalSgd<>>(o, world, data, guards)();

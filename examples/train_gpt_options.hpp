@@ -27,8 +27,9 @@ struct Options {
   int steps = 100, warmup = 10, val_every = 50, ckpt_every = 0, threads = 0, keep = 0;
   double lr = 3e-3, watchdog = 600;
   long seed   = 1;
-  bool resume = false, zero = false, zero2 = false, auto_plan = false, no_memory_report = false;
-  int zero_stage = 1;  // with zero: 1 (optimizer state sharded) or 2 (gradients too)
+  bool resume = false, zero = false, zero2 = false, zero3 = false, auto_plan = false, no_memory_report = false;
+  int zero_stage = 1;                // with zero: 1 (optimizer state sharded), 2 (gradients too) or 3 (parameters too)
+  int shard_size = 0, prefetch = 1;  // ZeRO-3: the dp ranks a parameter is cut over (0: all), units gathered ahead
   bool overwrite = false, allow_changed_config = false, skip_nonfinite = false, recompute = false;
   bool sequence_parallel = false, recompute_attention = false, async_save = true;
   int recompute_stages = 0;  // with --recompute or --recompute-attention: the first this many stages (0: all)
@@ -69,6 +70,16 @@ inline void declare_layout(CLI::App& app, Options& o) {
          integer("--microbatches", 1));
   app.add_flag("--zero", o.zero, "ZeRO-1: AdamW's state sharded over dp")->group(g);
   app.add_flag("--zero2", o.zero2, "ZeRO-2: AdamW's state and the gradients sharded over dp")->group(g);
+  app.add_flag("--zero3", o.zero3,
+               "ZeRO-3 (FSDP): the parameters sharded over dp too, each block's gathered while it computes")
+      ->group(g);
+  option(app, g, "--shard-size", o.shard_size,
+         "with --zero3: shard over groups of this many dp ranks and replicate across them (HSDP; default: all of dp)",
+         integer("--shard-size", 1));
+  option(app, g, "--prefetch", o.prefetch,
+         "with --zero3: blocks whose gather starts ahead of their use (0: each gathered when it is needed)",
+         integer("--prefetch", 0))
+      ->capture_default_str();
   option(app, g, "--compress", o.compress, "dp gradients sent as bf16 with error feedback (half the bytes), or not",
          one_of("--compress", {"none", "bf16"}))
       ->capture_default_str();
@@ -224,10 +235,19 @@ inline Parsed parse(std::vector<std::string> args) {
   const auto flags = pmt::run::parse_flags(app, std::move(args));
   p.error = flags.error, p.help = flags.help;
   if (!p.error.empty() || !p.help.empty()) return p;
-  for (const char* f : {"--dp", "--tp", "--pp", "--chunks", "--microbatches", "--schedule", "--zero", "--zero2"})
+  for (const char* f : {"--dp", "--tp", "--pp", "--chunks", "--microbatches", "--schedule", "--zero", "--zero2",
+                        "--zero3", "--shard-size", "--prefetch"})
     if (app.count(f) > 0) o.layout_flags.push_back(f);
-  o.zero           = o.zero || o.zero2;
-  o.zero_stage     = o.zero2 ? 2 : 1;
+  if (o.zero + o.zero2 + o.zero3 > 1) {
+    p.error = "--zero, --zero2 and --zero3 are three ZeRO stages: give one";
+    return p;
+  }
+  if ((app.count("--shard-size") + app.count("--prefetch") > 0) && !o.zero3) {
+    p.error = "--shard-size and --prefetch set ZeRO-3's sharding: they need --zero3";
+    return p;
+  }
+  o.zero           = o.zero || o.zero2 || o.zero3;
+  o.zero_stage     = o.zero3 ? 3 : o.zero2 ? 2 : 1;
   o.skip_nonfinite = o.on_nonfinite == "skip";
   o.outer_given    = app.count("--outer-lr") + app.count("--outer-momentum") > 0;
   return p;
@@ -270,9 +290,11 @@ inline pmt::plan::DpChoice dp_choice(const Options& o) {
 inline pmt::plan::Layout layout_of(const Options& o) {
   pmt::plan::Layout l;
   l.dp = o.dp, l.tp = o.tp, l.pp = o.pp, l.microbatches = o.microbatches, l.chunks = o.chunks;
-  l.schedule  = o.schedule == "gpipe" ? pmt::parallel::ScheduleKind::GPipe : pmt::parallel::ScheduleKind::OneFOneB;
-  l.zero      = o.zero ? o.zero_stage : 0;
-  l.recompute = o.recompute;
+  l.schedule   = o.schedule == "gpipe" ? pmt::parallel::ScheduleKind::GPipe : pmt::parallel::ScheduleKind::OneFOneB;
+  l.zero       = o.zero ? o.zero_stage : 0;
+  l.shard_size = o.zero_stage == 3 ? o.shard_size : 0;
+  l.prefetch   = o.prefetch;
+  l.recompute  = o.recompute;
   l.recompute_attention = o.recompute_attention && !o.recompute;  // the whole block recomputes it anyway
   l.recompute_stages    = o.recompute_stages;
   l.sequence_parallel   = o.sequence_parallel && o.tp > 1;  // with tp 1 there is nothing to split
@@ -382,7 +404,8 @@ void choose_layout(Options& o, const Comm& world) {
     std::printf("--auto: note: %s\n", plan.machine.advice.c_str());
   const auto& b = plan.best().layout;  // raises, with the rejections, when nothing runs
   o.dp = b.dp, o.tp = b.tp, o.pp = b.pp, o.microbatches = b.microbatches, o.zero = b.zero > 0, o.chunks = b.chunks;
-  o.zero_stage          = b.zero > 0 ? b.zero : 1;
+  o.zero_stage = b.zero > 0 ? b.zero : 1;
+  o.shard_size = b.shard_size, o.prefetch = b.prefetch;
   o.recompute           = o.recompute || b.recompute;
   o.sequence_parallel   = o.sequence_parallel || b.sequence_parallel;
   o.recompute_attention = (o.recompute_attention || b.recompute_attention) && !o.recompute;

@@ -78,6 +78,7 @@
 #include "pmt/optim/optimizers.hpp"
 #include "pmt/optim/zero.hpp"
 #include "pmt/optim/zero2.hpp"
+#include "pmt/optim/zero3.hpp"
 #include "pmt/parallel/grad_sync.hpp"
 #include "pmt/parallel/pipeline.hpp"
 #include "pmt/parallel/schedule.hpp"

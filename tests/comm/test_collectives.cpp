@@ -213,6 +213,31 @@ TEST_CASE("ireduce_scatter equals reduce_scatter, two in flight at once, and ref
                     Catch::Matchers::ContainsSubstring("blocks of recv"));
 }
 
+TEST_CASE("iall_gather equals all_gather, two in flight at once, and refuses a bad shape", "[comm][nonblocking][mpi]") {
+  const auto& c = pmt::test::world();
+  Host exec;
+  const auto n            = static_cast<std::size_t>(c.size());
+  const std::size_t block = 777;
+  Vec<double> a("a", block), b("b", 3), ra("ra", block * n), rb("rb", 3 * n), ea("ea", block * n), eb("eb", 3 * n);
+  for (std::size_t i = 0; i < block; ++i) a(i) = double(c.rank() + 1) * 0.5 + double(i % 11);
+  for (std::size_t i = 0; i < 3; ++i) b(i) = -double(c.rank() * 10 + int(i));
+  pmt::comm::all_gather(c, exec, a, ea);
+  pmt::comm::all_gather(c, exec, b, eb);
+  auto qa = pmt::comm::iall_gather(c, exec, a, ra);
+  auto qb = pmt::comm::iall_gather(c, exec, b, rb);
+  qb.wait();  // completed out of order
+  qa.wait();
+  bool ok = true;
+  for (std::size_t i = 0; i < ra.size(); ++i) ok = ok && ra(i) == ea(i);
+  for (std::size_t r = 0; r < n; ++r)
+    for (std::size_t i = 0; i < 3; ++i)
+      ok = ok && rb(r * 3 + i) == -double(r * 10 + i) && eb(r * 3 + i) == rb(r * 3 + i);
+  CHECK(pmt::test::all_ranks(ok));
+  Vec<double> wrong("wrong", block * n + 1);
+  CHECK_THROWS_WITH((void)pmt::comm::iall_gather(c, exec, a, wrong),
+                    Catch::Matchers::ContainsSubstring("blocks of send"));
+}
+
 TEST_CASE("bf16 rounds to nearest even, keeps nan and inf, and moves through the collectives", "[comm][bf16][mpi]") {
   // conversions: exact values stay, ties go to the even neighbour, overflow becomes inf
   const auto bits = [](float f) { return pmt::bf16(f).bits; };

@@ -12,12 +12,14 @@
 //     byte in a shard is refused with the file's name;
 //   - a checkpoint saved at dp2 x tp2 loads at tp4, at tp2 x pp2, at dp4 and into ZeRO-1 at dp4 with the same
 //     parameters (a layout-free fingerprint, 1e-12) and the same next-step loss; a ZeRO-1
-//     checkpoint with pipeline stages resumes as ZeRO-1 and as AdamW at tp2 x pp2 alike;
+//     checkpoint with pipeline stages resumes as ZeRO-1, as AdamW at tp2 x pp2, as ZeRO-2 and as
+//     ZeRO-3 at dp4 alike;
 //   - --recompute (per-block activation recomputation), --recompute-attention and
 //     --sequence-parallel on tp2 x pp2, and --recompute on the first of 2 stages, give the
 //     one-rank losses;
-//   - --zero (ZeRO-1) and --zero2 (ZeRO-2) give AdamW's losses; --auto calibrates, prints the
-//     planner's table and trains with its best layout; the report and the metrics carry each rank's peak memory;
+//   - --zero (ZeRO-1), --zero2 (ZeRO-2) and --zero3 (ZeRO-3, and sharded in groups: HSDP) give
+//     AdamW's losses; --auto calibrates, prints the planner's table and trains with its best
+//     layout; the report and the metrics carry each rank's peak memory;
 //   - each data-parallel mode (bf16-compressed gradients, local SGD, DiLoCo, bounded staleness)
 //     resumes 3 + 3 steps bit for bit on dp 2, and reports its bytes (bf16: half of fp32's);
 //   - each bad input gives its message on stderr and a non-zero exit, within a time limit.
@@ -180,17 +182,28 @@ TEST_CASE("train_gpt --recompute, --recompute-attention and --sequence-parallel 
   }
 }
 
-TEST_CASE("--zero and --zero2 train like AdamW; --auto runs the planner's best layout; the memory report",
+TEST_CASE("--zero, --zero2 and --zero3 train like AdamW; --auto runs the planner's best layout; the memory report",
           "[examples][train_gpt][plan]") {
   const auto one = tmp("one_zero_ref.json"), zero = tmp("zero.json"), zero2 = tmp("zero2.json"),
-             autom = tmp("auto.json");
+             zero3 = tmp("zero3.json"), hsdp = tmp("zero3_hsdp.json"), autom = tmp("auto.json");
   REQUIRE(run(small + "--steps 3 --metrics " + one).rc == 0);
   const auto z = run(small + "--steps 3 --dp 2 --tp 2 --zero --metrics " + zero, 4);
   REQUIRE(z.rc == 0);
   REQUIRE(run(small + "--steps 3 --dp 2 --pp 2 --microbatches 2 --zero2 --metrics " + zero2, 4).rc == 0);
-  const auto a = losses(one), b = losses(zero), c = losses(zero2);
-  REQUIRE((a.size() == 3 && b.size() == 3 && c.size() == 3));
-  for (const auto& [step, l] : a) CHECK((rel(b.at(step), l) <= 1e-5 && rel(c.at(step), l) <= 1e-5));
+  REQUIRE(run(small + "--steps 3 --dp 2 --pp 2 --microbatches 2 --zero3 --metrics " + zero3, 4).rc == 0);
+  const auto h = run(small + "--steps 3 --dp 4 --zero3 --shard-size 2 --prefetch 2 --metrics " + hsdp, 4);
+  REQUIRE(h.rc == 0);
+  CHECK_THAT(h.out, ContainsSubstring("ZeRO-3 sharded in groups of 2, prefetch 2"));
+  const auto a = losses(one), b = losses(zero), c = losses(zero2), d = losses(zero3), e = losses(hsdp);
+  REQUIRE((a.size() == 3 && b.size() == 3 && c.size() == 3 && d.size() == 3 && e.size() == 3));
+  for (const auto& [step, l] : a)
+    CHECK((rel(b.at(step), l) <= 1e-5 && rel(c.at(step), l) <= 1e-5 && rel(d.at(step), l) <= 1e-5 &&
+           rel(e.at(step), l) <= 1e-5));
+  // ZeRO-3's flags: one stage at a time, its sharding only with it
+  CHECK_THAT(run(small + "--steps 1 --dp 2 --zero2 --zero3", 2).out, ContainsSubstring("give one"));
+  CHECK_THAT(run(small + "--steps 1 --dp 2 --shard-size 2", 2).out, ContainsSubstring("they need --zero3"));
+  CHECK_THAT(run(small + "--steps 1 --dp 4 --zero3 --shard-size 3", 4).out,
+             ContainsSubstring("shard size 3 does not divide dp 4"));
   // the per-rank report and the metrics carry each rank's peak memory
   CHECK_THAT(z.out, ContainsSubstring("peak MiB"));
   const auto lines = pmt::run::MetricsLog::read(zero);
@@ -296,13 +309,16 @@ TEST_CASE("a checkpoint saved at dp2 x tp2 loads at other layouts and into ZeRO-
   }
 }
 
-TEST_CASE("a ZeRO-1 checkpoint with pipeline stages resumes as ZeRO-1, as ZeRO-2 and as AdamW at another layout",
-          "[examples][train_gpt][checkpoint]") {
+TEST_CASE(
+    "a ZeRO-1 checkpoint with pipeline stages resumes as ZeRO-1, as ZeRO-2, as ZeRO-3 and as AdamW at another "
+    "layout",
+    "[examples][train_gpt][checkpoint]") {
   const auto dir = tmp("zero_pp");
   REQUIRE(run(small + "--steps 3 --dp 2 --pp 2 --zero --ckpt-dir " + dir, 4).rc == 0);
   std::vector<double> fps;
   std::vector<std::string> next;
-  for (const std::string layout : {"--dp 2 --pp 2 --zero", "--tp 2 --pp 2", "--dp 2 --pp 2 --zero2"}) {
+  for (const std::string layout :
+       {"--dp 2 --pp 2 --zero", "--tp 2 --pp 2", "--dp 2 --pp 2 --zero2", "--dp 4 --zero3"}) {
     const auto copy = dir + "_" + std::to_string(std::hash<std::string>{}(layout));
     fs::remove_all(copy);
     fs::copy(dir, copy, fs::copy_options::recursive);
@@ -319,8 +335,10 @@ TEST_CASE("a ZeRO-1 checkpoint with pipeline stages resumes as ZeRO-1, as ZeRO-2
                        << next[1] << " / " << next[2]);
   CHECK(std::abs(fps[1] - fps[0]) <= 1e-12 * std::abs(fps[0]));
   CHECK(std::abs(fps[2] - fps[0]) <= 1e-12 * std::abs(fps[0]));
+  CHECK(std::abs(fps[3] - fps[0]) <= 1e-12 * std::abs(fps[0]));
   CHECK(rel(next[1], next[0]) <= 1e-5);
   CHECK(rel(next[2], next[0]) <= 1e-5);
+  CHECK(rel(next[3], next[0]) <= 1e-5);
 }
 
 TEST_CASE("the data-parallel modes resume bit for bit and report their bytes",

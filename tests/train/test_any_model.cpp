@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Any model, not just the GPT: a user's Chain and loss (nn::StagedModel) trained by the Trainer
 // on every dp x tp x pp layout of the world (pp 1, 2, 4), with GPipe and 1F1B, with one and two
-// model chunks per stage (interleaved), with ZeRO-1 and with ZeRO-2, gives the per-step global losses and
+// model chunks per stage (interleaved), with ZeRO-1, ZeRO-2 and ZeRO-3, gives the per-step global losses and
 // final parameters of the one-rank run on the whole global batch (design invariant 4). The model
 // is an 11-layer MLP, Linear<Col> -> Gelu -> Dropout<Sharded> -> Linear<Row> -> Relu ->
 // Dropout -> Linear<Col> -> Silu -> Linear<Row> -> Tanh -> Linear<Replicate>, as a regressor
@@ -29,6 +29,7 @@
 #include "pmt/optim/optimizers.hpp"
 #include "pmt/optim/zero.hpp"
 #include "pmt/optim/zero2.hpp"
+#include "pmt/optim/zero3.hpp"
 #include "pmt/train/trainer.hpp"
 #include "train_test.hpp"
 
@@ -134,16 +135,20 @@ struct Reference {
 template <bool Classifier, int Zero = 0>
 bool matches(const Reference<Classifier>& ref, pmt::MeshShape shape, pmt::parallel::ScheduleKind kind, int chunks) {
   using Model = typename Task<Classifier>::Model;
-  using Opt   = std::conditional_t<
-      Zero == 2, pmt::optim::Zero2AdamW<T, Host, Backend>,
-      std::conditional_t<Zero == 1, pmt::optim::ZeroAdamW<T, Host, Backend>, pmt::optim::AdamW<T, Host>>>;
+  using Opt =
+      std::conditional_t<Zero == 3, pmt::optim::Zero3AdamW<T, Host, Backend>,
+                         std::conditional_t<Zero == 2, pmt::optim::Zero2AdamW<T, Host, Backend>,
+                                            std::conditional_t<Zero == 1, pmt::optim::ZeroAdamW<T, Host, Backend>,
+                                                               pmt::optim::AdamW<T, Host>>>>;
   using Policy         = pmt::Hybrid<pmt::DataParallel<>, pmt::TensorSplit<>, pmt::Pipeline<>>;
   constexpr double tol = 1e-10;
   pmt::Mesh<Backend> mesh(pmt::test::world(), shape);
   Model par(mesh, make_net(mesh, Task<Classifier>::out), typename Task<Classifier>::Loss{},
             pmt::nn::StagedOptions{{}, chunks, "mlp"});
   Opt opt = [&] {
-    if constexpr (Zero == 2)  // buckets of 1 KiB: several per stage
+    if constexpr (Zero == 3)
+      return Opt(par.parameters(), hyper, mesh.comm(pmt::Axis::dp), mesh.comm(pmt::Axis::tp), mesh.comm(pmt::Axis::pp));
+    else if constexpr (Zero == 2)  // buckets of 1 KiB: several per stage
       return Opt(par.parameters(), hyper, mesh.comm(pmt::Axis::dp), mesh.comm(pmt::Axis::tp), mesh.comm(pmt::Axis::pp),
                  {}, 1 << 10);
     else if constexpr (Zero == 1)
@@ -164,6 +169,7 @@ bool matches(const Reference<Classifier>& ref, pmt::MeshShape shape, pmt::parall
     const double r = ref.losses[static_cast<std::size_t>(step)];
     worst_loss     = std::max(worst_loss, std::abs(l - r) / std::abs(r));
   }
+  if constexpr (Zero == 3) opt.gather_all();  // the parameters whole, to compare
   double worst_param = 0, worst_elem = 0;
   bool named = true;
   for (auto* p : par.parameters()) {
@@ -205,6 +211,11 @@ void every_layout() {
                             << (pp > 1 ? "GPipe x 2 chunks" : "1F1B")) {
         const auto kind = pp > 1 ? pmt::parallel::ScheduleKind::GPipe : pmt::parallel::ScheduleKind::OneFOneB;
         CHECK(pmt::test::all_ranks(matches<Classifier, 2>(ref, {dp, tp, pp}, kind, pp > 1 ? 2 : 1)));
+      }
+      DYNAMIC_SECTION("dp " << dp << " x tp " << tp << " x pp " << pp << ", ZeRO-3, "
+                            << (pp > 1 ? "1F1B x 2 chunks" : "1F1B")) {
+        CHECK(pmt::test::all_ranks(
+            matches<Classifier, 3>(ref, {dp, tp, pp}, pmt::parallel::ScheduleKind::OneFOneB, pp > 1 ? 2 : 1)));
       }
     }
 }

@@ -14,7 +14,8 @@
 //                                         In place: send is block rank() of recv.
 //   broadcast(c, exec, buf, root)         every rank's buf = root's buf.
 //   send / recv(c, exec, buf, peer, tag)  point to point; blocking.
-//   iall_reduce / isend / irecv           non-blocking; the Request keeps the Views alive.
+//   iall_reduce / ireduce_scatter / iall_gather / isend / irecv
+//                                         non-blocking; the Request keeps the Views alive.
 // Errors: pmt::ShapeError for wrong extents or non-contiguous Views, pmt::ConfigError for a bad
 // root/peer or Avg on integers, pmt::CommError from the backend or a debug-mode mismatch.
 
@@ -109,6 +110,18 @@ void check_all_reduce(const char* name, const C& c, const SV& send, const RV& re
   });
   require_avg_type<T>(name, op);
   agree_on_collective(c, name, CollectiveKind::AllReduce, comm::data_type_of<T>(), recv.size(), static_cast<int>(op));
+}
+
+/// all_gather's views: on Exec's space, recv holding size() blocks of send.
+template <class Exec, class C, class SV, class RV>
+void check_all_gather(const char* name, const C& c, const SV& send, const RV& recv) {
+  check_comm_view<Exec>(name, "send", send);
+  check_comm_view<Exec>(name, "recv", recv);
+  require(recv.size() == send.size() * static_cast<std::size_t>(c.size()), name, [&] {
+    return str("send is ", shape_str(send), " and recv is ", shape_str(recv),
+               "; expected recv to hold size() = ", c.size(), " blocks of send's ", send.size(), " elements",
+               comm_where(c));
+  });
 }
 
 /// reduce_scatter's views: on Exec's space, send holding size() blocks of recv.
@@ -207,13 +220,7 @@ void all_gather(const Communicator<B>& c, const Exec& exec, const SV& send, cons
   static_assert(std::is_same_v<typename SV::non_const_value_type, T>,
                 "pmt::comm::all_gather: send and recv must have the same element type");
   constexpr const char* name = "pmt::comm::all_gather";
-  detail::check_comm_view<Exec>(name, "send", send);
-  detail::check_comm_view<Exec>(name, "recv", recv);
-  detail::require(recv.size() == send.size() * static_cast<std::size_t>(c.size()), name, [&] {
-    return detail::str("send is ", shape_str(send), " and recv is ", shape_str(recv),
-                       "; expected recv to hold size() = ", c.size(), " blocks of send's ", send.size(), " elements",
-                       detail::comm_where(c));
-  });
+  detail::check_all_gather<Exec>(name, c, send, recv);
   detail::agree_on_collective(c, name, detail::CollectiveKind::AllGather, data_type_of<T>(), send.size(), 0);
   c.all_gather_raw(exec, send.data(), recv.data(), send.size(), data_type_of<T>());
 }
@@ -319,6 +326,21 @@ template <class B, class Exec, class SV, class RV>
                               static_cast<int>(op));
   return c.ireduce_scatter_raw(exec, send.data(), recv.data(), recv.size(), data_type_of<T>(), op,
                                std::make_shared<std::pair<SV, RV>>(send, recv));
+}
+
+/// \brief Non-blocking all_gather (out of place): every rank's send, in rank order, lands in recv
+/// once the Request completes; neither may change until then.
+/// \throws pmt::ShapeError unless recv.size() == size() * send.size().
+template <class B, class Exec, class SV, class RV>
+[[nodiscard]] Request iall_gather(const Communicator<B>& c, const Exec& exec, const SV& send, const RV& recv) {
+  using T = typename RV::non_const_value_type;
+  static_assert(std::is_same_v<typename SV::non_const_value_type, T>,
+                "pmt::comm::iall_gather: send and recv must have the same element type");
+  constexpr const char* name = "pmt::comm::iall_gather";
+  detail::check_all_gather<Exec>(name, c, send, recv);
+  detail::agree_on_collective(c, name, detail::CollectiveKind::AllGather, data_type_of<T>(), send.size(), 0);
+  return c.iall_gather_raw(exec, send.data(), recv.data(), send.size(), data_type_of<T>(),
+                           std::make_shared<std::pair<SV, RV>>(send, recv));
 }
 
 /// \brief Non-blocking send; buf must not change until the Request completes.

@@ -5,10 +5,10 @@
 // A Communicator<Backend> provides rank(), size(), split(color, key), barrier(), debug() /
 // set_debug(), and raw operations on contiguous buffers that the generic collectives in
 // comm/collectives.hpp call after checking shapes: all_reduce_raw, reduce_scatter_raw,
-// all_gather_raw, broadcast_raw, send_raw, recv_raw, iall_reduce_raw, ireduce_scatter_raw, isend_raw,
-// irecv_raw, and
-// gather_fingerprints (debug mode). Each raw op takes the execution-space instance first and is
-// ordered with it: Self copies on the instance, Mpi fences it first, Nccl enqueues on its stream.
+// all_gather_raw, broadcast_raw, send_raw, recv_raw, iall_reduce_raw, ireduce_scatter_raw,
+// iall_gather_raw, isend_raw, irecv_raw, and gather_fingerprints (debug mode). Each raw op takes
+// the execution-space instance first and is ordered with it: Self copies on the instance, Mpi
+// fences it first, Nccl enqueues on its stream.
 // Groups: group_start() / group_end(exec) (or group_cancel() on an error) bracket operations posted together (NCCL's
 // ncclGroupStart / End; comm::group in comm/collectives.hpp), and stream_ordered<Exec>() says
 // whether an operation outside a group holds everything issued after it until it completes (NCCL
@@ -182,6 +182,13 @@ class Communicator<Self> {
   Request ireduce_scatter_raw(const Exec& exec, const void* send, void* recv, std::size_t recv_count, DataType t,
                               ReduceOp op, std::shared_ptr<void> keep) const {
     reduce_scatter_raw(exec, send, recv, recv_count, t, op);
+    (void)keep;
+    return Request();
+  }
+  template <class Exec>
+  Request iall_gather_raw(const Exec& exec, const void* send, void* recv, std::size_t send_count, DataType t,
+                          std::shared_ptr<void> keep) const {
+    all_gather_raw(exec, send, recv, send_count, t);
     (void)keep;
     return Request();
   }

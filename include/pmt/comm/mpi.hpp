@@ -396,6 +396,19 @@ class Communicator<Mpi> {
     return issued(o, std::move(keep), {});
   }
 
+  /// Non-blocking MPI_Allgather (out of place).
+  template <class Exec>
+  Request iall_gather_raw(const Exec& exec, const void* send, void* recv, std::size_t send_count, DataType t,
+                          std::shared_ptr<void> keep) const {
+    detail::static_check_mpi_space<Exec>();
+    exec.fence();
+    auto o = operation("iall_gather");
+    check(MPI_Iallgather(send, icount(send_count), detail::mpi_type(t), recv, icount(send_count), detail::mpi_type(t),
+                         native(), &o->request),
+          "iall_gather", "MPI_Iallgather");
+    return issued(o, std::move(keep), {});
+  }
+
   template <class Exec>
   Request isend_raw(const Exec& exec, const void* buf, std::size_t count, DataType t, int peer, int tag,
                     std::shared_ptr<void> keep) const {

@@ -298,6 +298,16 @@ class Communicator<Nccl> {
     }
   }
   template <class Exec>
+  Request iall_gather_raw(const Exec& exec, const void* send, void* recv, std::size_t send_count, DataType t,
+                          std::shared_ptr<void> keep) const {
+    if constexpr (is_host_space_v<Exec>) {
+      return m_state->bootstrap.iall_gather_raw(exec, send, recv, send_count, t, std::move(keep));
+    } else {
+      all_gather_raw(exec, send, recv, send_count, t);
+      return event_request(detail::cuda_stream_of(exec), "iall_gather", std::move(keep), {});
+    }
+  }
+  template <class Exec>
   Request isend_raw(const Exec& exec, const void* buf, std::size_t count, DataType t, int peer, int tag,
                     std::shared_ptr<void> keep) const {
     if constexpr (is_host_space_v<Exec>) {

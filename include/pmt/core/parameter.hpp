@@ -2,12 +2,14 @@
 #pragma once
 // Parameter: a trainable tensor: its value and gradient (flat, contiguous, this rank's shard
 // only), its global shape and where the shard sits in it, whether it is replicated over tp (so
-// that clipping by global norm counts it once), and whether it is a pipeline copy of a parameter
+// that clipping by global norm counts it once), whether it is a pipeline copy of a parameter
 // another stage owns (a tied LM head on the last stage: updated like the original, left out of
-// the global norm), and whether its gradient is a partial sum over tp (a replicated parameter of
-// a sequence-parallel region, whose tp ranks each see their own rows: the norms' weights, a Row
-// layer's bias; parallel::sum_partial_grads completes them). It sits below the layers (nn/), the parallel layer
-// (parallel/), the optimizers and the checkpoints, which all hold pointers to a model's parameters.
+// the global norm), whether its gradient is a partial sum over tp (a replicated parameter of a
+// sequence-parallel region, whose tp ranks each see their own rows: the norms' weights, a Row
+// layer's bias; parallel::sum_partial_grads completes them), and whether ZeRO-3 holds its values
+// sharded over dp (dp_sharded: value and grad exist only while a layer reads or writes them).
+// It sits below the layers (nn/), the parallel layer (parallel/), the optimizers and the
+// checkpoints, which all hold pointers to a model's parameters.
 
 #include "pmt/core/random.hpp"
 #include "pmt/core/tensor.hpp"
@@ -34,6 +36,8 @@ struct Parameter {
   bool pp_copy       = false;            // a copy of a parameter of another pipeline stage
   bool tp_partial    = false;            // sequence parallelism: a tp-replicated parameter whose grad
                                          // holds this tp rank's rows' part (parallel::sum_partial_grads)
+  bool dp_sharded = false;               // ZeRO-3 (optim::Zero3AdamW) keeps the values sharded over dp:
+                                         // value and grad are empty except while a layer uses them
 
   Parameter() = default;
   Parameter(std::string n, std::vector<std::size_t> shape, const GlobalSlice& s, bool replicated)
@@ -44,7 +48,13 @@ struct Parameter {
     grad  = Tensor<T, 1, Exec>(name + "::grad", count);
   }
 
-  std::size_t size() const noexcept { return value.size(); }
+  /// \brief The shard's element count (local_shape's product; also while dp_sharded leaves value empty).
+  std::size_t size() const noexcept {
+    if (!dp_sharded) return value.size();
+    std::size_t count = 1;
+    for (std::size_t e : local_shape) count *= e;
+    return count;
+  }
   std::size_t bytes() const noexcept { return value.size() * sizeof(T); }
 
   /// \brief The value as a rank-2 (rows, cols) unmanaged View over the same memory.

@@ -4,12 +4,14 @@
 // reshardable: AdamW (moments exp_avg, exp_avg_sq and the step count), Sgd (the momentum
 // buffers), or the weights only (save_weights / load_weights: no optimizer). ZeroAdamW (ZeRO-1)
 // and Zero2AdamW (ZeRO-2) write and read AdamW's files: their moments are all-gathered over dp for
-// the save, and each rank keeps its part on load, so a checkpoint moves between the three
-// optimizers and between dp degrees. The manifest names the optimizer ("optimizer adamw|sgd|none"); loading into
-// another optimizer is refused, and load_weights takes the parameters of any checkpoint. Named per-parameter states
-// beside the optimizer's (ParameterStates: a Trainer's state(), e.g. DiLoCo's outer anchor and momentum, the residual
-// of compressed gradients) travel as records of their own kind; a checkpoint without them loads them as zeros (or as
-// the parameters, where the state says).
+// the save, and each rank keeps its part on load; Zero3AdamW (ZeRO-3) writes each rank's row
+// slices of the parameters and moments as AdamW records of their own, nothing gathered. So a
+// checkpoint moves between the four optimizers and between dp degrees. The manifest names the
+// optimizer ("optimizer adamw|sgd|none"); loading into another optimizer is refused, and
+// load_weights takes the parameters of any checkpoint. Named per-parameter states beside the
+// optimizer's (ParameterStates: a Trainer's state(), e.g. DiLoCo's outer anchor and momentum, the
+// residual of compressed gradients) travel as records of their own kind; a checkpoint without
+// them loads them as zeros (or as the parameters, where the state says).
 //   DIR/step-00000006/shard-00003.bin   one per world rank: that rank's parameter shards and
 //                                        their Adam moments (pipeline copies such as the tied
 //                                        LM head are not written: the owning stage writes them;
@@ -54,6 +56,7 @@
 #include "pmt/optim/optimizers.hpp"
 #include "pmt/optim/zero.hpp"
 #include "pmt/optim/zero2.hpp"
+#include "pmt/optim/zero3.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -541,6 +544,17 @@ decltype(auto) with_saved_state(const optim::Zero2AdamW<T, Exec, Backend>& opt, 
   return f(WithStates<const decltype(state)>(state, extra));
 }
 
+template <class T, class Exec, class Backend, class F>
+decltype(auto) with_saved_state(const optim::Zero3AdamW<T, Exec, Backend>& opt, const ParameterStates<T, Exec>& extra,
+                                F&& f) {
+  pmt::detail::require<ConfigError>(extra.states.empty(), "pmt::io::checkpoint", [&] {
+    return pmt::detail::str("ZeRO-3 saves its shard's parts of each parameter; ", extra.states.size(),
+                            " named per-parameter states of the whole parameters cannot go beside them");
+  });
+  const Zero3State<T, Exec, Backend> state(opt);
+  return f(state);
+}
+
 }  // namespace detail
 
 /// \brief Saves the parameters of `opt` and its moments as step `info.step` under `dir`
@@ -641,6 +655,29 @@ CheckpointInfo load_checkpoint(const std::string& step_dir, const Mesh<Backend>&
                                optim::Zero2AdamW<T, Exec, Backend>& opt, const std::string& expected_model,
                                const ParameterStates<T, Exec>& extra = {}) {
   detail::ZeroAsAdamW<optim::Zero2AdamW<T, Exec, Backend>, T, Exec> state(opt);
+  detail::WithStates<decltype(state)> with(state, extra);
+  CheckpointInfo info = detail::load(step_dir, mesh, with, expected_model);
+  state.store(Exec());
+  return info;
+}
+
+/// \brief Zero3AdamW (ZeRO-3): each rank writes its parts of the parameters and their moments
+/// (row slices of AdamW's records: nothing is gathered), so AdamW, ZeroAdamW, Zero2AdamW and
+/// Zero3AdamW on any layout load it. No named per-parameter states (a ZeRO-3 Trainer has none).
+template <class T, class Exec, class Backend>
+std::string save_checkpoint(const std::string& dir, const Mesh<Backend>& mesh,
+                            const optim::Zero3AdamW<T, Exec, Backend>& opt, const CheckpointInfo& info,
+                            const ParameterStates<T, Exec>& extra = {}) {
+  return detail::with_saved_state(opt, extra, [&](const auto& s) { return detail::save(dir, mesh, s, info); });
+}
+
+/// \brief Zero3AdamW (ZeRO-3): loads a checkpoint of AdamW or any ZeRO optimizer, of any layout,
+/// into this rank's parts of the parameters and moments.
+template <class T, class Exec, class Backend>
+CheckpointInfo load_checkpoint(const std::string& step_dir, const Mesh<Backend>& mesh,
+                               optim::Zero3AdamW<T, Exec, Backend>& opt, const std::string& expected_model,
+                               const ParameterStates<T, Exec>& extra = {}) {
+  detail::Zero3State<T, Exec, Backend> state(opt);
   detail::WithStates<decltype(state)> with(state, extra);
   CheckpointInfo info = detail::load(step_dir, mesh, with, expected_model);
   state.store(Exec());

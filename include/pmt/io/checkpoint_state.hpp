@@ -2,7 +2,8 @@
 #pragma once
 // The optimizer state a checkpoint holds, seen alike for every optimizer (io/checkpoint.hpp):
 // AdamW's moments, Sgd's momentum, the weights only, ZeRO-1/2's sharded moments seen as plain
-// AdamW's, and the named per-parameter states of a Trainer's strategy appended (WithStates).
+// AdamW's, ZeRO-3's parts of every parameter seen as AdamW parameters of their own (row slices),
+// and the named per-parameter states of a Trainer's strategy appended (WithStates).
 
 #include "pmt/comm/collectives.hpp"
 #include "pmt/comm/mesh.hpp"
@@ -12,6 +13,7 @@
 #include "pmt/optim/optimizers.hpp"
 #include "pmt/optim/zero.hpp"
 #include "pmt/optim/zero2.hpp"
+#include "pmt/optim/zero3.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -129,6 +131,59 @@ class ZeroAsAdamW {
   std::int64_t m_steps = 0;
   Tensor<T, 1, Exec> m_m, m_v;
   std::vector<std::size_t> m_offset;
+};
+
+/// Zero3AdamW's shard seen as plain AdamW's: each of this rank's parts of a parameter is a
+/// parameter of its own (the same name, its rows of the slice), whose value and moments are views
+/// into the shard. Saving writes each rank's parts, nothing gathered; loading (any checkpoint of
+/// the model, any layout) fills the shard in place through them.
+template <class T, class Exec, class Backend>
+class Zero3State {
+ public:
+  using value_type      = T;
+  using execution_space = Exec;
+  explicit Zero3State(const optim::Zero3AdamW<T, Exec, Backend>& opt) : m_steps(opt.steps()) {
+    for (const auto& part : opt.shard_parts()) {
+      Parameter<T, Exec> p;
+      p.name           = part.param->name;
+      p.value          = part.value;
+      p.local_shape    = part.param->local_shape;
+      p.local_shape[0] = part.rows;
+      p.slice          = part.param->slice;
+      p.slice.offset[0] += part.first_row;
+      p.tp_replicated = part.param->tp_replicated;
+      p.pp_copy       = part.param->pp_copy;
+      p.tp_partial    = part.param->tp_partial;
+      m_parts.push_back(std::move(p));
+      m_m.push_back(part.m), m_v.push_back(part.v);
+    }
+    for (auto& p : m_parts) m_params.push_back(&p);
+  }
+  /// For loading into `opt` (then store()).
+  explicit Zero3State(optim::Zero3AdamW<T, Exec, Backend>& opt)
+      : Zero3State(static_cast<const optim::Zero3AdamW<T, Exec, Backend>&>(opt)) {
+    m_target = &opt;
+  }
+  Zero3State(const Zero3State&)            = delete;  // m_params points into m_parts
+  Zero3State& operator=(const Zero3State&) = delete;
+  const std::vector<Parameter<T, Exec>*>& parameters() const noexcept { return m_params; }
+  static const char* kind() noexcept { return "adamw"; }
+  static std::vector<std::string> states() { return {"exp_avg", "exp_avg_sq"}; }
+  Tensor<T, 1, Exec> state(std::size_t i, std::size_t k) const { return k == 0 ? m_m.at(i) : m_v.at(i); }
+  std::int64_t steps() const noexcept { return m_steps; }
+  void set_steps(std::int64_t n) noexcept { m_steps = n; }
+  void store(const Exec& exec) {
+    m_target->set_steps(m_steps);
+    m_target->loaded(exec);
+    exec.fence();
+  }
+
+ private:
+  std::vector<Parameter<T, Exec>> m_parts;
+  std::vector<Parameter<T, Exec>*> m_params;
+  std::vector<Tensor<T, 1, Exec>> m_m, m_v;
+  optim::Zero3AdamW<T, Exec, Backend>* m_target = nullptr;
+  std::int64_t m_steps                          = 0;
 };
 
 /// An optimizer's state with named per-parameter states appended (ParameterStates: the

@@ -126,11 +126,22 @@ class Chain {
   /// \brief The number of layers.
   static constexpr std::size_t size() noexcept { return sizeof...(Layers); }
 
-  /// \brief Forward of layers [begin, end) only (a pipeline stage's part).
-  Tensor<T, 2, Exec> forward(const Exec& exec, Tensor<T, 2, Exec> x, std::size_t begin, std::size_t end) {
+  /// \brief The hooks a chain calls around each layer with parameters that reads their values
+  /// (empty: none): values_needed before it, values_done after (ZeRO-3 gathers them in between).
+  struct ValueHooks {
+    std::function<void(const std::vector<Parameter<T, Exec>*>&)> needed, done;
+  };
+  /// \brief Forward of layers [begin, end) only (a pipeline stage's part), naming each layer's
+  /// parameters to `values` around it.
+  Tensor<T, 2, Exec> forward(const Exec& exec, Tensor<T, 2, Exec> x, std::size_t begin, std::size_t end,
+                             const ValueHooks& values = {}) {
     each([&](auto I) {
       if (I >= begin && I < end) {
-        x = std::get<I>(m_layers).forward(exec, x);
+        auto& layer = std::get<I>(m_layers);
+        {
+          const Reading reading(values, layer);
+          x = layer.forward(exec, x);
+        }
         pmt::progress();  // a pipeline stage's pending messages move between layers
       }
     });
@@ -139,9 +150,11 @@ class Chain {
   /// \brief Backward of layers [begin, end), last first; before each layer's backward
   /// `grads_needed` (when set) gets that layer's parameters, whose gradients it is about to
   /// write, and after it `grads_ready` (when set), whose gradients are then final.
+  /// Each layer's parameters are named to `values` around its backward.
   template <class Hook, class Needed = Hook>
   Tensor<T, 2, Exec> backward(const Exec& exec, Tensor<T, 2, Exec> dy, std::size_t begin, std::size_t end,
-                              const Hook& grads_ready, const Needed& grads_needed = Needed()) {
+                              const Hook& grads_ready, const Needed& grads_needed = Needed(),
+                              const ValueHooks& values = {}) {
     each_reverse([&](auto I) {
       if (I >= begin && I < end) {
         auto& layer = std::get<I>(m_layers);
@@ -149,7 +162,10 @@ class Chain {
           const auto ps = layer.parameters();
           if (!ps.empty()) grads_needed(ps);
         }
-        dy = layer.backward(exec, dy);
+        {
+          const Reading reading(values, layer);
+          dy = layer.backward(exec, dy);
+        }
         pmt::progress();
         if (grads_ready) {
           const auto ps = layer.parameters();
@@ -207,6 +223,24 @@ class Chain {
   std::size_t output_width(std::size_t in) const { return widths(in).back(); }
 
  private:
+  /// Names a layer's parameters to the value hooks while it lives (a layer without any: nothing).
+  class Reading {
+   public:
+    template <class Layer>
+    Reading(const ValueHooks& hooks, Layer& layer) : m_hooks(hooks) {
+      if (m_hooks.needed || m_hooks.done) m_params = layer.parameters();
+      if (m_hooks.needed && !m_params.empty()) m_hooks.needed(m_params);
+    }
+    ~Reading() {
+      if (m_hooks.done && !m_params.empty()) m_hooks.done(m_params);
+    }
+    Reading(const Reading&)            = delete;
+    Reading& operator=(const Reading&) = delete;
+
+   private:
+    const ValueHooks& m_hooks;
+    std::vector<Parameter<T, Exec>*> m_params;
+  };
   template <class F, std::size_t... I>
   static void each_impl(F&& f, std::index_sequence<I...>) {
     (f(std::integral_constant<std::size_t, I>{}), ...);

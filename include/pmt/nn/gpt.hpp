@@ -333,15 +333,19 @@ class Gpt {
         });
     Activation x = first ? embed(exec, ids, N, Tn) : x_in;
     for (auto& b : m_blocks[std::size_t(k)]) {
-      x = b->forward(exec, x, B, Tn);
+      {
+        const Reading values(*this, b->parameters());
+        x = b->forward(exec, x, B, Tn);
+      }
       pmt::progress();  // let pending pipeline sends and receives move (core/progress.hpp)
     }
     if (!last) return x;
     const Instrument head_region("pmt::nn::Gpt::head_and_loss");
     // Tied LM head: logits (N, V/tp) = h wte_shard^T (the rows of every tp rank, with sequence
     // parallelism gathered).
-    auto h      = gathered(exec, m_lnf->forward(exec, x));
-    auto& head  = head_table();
+    auto h     = gathered(exec, final_norm(exec, x));
+    auto& head = head_table();
+    const Reading head_values(*this, {&head.table()});
     auto table  = head.table().value2d();
     auto logits = workspace_view<Activation>("pmt::nn::Gpt::logits", N, table.extent(0));
     ops::matmul(exec, ops::Trans::N, ops::Trans::T, T(1), h, table, T(0), logits);
@@ -396,8 +400,12 @@ class Gpt {
     const WholeRows whole(*this);  // inference: every rank all the rows
     if (!last_chunk(k)) return forward_chunk(exec, k, ids, Ids(), x_in, B, Tn, 1.0, nullptr);
     Activation x = first_chunk(k) ? embed(exec, ids, B * Tn, Tn) : x_in;  // pp = 1: the whole model
-    for (auto& b : m_blocks[std::size_t(k)]) x = b->forward(exec, x, B, Tn);
-    auto h      = gathered(exec, m_lnf->forward(exec, x));
+    for (auto& b : m_blocks[std::size_t(k)]) {
+      const Reading values(*this, b->parameters());
+      x = b->forward(exec, x, B, Tn);
+    }
+    auto h = gathered(exec, final_norm(exec, x));
+    const Reading head_values(*this, {&head_table().table()});
     auto table  = head_table().table().value2d();
     auto logits = workspace_view<Activation>("pmt::nn::Gpt::logits", h.extent(0), table.extent(0));
     ops::matmul(exec, ops::Trans::N, ops::Trans::T, T(1), h, table, T(0), logits);
@@ -419,6 +427,7 @@ class Gpt {
     Activation dx;
     if (last_chunk(k)) {
       needed(m_lnf->parameters());
+      const Reading values(*this, m_lnf->parameters());
       dx = m_lnf->backward(exec, m_dh.take());
       if (m_on_block_grads) m_on_block_grads(m_lnf->parameters());
     } else {
@@ -431,7 +440,10 @@ class Gpt {
     auto& blocks = m_blocks[std::size_t(k)];
     for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) {
       needed((*it)->parameters());
-      dx = (*it)->backward(exec, dx);
+      {
+        const Reading values(*this, (*it)->parameters());
+        dx = (*it)->backward(exec, dx);
+      }
       if (m_on_block_grads) m_on_block_grads((*it)->parameters());
       pmt::progress();
     }
@@ -465,6 +477,15 @@ class Gpt {
   /// forward_chunk (optim::Zero2AdamW gives them storage there).
   void on_grads_needed(std::function<void(const std::vector<Parameter<T, Exec>*>&)> hook) {
     m_on_needed = std::move(hook);
+  }
+  /// \brief Called with the parameters whose values are read next (the embeddings', each
+  /// block's before its forward and its backward, the final norm's, the LM head's), and once
+  /// they are no longer read (optim::Zero3AdamW gathers them in between).
+  void on_values_needed(std::function<void(const std::vector<Parameter<T, Exec>*>&)> hook) {
+    m_on_values_needed = std::move(hook);
+  }
+  void on_values_done(std::function<void(const std::vector<Parameter<T, Exec>*>&)> hook) {
+    m_on_values_done = std::move(hook);
   }
 
   /// \brief This stage's parameters, in a fixed order (embeddings, blocks, final norm, then the
@@ -529,12 +550,35 @@ class Gpt {
   }
   /// Token + position embeddings of ids (N = B T) on the first stage.
   Activation embed(const Exec& exec, const Ids& ids, std::size_t N, std::size_t Tn) {
+    const Reading values(*this, {&m_wte->table(), &m_wpe->table()});
     positions(exec, N, Tn);
     auto x = workspace_view<Activation>("pmt::nn::Gpt::x", N, m_cfg.width);  // overwritten
     m_wte->forward(exec, ids, x);
     m_wpe->forward(exec, m_pos, x, /*accumulate=*/true);
     return m_seq ? parallel::split_rows(m_tp, exec, x) : x;  // sequence parallelism: this rank's rows
   }
+  /// The final norm's forward, its values named.
+  Activation final_norm(const Exec& exec, const Activation& x) {
+    const Reading values(*this, m_lnf->parameters());
+    return m_lnf->forward(exec, x);
+  }
+  /// Names the parameters whose values a layer reads while it lives (on_values_needed, then
+  /// on_values_done: ZeRO-3 gathers them in between).
+  class Reading {
+   public:
+    Reading(const Gpt& m, std::vector<Parameter<T, Exec>*> ps) : m_model(m), m_params(std::move(ps)) {
+      if (m_model.m_on_values_needed) m_model.m_on_values_needed(m_params);
+    }
+    ~Reading() {
+      if (m_model.m_on_values_done) m_model.m_on_values_done(m_params);
+    }
+    Reading(const Reading&)            = delete;
+    Reading& operator=(const Reading&) = delete;
+
+   private:
+    const Gpt& m_model;
+    std::vector<Parameter<T, Exec>*> m_params;
+  };
   /// Sequence parallelism off while it lives (inference), back on after.
   class WholeRows {
    public:
@@ -581,7 +625,8 @@ class Gpt {
   Ids m_pos;
   std::size_t m_pos_T = 0;
   Saved<Activation> m_dh;  // the LM head's gradient of the final norm's output, per activation slot
-  std::function<void(const std::vector<Parameter<T, Exec>*>&)> m_on_block_grads, m_on_needed;
+  std::function<void(const std::vector<Parameter<T, Exec>*>&)> m_on_block_grads, m_on_needed, m_on_values_needed,
+      m_on_values_done;
   void needed(const std::vector<Parameter<T, Exec>*>& ps) const {
     if (m_on_needed) m_on_needed(ps);
   }

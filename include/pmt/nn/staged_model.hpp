@@ -181,9 +181,9 @@ class StagedModel {
     if (recompute) {  // keep the input and the random context; the backward runs this again
       *m_replay = {x, step_context().random};
       const KeepNothing nothing_kept;  // Dropout still drops
-      y = m_net.forward(exec, x, begin(k), end(k));
+      y = m_net.forward(exec, x, begin(k), end(k), m_values);
     } else {
-      y = m_net.forward(exec, x, begin(k), end(k));
+      y = m_net.forward(exec, x, begin(k), end(k), m_values);
     }
     if (!last) return y;
     auto dy        = workspace_view<Activation>("pmt::nn::StagedModel::dy", y.extent(0), y.extent(1));
@@ -202,7 +202,7 @@ class StagedModel {
         return pmt::detail::str("stage ", m_stage, ", chunk ", k, ": no forward_chunk ran in this activation slot");
       });
       const RandomScope keys(r.random);  // the first forward's step and rows: the same Dropout masks
-      m_net.forward(exec, r.x, begin(k), end(k));
+      m_net.forward(exec, r.x, begin(k), end(k), m_values);
     }
     const std::size_t width = m_widths.at(end(k));  // of the chunk's output
     pmt::detail::require(k >= 0 && k < m_chunks && d.data() != nullptr && d.extent(1) == width,
@@ -212,7 +212,7 @@ class StagedModel {
                                "; expected (N, ", width, ")",
                                last_chunk(k) ? " (no forward_chunk ran in this activation slot)" : "");
                          });
-    Activation dx = m_net.backward(exec, d, begin(k), end(k), m_hook, m_needed);
+    Activation dx = m_net.backward(exec, d, begin(k), end(k), m_hook, m_needed, m_values);
     return first_chunk(k) ? Activation() : dx;
   }
   /// \brief Inference through the whole chain in evaluation mode (pmt::NoGrad: no activation is
@@ -249,6 +249,10 @@ class StagedModel {
   void on_grads_ready(Hook hook) { m_hook = std::move(hook); }
   /// \brief Called before each layer's backward with its parameters (their gradients are written next).
   void on_grads_needed(Hook hook) { m_needed = std::move(hook); }
+  /// \brief Called with a layer's parameters before it reads their values (its forward, its
+  /// backward, a recomputed forward) and after (optim::Zero3AdamW gathers them in between).
+  void on_values_needed(Hook hook) { m_values.needed = std::move(hook); }
+  void on_values_done(Hook hook) { m_values.done = std::move(hook); }
 
   int stage() const noexcept { return m_stage; }
   /// \brief Whether the chunks recompute their activations in backward (StagedOptions::recompute).
@@ -280,7 +284,7 @@ class StagedModel {
       if (owner != m_stage) continue;
       const int prev = (v + m_stages - 1) % m_stages, next = (v + 1) % m_stages;
       if (v > 0 && prev != m_stage) h = parallel::take_over<T>(m_pp, exec, rows, m_widths.at(begin(k)), prev);
-      h = m_net.forward(exec, h, begin(k), end(k));
+      h = m_net.forward(exec, h, begin(k), end(k), m_values);
       if (v + 1 < V && next != m_stage) parallel::hand_on(m_pp, exec, h, next);
     }
     if (m_stages == 1) return h;
@@ -303,6 +307,7 @@ class StagedModel {
   };
   Saved<Replay> m_replay;  // with recomputation: what the backward's second forward needs, per slot
   Hook m_hook, m_needed;
+  typename Net::ValueHooks m_values;
 };
 
 }  // namespace pmt::nn

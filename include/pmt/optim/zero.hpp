@@ -15,6 +15,7 @@
 
 #include "pmt/comm/collectives.hpp"
 #include "pmt/comm/communicator.hpp"
+#include "pmt/comm/request.hpp"
 #include "pmt/core/error.hpp"
 #include "pmt/core/instrument.hpp"
 #include "pmt/core/parameter.hpp"
@@ -24,16 +25,34 @@
 #include "pmt/ops/reduction.hpp"
 #include "pmt/ops/update.hpp"
 #include "pmt/optim/optimizers.hpp"
+#include "pmt/parallel/stage_module.hpp"
 
 #include <Kokkos_Core.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <utility>
 #include <vector>
 
 namespace pmt::detail {
+
+/// The global gradient norm from this rank's sums of squares of its dp shard: sums(0) of the
+/// elements sharded over tp, sums(1) of those replicated over tp (counted once). Summed over dp,
+/// the sharded ones over tp, both over pp.
+template <class Exec, class Backend>
+double norm_of_shard_sums(const Exec& exec, const Kokkos::View<double*, Kokkos::HostSpace>& sums,
+                          const comm::Communicator<Backend>& dp, const comm::Communicator<Backend>& tp,
+                          const std::optional<comm::Communicator<Backend>>& pp) {
+  comm::all_reduce_host_values(dp, exec, sums);
+  Kokkos::View<double*, Kokkos::HostSpace> sharded(sums.data(), 1);
+  if (tp.size() > 1) comm::all_reduce_host_values(tp, exec, sharded);
+  sums(0) += sums(1);
+  if (pp && pp->size() > 1) comm::all_reduce_host_values(*pp, exec, sharded);
+  return std::sqrt(sums(0));
+}
 
 /// The global gradient norm from the dp shards of the ZeRO optimizers: `g` is this rank's shard
 /// and `kind(i)` says what element i is (0 sharded over tp, 1 replicated over tp: counted once, 2
@@ -52,12 +71,69 @@ double sharded_grad_norm(const Exec& exec, const G& g, const K& kind, const comm
       "pmt::optim::sharded_grad_norm", Kokkos::RangePolicy<Exec>(exec, 0, g.size()),
       KOKKOS_LAMBDA(std::size_t i, double& a) { a += kind(i) == 1 ? double(g(i)) * double(g(i)) : 0.0; }, s_rep);
   sums(0) = s_sh, sums(1) = s_rep;
-  comm::all_reduce_host_values(dp, exec, sums);
-  Kokkos::View<double*, Kokkos::HostSpace> sharded(sums.data(), 1);
-  if (tp.size() > 1) comm::all_reduce_host_values(tp, exec, sharded);
-  sums(0) += sums(1);
-  if (pp && pp->size() > 1) comm::all_reduce_host_values(*pp, exec, sharded);
-  return std::sqrt(sums(0));
+  return norm_of_shard_sums(exec, sums, dp, tp, pp);
+}
+
+/// The tied parameters' peer stages (a ZeRO-2/3 optimizer's constructor), checked: each among
+/// `params`, with a pp communicator of its peer's stage. \throws pmt::ConfigError naming `op`.
+template <class T, class Exec, class Backend>
+std::map<const Parameter<T, Exec>*, int> tied_peers(const std::vector<Parameter<T, Exec>*>& params,
+                                                    const std::vector<parallel::TiedParameter<T, Exec>>& tied,
+                                                    const std::optional<comm::Communicator<Backend>>& pp,
+                                                    const char* op) {
+  std::map<const Parameter<T, Exec>*, int> peer_of;
+  for (const auto& t : tied) {
+    const bool known = std::find(params.begin(), params.end(), t.param) != params.end();
+    require<ConfigError>(known && pp && t.peer >= 0 && t.peer < pp->size(), op, [&] {
+      return str(
+          "a tied parameter (peer stage ", t.peer, ") is ",
+          known ? "given without a pp communicator of that many stages" : "not among the optimizer's parameters");
+    });
+    peer_of[t.param] = t.peer;
+  }
+  return peer_of;
+}
+
+/// mine += the peer stage's copy of it, in one exchange over pp (NCCL's stream order: one group);
+/// g + g' on one stage, g' + g on the other: the same bits.
+template <class Exec, class Backend, class V>
+void add_peer_shard(const Exec& exec, const comm::Communicator<Backend>& pp, const V& mine, int peer,
+                    const char* label) {
+  using Buffer = Kokkos::View<typename V::non_const_value_type*, Kokkos::LayoutRight, typename V::memory_space>;
+  auto other   = workspace_view<Buffer>(label, mine.size());
+  comm::Request rq, sq;
+  comm::group(pp, exec, [&] {
+    rq = comm::irecv(pp, exec, other, peer, /*tag=*/7);
+    sq = comm::isend(pp, exec, mine, peer, 7);
+  });
+  rq.wait();
+  sq.wait();
+  ops::add(exec, mine, other, mine);
+}
+
+/// The runs [at, at + length) of g summed over tp, packed into one all-reduce of `count` values
+/// (sequence parallelism's partial gradients in a ZeRO shard).
+template <class Exec, class Backend, class G>
+void sum_runs_over_tp(const Exec& exec, const comm::Communicator<Backend>& tp, const G& g,
+                      const std::vector<std::pair<std::size_t, std::size_t>>& runs, std::size_t count,
+                      const char* label) {
+  if (tp.size() <= 1 || count == 0) return;
+  auto packed         = workspace_view<G>(label, count);
+  const auto each_run = [&](bool to_packed) {
+    std::size_t at = 0;
+    for (const auto& [pos, len] : runs) {
+      auto slot = Kokkos::subview(packed, std::make_pair(at, at + len));
+      auto mine = Kokkos::subview(g, std::make_pair(pos, pos + len));
+      if (to_packed)
+        Kokkos::deep_copy(exec, slot, mine);
+      else
+        Kokkos::deep_copy(exec, mine, slot);
+      at += len;
+    }
+  };
+  each_run(true);
+  comm::all_reduce(tp, exec, packed, comm::ReduceOp::Sum);
+  each_run(false);
 }
 
 }  // namespace pmt::detail

@@ -86,16 +86,7 @@ class Zero2AdamW {
       : m_params(std::move(params)), m_h(hyper), m_dp(dp), m_tp(tp), m_pp(std::move(pp)), m_tied(std::move(tied)) {
     constexpr const char* op = "pmt::optim::Zero2AdamW";
     detail::require<ConfigError>(bucket_bytes > 0, op, [] { return std::string("bucket_bytes is 0; expected > 0"); });
-    std::map<const Parameter<T, Exec>*, int> peer_of;
-    for (const auto& t : m_tied) {
-      const bool known = std::find(m_params.begin(), m_params.end(), t.param) != m_params.end();
-      detail::require<ConfigError>(known && m_pp && t.peer >= 0 && t.peer < m_pp->size(), op, [&] {
-        return detail::str(
-            "a tied parameter (peer stage ", t.peer, ") is ",
-            known ? "given without a pp communicator of that many stages" : "not among the optimizer's parameters");
-      });
-      peer_of[t.param] = t.peer;
-    }
+    const auto peer_of = detail::tied_peers(m_params, m_tied, m_pp, op);
     layout(bucket_bytes, peer_of);
     for (auto* p : m_params) p->grad = Tensor<T, 1, Exec>();  // the buckets hold the gradients from now on
   }
@@ -162,25 +153,11 @@ class Zero2AdamW {
     for (auto& b : m_buckets)
       if (b.buffer.data() != nullptr) flush(exec, b);
     drain(exec, /*keep=*/true);
-    for (const auto& b : m_buckets) {
-      if (b.peer < 0) continue;
-      auto mine  = Kokkos::subview(m_g, std::make_pair(b.shard_at, b.shard_at + b.shard));
-      auto other = workspace_view<Tensor<T, 1, Exec>>("pmt::optim::Zero2AdamW::peer", b.shard);
-      comm::Request rq, sq;  // one group: an exchange (NCCL's stream order, comm::group)
-      comm::group(*m_pp, exec, [&] {
-        rq = comm::irecv(*m_pp, exec, other, b.peer, /*tag=*/7);
-        sq = comm::isend(*m_pp, exec, mine, b.peer, 7);
-      });
-      rq.wait();
-      sq.wait();
-      ops::add(exec, mine, other, mine);  // g + g' on one stage, g' + g on the other: the same bits
-    }
-    if (m_tp.size() > 1 && m_partial_count > 0) {
-      auto packed = workspace_view<Tensor<T, 1, Exec>>("pmt::optim::Zero2AdamW::partial", m_partial_count);
-      move_partial(exec, packed, /*to_packed=*/true);
-      comm::all_reduce(m_tp, exec, packed, comm::ReduceOp::Sum);
-      move_partial(exec, packed, /*to_packed=*/false);
-    }
+    for (const auto& b : m_buckets)
+      if (b.peer >= 0)
+        detail::add_peer_shard(exec, *m_pp, Kokkos::subview(m_g, std::make_pair(b.shard_at, b.shard_at + b.shard)),
+                               b.peer, "pmt::optim::Zero2AdamW::peer");
+    detail::sum_runs_over_tp(exec, m_tp, m_g, m_partial, m_partial_count, "pmt::optim::Zero2AdamW::partial");
     m_finished = true;
   }
 
@@ -338,7 +315,7 @@ class Zero2AdamW {
     for (const auto& pc : m_pieces) {
       const std::uint8_t k = pc.param->pp_copy ? 2 : (pc.param->tp_replicated ? 1 : 0);
       for (std::size_t i = 0; i < pc.len; ++i) host(pc.shard_pos + i) = k;
-      if (pc.param->tp_partial) m_partial.push_back(pc), m_partial_count += pc.len;
+      if (pc.param->tp_partial) m_partial.push_back({pc.shard_pos, pc.len}), m_partial_count += pc.len;
     }
     Kokkos::deep_copy(m_kind, host);
   }
@@ -416,19 +393,6 @@ class Zero2AdamW {
       m_flights.pop_front();
     }
   }
-  void move_partial(const Exec& exec, const Tensor<T, 1, Exec>& packed, bool to_packed) {
-    std::size_t at = 0;
-    for (const auto& pc : m_partial) {
-      auto slot = Kokkos::subview(packed, std::make_pair(at, at + pc.len));
-      auto mine = Kokkos::subview(m_g, std::make_pair(pc.shard_pos, pc.shard_pos + pc.len));
-      if (to_packed)
-        Kokkos::deep_copy(exec, slot, mine);
-      else
-        Kokkos::deep_copy(exec, mine, slot);
-      at += pc.len;
-    }
-  }
-
   std::vector<Parameter<T, Exec>*> m_params;
   AdamWOptions m_h;
   comm::Communicator<Backend> m_dp, m_tp;
@@ -437,7 +401,8 @@ class Zero2AdamW {
   std::vector<Bucket> m_buckets;
   std::map<const Parameter<T, Exec>*, std::pair<std::size_t, std::size_t>> m_where;  // bucket, index in it
   std::map<const Parameter<T, Exec>*, std::size_t> m_offset;                         // in parameters() order
-  std::vector<Piece> m_pieces, m_partial;
+  std::vector<Piece> m_pieces;
+  std::vector<std::pair<std::size_t, std::size_t>> m_partial;  // tp-partial runs of the shard
   std::size_t m_total = 0, m_partial_count = 0;
   Tensor<T, 1, Exec> m_g, m_w, m_m, m_v;
   Kokkos::View<std::uint8_t*, Kokkos::LayoutRight, typename Exec::memory_space> m_kind;

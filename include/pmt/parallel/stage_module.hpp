@@ -45,6 +45,15 @@
 //                               on_grads_ready it lets optim::Zero2AdamW hold gradient storage
 //                               only while it is written. Every parameter must be named before
 //                               its gradient is written (a model with this hook promises it)
+//   void on_values_needed(std::function<void(const std::vector<Parameter*>&)>)
+//   void on_values_done(std::function<void(const std::vector<Parameter*>&)>)
+//                               the model calls the first hook with parameters whose values it
+//                               reads next (a block's before its forward and again before its
+//                               backward, the embeddings', the final norm's, the LM head's), the
+//                               second once it no longer reads them; optim::Zero3AdamW (ZeRO-3)
+//                               keeps the values sharded and gathers them only in between. Every
+//                               read of a value must lie between the two (a model with these hooks
+//                               promises it)
 //   std::vector<TiedParameter<value_type, Exec>> tied_parameters()
 //                               parameters with a copy on another stage (a tied LM head):
 //                               finalize_grads() sums each with its peer's copy after backward
@@ -161,6 +170,16 @@ struct has_needed_hook<M, Exec,
                        void_t<decltype(std::declval<M&>().on_grads_needed(
                            std::function<void(const std::vector<Parameter<typename M::value_type, Exec>*>&)>()))>>
     : std::true_type {};
+template <class M, class Exec, class = void>
+struct has_values_hooks : std::false_type {};
+template <class M, class Exec>
+struct has_values_hooks<
+    M, Exec,
+    void_t<decltype(std::declval<M&>().on_values_needed(
+               std::function<void(const std::vector<Parameter<typename M::value_type, Exec>*>&)>())),
+           decltype(std::declval<M&>().on_values_done(
+               std::function<void(const std::vector<Parameter<typename M::value_type, Exec>*>&)>()))>>
+    : std::true_type {};
 }  // namespace detail
 
 namespace detail {
@@ -194,6 +213,9 @@ std::size_t rows_of(const Model& model, const typename Model::Batch& mb) {
 /// \brief Whether M calls a gradients-ready hook (the optional on_grads_ready member).
 template <class M, class Exec>
 inline constexpr bool has_grads_hook_v = detail::has_grads_hook<M, Exec>::value;
+/// \brief Whether M names the parameters whose values it reads (on_values_needed and on_values_done).
+template <class M, class Exec>
+inline constexpr bool has_values_hooks_v = detail::has_values_hooks<M, Exec>::value;
 /// \brief Whether M announces gradients before writing them (the optional on_grads_needed member).
 template <class M, class Exec>
 inline constexpr bool has_needed_hook_v = detail::has_needed_hook<M, Exec>::value;

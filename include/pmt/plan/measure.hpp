@@ -41,6 +41,7 @@
 #include "pmt/optim/optimizers.hpp"
 #include "pmt/optim/zero.hpp"
 #include "pmt/optim/zero2.hpp"
+#include "pmt/optim/zero3.hpp"
 #include "pmt/plan/model.hpp"
 #include "pmt/policy/hybrid.hpp"
 #include "pmt/policy/policies.hpp"
@@ -73,6 +74,9 @@ inline nn::GptOptions gpt_options(const Layout& l, int stage) {
 static_assert(detail::zero2_in_flight ==
                   optim::Zero2AdamW<float, Kokkos::DefaultHostExecutionSpace, comm::Self>::max_in_flight,
               "the planner's ZeRO-2 memory counts the optimizer's reduce-scatters in flight");
+static_assert(detail::zero3_in_flight ==
+                  optim::Zero3AdamW<float, Kokkos::DefaultHostExecutionSpace, comm::Self>::max_in_flight,
+              "the planner's ZeRO-3 memory counts the optimizer's reduce-scatters in flight");
 
 namespace detail {
 
@@ -90,16 +94,23 @@ struct Run {
   std::vector<train::Microbatch<Ids>> microbatches;
   double tokens;
 
-  static Opt make_opt(Model& model, const Mesh<Backend>& mesh, const optim::AdamWOptions& hyper) {
+  static Opt make_opt(Model& model, const Mesh<Backend>& mesh, const optim::AdamWOptions& hyper, const Layout& l) {
     if constexpr (std::is_same_v<Opt, optim::AdamW<float, Exec>>) {
-      (void)mesh;
+      (void)mesh, (void)l;
       return Opt(model.parameters(), hyper);
+    } else if constexpr (optim::shards_params_v<Opt>) {
+      return Opt(
+          model.parameters(), hyper, mesh.comm(Axis::dp), mesh.comm(Axis::tp),
+          mesh.degree(Axis::pp) > 1 ? std::optional<comm::Communicator<Backend>>(mesh.comm(Axis::pp)) : std::nullopt,
+          model.tied_parameters(), optim::Zero3Options{static_cast<std::size_t>(l.prefetch), l.shard_size});
     } else if constexpr (optim::shards_grads_v<Opt>) {
+      (void)l;
       return Opt(
           model.parameters(), hyper, mesh.comm(Axis::dp), mesh.comm(Axis::tp),
           mesh.degree(Axis::pp) > 1 ? std::optional<comm::Communicator<Backend>>(mesh.comm(Axis::pp)) : std::nullopt,
           model.tied_parameters());
     } else {
+      (void)l;
       return Opt(
           model.parameters(), hyper, mesh.comm(Axis::dp), mesh.comm(Axis::tp),
           mesh.degree(Axis::pp) > 1 ? std::optional<comm::Communicator<Backend>>(mesh.comm(Axis::pp)) : std::nullopt);
@@ -117,7 +128,7 @@ struct Run {
   Run(const comm::Communicator<Backend>& world, const Problem& pr, const Layout& l)
       : mesh(world, MeshShape{l.dp, l.tp, l.pp}),
         model(mesh, pr.model, gpt_options(l, mesh.coord(Axis::pp))),
-        opt(make_opt(model, mesh, optim::AdamWOptions{0.9, 0.95, 1e-8, 0.1})),
+        opt(make_opt(model, mesh, optim::AdamWOptions{0.9, 0.95, 1e-8, 0.1}, l)),
         trainer(mesh, model, opt, Exec(), trainer_options(pr, l)),
         tokens(double(pr.batch) * double(pr.model.context)) {
     trainer.set_schedule(l.schedule);
@@ -201,7 +212,11 @@ std::vector<Measured> measure(const comm::Communicator<Backend>& world, const Pr
   std::vector<std::function<void()>> steps;
   std::vector<std::shared_ptr<void>> keep;  // the runs, alive until the end
   for (const auto& l : layouts) {
-    if (l.zero == 2) {
+    if (l.zero == 3) {
+      auto r = std::make_shared<detail::Run<Backend, optim::Zero3AdamW<float, Exec, Backend>>>(world, pr, l);
+      steps.push_back([r] { r->step(); });
+      keep.push_back(r);
+    } else if (l.zero == 2) {
       auto r = std::make_shared<detail::Run<Backend, optim::Zero2AdamW<float, Exec, Backend>>>(world, pr, l);
       steps.push_back([r] { r->step(); });
       keep.push_back(r);

@@ -126,6 +126,7 @@ inline parallel::StagePlan stage_plan(const Problem& pr, int virtual_stages) {
 /// (bf16), DiLoCo's outer state and the period are the mode's own figures on top.
 inline train::DpCharge charge_of(const Layout& l) {
   if (l.dp <= 1) return {};  // one replica: nothing over dp
+  if (l.zero == 3) return train::zero3_charge;
   if (l.zero == 2) return train::zero2_charge;
   if (l.zero == 1) return train::zero1_charge;
   switch (l.sync.mode) {
@@ -143,8 +144,10 @@ inline train::DpCharge charge_of(const Layout& l) {
 
 namespace detail {
 
-/// optim::Zero2AdamW::max_in_flight (plan/measure.hpp checks that they agree).
+/// optim::Zero2AdamW::max_in_flight and optim::Zero3AdamW::max_in_flight (plan/measure.hpp
+/// checks that they agree).
 inline constexpr int zero2_in_flight = 2;
+inline constexpr int zero3_in_flight = 1;
 
 /// What one rank of pipeline stage s holds (estimate()'s memory): its chunks' parameters,
 /// gradients, optimizer state, dp buffers, the step's data, the matmul scratch, `live` live
@@ -166,7 +169,23 @@ inline Memory stage_memory(const Problem& pr, const Machine& mc, const Layout& l
   mem.optimizer                  = !ch.shards_optimizer_state ? 2 * sb * P              // AdamW's m and v
                                    : ch.shards_gradients      ? 4 * sb * shard + shard  // ZeRO-2: the shard's
                                                               : sb * P + 4 * sb * shard + shard;
-  if (ch.shards_gradients) {
+  if (ch.shards_parameters) {
+    // ZeRO-3 keeps the shard of values, gradients, m and v, and for the time of a unit (a
+    // block, the embeddings: what nn::Gpt names at once) its values gathered, with `prefetch`
+    // units ahead; a backward writes one unit's gradients while the unit before is
+    // reduce-scattered (Zero3AdamW::max_in_flight) with the part it receives, and the gradients
+    // held from their first write to the step
+    const double S = l.shard_group(), own = std::ceil(P / S);
+    double unit = 0, held = 0;
+    for (int k = 0; k < v; ++k) {
+      const auto& x = in[static_cast<std::size_t>(k * p + s)];
+      unit          = std::max(unit, x.written_at_once), held += x.held_to_step;
+    }
+    unit           = std::min(unit, P);
+    mem.parameters = sb * (own + std::min(P, (1.0 + l.prefetch) * unit));
+    mem.gradients  = sb * (own + std::min(P, unit + held + zero3_in_flight * unit * (1.0 + 1.0 / S)));
+    mem.optimizer  = 2 * sb * own;
+  } else if (ch.shards_gradients) {
     // ZeRO-2 holds what a backward writes at once, what stays to the step, and up to
     // Zero2AdamW::max_in_flight buckets being reduce-scattered with the parts they receive
     double at_once = 0, held = 0, largest = 0;
@@ -297,7 +316,9 @@ inline Estimate estimate_on(const Problem& pr, const Machine& mc, const Layout& 
   if (const train::DpCharge ch = charge_of(l); l.dp > 1) {
     using G        = train::DpCharge::Gradients;
     const double P = rank_parameters(busiest);
-    if (ch.gradients == G::reduce_scatter)
+    if (ch.shards_parameters)
+      e.bytes.dp = sb * P * 3 * m;  // ZeRO-3: per microbatch two gathers (forward, backward), a reduce-scatter
+    else if (ch.gradients == G::reduce_scatter)
       e.bytes.dp = sb * P * (ch.shards_gradients ? m + 1 : 2);  // ZeRO-2: a reduce-scatter per microbatch
     else if (ch.gradients == G::all_reduce)
       e.bytes.dp = l.sync.mode == DpMode::Bf16 ? 2 * P : sb * P;
@@ -321,7 +342,25 @@ inline Estimate estimate_on(const Problem& pr, const Machine& mc, const Layout& 
     // reduce-scatter + all-gather (the same volume) do not overlap, and pack / unpack the values
     double dp               = 0;
     const double grad_bytes = sb * P;
-    if (ch.shards_gradients) {
+    if (ch.shards_parameters) {
+      // ZeRO-3: per microbatch the values gathered in forward and again in backward, unit by
+      // unit, and the gradients reduce-scattered during backward, all on the dp link. With
+      // prefetch the three run while the microbatch computes: what exceeds its compute is
+      // exposed, and the first unit's gather and the last unit's reduce-scatter; without it each
+      // gather is waited for and the reduce-scatters go as ZeRO-2's. Gradients zeroed per
+      // microbatch; with hybrid sharding the shard is then summed over the replica groups
+      const double S    = l.shard_group();
+      const double half = 0.5 * mc.reduce_scatter_all_gather_on(grad_bytes, int(S), l.tp);
+      double unit       = 0;
+      for (int k = 0; k < v; ++k) unit = std::max(unit, in[vstage(s, k)].written_at_once);
+      const double units   = std::max(1.0, std::ceil(P / std::max(unit, 1.0)));
+      const double compute = tf[std::size_t(s)] + tb[std::size_t(s)];
+      const double per_mb =
+          l.prefetch > 0 ? std::max(0.0, 3 * half - compute) + 2 * half / units
+                         : 2 * half + half / units + std::max(0.0, half * (units - 1) / units - tb[std::size_t(s)]);
+      dp = m * per_mb + (S < l.dp ? mc.all_reduce_on(grad_bytes / S, l.dp / int(S), l.tp * int(S)) : 0.0) +
+           mc.memory(m * grad_bytes) / share;
+    } else if (ch.shards_gradients) {
       // ZeRO-2: each microbatch's buckets reduce-scattered during its backward (the last bucket
       // exposed, the rest beyond the backward's time), the values all-gathered after the update;
       // buckets zeroed per microbatch, the values unpacked
@@ -355,13 +394,17 @@ inline Estimate estimate_on(const Problem& pr, const Machine& mc, const Layout& 
     }
     // zero_grad (write G), norm (read G), AdamW (read p g m v, write p m v) on what this rank
     // updates
-    const double updated = ch.shards_optimizer_state ? shard : P;
-    const double opt = (mc.optimizer_seconds_per_value > 0 ? mc.optimizer_seconds_per_value * (2 * P + 7 * updated) / 9
-                                                           : mc.memory(sb * (2 * P + 7 * updated))) /
-                           share +
-                       mc.all_reduce_on(16, l.tp, 1) + mc.all_reduce_on(16, l.pp, l.tp * l.dp) +
-                       (ch.shards_optimizer_state ? mc.all_reduce_on(16, l.dp, l.tp) : 0.0) +
-                       2 * double(P > 0) * 20 * mc.kernel_seconds;
+    // (ZeRO-3: all on its shard)
+    const double own     = ch.shards_parameters ? std::ceil(P / l.shard_group()) : shard;
+    const double updated = ch.shards_optimizer_state ? own : P, zeroed = ch.shards_parameters ? own : P;
+    const double opt =
+        (mc.optimizer_seconds_per_value > 0 ? mc.optimizer_seconds_per_value * (2 * zeroed + 7 * updated) / 9
+                                            : mc.memory(sb * (2 * zeroed + 7 * updated))) /
+            share +
+        mc.all_reduce_on(16, l.tp, 1) + mc.all_reduce_on(16, l.pp, l.tp * l.dp) +
+        (ch.shards_optimizer_state ? mc.all_reduce_on(16, ch.shards_parameters ? int(l.shard_group()) : l.dp, l.tp)
+                                   : 0.0) +
+        2 * double(P > 0) * 20 * mc.kernel_seconds;
     if (dp + opt > tail) tail = dp + opt, tail_dp = dp, tail_opt = opt;
   }
   e.time.dp_comm   = tail_dp;

@@ -47,6 +47,10 @@ struct SearchOptions {
   /// one microbatch, where it communicates what ZeRO-1 does, and with several where ZeRO-1 does
   /// not fit even with sequence parallelism and recomputation (it reduce-scatters every microbatch).
   bool allow_zero2 = true;
+  /// ZeRO-3 (the parameters sharded too, gathered block by block with prefetch) is tried when dp
+  /// > 1 (allow_zero) where neither ZeRO-1 nor ZeRO-2 fits: it gathers the values twice per
+  /// microbatch, so it is the layout of a model whose replicated weights do not fit.
+  bool allow_zero3 = true;
   bool allow_gpipe = true;
   /// A layout that does not fit in memory is tried again with activation recomputation: of the
   /// attention (Layout::recompute_attention, a Gpt's) or of whole blocks (Layout::recompute).
@@ -176,16 +180,19 @@ inline Plan search(const Problem& pr, const Machine& mc, const SearchOptions& o 
         for (int sched = 0; sched < schedules; ++sched) {
           const bool gpipe = sched == 1 && pp > 1 && o.allow_gpipe;
           const int chunks = sched == 0 || gpipe ? 1 : sched - (o.allow_gpipe ? 1 : 0) + 1;
-          // the dp modes (one, sync, with dp 1), each with AdamW, and ZeRO-1 and ZeRO-2 with sync
+          // the dp modes (one, sync, with dp 1), each with AdamW, and ZeRO-1, -2 and -3 with sync
           std::vector<std::pair<DpChoice, int>> modes;
           for (const auto& c : dp > 1 ? o.dp_modes : std::vector<DpChoice>{DpChoice{}}) modes.push_back({c, 0});
           if (dp > 1 && o.allow_zero) modes.push_back({DpChoice{}, 1});
           if (dp > 1 && o.allow_zero && o.allow_zero2) modes.push_back({DpChoice{}, 2});
-          bool zero1_fits = false;  // ranked: as it was, or with sequence parallelism or recomputation
+          if (dp > 1 && o.allow_zero && o.allow_zero3) modes.push_back({DpChoice{}, 3});
+          bool zero1_fits = false,
+               zero2_fits = false;  // ranked: as it was, or with sequence parallelism or recomputation
           for (const auto& [choice, zero] : modes) {
             // ZeRO-2 reduce-scatters every microbatch: with several, only where ZeRO-1 does not fit
             // even with sequence parallelism and recomputation
             if (zero == 2 && m > 1 && zero1_fits) continue;
+            if (zero == 3 && (zero1_fits || zero2_fits)) continue;  // ZeRO-3 where nothing else fits
             Layout l{dp,   tp,     pp,    m, gpipe ? parallel::ScheduleKind::GPipe : parallel::ScheduleKind::OneFOneB,
                      zero, chunks, choice};
             if (chunks > 1 && !why_invalid(pr, l, R).empty()) continue;  // too few layers, or m not a multiple of pp
@@ -237,6 +244,7 @@ inline Plan search(const Problem& pr, const Machine& mc, const SearchOptions& o 
               continue;
             }
             if (zero == 1) zero1_fits = true;
+            if (zero == 2) zero2_fits = true;
             plan.ranked.push_back(std::move(e));
           }
         }

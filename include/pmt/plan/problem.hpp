@@ -276,7 +276,7 @@ struct Layout {
   int dp = 1, tp = 1, pp = 1, microbatches = 1;
   parallel::ScheduleKind schedule = parallel::ScheduleKind::OneFOneB;
   /// ZeRO stage: 0 AdamW, 1 its state sharded over dp (optim::ZeroAdamW), 2 the gradients too
-  /// (optim::Zero2AdamW).
+  /// (optim::Zero2AdamW), 3 the parameters too (optim::Zero3AdamW).
   int zero   = 0;
   int chunks = 1;   ///< model chunks per stage (with 1F1B: interleaved)
   DpChoice sync{};  ///< how the dp replicas communicate
@@ -292,24 +292,36 @@ struct Layout {
   /// recompute (each rank sets its model's options by its stage); 0: every stage. Under 1F1B the
   /// first stages hold the most live microbatches, so they may need it where the last do not.
   int recompute_stages = 0;
+  /// ZeRO-3: the dp ranks a parameter is sharded over (optim::Zero3Options::shard_size; 0: all of
+  /// dp; a divisor of dp: hybrid sharding, replicated across the groups), and the units whose
+  /// values are gathered ahead of their use (Zero3Options::prefetch).
+  int shard_size = 0;
+  int prefetch   = 1;
+  /// \brief The ranks a ZeRO-3 parameter is cut over: shard_size, or dp.
+  int shard_group() const noexcept { return shard_size > 0 ? shard_size : dp; }
   /// \brief Whether pipeline stage s recomputes (recompute_stages).
   bool recomputes_on(int s) const noexcept { return recompute_stages <= 0 || s < recompute_stages; }
-  /// \brief "dp 2 x tp 1 x pp 2, m 4, 1f1b, zero" (", zero2" for ZeRO-2; "1f1b x2" with 2 chunks per stage; ", bf16",
+  /// \brief "dp 2 x tp 1 x pp 2, m 4, 1f1b, zero" (", zero2" for ZeRO-2, ", zero3 shard 2" for
+  /// ZeRO-3 sharded in groups of 2; "1f1b x2" with 2 chunks per stage; ", bf16",
   /// ", local 8" ... for a data-parallel mode other than sync; ", recompute"; ", recompute
   /// attention"; ", seq" with sequence parallelism)
   std::string describe() const {
-    return pmt::detail::str("dp ", dp, " x tp ", tp, " x pp ", pp, ", m ", microbatches,
-                            pp > 1 ? std::string(", ") + parallel::schedule_name(schedule) : std::string(),
-                            chunks > 1 ? pmt::detail::str(" x", chunks) : std::string(),
-                            zero == 1   ? ", zero"
-                            : zero == 2 ? ", zero2"
-                                        : "",
-                            sync.mode != DpMode::Sync ? ", " + sync.describe() : std::string(),
-                            recompute ? ", recompute" : "", recompute_attention ? ", recompute attention" : "",
-                            recompute_stages > 0 && (recompute || recompute_attention)
-                                ? pmt::detail::str(" on stages < ", recompute_stages)
-                                : std::string(),
-                            sequence_parallel ? ", seq" : "");
+    return pmt::detail::str(
+        "dp ", dp, " x tp ", tp, " x pp ", pp, ", m ", microbatches,
+        pp > 1 ? std::string(", ") + parallel::schedule_name(schedule) : std::string(),
+        chunks > 1 ? pmt::detail::str(" x", chunks) : std::string(),
+        zero == 1   ? ", zero"
+        : zero == 2 ? ", zero2"
+        : zero == 3 ? pmt::detail::str(
+                          ", zero3",
+                          shard_size > 0 && shard_size < dp ? pmt::detail::str(" shard ", shard_size) : std::string(),
+                          prefetch == 0 ? " no prefetch" : "")
+                    : "",
+        sync.mode != DpMode::Sync ? ", " + sync.describe() : std::string(), recompute ? ", recompute" : "",
+        recompute_attention ? ", recompute attention" : "",
+        recompute_stages > 0 && (recompute || recompute_attention) ? pmt::detail::str(" on stages < ", recompute_stages)
+                                                                   : std::string(),
+        sequence_parallel ? ", seq" : "");
   }
   /// \brief The C++ policy type that fixes this layout's axes, data-parallel mode, schedule,
   /// sequence parallelism and recomputation, as a Trainer takes it (build the model with
@@ -440,7 +452,12 @@ inline std::string why_invalid(const Problem& pr, const Layout& l, int ranks) {
   if (local % static_cast<std::size_t>(l.microbatches) != 0)
     return pmt::detail::str(l.microbatches, " microbatches do not divide the ", local, " sequences per dp rank (batch ",
                             pr.batch, " / dp ", l.dp, ")");
-  if (l.zero < 0 || l.zero > 2) return pmt::detail::str("ZeRO stage ", l.zero, " is not 0, 1 or 2");
+  if (l.zero < 0 || l.zero > 3) return pmt::detail::str("ZeRO stage ", l.zero, " is not 0, 1, 2 or 3");
+  if (l.shard_size != 0 && (l.zero != 3 || l.shard_size < 0 || l.dp % l.shard_size != 0))
+    return l.zero != 3 ? pmt::detail::str("a shard size (", l.shard_size, ") is ZeRO-3's hybrid sharding; this is ",
+                                          l.zero ? pmt::detail::str("ZeRO-", l.zero) : std::string("no ZeRO"))
+                       : pmt::detail::str("shard size ", l.shard_size, " does not divide dp ", l.dp);
+  if (l.prefetch < 0) return pmt::detail::str("prefetch ", l.prefetch, " is negative");
   if (l.zero && l.dp == 1) return pmt::detail::str("ZeRO-", l.zero, " shards over dp, and dp is 1");
   if (l.recompute_stages < 0 || l.recompute_stages > l.pp)
     return pmt::detail::str("recompute_stages ", l.recompute_stages, " is not in [0, pp ", l.pp, "]");

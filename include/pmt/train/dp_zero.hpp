@@ -8,11 +8,16 @@
 //                  the model's hooks name each bucket before backward writes it (grads_needed)
 //                  and when it is final (grads_ready, its reduce-scatter starts), so a bucket lives
 //                  only while written; the tied and sequence-parallel sums run on its shards.
-// Neither compresses gradients.
+//   Zero3Strategy  optim::Zero3AdamW: the parameters sharded too. The model names the parameters
+//                  whose values it reads (values_needed / values_done): the optimizer gathers
+//                  them block by block, prefetching the next, and frees them after use; their
+//                  gradients go as ZeRO-2's.
+// None compresses gradients.
 
 #include "pmt/core/error.hpp"
 #include "pmt/optim/zero.hpp"
 #include "pmt/optim/zero2.hpp"
+#include "pmt/optim/zero3.hpp"
 #include "pmt/parallel/stage_module.hpp"
 #include "pmt/train/strategy.hpp"
 
@@ -25,6 +30,8 @@ namespace pmt::train {
 /// reduce-scattered, the optimizer state (ZeRO-2: the gradients too) sharded over dp.
 inline constexpr DpCharge zero1_charge{true, false, false, DpCharge::Gradients::reduce_scatter, false, false};
 inline constexpr DpCharge zero2_charge{true, true, false, DpCharge::Gradients::reduce_scatter, false, false};
+/// What the planner charges for Zero3Strategy: the parameters sharded too.
+inline constexpr DpCharge zero3_charge{true, true, true, DpCharge::Gradients::reduce_scatter, false, false};
 
 /// \brief ZeRO-1 (see the file comment).
 template <class Model, class Optimizer, class Exec, class Backend>
@@ -45,6 +52,26 @@ class Zero1Strategy : public StrategyBase<Model, Optimizer, Exec, Backend> {
     r.skipped   = bad_loss || (o.skip_nonfinite && !std::isfinite(r.grad_norm));
     return r;
   }
+
+ protected:
+  // ZeRO-2 and ZeRO-3 sum tied gradients on their shards, so they must know the model's tied
+  // parameters.
+  static void check_tied(Model& model, const Optimizer& opt, const char* which) {
+    if constexpr (parallel::has_tied_parameters_v<Model>) {
+      const auto want  = model.tied_parameters();
+      const auto& have = opt.tied_parameters();
+      bool same        = want.size() == have.size();
+      for (std::size_t i = 0; same && i < want.size(); ++i)
+        same = want[i].param == have[i].param && want[i].peer == have[i].peer;
+      detail::require<ConfigError>(same, "pmt::train::Trainer", [&] {
+        return detail::str("the model has ", want.size(), " parameters tied to another stage but the ", which,
+                           " optimizer was given ", have.size(),
+                           " (or others); construct it with the model's tied_parameters()");
+      });
+    } else {
+      (void)model, (void)opt, (void)which;
+    }
+  }
 };
 
 /// \brief ZeRO-2 (see the file comment).
@@ -63,7 +90,7 @@ class Zero2Strategy : public Zero1Strategy<Model, Optimizer, Exec, Backend> {
       parallel::has_needed_hook_v<Model, Exec> && parallel::has_grads_hook_v<Model, Exec>;
 
   explicit Zero2Strategy(const Context& c) : Base(c) {
-    check_tied(c.model, c.optimizer);
+    Base::check_tied(c.model, c.optimizer, "ZeRO-2");
     c.optimizer.announce_grads(wants_grads_needed);
   }
   void grads_needed(const Params& params) { this->optimizer().grads_needed(this->exec(), params); }
@@ -76,25 +103,40 @@ class Zero2Strategy : public Zero1Strategy<Model, Optimizer, Exec, Backend> {
     this->optimizer().collect_grads(false);
   }
   void end_eval() { this->optimizer().collect_grads(true); }
+};
 
- private:
-  // ZeRO-2 sums tied gradients on its shards, so it must know the model's tied parameters.
-  static void check_tied(Model& model, const Optimizer& opt) {
-    if constexpr (parallel::has_tied_parameters_v<Model>) {
-      const auto want  = model.tied_parameters();
-      const auto& have = opt.tied_parameters();
-      bool same        = want.size() == have.size();
-      for (std::size_t i = 0; same && i < want.size(); ++i)
-        same = want[i].param == have[i].param && want[i].peer == have[i].peer;
-      detail::require<ConfigError>(same, "pmt::train::Trainer", [&] {
-        return detail::str("the model has ", want.size(),
-                           " parameters tied to another stage but the ZeRO-2 optimizer was given ", have.size(),
-                           " (or others); construct it with the model's tied_parameters()");
-      });
-    } else {
-      (void)model, (void)opt;
-    }
-  }
+/// \brief ZeRO-3 (see the file comment).
+/// \throws pmt::ConfigError when the optimizer was not given the model's tied parameters.
+template <class Model, class Optimizer, class Exec, class Backend>
+class Zero3Strategy : public Zero1Strategy<Model, Optimizer, Exec, Backend> {
+  using Base = Zero1Strategy<Model, Optimizer, Exec, Backend>;
+  static_assert(parallel::has_values_hooks_v<Model, Exec> && parallel::has_needed_hook_v<Model, Exec> &&
+                    parallel::has_grads_hook_v<Model, Exec>,
+                "pmt::train::Trainer: ZeRO-3 (optim::Zero3AdamW) needs a model that names the parameters it "
+                "reads and writes: on_values_needed, on_values_done, on_grads_needed and on_grads_ready "
+                "(parallel/stage_module.hpp); nn::Gpt and nn::StagedModel have them");
+
+ public:
+  using typename Base::Context;
+  using typename Base::Params;
+  static constexpr DpCharge charge         = zero3_charge;
+  static constexpr bool wants_grads_needed = true;
+  static constexpr bool wants_values       = true;
+  static constexpr bool polls              = true;
+
+  explicit Zero3Strategy(const Context& c) : Base(c) { Base::check_tied(c.model, c.optimizer, "ZeRO-3"); }
+  void begin_step(std::int64_t /*step*/) { this->optimizer().begin_step(); }
+  /// The gathers and reduce-scatters in flight move while the model computes.
+  void poll() { this->optimizer().poll(); }
+  void values_needed(const Params& params) { this->optimizer().values_needed(this->exec(), params); }
+  void values_done(const Params& params) { this->optimizer().values_done(params); }
+  void grads_needed(const Params& params) { this->optimizer().grads_needed(this->exec(), params); }
+  void grads_ready(const Params& params) { this->optimizer().grads_ready(this->exec(), params); }
+  /// The same sums as the base's, on the gradient shards.
+  void finish_grads() { this->optimizer().finish_grads(this->exec()); }
+  /// Evaluation: values gathered as named, nothing prefetched, dropped at the end.
+  void begin_eval() { this->optimizer().begin_eval(); }
+  void end_eval() { this->optimizer().end_eval(this->exec()); }
 };
 
 }  // namespace pmt::train

@@ -10,6 +10,9 @@
 //   the loss normaliser                    normaliser / share()   (share(): dp for replicas that
 //                                                                  train apart, else 1)
 //   before each microbatch                 arm(last microbatch)
+//   at the model's progress points         poll()                 (only with polls)
+//   before a layer reads its values        values_needed(params)  (only with wants_values)
+//   after it                               values_done(params)
 //   during backward, a bucket is named     grads_needed(params)   (only with wants_grads_needed)
 //   during backward, a bucket is final     grads_ready(params)
 //   after the microbatches                 finish_grads()         (gradients complete: the dp sum,
@@ -31,7 +34,7 @@
 // A strategy derives from it and replaces the hooks it needs.
 //
 // The built-in modes map to strategies in their own headers (strategy_of): Synchronous to
-// train/dp_all_reduce.hpp (or, with a ZeRO optimizer, train/dp_zero.hpp), LocalSgd<H> and
+// train/dp_all_reduce.hpp (or, with a ZeRO-1/2/3 optimizer, train/dp_zero.hpp), LocalSgd<H> and
 // DiLoCo<H> to train/dp_local.hpp, BoundedStaleness<S> to train/dp_stale.hpp. A user's mode is a
 // type with a nested template `strategy<Model, Optimizer, Exec, Backend>` (docs/design.md shows
 // one): it needs no pmt header changed.
@@ -134,6 +137,12 @@ class StrategyBase {
   static constexpr DpCharge charge{};
   /// Whether the model should announce gradients before writing them (grads_needed).
   static constexpr bool wants_grads_needed = false;
+  /// Whether the model should name the parameters whose values it reads (values_needed /
+  /// values_done: ZeRO-3 gathers them there).
+  static constexpr bool wants_values = false;
+  /// Whether the strategy polls communication at the model's progress points during the
+  /// microbatches (poll(): ZeRO-3's gathers in flight).
+  static constexpr bool polls = false;
 
   explicit StrategyBase(const Context& c) : m_mesh(c.mesh), m_model(c.model), m_opt(c.optimizer), m_exec(c.exec) {}
 
@@ -141,6 +150,9 @@ class StrategyBase {
   /// The loss normaliser's divisor: replicas that train apart normalise by their share.
   double share() const noexcept { return 1; }
   void arm(bool /*last_microbatch*/) {}
+  void poll() {}
+  void values_needed(const Params& /*params*/) {}
+  void values_done(const Params& /*params*/) {}
   void grads_needed(const Params& /*params*/) {}
   void grads_ready(const Params& /*params*/) {}
   /// Tied copies on two stages sum their gradients; sequence parallelism sums the rows' parts.

@@ -28,6 +28,7 @@
 #include "pmt/comm/agree.hpp"
 #include "pmt/comm/collectives.hpp"
 #include "pmt/comm/mesh.hpp"
+#include "pmt/comm/progress.hpp"
 #include "pmt/core/error.hpp"
 #include "pmt/core/failure.hpp"
 #include "pmt/core/instrument.hpp"
@@ -39,6 +40,7 @@
 #include "pmt/optim/clip.hpp"
 #include "pmt/optim/zero.hpp"
 #include "pmt/optim/zero2.hpp"
+#include "pmt/optim/zero3.hpp"
 #include "pmt/parallel/grad_sync.hpp"
 #include "pmt/parallel/pipeline.hpp"
 #include "pmt/parallel/schedule.hpp"
@@ -73,13 +75,14 @@ template <class Input, class Target>
 using Samples = parallel::Samples<Input, Target>;
 
 /// \brief The strategy of pmt::Synchronous: bucketed all-reduce with a replicated optimizer,
-/// ZeRO-1 or ZeRO-2 with a ZeRO optimizer (the optimizer shards over dp itself).
+/// ZeRO-1, ZeRO-2 or ZeRO-3 with a ZeRO optimizer (the optimizer shards over dp itself).
 template <class Model, class Optimizer, class Exec, class Backend>
 struct strategy_of<Synchronous, Model, Optimizer, Exec, Backend> {
-  using type =
+  using type = std::conditional_t<
+      optim::shards_params_v<Optimizer>, Zero3Strategy<Model, Optimizer, Exec, Backend>,
       std::conditional_t<optim::shards_grads_v<Optimizer>, Zero2Strategy<Model, Optimizer, Exec, Backend>,
                          std::conditional_t<Optimizer::shards_over_dp, Zero1Strategy<Model, Optimizer, Exec, Backend>,
-                                            AllReduceStrategy<Model, Optimizer, Exec, Backend>>>;
+                                            AllReduceStrategy<Model, Optimizer, Exec, Backend>>>>;
 };
 
 /// \brief What a Trainer's policy says: the dp mode, whether each axis may be > 1, the static
@@ -165,6 +168,10 @@ class Trainer {
       m_model.on_grads_ready([this](const std::vector<Parameter<T, Exec>*>& ps) { m_strategy.grads_ready(ps); });
     if constexpr (Strategy::wants_grads_needed)
       m_model.on_grads_needed([this](const std::vector<Parameter<T, Exec>*>& ps) { m_strategy.grads_needed(ps); });
+    if constexpr (Strategy::wants_values) {  // ZeRO-3: values gathered where a layer reads them
+      m_model.on_values_needed([this](const std::vector<Parameter<T, Exec>*>& ps) { m_strategy.values_needed(ps); });
+      m_model.on_values_done([this](const std::vector<Parameter<T, Exec>*>& ps) { m_strategy.values_done(ps); });
+    }
     if (mesh.degree(Axis::pp) > 1) m_runner.emplace(mesh, model);
   }
   /// Frees the step memory the Workspace keeps that nothing holds any more.
@@ -265,8 +272,11 @@ class Trainer {
     m_next_step = global_step + 1;
     m_strategy.begin_step(global_step);
     m_opt.zero_grad(m_exec);
-    const double share = m_strategy.share();  // replicas that train apart: each its share of the tokens
-    const double loss  = run_microbatches(microbatches, o.normaliser / share, /*dp_sync=*/true);
+    const double share = m_strategy.share();     // replicas that train apart: each its share of the tokens
+    std::optional<comm::ProgressScope> polling;  // the strategy's communication moves at the model's progress points
+    if constexpr (Strategy::polls) polling.emplace([this] { m_strategy.poll(); });
+    const double loss = run_microbatches(microbatches, o.normaliser / share, /*dp_sync=*/true);
+    polling.reset();
     m_strategy.finish_grads();
     const double total        = global_loss(loss / share);
     const bool bad_loss       = o.skip_nonfinite && !std::isfinite(total);
