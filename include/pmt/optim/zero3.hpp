@@ -176,9 +176,8 @@ class Zero3AdamW {
   /// moves a non-blocking collective only inside its calls; the Trainer polls at the model's
   /// progress points, so a prefetched gather moves while a block computes).
   void poll() {
-    const std::vector<std::size_t> pending = m_in_flight;  // completed() takes them out
-    for (std::size_t i : pending)
-      if (m_slots[i].gather.test()) completed(m_slots[i]);
+    for (std::size_t k = m_in_flight.size(); k-- > 0;)  // completed() takes entry k out, no copy
+      if (m_slots[m_in_flight[k]].gather.test()) completed(m_slots[m_in_flight[k]]);
     for (auto& f : m_flights) f.request.test();
   }
   /// \brief The model no longer reads the values of `params`: their buffers are dropped unless
@@ -264,7 +263,8 @@ class Zero3AdamW {
   }
 
   /// \brief Gathers every parameter's values (collective over the shard group) and keeps them
-  /// until release_all() (or the next step()): for a checkpoint, a comparison, inference.
+  /// until release_all() (or the next step()): for a comparison, inference by every dp rank
+  /// (checkpoints need no gather: shard_parts()).
   void gather_all(const Exec& exec = Exec()) {
     for (auto& s : m_slots) start_gather(exec, s, /*ahead=*/false, no_unit);
     for (auto& s : m_slots) finish_gather(s);
@@ -314,9 +314,9 @@ class Zero3AdamW {
   /// \brief Uses of a parameter's values served by a gather started ahead (prefetch), and all
   /// gathers started.
   std::uint64_t prefetched() const noexcept { return m_prefetched; }
+  std::uint64_t gathers() const noexcept { return m_gathers; }
   /// \brief Seconds a use of values waited for their gather so far (what prefetch did not hide).
   double gather_wait_seconds() const noexcept { return m_gather_wait; }
-  std::uint64_t gathers() const noexcept { return m_gathers; }
   /// \brief Bytes this rank has handed to the gradients' reduce-scatters and the values' gathers.
   std::uint64_t bytes_sent() const noexcept { return m_bytes; }
   std::int64_t steps() const noexcept { return m_step; }
